@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The two commands a newcomer needs (see README):
+#   ./dev.sh demo [args...]   install everything, then run `kraftkeeper demo`
+#   ./dev.sh test [pytest args...]   install everything, then lint, type-check and run the tests
+# Anything slow to build (the test kube-apiserver, etcd) is cached under ${KK_CACHE:-~/.cache/kraftkeeper}.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+venv="$here/.venv"
+export KK_CACHE="${KK_CACHE:-$HOME/.cache/kraftkeeper}"
+export SPARK_LOCAL_IP=127.0.0.1
+export PYTHONUNBUFFERED=1
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+install_python() {
+  local py="${PYTHON:-python3}"
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating $venv"
+    "$py" -m venv "$venv"
+  fi
+  # Reinstall only when the dependency list changed.
+  local stamp="$venv/.kk-installed" want
+  want="$(sha256sum pyproject.toml | cut -c1-16)"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing kraftkeeper and its dependencies into $venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q -e ".[operator,spark,dev]"
+    echo "$want" >"$stamp"
+  fi
+}
+
+install_system() {
+  # Java for Spark, Chromium for the report test, etcd + kube-apiserver + helm for the
+  # operator tests. Each script is idempotent and quick when everything is present.
+  for s in scripts/install-system.sh scripts/k8s-testenv.sh; do
+    if [ -x "$s" ]; then log "$s"; "$s" install; fi
+  done
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  demo)
+    install_python
+    install_system
+    exec "$venv/bin/kraftkeeper" demo "$@"
+    ;;
+  test)
+    install_python
+    install_system
+    log "ruff"
+    "$venv/bin/ruff" check quorum operator reports tests bench
+    log "mypy (strict)"
+    "$venv/bin/mypy"
+    log "pytest"
+    exec "$venv/bin/pytest" "$@"
+    ;;
+  install)
+    install_python
+    install_system
+    ;;
+  *)
+    echo "usage: ./dev.sh demo [--dir DIR] [--recoveries K] | ./dev.sh test [pytest args] | ./dev.sh install" >&2
+    exit 2
+    ;;
+esac

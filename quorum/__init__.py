@@ -1,0 +1,14 @@
+"""KRaftKeeper quorum engine: a KRaft-style Raft (KIP-595 / KIP-856) serving a replicated
+key-value metadata store.
+
+Layout:
+  quorum.types     shared primitives (replica keys, control records, batch headers, error codes)
+  quorum.records   the binary record-batch codec (pure functions)
+  quorum.core      the consensus core: a pure state machine, no I/O, clock or randomness
+  quorum.storage   meta.properties, segmented log, quorum-state file, snapshots (+ in-memory twins)
+  quorum.runtime   the asyncio driver, aiohttp transport and server, KV state machine, metrics
+  quorum.client    the HTTP client used by the CLI, the operator and the benchmarks
+  quorum.cli       the `kraftkeeper` command line
+"""
+
+__version__ = "0.1.0"
