@@ -114,6 +114,7 @@ class AddVoter:
     """KIP-856 AddVoterRecord: applied when read, committed or not."""
 
     voter: ReplicaKey
+    endpoint: str | None = None  # HOST:PORT the voter listens on (as KIP-853's VotersRecord)
     type: ControlType = field(default=ControlType.ADD_VOTER, init=False)
 
 
