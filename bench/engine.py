@@ -1,0 +1,485 @@
+"""Side-by-side write benchmark: KRaftKeeper against etcd and PySyncObj on one machine.
+
+Every system runs as a 3-node cluster on loopback and takes the same work from the same load
+generator in the same invocation: committed writes per second and p50/p99 commit latency for
+each value size and each number of concurrent clients (each client is one keep-alive HTTP/1.1
+connection), plus the p99 of an open-loop run at half of the system's measured peak.
+
+Systems (rows of the output):
+
+* ``kraftkeeper fsync`` / ``kraftkeeper nofsync``: ``kraftkeeper start`` x3, writes are
+  ``PUT /v1/kv/{key}`` to the leader (interfaces.md); fsync is toggled through the config knob
+  ``bench.common.FSYNC_CONFIG_KEY``.
+* ``etcd``: Debian's ``etcd`` (3.4) x3, writes through its grpc-gateway ``POST /v3/kv/put``
+  (base64 key and value in JSON); etcd always fsyncs its WAL before acknowledging.
+* ``pysyncobj batch`` / ``pysyncobj nobatch``: PySyncObj (a Python Raft library) x3, each node a
+  process with an in-memory dict, no journal file (so no fsync), with the library's default
+  ``appendEntriesUseBatch=True`` and with ``appendEntriesUseBatch=False``. A tiny aiohttp front
+  end per node (``pysyncobj-node`` below) turns ``PUT /v1/kv/{key}`` into a replicated call and
+  answers once PySyncObj reports it committed, 421 + ``leader_endpoint`` on a follower, like
+  KRaftKeeper. The front end is the same aiohttp stack KRaftKeeper's server uses; its own cost
+  is the "aiohttp no-op" ceiling printed at the top (a handler that answers at once).
+
+Run ``python -m bench.engine --help``; ``bench/README.md`` explains the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bench.common import (
+    LoadResult,
+    ProcessSet,
+    find_leader_by_421,
+    free_ports,
+    have_wrk,
+    http_call,
+    kraftkeeper_command,
+    kraftkeeper_config,
+    run_asyncio_load,
+    run_load,
+    sigterm_as_interrupt,
+    value_bytes,
+    wait_until,
+)
+
+START_TIMEOUT = 60.0
+
+
+class Cluster(Protocol):
+    """A 3-node cluster of one system under test."""
+
+    label: str  # row label, e.g. "kraftkeeper fsync"
+    family: str  # "kraftkeeper" | "etcd" | "pysyncobj"
+    kind: str  # request shape for the generators: "kv" or "etcd"
+
+    def start(self) -> None: ...
+
+    def leader(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
+def _probe_path() -> str:
+    return f"/v1/kv/bench-probe-{secrets.token_hex(4)}"
+
+
+class KraftKeeperCluster:
+    family = "kraftkeeper"
+    kind = "kv"
+
+    def __init__(self, work: Path, fsync: bool, extra_config: dict[str, Any] | None = None) -> None:
+        self.fsync = fsync
+        self.label = "kraftkeeper fsync" if fsync else "kraftkeeper nofsync"
+        self.work = work / ("kk-fsync" if fsync else "kk-nofsync")
+        self.extra_config = extra_config
+        self.procs = ProcessSet(self.work / "logs")
+        self.endpoints: list[str] = []
+
+    def start(self) -> None:
+        ports = free_ports(3)
+        self.endpoints = [f"127.0.0.1:{p}" for p in ports]
+        voters = ",".join(f"{i + 1}@{ep}" for i, ep in enumerate(self.endpoints))
+        cfg = self.work / "config.json"
+        self.work.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(json.dumps(kraftkeeper_config(self.fsync, self.extra_config)))
+        cluster_id = f"bench-{secrets.token_hex(6)}"
+        kk = kraftkeeper_command()
+        for i, ep in enumerate(self.endpoints, start=1):
+            d = self.work / f"n{i}"
+            proc = self.procs.spawn(f"format-{i}", [*kk, "format", "--dir", str(d), "--cluster-id", cluster_id,
+                                                    "--node-id", str(i)])
+            if proc.popen.wait(60) != 0:
+                raise RuntimeError(f"kraftkeeper format failed for node {i}:\n{self.procs.tail(f'format-{i}')}")
+            self.procs.spawn(f"node-{i}", [*kk, "start", "--dir", str(d), "--listen", ep, "--voters", voters,
+                                           "--config", str(cfg)])
+        for i, ep in enumerate(self.endpoints, start=1):
+            wait_until(lambda ep=ep, i=i: self._ready(i, ep), START_TIMEOUT, f"kraftkeeper node {i} /readyz")
+
+    def _ready(self, i: int, ep: str) -> bool:
+        self.procs.check_alive(f"node-{i}")
+        return http_call(ep, "GET", "/readyz", timeout=2)[0] == 200
+
+    def leader(self) -> str:
+        return find_leader_by_421(self.endpoints, _probe_path(), b"probe", START_TIMEOUT)
+
+    def stop(self) -> None:
+        self.procs.close()
+
+
+class EtcdCluster:
+    label = "etcd"
+    family = "etcd"
+    kind = "etcd"
+
+    def __init__(self, work: Path) -> None:
+        self.work = work / "etcd"
+        self.procs = ProcessSet(self.work / "logs")
+        self.endpoints: list[str] = []
+
+    def start(self) -> None:
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError("etcd is not installed: run scripts/install-bench.sh install")
+        ports = free_ports(6)
+        client, peer = ports[:3], ports[3:]
+        self.endpoints = [f"127.0.0.1:{p}" for p in client]
+        initial = ",".join(f"e{i + 1}=http://127.0.0.1:{p}" for i, p in enumerate(peer))
+        token = f"bench-{secrets.token_hex(4)}"
+        for i in range(3):
+            self.procs.spawn(f"etcd-{i + 1}", [
+                etcd, "--name", f"e{i + 1}", "--data-dir", str(self.work / f"e{i + 1}"),
+                "--listen-client-urls", f"http://{self.endpoints[i]}",
+                "--advertise-client-urls", f"http://{self.endpoints[i]}",
+                "--listen-peer-urls", f"http://127.0.0.1:{peer[i]}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer[i]}",
+                "--initial-cluster", initial, "--initial-cluster-state", "new",
+                "--initial-cluster-token", token, "--logger", "zap", "--log-level", "warn",
+            ])
+
+    def leader(self) -> str:
+        def find() -> str | None:
+            for i, ep in enumerate(self.endpoints, start=1):
+                self.procs.check_alive(f"etcd-{i}")
+                try:
+                    status, body = http_call(ep, "POST", "/v3/maintenance/status", b"{}", timeout=2)
+                except OSError:
+                    continue
+                if status != 200:
+                    continue
+                d = json.loads(body)
+                # uint64 ids arrive as JSON strings from the gateway.
+                if d.get("leader") and str(d["leader"]) == str(d.get("header", {}).get("member_id")):
+                    return ep
+            return None
+
+        return wait_until(find, START_TIMEOUT, "an etcd leader", interval=0.1)
+
+    def stop(self) -> None:
+        self.procs.close()
+
+
+class PySyncObjCluster:
+    family = "pysyncobj"
+    kind = "kv"
+
+    def __init__(self, work: Path, batch: bool) -> None:
+        self.batch = batch
+        self.label = "pysyncobj batch" if batch else "pysyncobj nobatch"
+        self.work = work / ("pso-batch" if batch else "pso-nobatch")
+        self.procs = ProcessSet(self.work / "logs")
+        self.endpoints: list[str] = []
+
+    def start(self) -> None:
+        ports = free_ports(6)
+        raft, http = ports[:3], ports[3:]
+        self.endpoints = [f"127.0.0.1:{p}" for p in http]
+        for i in range(3):
+            argv = [sys.executable, "-m", "bench.engine", "pysyncobj-node", "--index", str(i),
+                    "--raft-ports", ",".join(map(str, raft)), "--http-ports", ",".join(map(str, http))]
+            if not self.batch:
+                argv.append("--no-batch")
+            self.procs.spawn(f"pso-{i + 1}", argv)
+        for i, ep in enumerate(self.endpoints, start=1):
+            wait_until(lambda ep=ep, i=i: self._ready(i, ep), START_TIMEOUT, f"pysyncobj node {i} /readyz")
+
+    def _ready(self, i: int, ep: str) -> bool:
+        self.procs.check_alive(f"pso-{i}")
+        return http_call(ep, "GET", "/readyz", timeout=2)[0] == 200
+
+    def leader(self) -> str:
+        return find_leader_by_421(self.endpoints, _probe_path(), b"probe", START_TIMEOUT)
+
+    def stop(self) -> None:
+        self.procs.close()
+
+
+def pysyncobj_node(argv: Sequence[str]) -> int:
+    """One PySyncObj node plus its HTTP front end (runs in its own process)."""
+    from aiohttp import web
+    from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+    ap = argparse.ArgumentParser(prog="python -m bench.engine pysyncobj-node")
+    ap.add_argument("--index", type=int, required=True)
+    ap.add_argument("--raft-ports", required=True)
+    ap.add_argument("--http-ports", required=True)
+    ap.add_argument("--no-batch", action="store_true")
+    a = ap.parse_args(argv)
+    raft = [f"127.0.0.1:{p}" for p in a.raft_ports.split(",")]
+    http = [f"127.0.0.1:{p}" for p in a.http_ports.split(",")]
+    http_of = dict(zip(raft, http, strict=True))
+
+    class KV(SyncObj):  # type: ignore[misc]
+        def __init__(self) -> None:
+            conf = SyncObjConf(appendEntriesUseBatch=not a.no_batch)
+            super().__init__(raft[a.index], [r for r in raft if r != raft[a.index]], conf)
+            self.data: dict[str, bytes] = {}
+
+        @replicated  # type: ignore[misc]
+        def put(self, key: str, value: bytes) -> int:
+            self.data[key] = value
+            return len(self.data)
+
+    kv = KV()
+
+    def leader_addr() -> str | None:
+        leader = kv._getLeader()
+        if leader is None:
+            return None
+        return str(getattr(leader, "address", leader))
+
+    async def readyz(request: web.Request) -> web.Response:
+        return web.Response(status=200 if leader_addr() else 503, text="ok" if leader_addr() else "no leader")
+
+    async def put(request: web.Request) -> web.Response:
+        body = await request.read()
+        if not kv._isLeader():
+            lead = leader_addr()
+            return web.json_response({"error_code": "NOT_LEADER", "leader_endpoint": http_of.get(lead or "")},
+                                     status=421)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[Any, Any]] = loop.create_future()
+
+        def done(result: Any, err: Any) -> None:  # called on PySyncObj's own thread
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result((result, err)))
+
+        kv.put(request.match_info["key"], body, callback=done)
+        result, err = await fut
+        if err != FAIL_REASON.SUCCESS:
+            return web.json_response({"error_code": "UNAVAILABLE", "message": f"pysyncobj: {err}"}, status=503)
+        return web.json_response({"offset": result})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_put("/v1/kv/{key}", put)
+    host, _, port = http[a.index].rpartition(":")
+    web.run_app(app, host=host, port=int(port), print=None, access_log=None)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    label: str
+    family: str
+    size: int
+    runs: dict[int, LoadResult] = field(default_factory=dict)
+    half: LoadResult | None = None
+    error: str | None = None
+
+
+def _measure(cluster: Cluster, size: int, clients: list[int], duration: float, generator: str,
+             half_load: bool, log: Any) -> Row:
+    row = Row(cluster.label, cluster.family, size)
+    leader = cluster.leader()
+    # Warm-up: connections, JIT-free but cache- and page-cache-warm paths, first log segment.
+    run_load(leader, cluster.kind, size, max(clients), min(2.0, duration), generator)
+    for c in clients:
+        leader = cluster.leader()
+        res = run_load(leader, cluster.kind, size, c, duration, generator)
+        if res.ok == 0 or res.errors > res.ok:
+            # A leader change during the run: find the new leader and measure once more.
+            leader = cluster.leader()
+            res = run_load(leader, cluster.kind, size, c, duration, generator)
+        row.runs[c] = res
+        log(f"  {cluster.label:18} {size:>5} B {c:>4} clients: {res.writes_per_s:9.0f} w/s "
+            f"p50 {res.p50_ms:7.2f} ms p99 {res.p99_ms:7.2f} ms errors {res.errors}")
+    if half_load and row.runs:
+        peak = max(row.runs.values(), key=lambda r: r.writes_per_s)
+        if peak.writes_per_s > 0:
+            leader = cluster.leader()
+            row.half = run_asyncio_load(leader, cluster.kind, size, peak.clients, duration,
+                                        rate=peak.writes_per_s / 2)
+            log(f"  {cluster.label:18} {size:>5} B half of peak ({peak.writes_per_s / 2:.0f}/s offered, "
+                f"{peak.clients} conns): p99 {row.half.p99_ms:.2f} ms")
+    return row
+
+
+def measure_ceiling(sizes: list[int], clients: int, duration: float, generator: str,
+                    work: Path) -> dict[str, LoadResult]:
+    """The generators against a trivial aiohttp handler: what they can drive at most here, and
+    what an aiohttp front end costs when it does no work."""
+    out: dict[str, LoadResult] = {}
+    with ProcessSet(work / "noop-logs") as procs:
+        port = free_ports(1)[0]
+        procs.spawn("noop", [sys.executable, "-m", "bench.common", "noop-server", "--port", str(port)])
+        ep = f"127.0.0.1:{port}"
+        wait_until(lambda: http_call(ep, "GET", "/readyz", timeout=2)[0] == 200, START_TIMEOUT, "the no-op server")
+        size = max(sizes)
+        out[generator] = run_load(ep, "kv", size, clients, duration, generator)
+        if generator != "asyncio":
+            out["asyncio"] = run_load(ep, "kv", size, clients, duration, "asyncio")
+    return out
+
+
+def _fmt_ratio(a: float, b: float | None) -> str:
+    return f"{a / b:5.2f}x" if b else "    - "
+
+
+def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
+    lines: list[str] = []
+    for size in sizes:
+        srows = [r for r in rows if r.size == size]
+        if not srows:
+            continue
+        lines.append("")
+        lines.append(f"== value size {size} B: committed writes/s, p50/p99 commit latency (ms), "
+                     f"ratio of writes/s vs etcd and vs best PySyncObj ==")
+        head = f"{'system':18} |" + "|".join(f"{f'{c} clients':^40}" for c in clients) + "| p99 @50% peak"
+        sub = f"{'':18} |" + "|".join(f"{'w/s':>8} {'p50':>6} {'p99':>7} {'vsEtcd':>7} {'vsPSO':>7} " for _ in clients)
+        lines += [head, sub, "-" * len(head)]
+        for r in srows:
+            cells = []
+            for c in clients:
+                res = r.runs.get(c)
+                if res is None:
+                    cells.append(f"{'n/a':>40}")
+                    continue
+                etcd = next((x.runs[c].writes_per_s for x in srows if x.family == "etcd" and c in x.runs), None)
+                pso = max((x.runs[c].writes_per_s for x in srows if x.family == "pysyncobj" and c in x.runs),
+                          default=None)
+                cells.append(f"{res.writes_per_s:8.0f} {res.p50_ms:6.2f} {res.p99_ms:7.2f} "
+                             f"{_fmt_ratio(res.writes_per_s, etcd):>7} {_fmt_ratio(res.writes_per_s, pso):>7} ")
+            half = "n/a"
+            if r.half is not None:
+                achieved = r.half.ok / r.half.duration_s
+                half = f"{r.half.p99_ms:.2f} ms at {achieved:.0f}/s"
+                if r.half.target_rate and achieved < 0.9 * r.half.target_rate:
+                    half += " (below offered)"
+            line = f"{r.label:18} |" + "|".join(cells) + f"| {half}"
+            if r.error:
+                line = f"{r.label:18} | FAILED: {r.error}"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def parse_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{what}: expected positive integers, got {text!r}")
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pysyncobj-node"]:
+        return pysyncobj_node(argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short runs, one value size (smoke test)")
+    ap.add_argument("--duration", type=float, default=None, help="seconds per run (default 10, --quick 2)")
+    ap.add_argument("--clients", type=lambda s: parse_list(s, "--clients"), default=[1, 16, 128])
+    ap.add_argument("--sizes", type=lambda s: parse_list(s, "--sizes"), default=None,
+                    help="value sizes in bytes (default 100,1024; --quick 100)")
+    ap.add_argument("--peers", default="etcd,pysyncobj",
+                    help="comma-separated peers from etcd,pysyncobj; 'none' for kraftkeeper alone")
+    ap.add_argument("--kraftkeeper", default="fsync,nofsync",
+                    help="kraftkeeper configs from fsync,nofsync; 'none' to run the peers alone")
+    ap.add_argument("--generator", choices=["auto", "wrk", "asyncio"], default="auto",
+                    help="closed-loop generator (auto: wrk if installed)")
+    ap.add_argument("--no-half-load", action="store_true", help="skip the open-loop run at half of peak")
+    ap.add_argument("--workdir", type=Path, default=None, help="where data dirs and logs go (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--json", type=Path, default=None, help="also write all results as JSON here")
+    a = ap.parse_args(argv)
+    duration = a.duration if a.duration is not None else (2.0 if a.quick else 10.0)
+    sizes = a.sizes or ([100] if a.quick else [100, 1024])
+    if duration <= 0:
+        ap.error("--duration must be > 0")
+    peers = [] if a.peers == "none" else [p.strip() for p in a.peers.split(",") if p.strip()]
+    kk = [] if a.kraftkeeper == "none" else [p.strip() for p in a.kraftkeeper.split(",") if p.strip()]
+    bad = [p for p in peers if p not in ("etcd", "pysyncobj")] + [k for k in kk if k not in ("fsync", "nofsync")]
+    if bad:
+        ap.error(f"unknown system(s) {', '.join(bad)}: --peers takes etcd,pysyncobj and --kraftkeeper fsync,nofsync")
+    generator = a.generator
+    if generator == "auto":
+        generator = "wrk" if have_wrk() else "asyncio"
+    if generator == "wrk" and not have_wrk():
+        ap.error("--generator wrk: wrk is not installed (scripts/install-bench.sh install)")
+    if "etcd" in peers and shutil.which("etcd") is None:
+        ap.error("--peers etcd: etcd is not installed (scripts/install-bench.sh install), or leave it out")
+
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    clusters: list[Cluster] = []
+    for k in kk:
+        clusters.append(KraftKeeperCluster(work, fsync=(k == "fsync")))
+    if "etcd" in peers:
+        clusters.append(EtcdCluster(work))
+    if "pysyncobj" in peers:
+        clusters += [PySyncObjCluster(work, batch=True), PySyncObjCluster(work, batch=False)]
+
+    rows: list[Row] = []
+    ceiling: dict[str, LoadResult] = {}
+    try:
+        with sigterm_as_interrupt():
+            log(f"work dir {work}; generator {generator}; {duration:g}s per run")
+            ceiling = measure_ceiling(sizes, max(a.clients), duration, generator, work)
+            for name, res in ceiling.items():
+                log(f"  generator ceiling ({name} -> aiohttp no-op, {res.clients} conns): {res.writes_per_s:.0f} req/s")
+            for cl in clusters:
+                log(f"starting {cl.label}")
+                try:
+                    cl.start()
+                    for size in sizes:
+                        rows.append(_measure(cl, size, a.clients, duration, generator, not a.no_half_load, log))
+                except (RuntimeError, TimeoutError, OSError) as e:
+                    log(f"  {cl.label} FAILED: {e}")
+                    for size in sizes:
+                        if not any(r.label == cl.label and r.size == size for r in rows):
+                            rows.append(Row(cl.label, cl.family, size, error=str(e).splitlines()[0]))
+                finally:
+                    cl.stop()
+    finally:
+        for cl in clusters:
+            cl.stop()
+        if not a.keep and a.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print(f"machine: {_machine()}; generator: {generator}; {duration:g}s per run")
+    for name, res in ceiling.items():
+        print(f"generator ceiling: {name} against an aiohttp no-op handler ({res.clients} conns, "
+              f"{max(sizes)} B bodies): {res.writes_per_s:.0f} req/s, p99 {res.p99_ms:.2f} ms")
+    print(render(rows, a.clients, sizes))
+    if a.json:
+        a.json.write_text(json.dumps({
+            "generator": generator, "duration_s": duration, "clients": a.clients, "sizes": sizes,
+            "ceiling": {k: v.to_json() for k, v in ceiling.items()},
+            "rows": [{"system": r.label, "family": r.family, "size": r.size, "error": r.error,
+                      "runs": {str(c): res.to_json() for c, res in r.runs.items()},
+                      "half_load": r.half.to_json() if r.half else None} for r in rows],
+        }, indent=2))
+    return 1 if any(r.error for r in rows) else 0
+
+
+def _machine() -> str:
+    import os
+    import platform
+
+    return f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}"
+
+
+# `value_bytes` is re-exported for the recovery benchmark's fills.
+__all__ = ["Cluster", "EtcdCluster", "KraftKeeperCluster", "PySyncObjCluster", "main", "value_bytes"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""The recovery controller: one observe -> decide -> act cycle per call, shared by the kopf
+operator and the local supervisor.
+
+``RecoveryController.reconcile()`` describes the quorum through a :class:`QuorumApi`, folds the
+answer into the :class:`RecoveryBook` (recovery.py), issues at most one voter change (or one
+KIP-642 reassignment when the desired voter ids differ), reports every step (event log,
+Kubernetes Events, metrics) and returns the status to publish. It never raises for an unreachable
+or leaderless quorum: that is a status (QuorumLost), and the caller retries on its next tick.
+
+Progress is persisted *before* a change is issued (``persist`` callback), so an operator that dies
+mid-call knows on restart which UUID was the old one; the quorum still decides what is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from quorum.types import KraftError
+
+from .api import QuorumApi
+from .recovery import (
+    Action,
+    ActionKind,
+    DescribeError,
+    Event,
+    QuorumView,
+    Recovery,
+    RecoveryBook,
+    RecoveryPolicy,
+    majority,
+)
+from .telemetry import EventSink, OperatorMetrics
+
+log = logging.getLogger(__name__)
+
+Persist = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+@dataclass
+class Condition:
+    type: str  # Available | Degraded | Recovering | QuorumLost
+    status: bool
+    reason: str
+    message: str = ""
+
+
+@dataclass
+class ControllerStatus:
+    """What one reconcile saw and did; ``to_status()`` is the CR's ``status`` (camelCase)."""
+
+    view: QuorumView | None
+    conditions: list[Condition]
+    recoveries: list[dict[str, Any]]
+    action: Action | None = None
+    reassigned: list[int] | None = None
+    error: str | None = None
+    blocked: str | None = None
+    live_voter_ids: list[int] = field(default_factory=list)
+
+    def condition(self, type_: str) -> Condition:
+        return next(c for c in self.conditions if c.type == type_)
+
+    @property
+    def voter_ids(self) -> list[int]:
+        return sorted({v.id for v in self.view.voters}) if self.view else []
+
+    def to_status(self, now: datetime | None = None) -> dict[str, Any]:
+        stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        v = self.view
+
+        def rep(r: Any) -> dict[str, Any]:
+            return {"id": r.id, "uuid": r.uuid, "lag": r.lag, "lastFetchTimestamp": r.last_fetch_ms}
+
+        return {
+            "leaderId": v.leader_id if v else -1,
+            "leaderEpoch": v.leader_epoch if v else -1,
+            "highWatermark": v.high_watermark if v else -1,
+            "voters": [rep(r) for r in v.voters] if v else [],
+            "observers": [rep(r) for r in v.observers] if v else [],
+            "targetVoters": list(v.target_voters) if v and v.target_voters is not None else None,
+            "recoveries": self.recoveries,
+            "conditions": [
+                {
+                    "type": c.type,
+                    "status": "True" if c.status else "False",
+                    "reason": c.reason,
+                    "message": c.message,
+                    "lastTransitionTime": stamp,
+                }
+                for c in self.conditions
+            ],
+        }
+
+
+class RecoveryController:
+    def __init__(
+        self,
+        api: QuorumApi,
+        policy: RecoveryPolicy,
+        *,
+        cluster: str,
+        sink: EventSink,
+        metrics: OperatorMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        records: Iterable[Recovery] = (),
+        persist: Persist | None = None,
+        desired_ids: list[int] | None = None,
+    ) -> None:
+        self.api = api
+        self.cluster = cluster
+        self.sink = sink
+        self.metrics = metrics
+        self.clock = clock
+        self.persist = persist
+        self.book = RecoveryBook(policy, records)
+        self.desired_ids = desired_ids  # None: do not manage the voter count
+        self.unreachable_since_ms: int | None = None
+        self._lock = asyncio.Lock()  # one reconcile at a time per quorum
+
+    @property
+    def policy(self) -> RecoveryPolicy:
+        return self.book.policy
+
+    def set_policy(self, policy: RecoveryPolicy) -> None:
+        self.book.policy = policy
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ------------------------------------------------------------------------------------------
+
+    async def reconcile(self) -> ControllerStatus:
+        async with self._lock:
+            return await self._reconcile()
+
+    async def _reconcile(self) -> ControllerStatus:
+        now = self.now_ms()
+        try:
+            view = QuorumView.from_describe(await self.api.describe())
+        except (KraftError, DescribeError, OSError, asyncio.TimeoutError) as e:
+            return self._lost(now, f"{e}")
+        window = int(self.policy.live_window_seconds * 1000)
+        if not view.has_live_majority(now, window):
+            self._publish_gauges(view, now)
+            return self._lost(now, "the leader sees fewer live voters than a majority", view)
+        self.unreachable_since_ms = None
+
+        self._emit(self.book.observe(view, now), view)
+        action = self.book.next_action(view, now)
+        blocked = self.book.blocked
+        reassigned: list[int] | None = None
+        if action is not None:
+            await self._execute(action, view)
+        elif not self.book.active():
+            reassigned = await self._maybe_reassign(view, now)
+        if self.persist is not None:
+            await self.persist(self.book.to_status())
+        self._publish_gauges(view, now)
+        return self._status(view, now, action=action, blocked=blocked, reassigned=reassigned)
+
+    async def _execute(self, action: Action, view: QuorumView) -> None:
+        started = self.now_ms()
+        self._emit(self.book.started(action, started), view)
+        if self.persist is not None:
+            await self.persist(self.book.to_status())  # before the call: crash-safe bookkeeping
+        code: str | None = None
+        try:
+            if action.kind is ActionKind.ADD_VOTER:
+                await self.api.add_voter(action.replica_id, action.uuid)
+            else:
+                await self.api.remove_voter(action.replica_id, action.uuid)
+        except KraftError as e:
+            code = e.code.value
+            log.warning("%s %s:%s failed: %s", action.kind.value, action.replica_id, action.uuid, e)
+        except (OSError, asyncio.TimeoutError) as e:
+            code = "UNAVAILABLE"
+            log.warning("%s %s:%s failed: %s", action.kind.value, action.replica_id, action.uuid, e)
+        done = self.now_ms()
+        if code is None and self.metrics is not None:
+            op = "add" if action.kind is ActionKind.ADD_VOTER else "remove"
+            self.metrics.voter_change_duration.labels(self.cluster, op).observe((done - started) / 1000)
+        self._emit(self.book.finished(action, code, done), view)
+
+    async def _maybe_reassign(self, view: QuorumView, now: int) -> list[int] | None:
+        """KIP-642: move the voter ids to ``desired_ids`` once every new id is a caught-up live
+        observer and the target set would have a live majority; the engine then performs the
+        single changes one by one."""
+        if self.desired_ids is None:
+            return None
+        desired = sorted(set(self.desired_ids))
+        current = sorted({v.id for v in view.voters})
+        if view.pending is not None:
+            return None
+        if view.target_voters is not None:
+            if sorted(view.target_voters) == desired:
+                return None  # already moving there
+        elif current == desired:
+            return None
+        window = int(self.policy.live_window_seconds * 1000)
+        ready = {v.id for v in view.live_voters(now, window)}
+        ready |= {
+            o.id
+            for o in view.observers
+            if view.is_live(o, now, window) and 0 <= o.lag <= self.policy.max_lag
+        }
+        missing = [i for i in desired if i not in ready]
+        if missing:
+            self.book.blocked = f"scaling to voters {desired} waits for replicas {missing} to catch up"
+            return None
+        if len([i for i in desired if i in ready]) < majority(len(desired)):
+            self.book.blocked = f"unsafe: voters {desired} would lack a live majority"
+            return None
+        try:
+            await self.api.reassign(desired)
+        except (KraftError, OSError, asyncio.TimeoutError) as e:
+            self.book.blocked = f"reassignment to {desired} failed: {e}"
+            return None
+        return desired
+
+    # ------------------------------------------------------------------------------------------
+
+    def _lost(self, now: int, why: str, view: QuorumView | None = None) -> ControllerStatus:
+        if self.unreachable_since_ms is None:
+            self.unreachable_since_ms = now
+        gone_s = (now - self.unreachable_since_ms) / 1000
+        if self.metrics is not None:
+            self.metrics.quorum_lost.labels(self.cluster).set(1)
+        msg = f"{why} (for {gone_s:.0f}s)"
+        if self.policy.unclean_allowed and gone_s >= self.policy.unclean_after_seconds:
+            # TODO(engine): KIP-704 unclean recovery (`kraftkeeper quorum recover-unclean`) is not in
+            # the engine's API yet; until it is, the operator only reports that it would act.
+            msg += "; unclean recovery allowed and due, but the engine offers no recover-unclean yet"
+        conds = [
+            Condition("Available", False, "QuorumLost", msg),
+            Condition("Degraded", True, "QuorumLost", msg),
+            Condition("Recovering", bool(self.book.active()), "Waiting" if self.book.active() else "Idle"),
+            Condition("QuorumLost", True, "NoLiveMajority", msg),
+        ]
+        return ControllerStatus(view, conds, self.book.to_status(), error=why, blocked=msg)
+
+    def _status(
+        self,
+        view: QuorumView,
+        now: int,
+        *,
+        action: Action | None,
+        blocked: str | None,
+        reassigned: list[int] | None,
+    ) -> ControllerStatus:
+        window = int(self.policy.live_window_seconds * 1000)
+        live = view.live_voters(now, window)
+        dead = [v for v in view.voters if v not in live]
+        active = self.book.active()
+        blocked = self.book.blocked or blocked
+        degraded_why = []
+        if dead:
+            degraded_why.append("voters not fetching: " + ", ".join(f"{v.id}:{v.uuid}" for v in dead))
+        if blocked:
+            degraded_why.append(blocked)
+        rec_msg = ", ".join(f"replica {r.replica_id} {r.phase.value}" for r in active)
+        conds = [
+            Condition("Available", True, "LeaderElected", f"leader {view.leader_id} epoch {view.leader_epoch}"),
+            Condition("Degraded", bool(dead or active), "VotersDown" if dead else ("Recovering" if active else "Healthy"),
+                      "; ".join(degraded_why)),
+            Condition("Recovering", bool(active), "DiskReplacement" if active else "Idle", rec_msg),
+            Condition("QuorumLost", False, "LiveMajority", f"{len(live)} of {len(view.voters)} voters live"),
+        ]
+        if self.metrics is not None:
+            self.metrics.quorum_lost.labels(self.cluster).set(0)
+        return ControllerStatus(
+            view, conds, self.book.to_status(), action=action, reassigned=reassigned, blocked=blocked,
+            live_voter_ids=sorted({v.id for v in live}),
+        )
+
+    def _publish_gauges(self, view: QuorumView, now: int) -> None:
+        if self.metrics is None:
+            return
+        window = int(self.policy.live_window_seconds * 1000)
+        self.metrics.voters.labels(self.cluster).set(len(view.voters))
+        self.metrics.observers.labels(self.cluster).set(len(view.observers))
+        self.metrics.live_voters.labels(self.cluster).set(len(view.live_voters(now, window)))
+
+    def _emit(self, events: list[Event], view: QuorumView) -> None:
+        for ev in events:
+            r = ev.recovery
+            detail = dict(ev.detail)
+            if ev.type == "recovery_failed":
+                detail.setdefault("reason", r.reason or "unknown")
+            self.sink.emit(
+                ev.type, r.recovery_id, r.replica_id, r.old_uuid, r.new_uuid, view.leader_id, view.leader_epoch,
+                detail,
+            )
+            log.info("recovery %s replica %s: %s %s", r.recovery_id, r.replica_id, ev.type, detail or "")
+            if self.metrics is None:
+                continue
+            if ev.type == "recovery_completed":
+                self.metrics.recoveries.labels(self.cluster, "completed").inc()
+                if r.finished_ms is not None:
+                    self.metrics.recovery_duration.labels(self.cluster).observe((r.finished_ms - r.detected_ms) / 1000)
+            elif ev.type == "recovery_failed":
+                self.metrics.recoveries.labels(self.cluster, "failed").inc()

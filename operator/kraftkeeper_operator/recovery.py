@@ -1,0 +1,661 @@
+"""Automatic disk-failure recovery: the pure decision core (KIP-856, "Disk Failure Recovery
+Scenario").
+
+No I/O, no clock, no Kubernetes: the caller hands in the leader's describe object (as
+:class:`QuorumView`), the policy and the current time; :class:`RecoveryBook` keeps the recorded
+progress of each recovery and answers "what is the next safe step?". The async executor lives in
+``controller.py``; kopf and the local supervisor only call that.
+
+How a replaced disk looks (KIP-856): the node restarts with the same replica id but a new storage
+UUID, so the leader lists (id, old) among the voters and (id, new) among the observers. Recovery
+promotes the new one and removes the old one, one voter change at a time.
+
+Invariants, checked before *every* step (not only when a recovery starts):
+
+* the quorum itself is the source of truth: the phase of a recovery is re-derived from the voter
+  set on every observation, so an operator that restarts at any step (Strimzi proposal 132,
+  scenarios 4.A-4.D) resumes from what the quorum shows, and recorded progress is only a hint
+  (which UUID was the old one, when the clocks started);
+* at most one voter change in flight: nothing is issued while ``pending_voter_change`` or a KIP-642
+  reassignment (``target_voters``) is set, and recoveries run strictly one after the other;
+* never a change that leaves fewer *live* voters than a majority of the resulting voter set
+  (consul#4017, ZooKeeper operator #575). "Live" = fetched from the leader within the policy's
+  live window (the leader itself always counts);
+* a new replica is promoted only after it has stayed caught up (lag <= maxLag and a recent fetch)
+  for the whole stabilisation time (Consul's ServerStabilizationTime idea, consul#8118); falling
+  behind before promotion restarts that clock;
+* the old replica is removed only if it is not live: a live (id, old) with a second (id, new)
+  means two processes claim one id, which is a misconfiguration, not a disk replacement.
+
+Several replaced disks: each is detected and its stabilisation clock runs at once, but the voter
+changes are serialised: the recovery that already changed the voter set goes first, then the
+oldest detection. With 3 voters a second replaced disk means no live majority, so nothing happens
+(QuorumLost) until a node comes back; with 5 voters the second recovery proceeds after the first
+because the majority check passes at each step.
+
+Order trade-off: ``AddThenRemove`` (the default, KIP-856's order) briefly has 2n+2 voters
+(e.g. 4 out of 3 replicas), so committing the addition needs 3 of 4 to be live. ``RemoveThenAdd``
+(Kafka's final KIP-853 order, which rejects duplicate ids) never has the extra voter, but between
+the two steps the voter set is smaller (3 -> 2: no failure tolerated at all) and if the new replica
+then fails the quorum stays one voter short until it returns.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import uuid as _uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# Policy
+
+
+class Order(str, enum.Enum):
+    ADD_THEN_REMOVE = "AddThenRemove"
+    REMOVE_THEN_ADD = "RemoveThenAdd"
+
+
+class PolicyError(ValueError):
+    """An invalid recovery policy; the message names the field (``spec.recovery.<field>``)."""
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """``spec.recovery`` of a KRaftQuorum (local mode uses the same defaults)."""
+
+    enabled: bool = True
+    order: Order = Order.ADD_THEN_REMOVE
+    stabilization_seconds: float = 10.0  # a new replica must stay caught up this long
+    max_lag: int = 100  # records behind the leader's log end still counted as caught up
+    timeout_seconds: float = 600.0  # detection -> promotion must happen within this
+    live_window_seconds: float = 5.0  # a replica that fetched within this is live
+    unclean_allowed: bool = False  # KIP-704 unclean recovery when a majority is gone
+    unclean_after_seconds: float = 600.0
+
+    # camelCase names used in the custom resource, mapped to our fields.
+    _SPEC_NAMES = {
+        "enabled": "enabled",
+        "order": "order",
+        "stabilizationSeconds": "stabilization_seconds",
+        "maxLag": "max_lag",
+        "timeoutSeconds": "timeout_seconds",
+        "liveWindowSeconds": "live_window_seconds",
+    }
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any] | None) -> RecoveryPolicy:
+        """Build from ``spec.recovery``; raises :class:`PolicyError` naming the bad field."""
+        if spec is None:
+            return cls()
+        if not isinstance(spec, Mapping):
+            raise PolicyError("spec.recovery: must be an object")
+        known = set(cls._SPEC_NAMES) | {"unclean"}
+        for key in spec:
+            if key not in known:
+                raise PolicyError(f"spec.recovery.{key}: unknown field (known: {', '.join(sorted(known))})")
+        kw: dict[str, Any] = {}
+        if "enabled" in spec:
+            kw["enabled"] = _bool(spec["enabled"], "spec.recovery.enabled")
+        if "order" in spec:
+            try:
+                kw["order"] = Order(spec["order"])
+            except ValueError:
+                raise PolicyError(
+                    f"spec.recovery.order: {spec['order']!r} is not one of AddThenRemove, RemoveThenAdd"
+                ) from None
+        for name in ("stabilizationSeconds", "timeoutSeconds", "liveWindowSeconds"):
+            if name in spec:
+                kw[cls._SPEC_NAMES[name]] = _number(spec[name], f"spec.recovery.{name}", minimum=0.0)
+        if "maxLag" in spec:
+            value = spec["maxLag"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PolicyError(f"spec.recovery.maxLag: must be an integer >= 0, got {value!r}")
+            kw["max_lag"] = value
+        unclean = spec.get("unclean")
+        if unclean is not None:
+            if not isinstance(unclean, Mapping):
+                raise PolicyError("spec.recovery.unclean: must be an object")
+            for key in unclean:
+                if key not in ("allowed", "afterSeconds"):
+                    raise PolicyError(f"spec.recovery.unclean.{key}: unknown field (known: afterSeconds, allowed)")
+            if "allowed" in unclean:
+                kw["unclean_allowed"] = _bool(unclean["allowed"], "spec.recovery.unclean.allowed")
+            if "afterSeconds" in unclean:
+                kw["unclean_after_seconds"] = _number(
+                    unclean["afterSeconds"], "spec.recovery.unclean.afterSeconds", minimum=0.0
+                )
+        policy = cls(**kw)
+        if policy.timeout_seconds <= policy.stabilization_seconds:
+            raise PolicyError(
+                f"spec.recovery.timeoutSeconds: {policy.timeout_seconds} must exceed "
+                f"stabilizationSeconds ({policy.stabilization_seconds}), or no recovery could finish"
+            )
+        if policy.live_window_seconds <= 0:
+            raise PolicyError("spec.recovery.liveWindowSeconds: must be > 0")
+        return policy
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"{where}: must be true or false, got {value!r}")
+    return value
+
+
+def _number(value: Any, where: str, *, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PolicyError(f"{where}: must be a number, got {value!r}")
+    if value < minimum:
+        raise PolicyError(f"{where}: must be >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The leader's describe object, parsed
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One ``voters`` / ``observers`` entry of ``quorum describe --json`` (interfaces.md)."""
+
+    id: int
+    uuid: str
+    endpoint: str | None = None
+    log_end_offset: int = -1
+    lag: int = -1
+    last_fetch_ms: int = -1
+    last_caught_up_ms: int = -1
+
+
+@dataclass(frozen=True)
+class PendingChange:
+    op: str  # "add" | "remove"
+    id: int
+    uuid: str
+
+
+class DescribeError(ValueError):
+    """A describe object that does not follow interfaces.md (names the field)."""
+
+
+@dataclass(frozen=True)
+class QuorumView:
+    """The leader's view of the quorum at one instant."""
+
+    leader_id: int
+    leader_epoch: int
+    high_watermark: int
+    voters: tuple[Replica, ...]
+    observers: tuple[Replica, ...] = ()
+    pending: PendingChange | None = None
+    target_voters: tuple[int, ...] | None = None
+    recovery_state: str = "RECOVERED"
+    cluster_id: str = ""
+
+    @classmethod
+    def from_describe(cls, d: Mapping[str, Any]) -> QuorumView:
+        try:
+            voters = tuple(_replica(r) for r in d["voters"])
+            observers = tuple(_replica(r) for r in d.get("observers") or ())
+            p = d.get("pending_voter_change")
+            pending = PendingChange(str(p["op"]), int(p["id"]), str(p["uuid"])) if p else None
+            tv = d.get("target_voters")
+            return cls(
+                leader_id=int(d["leader_id"]),
+                leader_epoch=int(d["leader_epoch"]),
+                high_watermark=int(d.get("high_watermark", -1)),
+                voters=voters,
+                observers=observers,
+                pending=pending,
+                target_voters=tuple(int(i) for i in tv) if tv is not None else None,
+                recovery_state=str(d.get("leader_recovery_state", "RECOVERED")),
+                cluster_id=str(d.get("cluster_id", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise DescribeError(f"describe object malformed: {type(e).__name__}: {e}") from e
+
+    def voter_uuids(self, replica_id: int) -> list[str]:
+        return [v.uuid for v in self.voters if v.id == replica_id]
+
+    def leader_uuid(self) -> str | None:
+        """UUID of the leader's voter entry. With two voters of the leader's id (mid-recovery)
+        the dead old one cannot be leading, so take the one that fetched / wrote most recently."""
+        mine = [v for v in self.voters if v.id == self.leader_id]
+        if not mine:
+            return None
+        return max(mine, key=lambda v: (v.last_fetch_ms, v.log_end_offset)).uuid
+
+    def is_live(self, r: Replica, now_ms: int, window_ms: int) -> bool:
+        if r.id == self.leader_id and r.uuid == self.leader_uuid():
+            return True
+        return r.last_fetch_ms >= 0 and now_ms - r.last_fetch_ms <= window_ms
+
+    def live_voters(self, now_ms: int, window_ms: int) -> list[Replica]:
+        return [v for v in self.voters if self.is_live(v, now_ms, window_ms)]
+
+    def has_live_majority(self, now_ms: int, window_ms: int) -> bool:
+        return self.leader_id >= 0 and len(self.live_voters(now_ms, window_ms)) >= majority(len(self.voters))
+
+
+def _replica(r: Mapping[str, Any]) -> Replica:
+    return Replica(
+        id=int(r["id"]),
+        uuid=str(r["uuid"]),
+        endpoint=r.get("endpoint"),
+        log_end_offset=int(r.get("log_end_offset", -1)),
+        lag=int(r.get("lag", -1)),
+        last_fetch_ms=int(r.get("last_fetch_timestamp", -1)),
+        last_caught_up_ms=int(r.get("last_caught_up_timestamp", -1)),
+    )
+
+
+def majority(n: int) -> int:
+    return n // 2 + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded progress
+
+
+class Phase(str, enum.Enum):
+    STABILIZING = "Stabilizing"  # new replica seen, waiting for it to stay caught up
+    CAUGHT_UP = "CaughtUp"  # stable for stabilization_seconds, next step may start
+    ADDING = "Adding"  # AddVoter(new) issued
+    ADDED = "Added"  # (id, old) and (id, new) both voters
+    REMOVING = "Removing"  # RemoveVoter(old) issued
+    REMOVED = "Removed"  # RemoveThenAdd: old gone, new not yet a voter
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+TERMINAL = (Phase.COMPLETED, Phase.FAILED)
+
+
+@dataclass
+class Recovery:
+    """One recovery, serialisable into ``status.recoveries`` (camelCase keys there)."""
+
+    recovery_id: str
+    replica_id: int
+    old_uuid: str
+    new_uuid: str
+    phase: Phase
+    detected_ms: int
+    caught_up_since_ms: int | None = None
+    caught_up_ms: int | None = None
+    add_started_ms: int | None = None
+    add_committed_ms: int | None = None
+    remove_started_ms: int | None = None
+    remove_committed_ms: int | None = None
+    finished_ms: int | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in asdict(self).items():
+            out[_camel(k)] = v.value if isinstance(v, Phase) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Recovery:
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if _camel(f.name) in d:
+                kw[f.name] = d[_camel(f.name)]
+        kw["phase"] = Phase(kw["phase"])
+        return cls(**kw)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event-log line to emit (types from interfaces.md; ``replica_fell_behind`` and
+    ``recovery_resumed`` are our additions, which readers skip if unknown)."""
+
+    type: str
+    recovery: Recovery
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class ActionKind(str, enum.Enum):
+    ADD_VOTER = "add_voter"
+    REMOVE_VOTER = "remove_voter"
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    replica_id: int
+    uuid: str
+    recovery_id: str
+
+
+# Error codes as strings, so this module does not depend on the engine's enum.
+_DONE_ADD = {"VOTER_ALREADY_ADDED"}
+_DONE_REMOVE = {"VOTER_ALREADY_REMOVED"}
+
+
+class RecoveryBook:
+    """The recorded progress of all recoveries of one quorum, and the decision logic.
+
+    Use: ``events = book.observe(view, now_ms)`` on each describe, then
+    ``action = book.next_action(view, now_ms)``; emit ``book.started(action, view, now_ms)``
+    before issuing it and ``book.finished(action, error_code, now_ms)`` after.
+    ``blocked`` explains why nothing was done (for status conditions)."""
+
+    HISTORY = 20  # terminal recoveries kept (status.recoveries stays small)
+
+    def __init__(self, policy: RecoveryPolicy, records: Iterable[Recovery] = ()) -> None:
+        self.policy = policy
+        self.records: list[Recovery] = list(records)
+        self.blocked: str | None = None
+        self._window_ms = int(policy.live_window_seconds * 1000)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def active(self) -> list[Recovery]:
+        return [r for r in self.records if r.phase not in TERMINAL]
+
+    def active_for(self, replica_id: int) -> Recovery | None:
+        for r in self.records:
+            if r.replica_id == replica_id and r.phase not in TERMINAL:
+                return r
+        return None
+
+    def to_status(self) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.records]
+
+    def _caught_up(self, view: QuorumView, r: Replica | None, now_ms: int) -> bool:
+        if r is None:
+            return False
+        return 0 <= r.lag <= self.policy.max_lag and view.is_live(r, now_ms, self._window_ms)
+
+    # -- observation ---------------------------------------------------------------------------
+
+    def observe(self, view: QuorumView, now_ms: int) -> list[Event]:
+        """Fold one describe into the records; returns the events this observation implies."""
+        events: list[Event] = []
+        ids = {r.id for r in view.observers} | {r.id for r in self.active()}
+        for rid in sorted(ids):
+            events.extend(self._observe_id(view, rid, now_ms))
+        self._trim()
+        return events
+
+    def _new_observer(self, view: QuorumView, rid: int, voter_uuids: list[str], now_ms: int) -> Replica | None:
+        cands = [o for o in view.observers if o.id == rid and o.uuid not in voter_uuids]
+        if len(cands) > 1:
+            live = [o for o in cands if view.is_live(o, now_ms, self._window_ms)]
+            cands = live if live else cands
+        # Most recently fetching one wins: an older leftover observer entry is a previous disk.
+        return max(cands, key=lambda o: o.last_fetch_ms) if cands else None
+
+    def _observe_id(self, view: QuorumView, rid: int, now_ms: int) -> list[Event]:
+        events: list[Event] = []
+        voter_uuids = view.voter_uuids(rid)
+        new_obs = self._new_observer(view, rid, voter_uuids, now_ms)
+        rec = self.active_for(rid)
+        pending_here = view.pending is not None and view.pending.id == rid
+
+        if rec is None:
+            if not self.policy.enabled:
+                return events
+            if len(voter_uuids) == 1 and new_obs is not None:
+                if self._recently_failed(rid, new_obs.uuid, now_ms):
+                    return events
+                rec = self._start(rid, voter_uuids[0], new_obs.uuid, Phase.STABILIZING, now_ms)
+                events.append(Event("disk_replacement_detected", rec, {"endpoint": new_obs.endpoint}))
+            elif len(voter_uuids) == 2 and not pending_here:
+                # Restarted operator, AddVoter already committed: the quorum tells us the state.
+                old = self._guess_old(view, rid, voter_uuids, now_ms)
+                if old is None:
+                    self.blocked = f"replica {rid} has two voters and neither is clearly the old one"
+                    return events
+                new = next(u for u in voter_uuids if u != old)
+                rec = self._start(rid, old, new, Phase.ADDED, now_ms)
+                events.append(Event("recovery_resumed", rec, {"phase": Phase.ADDED.value}))
+            return events
+
+        # An active record exists: re-derive its phase from the quorum.
+        if new_obs is not None and new_obs.uuid != rec.new_uuid and rec.new_uuid not in voter_uuids:
+            # The new disk was itself replaced before promotion: that attempt is moot.
+            self._finish(rec, Phase.FAILED, now_ms, f"superseded by a newer storage UUID {new_obs.uuid}")
+            events.append(Event("recovery_failed", rec, {"reason": rec.reason}))
+            return events + self._observe_id(view, rid, now_ms)
+
+        old_in = rec.old_uuid in voter_uuids
+        new_in = rec.new_uuid in voter_uuids
+        if pending_here:
+            return events  # an uncommitted change for this id: wait for it to settle
+        # The *_committed_ms fields double as "event already emitted" markers, so a change
+        # first seen in the quorum (e.g. committed by a previous operator run) is logged once.
+        if new_in and rec.add_committed_ms is None:
+            rec.add_committed_ms = now_ms
+            events.append(Event("add_voter_committed", rec, {"observed": True}))
+        if not old_in and rec.remove_committed_ms is None:
+            if not new_in and self.policy.order is Order.ADD_THEN_REMOVE:
+                # Old removed although the new one was never added: not our doing. Give up and
+                # leave the voter count to the scaling logic (reassignment).
+                self._finish(rec, Phase.FAILED, now_ms, f"voter ({rid}, {rec.old_uuid}) removed externally")
+                events.append(Event("recovery_failed", rec, {"reason": rec.reason}))
+                return events
+            rec.remove_committed_ms = now_ms
+            events.append(Event("remove_voter_committed", rec, {"observed": True}))
+        if new_in and not old_in:
+            self._finish(rec, Phase.COMPLETED, now_ms, None)
+            events.append(Event("recovery_completed", rec, self._durations(rec)))
+            return events
+        if new_in and old_in:
+            if rec.phase is not Phase.REMOVING:
+                rec.phase = Phase.ADDED
+            return events
+        if not old_in:  # RemoveThenAdd between its steps
+            rec.phase = Phase.REMOVED
+        elif rec.phase in (Phase.ADDED, Phase.REMOVED):
+            # We believed a change happened that the quorum does not show (an uncommitted
+            # record truncated away): go back to checking catch-up.
+            rec.phase, rec.caught_up_since_ms = Phase.STABILIZING, None
+        elif rec.phase in (Phase.ADDING, Phase.REMOVING):
+            rec.phase = Phase.CAUGHT_UP  # outcome unknown and not visible: retry after re-checking
+        if rec.phase in (Phase.STABILIZING, Phase.CAUGHT_UP):
+            if now_ms - rec.detected_ms > self.policy.timeout_seconds * 1000:
+                self._finish(
+                    rec,
+                    Phase.FAILED,
+                    now_ms,
+                    f"timeout: replica {rid} did not stay caught up for {self.policy.stabilization_seconds:g}s "
+                    f"within {self.policy.timeout_seconds:g}s",
+                )
+                events.append(Event("recovery_failed", rec, {"reason": rec.reason}))
+                return events
+            events.extend(self._stabilise(view, rec, new_obs, now_ms))
+        elif rec.phase is Phase.REMOVED and new_obs is not None and new_obs.uuid == rec.new_uuid:
+            # RemoveThenAdd between the steps: keep tracking catch-up for the AddVoter.
+            if not self._caught_up(view, new_obs, now_ms):
+                rec.caught_up_since_ms = None
+            elif rec.caught_up_since_ms is None:
+                rec.caught_up_since_ms = now_ms
+        return events
+
+    def _stabilise(self, view: QuorumView, rec: Recovery, new_obs: Replica | None, now_ms: int) -> list[Event]:
+        obs = new_obs if new_obs is not None and new_obs.uuid == rec.new_uuid else None
+        if not self._caught_up(view, obs, now_ms):
+            if rec.caught_up_since_ms is not None:
+                was = rec.phase
+                rec.caught_up_since_ms = None
+                rec.phase = Phase.STABILIZING
+                detail = {"lag": obs.lag if obs else None, "phase": was.value}
+                return [Event("replica_fell_behind", rec, detail)]
+            return []
+        if rec.caught_up_since_ms is None:
+            rec.caught_up_since_ms = now_ms
+        if rec.phase is Phase.STABILIZING and now_ms - rec.caught_up_since_ms >= self.policy.stabilization_seconds * 1000:
+            rec.phase = Phase.CAUGHT_UP
+            rec.caught_up_ms = now_ms
+            return [Event("replica_caught_up", rec, {"lag": obs.lag if obs else None})]
+        return []
+
+    def _guess_old(self, view: QuorumView, rid: int, uuids: list[str], now_ms: int) -> str | None:
+        for r in reversed(self.records):  # a finished record may still name the old UUID
+            if r.replica_id == rid and r.old_uuid in uuids and r.new_uuid in uuids:
+                return r.old_uuid
+        entries = [v for v in view.voters if v.id == rid]
+        dead = [v for v in entries if not view.is_live(v, now_ms, self._window_ms)]
+        return dead[0].uuid if len(dead) == 1 else None
+
+    def _recently_failed(self, rid: int, new_uuid: str, now_ms: int) -> bool:
+        """A failed attempt is retried (as a new recovery) after one more timeout period."""
+        for r in self.records:
+            if r.replica_id == rid and r.new_uuid == new_uuid and r.phase is Phase.FAILED:
+                if now_ms - (r.finished_ms or 0) < self.policy.timeout_seconds * 1000:
+                    return True
+        return False
+
+    def _start(self, rid: int, old: str, new: str, phase: Phase, now_ms: int) -> Recovery:
+        rec = Recovery(str(_uuid.uuid4()), rid, old, new, phase, now_ms)
+        self.records.append(rec)
+        return rec
+
+    def _finish(self, rec: Recovery, phase: Phase, now_ms: int, reason: str | None) -> None:
+        rec.phase = phase
+        rec.finished_ms = now_ms
+        rec.reason = reason
+
+    @staticmethod
+    def _durations(rec: Recovery) -> dict[str, Any]:
+        def span(a: int | None, b: int | None) -> float | None:
+            return (b - a) / 1000 if a is not None and b is not None else None
+
+        return {
+            "total_seconds": span(rec.detected_ms, rec.finished_ms),
+            "stabilization_seconds": span(rec.detected_ms, rec.caught_up_ms),
+            "add_seconds": span(rec.add_started_ms, rec.add_committed_ms),
+            "remove_seconds": span(rec.remove_started_ms, rec.remove_committed_ms),
+        }
+
+    def _trim(self) -> None:
+        done = [r for r in self.records if r.phase in TERMINAL]
+        drop = {id(r) for r in done[: max(0, len(done) - self.HISTORY)]}
+        self.records = [r for r in self.records if id(r) not in drop]
+
+    # -- decision ------------------------------------------------------------------------------
+
+    def next_action(self, view: QuorumView, now_ms: int) -> Action | None:
+        """The one voter change that is safe now, or None (``self.blocked`` says why)."""
+        self.blocked = None
+        if not self.policy.enabled:
+            self.blocked = "recovery disabled by policy" if self.active() else None
+            return None
+        if not view.has_live_majority(now_ms, self._window_ms):
+            self.blocked = "QuorumLost: fewer live voters than a majority"
+            return None
+        if view.pending is not None:
+            self.blocked = f"voter change in progress: {view.pending.op} {view.pending.id}"
+            return None
+        if view.target_voters is not None:
+            self.blocked = f"reassignment to {list(view.target_voters)} in progress"
+            return None
+        active = self.active()
+        if not active:
+            return None
+        # A recovery that already changed the voter set finishes first; then the oldest detection.
+        in_flight = (Phase.ADDING, Phase.ADDED, Phase.REMOVING, Phase.REMOVED)
+        active.sort(key=lambda r: (r.phase not in in_flight, r.detected_ms, r.replica_id))
+        rec = active[0]
+        uuids = view.voter_uuids(rec.replica_id)
+        old_in, new_in = rec.old_uuid in uuids, rec.new_uuid in uuids
+        if old_in and new_in:
+            return self._guard_remove(view, rec, now_ms)
+        if rec.phase is Phase.REMOVED and not old_in:
+            return self._guard_add(view, rec, now_ms, require_stable=False)
+        if rec.phase in (Phase.CAUGHT_UP, Phase.ADDING, Phase.REMOVING) and old_in and not new_in:
+            if self.policy.order is Order.ADD_THEN_REMOVE:
+                return self._guard_add(view, rec, now_ms, require_stable=True)
+            return self._guard_remove(view, rec, now_ms)
+        self.blocked = f"recovery of replica {rec.replica_id} waiting: {rec.phase.value}"
+        return None
+
+    def _guard_add(self, view: QuorumView, rec: Recovery, now_ms: int, *, require_stable: bool) -> Action | None:
+        new = next((o for o in view.observers if o.id == rec.replica_id and o.uuid == rec.new_uuid), None)
+        if not self._caught_up(view, new, now_ms):
+            self.blocked = f"replica ({rec.replica_id}, {rec.new_uuid}) is not caught up"
+            return None
+        if require_stable and rec.phase is not Phase.CAUGHT_UP and rec.phase is not Phase.ADDING:
+            self.blocked = f"replica {rec.replica_id} still stabilising"
+            return None
+        old = next((v for v in view.voters if v.id == rec.replica_id and v.uuid == rec.old_uuid), None)
+        if old is not None and view.is_live(old, now_ms, self._window_ms):
+            self.blocked = f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: two processes share id"
+            return None
+        live = len(view.live_voters(now_ms, self._window_ms)) + 1  # the new one is live (caught up)
+        n = len(view.voters) + 1
+        if live < majority(n):
+            self.blocked = f"unsafe: AddVoter would leave {live} live of {n} voters"
+            return None
+        return Action(ActionKind.ADD_VOTER, rec.replica_id, rec.new_uuid, rec.recovery_id)
+
+    def _guard_remove(self, view: QuorumView, rec: Recovery, now_ms: int) -> Action | None:
+        old = next((v for v in view.voters if v.id == rec.replica_id and v.uuid == rec.old_uuid), None)
+        if old is None:
+            return None
+        if view.is_live(old, now_ms, self._window_ms):
+            self.blocked = f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: not removing it"
+            return None
+        live = len(view.live_voters(now_ms, self._window_ms))
+        n = len(view.voters) - 1
+        if n < 1 or live < majority(n):
+            self.blocked = f"unsafe: RemoveVoter would leave {live} live of {n} voters"
+            return None
+        return Action(ActionKind.REMOVE_VOTER, rec.replica_id, rec.old_uuid, rec.recovery_id)
+
+    # -- execution bookkeeping -------------------------------------------------------------------
+
+    def _rec(self, action: Action) -> Recovery:
+        for r in self.records:
+            if r.recovery_id == action.recovery_id:
+                return r
+        raise KeyError(action.recovery_id)
+
+    def started(self, action: Action, now_ms: int) -> list[Event]:
+        rec = self._rec(action)
+        if action.kind is ActionKind.ADD_VOTER:
+            rec.phase, rec.add_started_ms = Phase.ADDING, now_ms
+            return [Event("add_voter_started", rec)]
+        rec.phase, rec.remove_started_ms = Phase.REMOVING, now_ms
+        return [Event("remove_voter_started", rec)]
+
+    def finished(self, action: Action, error_code: str | None, now_ms: int) -> list[Event]:
+        """Record the outcome of an issued change. ``error_code`` None = committed. Any other
+        unknown outcome leaves the phase for the next observation to settle from the quorum."""
+        rec = self._rec(action)
+        events: list[Event] = []
+        if action.kind is ActionKind.ADD_VOTER:
+            if error_code is None or error_code in _DONE_ADD:
+                rec.add_committed_ms = now_ms
+                events.append(Event("add_voter_committed", rec))
+                if self.policy.order is Order.REMOVE_THEN_ADD:
+                    self._finish(rec, Phase.COMPLETED, now_ms, None)
+                    events.append(Event("recovery_completed", rec, self._durations(rec)))
+                else:
+                    rec.phase = Phase.ADDED
+            elif error_code == "REPLICA_NOT_CAUGHT_UP":
+                # The leader disagrees that it is caught up: start the clock again.
+                rec.phase, rec.caught_up_since_ms = Phase.STABILIZING, None
+                if rec.remove_committed_ms is not None:
+                    rec.phase = Phase.REMOVED
+                events.append(Event("replica_fell_behind", rec, {"error": error_code}))
+            return events
+        if error_code is None or error_code in _DONE_REMOVE:
+            rec.remove_committed_ms = now_ms
+            events.append(Event("remove_voter_committed", rec))
+            if self.policy.order is Order.REMOVE_THEN_ADD and rec.add_committed_ms is None:
+                rec.phase = Phase.REMOVED
+            else:
+                self._finish(rec, Phase.COMPLETED, now_ms, None)
+                events.append(Event("recovery_completed", rec, self._durations(rec)))
+        return events

@@ -1,0 +1,353 @@
+"""The ``kraftkeeper`` command line (contract: ``../shared/interfaces.md``).
+
+Every subcommand exits 0 on success; on failure it prints exactly one line on stderr that
+starts with the error code in capitals (``NOT_LEADER: ...``) and exits non-zero (1 for
+NOT_FOUND as the interface asks of ``kv get``, 2 for usage errors, 1 otherwise).
+
+Subcommands that belong to other packages (the operator, the Spark report, the demo) are
+imported lazily so that the engine works without their extras installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+from quorum.types import ErrorCode, KraftError
+
+T = TypeVar("T")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in our one-line ``CODE: message`` form."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"INVALID_REQUEST: {self.prog}: {message}\n")
+        raise SystemExit(2)
+
+
+def _fail(err: KraftError) -> int:
+    sys.stderr.write(f"{err.code.value}: {err.message}\n")
+    return 1
+
+
+def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    async def wrapper() -> T:
+        return await coro_fn()
+
+    return asyncio.run(wrapper())
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from quorum.client import QuorumClient
+
+    return QuorumClient(args.bootstrap, timeout=args.timeout)
+
+
+# ---- format / start ---------------------------------------------------------------------
+def cmd_format(args: argparse.Namespace) -> int:
+    from quorum.storage.meta import format_dir
+
+    meta = format_dir(args.dir, args.cluster_id, args.node_id, ignore_formatted=args.ignore_formatted)
+    print(f"Formatted {args.dir} for cluster {meta.cluster_id} node {meta.node_id}")
+    print(meta.storage_uuid)
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from quorum.runtime.run import run_node
+
+    return run_node(
+        data_dir=args.dir,
+        listen=args.listen,
+        voters=args.voters,
+        advertise=args.advertise,
+        config_file=args.config,
+    )
+
+
+# ---- quorum -------------------------------------------------------------------------------
+def format_describe_status(d: dict[str, Any]) -> str:
+    """KIP-595 ``--describe status`` with KIP-856's UUIDs and ``CouldBeVoters`` row."""
+    voters = d.get("voters", [])
+    hw = d.get("high_watermark", -1)
+    now_candidates = [v for v in voters if v.get("id") != d.get("leader_id")]
+    max_lag = max((int(v.get("lag", 0)) for v in now_candidates), default=0)
+    leader_fetch = [v for v in voters if v.get("id") == d.get("leader_id")]
+    lead_ts = leader_fetch[0].get("last_caught_up_timestamp", -1) if leader_fetch else -1
+    lag_times = [
+        max(0, int(lead_ts) - int(v["last_caught_up_timestamp"]))
+        for v in now_candidates
+        if int(v.get("last_caught_up_timestamp", -1)) >= 0 and int(lead_ts) >= 0
+    ]
+    voter_ids = {v["id"] for v in voters}
+    could = [o for o in d.get("observers", []) if o.get("uuid") and o.get("id") in voter_ids | set(d.get("target_voters") or [])]
+
+    def keys(xs: list[dict[str, Any]]) -> str:
+        return json.dumps([{"id": x["id"], "uuid": x.get("uuid")} for x in xs])
+
+    lines = [
+        f"ClusterId:              {d.get('cluster_id')}",
+        f"LeaderId:               {d.get('leader_id')}",
+        f"LeaderEpoch:            {d.get('leader_epoch')}",
+        f"HighWatermark:          {hw}",
+        f"MaxFollowerLag:         {max_lag}",
+        f"MaxFollowerLagTimeMs:   {max(lag_times, default=0)}",
+        f"CurrentVoters:          {keys(voters)}",
+        f"CouldBeVoters:          {keys(could)}",
+        f"CurrentObservers:       {keys(d.get('observers', []))}",
+        f"PendingVoterChange:     {json.dumps(d.get('pending_voter_change'))}",
+        f"TargetVoters:           {json.dumps(d.get('target_voters'))}",
+        f"LeaderRecoveryState:    {d.get('leader_recovery_state')}",
+    ]
+    return "\n".join(lines)
+
+
+def format_describe_replication(d: dict[str, Any]) -> str:
+    """KIP-595 ``--describe replication`` with KIP-856's ReplicaUuid column."""
+    rows = [("ReplicaId", "ReplicaUuid", "Endpoint", "LogEndOffset", "Lag", "LastFetchTimestamp",
+             "LastCaughtUpTimestamp", "Status")]
+    for kind, xs in (("voter", d.get("voters", [])), ("observer", d.get("observers", []))):
+        for x in xs:
+            status = "Leader" if kind == "voter" and x["id"] == d.get("leader_id") else (
+                "Follower" if kind == "voter" else "Observer")
+            rows.append((str(x["id"]), str(x.get("uuid")), str(x.get("endpoint")), str(x.get("log_end_offset")),
+                         str(x.get("lag")), str(x.get("last_fetch_timestamp")),
+                         str(x.get("last_caught_up_timestamp")), status))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    async def go() -> dict[str, Any]:
+        async with _client(args) as c:
+            d: dict[str, Any] = await c.describe()
+            return d
+
+    d = _run(go)
+    if args.json:
+        print(json.dumps(d, indent=2, sort_keys=False))
+    elif args.replication:
+        print(format_describe_replication(d))
+    else:
+        print(format_describe_status(d))
+    return 0
+
+
+def _check_uuid(u: str) -> str:
+    from quorum.types import canonical_uuid
+
+    try:
+        return canonical_uuid(u)
+    except ValueError:
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"--uuid {u!r} is not a UUID") from None
+
+
+def cmd_add_voter(args: argparse.Namespace) -> int:
+    uuid = _check_uuid(args.uuid)
+
+    async def go() -> dict[str, Any]:
+        async with _client(args) as c:
+            r: dict[str, Any] = await c.add_voter(args.id, uuid)
+            return r
+
+    r = _run(go)
+    print(f"Added voter {args.id} ({uuid}); voters: {json.dumps(r.get('voters', r))}")
+    return 0
+
+
+def cmd_remove_voter(args: argparse.Namespace) -> int:
+    uuid = _check_uuid(args.uuid)
+
+    async def go() -> dict[str, Any]:
+        async with _client(args) as c:
+            r: dict[str, Any] = await c.remove_voter(args.id, uuid)
+            return r
+
+    r = _run(go)
+    print(f"Removed voter {args.id} ({uuid}); voters: {json.dumps(r.get('voters', r))}")
+    return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"--voters {text!r}: expected ids like 1,2,3") from None
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"--voters {text!r}: need distinct non-negative ids")
+    return ids
+
+
+def cmd_reassign(args: argparse.Namespace) -> int:
+    ids = None if args.cancel else _parse_ids(args.voters)
+
+    async def go() -> dict[str, Any]:
+        async with _client(args) as c:
+            r: dict[str, Any] = await c.reassign(ids)
+            return r
+
+    r = _run(go)
+    print(json.dumps(r))
+    return 0
+
+
+def cmd_recover_unclean(args: argparse.Namespace) -> int:
+    from quorum.runtime.unclean import recover_unclean
+
+    print(recover_unclean(args.dir))
+    return 0
+
+
+# ---- kv -----------------------------------------------------------------------------------
+def cmd_kv(args: argparse.Namespace) -> int:
+    async def go() -> int:
+        async with _client(args) as c:
+            if args.kv_cmd == "put":
+                off = await c.put(args.key, args.value.encode())
+                print(f"OK offset={off}")
+            elif args.kv_cmd == "get":
+                v = await c.get(args.key)
+                if v is None:
+                    sys.stderr.write(f"NOT_FOUND: key {args.key!r} does not exist\n")
+                    return 1
+                sys.stdout.buffer.write(v + b"\n")
+            else:
+                await c.delete(args.key)
+                print("OK")
+            return 0
+
+    return _run(go)
+
+
+# ---- other packages -------------------------------------------------------------------------
+def _delegate(module: str, func: str, argv: Sequence[str], extra: str) -> int:
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise KraftError(
+            ErrorCode.UNSUPPORTED, f"{module} is not installed ({e}); install kraftkeeper[{extra}]"
+        ) from None
+    fn = getattr(mod, func)
+    rc = fn(list(argv))
+    return int(rc or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kraftkeeper", description="KRaft-style quorum with automatic disk-failure recovery")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    f = sub.add_parser("format", help="write meta.properties with a new storage UUID (KIP-856)")
+    f.add_argument("--dir", required=True)
+    f.add_argument("--cluster-id", required=True)
+    f.add_argument("--node-id", required=True, type=int)
+    f.add_argument("--ignore-formatted", action="store_true")
+    f.set_defaults(fn=cmd_format)
+
+    s = sub.add_parser("start", help="run a node in the foreground")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--listen", required=True, help="HOST:PORT")
+    s.add_argument("--voters", required=True, help='bootstrap voters "1@HOST:PORT,2@HOST:PORT,..."')
+    s.add_argument("--advertise", help="HOST:PORT other nodes use to reach this one")
+    s.add_argument("--config", help="JSON config file (timeouts, fsync, snapshot thresholds)")
+    s.set_defaults(fn=cmd_start)
+
+    def bootstrap(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--bootstrap", "-b", required=True, help="HOST:PORT[,HOST:PORT...]")
+        sp.add_argument("--timeout", type=float, default=float(os.environ.get("KRAFTKEEPER_TIMEOUT", "30")))
+
+    q = sub.add_parser("quorum", help="describe and change the voter set")
+    qs = q.add_subparsers(dest="quorum_cmd", required=True, parser_class=_Parser)
+    d = qs.add_parser("describe")
+    bootstrap(d)
+    g = d.add_mutually_exclusive_group()
+    g.add_argument("--status", action="store_true")
+    g.add_argument("--replication", action="store_true")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_describe)
+    for name, fn in (("add-voter", cmd_add_voter), ("remove-voter", cmd_remove_voter)):
+        a = qs.add_parser(name)
+        bootstrap(a)
+        a.add_argument("--id", required=True, type=int)
+        a.add_argument("--uuid", required=True)
+        a.set_defaults(fn=fn)
+    r = qs.add_parser("reassign", help="KIP-642: move the voter set to --voters, one change at a time")
+    bootstrap(r)
+    rg = r.add_mutually_exclusive_group(required=True)
+    rg.add_argument("--voters")
+    rg.add_argument("--cancel", action="store_true")
+    r.set_defaults(fn=cmd_reassign)
+    u = qs.add_parser("recover-unclean", help="KIP-704 style: make a stopped surviving node the sole voter")
+    u.add_argument("--dir", required=True)
+    u.set_defaults(fn=cmd_recover_unclean)
+
+    kv = sub.add_parser("kv", help="put, get and delete keys")
+    kvs = kv.add_subparsers(dest="kv_cmd", required=True, parser_class=_Parser)
+    for name in ("put", "get", "delete"):
+        k = kvs.add_parser(name)
+        bootstrap(k)
+        k.add_argument("key")
+        if name == "put":
+            k.add_argument("value")
+        k.set_defaults(fn=cmd_kv)
+
+    # These parse their own arguments: everything after the subcommand is passed through.
+    for name, helptext in (
+        ("operator", "the Kubernetes operator (run) or the local supervisor (local)"),
+        ("cluster", "local cluster actions (replace-disk)"),
+        ("report", "the Spark report over recovery event logs"),
+        ("demo", "the main job: local quorum, disk replacements, report"),
+    ):
+        x = sub.add_parser(name, help=helptext, add_help=False)
+        x.add_argument("rest", nargs=argparse.REMAINDER)
+        x.set_defaults(fn=None, delegate=name)
+    return p
+
+
+_DELEGATES: dict[tuple[str, str | None], tuple[str, str, str]] = {
+    ("operator", "run"): ("kraftkeeper_operator.kopf_main", "main", "operator"),
+    ("operator", "local"): ("kraftkeeper_operator.local", "local_main", "operator"),
+    ("cluster", "replace-disk"): ("kraftkeeper_operator.local", "replace_disk_main", "operator"),
+    ("report", None): ("kraftkeeper_reports.job", "main", "spark"),
+    ("demo", None): ("kraftkeeper_reports.demo", "main", "spark"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    try:
+        if getattr(args, "delegate", None):
+            rest: list[str] = list(args.rest)
+            key: tuple[str, str | None] = (args.delegate, None)
+            if args.delegate in ("operator", "cluster"):
+                if not rest or rest[0] not in ("run", "local", "replace-disk"):
+                    choices = "run | local" if args.delegate == "operator" else "replace-disk"
+                    sys.stderr.write(f"INVALID_REQUEST: kraftkeeper {args.delegate} expects {choices}\n")
+                    return 2
+                key = (args.delegate, rest[0])
+                rest = rest[1:]
+            if key not in _DELEGATES:
+                sys.stderr.write(f"INVALID_REQUEST: unknown command {' '.join(args_list[:2])}\n")
+                return 2
+            module, func, extra = _DELEGATES[key]
+            return _delegate(module, func, rest, extra)
+        rc: int = args.fn(args)
+        return rc
+    except KraftError as e:
+        return _fail(e)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

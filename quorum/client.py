@@ -1,0 +1,200 @@
+"""``QuorumClient``: the HTTP client of a KRaftKeeper quorum.
+
+Used by the CLI, the operator and the benchmarks. It talks to any node listed in
+``bootstrap`` and follows ``NOT_LEADER`` hints (HTTP 421 with ``leader_endpoint``) to the
+leader, so callers never need to know who leads. Errors surface as
+:class:`~quorum.types.KraftError` with the server's error code.
+
+Retry rule: a 421 means the request was *not applied* (interfaces.md), so it is always safe to
+retry elsewhere; a 503 ``REQUEST_TIMED_OUT`` / ``LEADERSHIP_LOST`` write may or may not have
+taken effect and is returned to the caller, never retried silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from quorum.types import ErrorCode, KraftError
+
+
+def parse_bootstrap(bootstrap: Sequence[str] | str) -> list[str]:
+    """``"h:1,h:2"`` or a list of ``HOST:PORT`` into a clean list; raises INVALID_REQUEST."""
+    items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    out = []
+    for raw in items:
+        ep = raw.strip()
+        if not ep:
+            continue
+        host, sep, port = ep.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"bad endpoint {ep!r}: expected HOST:PORT")
+        out.append(ep)
+    if not out:
+        raise KraftError(ErrorCode.INVALID_REQUEST, "no bootstrap endpoint given")
+    return out
+
+
+def _error_from(status: int, body: bytes) -> KraftError:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("error_code"), str):
+        try:
+            code = ErrorCode(obj["error_code"])
+        except ValueError:
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
+        msg = str(obj.get("message") or obj["error_code"])
+        extra = {k: v for k, v in obj.items() if k not in ("error_code", "message")}
+        return KraftError(code, msg, **extra)
+    text = body[:200].decode("utf-8", "replace")
+    return KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, f"HTTP {status}: {text}")
+
+
+class QuorumClient:
+    """Async client; one keep-alive connection pool shared by all calls."""
+
+    def __init__(self, bootstrap: Sequence[str] | str, *, timeout: float = 10.0) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self.timeout = timeout
+        self._leader: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> QuorumClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(self.timeout, 3.0)),
+                connector=aiohttp.TCPConnector(limit=64),
+            )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        json_body: Any = None,
+        leader_only: bool = True,
+        ok: tuple[int, ...] = (200, 202),
+        allow_404: bool = False,
+    ) -> tuple[int, bytes]:
+        """Send to the leader (or any node when ``leader_only`` is False), following
+        NOT_LEADER hints and trying every bootstrap node until ``timeout`` runs out."""
+        deadline = time.monotonic() + self.timeout
+        last: KraftError | None = None
+        tried_hint = 0
+        while True:
+            candidates = ([self._leader] if self._leader else []) + [b for b in self.bootstrap if b != self._leader]
+            for ep in candidates:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    data = json.dumps(json_body).encode() if json_body is not None else body
+                    headers = {"Content-Type": "application/json"} if json_body is not None else {}
+                    async with self._sess().request(
+                        method,
+                        f"http://{ep}{path}",
+                        data=data,
+                        headers=headers,
+                        timeout=aiohttp.ClientTimeout(total=remaining),
+                    ) as resp:
+                        raw = await resp.read()
+                        status = resp.status
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                    last = KraftError(ErrorCode.UNAVAILABLE, f"cannot reach {ep}: {e or type(e).__name__}")
+                    if ep == self._leader:
+                        self._leader = None
+                    continue
+                if status in ok or (allow_404 and status == 404):
+                    if leader_only:
+                        self._leader = ep
+                    return status, raw
+                err = _error_from(status, raw)
+                if err.code is ErrorCode.NOT_LEADER:
+                    hint = err.extra.get("leader_endpoint")
+                    last = err
+                    if isinstance(hint, str) and hint and hint != ep and tried_hint < 8:
+                        tried_hint += 1
+                        self._leader = hint
+                        break  # restart the loop with the hinted leader first
+                    if ep == self._leader:
+                        self._leader = None
+                    continue
+                if err.code is ErrorCode.UNAVAILABLE:
+                    last = err
+                    continue
+                raise err
+            else:
+                # every candidate failed without a fresh hint: wait for an election
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                continue
+            if time.monotonic() >= deadline:
+                break
+        raise last or KraftError(ErrorCode.REQUEST_TIMED_OUT, f"no answer from {', '.join(self.bootstrap)}")
+
+    # ---- admin ---------------------------------------------------------------------------
+    async def describe(self) -> dict[str, Any]:
+        _, raw = await self.request("GET", "/v1/quorum/describe")
+        obj: dict[str, Any] = json.loads(raw)
+        return obj
+
+    async def add_voter(self, id: int, uuid: str) -> dict[str, Any]:
+        _, raw = await self.request("POST", "/v1/quorum/voters", json_body={"id": id, "uuid": uuid})
+        obj: dict[str, Any] = json.loads(raw)
+        return obj
+
+    async def remove_voter(self, id: int, uuid: str) -> dict[str, Any]:
+        _, raw = await self.request("DELETE", f"/v1/quorum/voters/{id}/{quote(uuid, safe='')}")
+        obj: dict[str, Any] = json.loads(raw)
+        return obj
+
+    async def reassign(self, voters: list[int] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"cancel": True} if voters is None else {"voters": voters}
+        _, raw = await self.request("POST", "/v1/quorum/reassign", json_body=body)
+        obj: dict[str, Any] = json.loads(raw)
+        return obj
+
+    # ---- key-value ------------------------------------------------------------------------
+    async def put(self, key: str, value: bytes) -> int:
+        _, raw = await self.request("PUT", f"/v1/kv/{quote(key, safe='')}", body=value)
+        return int(json.loads(raw)["offset"])
+
+    async def get(self, key: str) -> bytes | None:
+        status, raw = await self.request("GET", f"/v1/kv/{quote(key, safe='')}", allow_404=True)
+        return None if status == 404 else raw
+
+    async def delete(self, key: str) -> None:
+        await self.request("DELETE", f"/v1/kv/{quote(key, safe='')}")
+
+    # ---- any node -------------------------------------------------------------------------
+    async def node_get(self, endpoint: str, path: str) -> tuple[int, bytes]:
+        """GET ``path`` from one specific node (``/metrics``, ``/readyz``, ...)."""
+        async with self._sess().get(
+            f"http://{endpoint}{path}", timeout=aiohttp.ClientTimeout(total=self.timeout)
+        ) as resp:
+            return resp.status, await resp.read()

@@ -1,0 +1,61 @@
+"""Configuration of the consensus core (:class:`CoreConfig`).
+
+Defaults follow KRaft (KIP-595): election timeout 1000 ms, fetch timeout 2000 ms, request
+timeout 2000 ms. All durations are milliseconds of the clock the driver passes in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Static settings of one replica's core.
+
+    ``bootstrap_voters`` is the ``--voters`` map (id -> "HOST:PORT"): the initial voter set
+    while no voter records are in the log (KIP-856 "Bootstrapping"). Until the first leader has
+    written one AddVoter record per bootstrap voter, each bootstrap voter is the key
+    ``(id, uuid=None)``, which matches any UUID for that id.
+    """
+
+    bootstrap_voters: dict[int, str] = field(default_factory=dict)
+    local_endpoint: str | None = None  # this replica's HOST:PORT, sent in requests
+    # KIP-595 timers
+    election_timeout_ms: int = 1000  # base; the actual timeout is uniform in [base, 2*base)
+    election_backoff_max_ms: int = 1000  # max exponential backoff after a lost election
+    fetch_timeout_ms: int = 2000  # follower: no leader contact -> election; leader: zombie check
+    request_timeout_ms: int = 2000  # outbound RPC deadline tracked by the core
+    # Fetch
+    fetch_max_wait_ms: int = 500  # long-poll time a leader may park a Fetch
+    fetch_max_bytes: int = 8 * 1024 * 1024
+    snapshot_chunk_bytes: int = 1024 * 1024
+    # KIP-856 AddVoter catch-up rule (step 1): fetch offset within this many records of the
+    # leader's log end, and fetched within catch_up_recent_ms.
+    catch_up_max_lag: int = 100
+    catch_up_recent_ms: int = 2000
+    add_voter_timeout_ms: int = 30000  # REPLICA_NOT_CAUGHT_UP / REQUEST_TIMED_OUT after this
+    # KIP-996 idea: ask for pre-votes before bumping the epoch.
+    pre_vote: bool = True
+    # Group commit: max records in one leader batch (the rest go to the next batch).
+    max_batch_records: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in (
+            "election_timeout_ms",
+            "fetch_timeout_ms",
+            "request_timeout_ms",
+            "fetch_max_bytes",
+            "snapshot_chunk_bytes",
+            "max_batch_records",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"CoreConfig.{name} must be positive, got {getattr(self, name)}")
+        non_negative = ("fetch_max_wait_ms", "catch_up_max_lag", "catch_up_recent_ms",
+                        "election_backoff_max_ms")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"CoreConfig.{name} must not be negative, got {getattr(self, name)}")
+        for vid in self.bootstrap_voters:
+            if vid < 0:
+                raise ValueError(f"CoreConfig.bootstrap_voters: replica id {vid} must not be negative")

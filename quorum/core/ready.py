@@ -1,0 +1,208 @@
+"""What the core asks the driver to do: :class:`Ready` and its parts.
+
+The driver handles a ``Ready`` **in field order** (docs/design.md, "The core contract"):
+
+1. ``truncate_to`` — truncate the log to this end offset (KIP-595 DivergingEpoch).
+2. ``snapshot_chunks`` then ``install_snapshot`` — write FetchSnapshot chunks into the pending
+   snapshot at their positions; when ``install_snapshot`` is set the snapshot is complete:
+   verify it, install it (log reset so that log start = end = ``install_snapshot.offset``) and
+   call ``core.snapshot_installed(id, controls)`` with the control records it carries (or
+   ``core.snapshot_rejected(id, reason)`` if it does not verify), before ``advance``.
+3. ``append`` — batches to write: :class:`LeaderBatch` (records; ``encode()`` gives bytes) or
+   :class:`RawBatches` (already-encoded bytes a follower fetched, CRC-checked by the core).
+4. ``quorum_state`` — write the quorum-state file atomically.
+5. If ``flush``: fsync the log. Then call ``core.advance(ready, persisted_end_offset)``: the
+   leader counts its own log end toward the high watermark only after this.
+6. ``messages`` — send requests / answer inbound requests (nothing promised leaves before it
+   is durable).
+7. ``commit`` — the new high watermark; apply records up to it to the state machine.
+8. ``proposal_results``, ``reads``, ``admin_results``, ``role_change`` — complete client waits.
+   ``recovery_needed`` (KIP-704): the local leader's log is RECOVERING; the operator-level
+   driver verifies the state, snapshots, then calls ``core.recovery_verified(lost_after)``.
+
+``errors`` are human-readable notes of rejected input (e.g. a corrupt Fetch response) for the
+log; nothing was applied from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from quorum.core.messages import Message, is_request
+from quorum.records import encode_batch, encode_control_batch
+from quorum.types import BatchInfo, ControlRecord, ErrorCode, OffsetAndEpoch, QuorumState
+
+
+class LogReader(Protocol):
+    """Read access to the DURABLE (flushed) log and snapshots, given to the core.
+
+    ``read(offset, max_bytes)``: whole batches starting exactly at batch boundary ``offset``;
+    at least one batch even if it is larger than ``max_bytes``; ``b""`` at the end of the
+    durable log. ``read_snapshot(id, position, max_bytes)``: ``(chunk, total_size)``; raises
+    ``KraftError(SNAPSHOT_NOT_FOUND)`` if there is no such snapshot."""
+
+    def read(self, offset: int, max_bytes: int) -> bytes: ...
+
+    def read_snapshot(self, snapshot: OffsetAndEpoch, position: int, max_bytes: int) -> tuple[bytes, int]: ...
+
+
+@dataclass(frozen=True)
+class LeaderBatch:
+    """A batch the leader appends: data ``records`` (opaque bytes) or ``controls``."""
+
+    base_offset: int
+    epoch: int
+    records: tuple[bytes, ...] = ()
+    controls: tuple[ControlRecord, ...] = ()
+    append_time_ms: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.controls) if self.controls else len(self.records)
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.count
+
+    def encode(self) -> bytes:
+        if self.controls:
+            return encode_control_batch(self.base_offset, self.epoch, self.controls, self.append_time_ms)
+        return encode_batch(self.base_offset, self.epoch, self.records, self.append_time_ms)
+
+    def info(self, size_bytes: int = 0) -> BatchInfo:
+        return BatchInfo(self.base_offset, self.epoch, self.count, size_bytes, self.controls)
+
+
+@dataclass(frozen=True)
+class RawBatches:
+    """Batches a follower fetched: the exact bytes (write them as they are) and their headers.
+    ``infos[0].base_offset`` is where they go; they end at ``infos[-1].next_offset``."""
+
+    data: bytes
+    infos: tuple[BatchInfo, ...]
+
+    @property
+    def base_offset(self) -> int:
+        return self.infos[0].base_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self.infos[-1].next_offset
+
+
+AppendBatch = LeaderBatch | RawBatches
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """A message to send. For a request the driver POSTs it to ``destination_endpoint``
+    (resolved by the core; ``None`` if unknown — then the driver reports ``RpcFailed``) and
+    steps the response (or ``RpcFailed``) back in. For a response, the driver answers the
+    waiting inbound request with the same ``correlation_id``."""
+
+    destination_id: int
+    destination_endpoint: str | None
+    message: Message
+
+    @property
+    def is_request(self) -> bool:
+        return is_request(self.message)
+
+
+@dataclass(frozen=True)
+class ProposalResult:
+    """Outcome of one ``propose`` call, keyed by the last offset it returned. ``NONE`` once
+    committed; ``LEADERSHIP_LOST`` if the records were truncated away or the leader lost its
+    epoch before they committed (they may still commit under a later leader only if they
+    were not truncated; the client must treat LEADERSHIP_LOST as unknown outcome)."""
+
+    last_offset: int
+    epoch: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Linearizable read: serve ``read_id`` once the state machine has applied ``index``."""
+
+    read_id: int
+    index: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class AdminResult:
+    """Completion of ``add_voter`` / ``remove_voter`` / ``reassign`` (KIP-856 step 7)."""
+
+    request_id: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+    leader_id: int = -1
+    leader_epoch: int = 0
+    leader_endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    """The role changed. ``election_latency_ms``: for a new leader, time since the replica
+    last lost contact with a leader (KIP-595 election-latency metric); else None."""
+
+    role: str  # unattached | voted | prospective | candidate | leader | follower | resigned
+    epoch: int
+    leader_id: int
+    leader_endpoint: str | None
+    is_voter: bool
+    at_ms: int
+    election_latency_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotChunk:
+    """Part of a snapshot being fetched: write ``data`` at ``position`` of snapshot ``snapshot_id``
+    (``size`` bytes in all)."""
+
+    snapshot_id: OffsetAndEpoch
+    position: int
+    data: bytes
+    size: int
+
+
+@dataclass
+class Ready:
+    truncate_to: int | None = None
+    snapshot_chunks: list[SnapshotChunk] = field(default_factory=list)
+    install_snapshot: OffsetAndEpoch | None = None
+    append: list[AppendBatch] = field(default_factory=list)
+    quorum_state: QuorumState | None = None
+    flush: bool = False
+    messages: list[Outbound] = field(default_factory=list)
+    commit: int | None = None
+    proposal_results: list[ProposalResult] = field(default_factory=list)
+    reads: list[ReadResult] = field(default_factory=list)
+    admin_results: list[AdminResult] = field(default_factory=list)
+    role_change: RoleChange | None = None
+    recovery_needed: bool = False
+    errors: list[str] = field(default_factory=list)
+    # The log end offset the core expects once ``append`` is written (for ``advance``).
+    end_offset: int = 0
+
+    def is_empty(self) -> bool:
+        return not (
+            self.truncate_to is not None
+            or self.snapshot_chunks
+            or self.install_snapshot is not None
+            or self.append
+            or self.quorum_state is not None
+            or self.flush
+            or self.messages
+            or self.commit is not None
+            or self.proposal_results
+            or self.reads
+            or self.admin_results
+            or self.role_change is not None
+            or self.recovery_needed
+            or self.errors
+        )

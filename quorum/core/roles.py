@@ -1,0 +1,104 @@
+"""The replica roles of KIP-595 (plus KIP-996 style pre-vote), one small class each.
+
+A role object holds only the data of that role; :class:`quorum.core.raft.RaftCore` holds one
+at a time and owns the behaviour. Observers (replicas whose (id, UUID) is not in their own
+voter set, KIP-856) use the same classes but never enter Prospective / Candidate / Leader.
+
+Transition table (epoch E; "voter" = local key in the latest voter set; every transition that
+changes epoch, vote or leader is persisted through ``Ready.quorum_state`` before any message):
+
+=================  ==============================================  ==================
+from               event                                           to
+=================  ==============================================  ==================
+any                request/response with epoch > E, leader known   Follower(E')
+any                request/response with epoch > E, no leader      Unattached(E')
+Unattached(E)      grants Vote in E                                Voted(E)
+Unattached/Voted   BeginQuorumEpoch / Fetch answer from leader E   Follower(E)
+Unattached/Voted   election timeout, voter, pre-vote on            Prospective(E)
+Unattached/Voted   election timeout, voter, pre-vote off           Candidate(E+1)
+Follower(E)        no successful Fetch within fetch_timeout, voter Prospective(E)
+Follower(E)        no successful Fetch within fetch_timeout, obs.  Unattached(E)
+Follower(E)        EndQuorumEpoch from its leader                  Unattached(E) with
+                                                                   a short timeout
+Prospective(E)     majority of pre-votes granted                   Candidate(E+1)
+Prospective(E)     election timeout                                Prospective(E)
+                                                                   (after backoff)
+Candidate(E)       majority of votes granted                       Leader(E)
+Candidate(E)       election timeout                                Prospective(E)
+                                                                   (after backoff)
+Leader(E)          resign() / shutdown() / own RemoveVoter         Resigned(E)
+                   committed / no Fetch from a majority within
+                   fetch_timeout (zombie leader)
+Resigned(E)        election timeout (voter)                        Prospective(E)
+Resigned(E)        election timeout (observer)                     Unattached(E)
+=================  ==============================================  ==================
+
+Nothing leads back to a lower epoch: epochs are monotonic (persisted in the quorum state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quorum.core.progress import LeaderState
+from quorum.types import ReplicaKey
+
+
+@dataclass
+class Unattached:
+    epoch: int
+    election_deadline: int
+    name: str = field(default="unattached", init=False)
+
+
+@dataclass
+class Voted:
+    epoch: int
+    voted: ReplicaKey
+    election_deadline: int
+    name: str = field(default="voted", init=False)
+
+
+@dataclass
+class Prospective:
+    """KIP-996 style pre-vote at the current epoch: nothing is persisted, no epoch bump."""
+
+    epoch: int
+    election_deadline: int
+    granted: set[ReplicaKey] = field(default_factory=set)
+    rejected: set[ReplicaKey] = field(default_factory=set)
+    name: str = field(default="prospective", init=False)
+
+
+@dataclass
+class Candidate:
+    epoch: int
+    election_deadline: int
+    granted: set[ReplicaKey] = field(default_factory=set)
+    rejected: set[ReplicaKey] = field(default_factory=set)
+    name: str = field(default="candidate", init=False)
+
+
+@dataclass
+class Follower:
+    epoch: int
+    leader_id: int
+    fetch_deadline: int  # no successful Fetch by then -> election / rediscovery
+    name: str = field(default="follower", init=False)
+
+
+@dataclass
+class Leader:
+    epoch: int
+    state: LeaderState
+    name: str = field(default="leader", init=False)
+
+
+@dataclass
+class Resigned:
+    epoch: int
+    election_deadline: int
+    name: str = field(default="resigned", init=False)
+
+
+Role = Unattached | Voted | Prospective | Candidate | Follower | Leader | Resigned

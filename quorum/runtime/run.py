@@ -1,0 +1,46 @@
+"""``kraftkeeper start``: run one node in the foreground until SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from quorum.runtime.config import load_config, parse_voters
+from quorum.types import ErrorCode, KraftError
+
+
+def _setup_logging(node_hint: str) -> None:
+    level = os.environ.get("KRAFTKEEPER_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s [" + node_hint + "] %(message)s",
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def run_node(data_dir: str, listen: str, voters: str, advertise: str | None = None,
+             config_file: str | None = None) -> int:
+    voter_map = parse_voters(voters)
+    cfg = load_config(config_file)
+    host, colon, port = listen.rpartition(":")
+    if not colon or not port.isdigit():
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"--listen {listen!r}: expected HOST:PORT")
+    if advertise is None and host in ("0.0.0.0", "", "::"):
+        raise KraftError(ErrorCode.INVALID_REQUEST, "--advertise is required when listening on a wildcard address")
+    _setup_logging(listen)
+    from quorum.runtime.node import Node
+
+    async def main() -> None:
+        node = Node(data_dir, listen, voter_map, cfg, advertise=advertise)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await node.run(stop)
+
+    asyncio.run(main())
+    return 0

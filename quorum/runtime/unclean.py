@@ -1,0 +1,65 @@
+"""KIP-704 style unclean recovery, offline half: ``kraftkeeper quorum recover-unclean``.
+
+Used only when a majority of voters is permanently gone. Run against a surviving node's
+directory while that node is stopped: it appends, at a new epoch, a control batch that makes
+this replica the sole voter with leader recovery state RECOVERING, and records the new epoch
+in the quorum-state file. When the node starts it elects itself, refuses client reads/writes
+and AddVoter while RECOVERING, verifies its log and state machine (``verify_local_state``),
+snapshots, and writes RECOVERED; then voters can be added again.
+
+Never automatic inside the engine (the operator may call it only when the resource allows it),
+and loudly logged: offsets committed elsewhere but never replicated here are lost.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from quorum.records import decode_batches
+from quorum.types import ErrorCode, KraftError
+
+log = logging.getLogger("kraftkeeper.unclean")
+
+
+def verify_local_state(lg: object) -> int:
+    """Read the whole log and check every batch's CRC; returns the number of batches.
+    Raises CORRUPT_LOG naming the offset if anything does not verify."""
+    from quorum.storage.base import LogStorage
+
+    assert isinstance(lg, LogStorage)
+    offset = lg.log_start_offset
+    n = 0
+    while offset < lg.end_offset:
+        data = lg.read(offset, 16 * 1024 * 1024)
+        if not data:
+            break
+        try:
+            batches, _ = decode_batches(data, verify_crc=True)
+        except KraftError as e:
+            raise KraftError(ErrorCode.CORRUPT_LOG, f"log does not verify near offset {offset}: {e.message}") from None
+        n += len(batches)
+        offset = batches[-1].info.next_offset
+    return n
+
+
+def recover_unclean(data_dir: str) -> str:
+    """Apply the offline recovery plan to a stopped node's directory; returns a summary."""
+    from quorum.core.recovery import plan_unclean_recovery
+    from quorum.storage import open_storage
+
+    meta, qstore, lg, snapshots, summary = open_storage(data_dir)
+    try:
+        qstate = qstore.load()
+        plan = plan_unclean_recovery(summary, qstate, meta.replica_key, 0)
+        batch, new_state = plan
+        data = batch.encode()
+        lg.append_batches(data, [batch.info(len(data))])
+        lg.flush()
+        qstore.save(new_state)
+    finally:
+        lg.close()
+    msg = (f"UNCLEAN RECOVERY: node {meta.node_id} ({meta.storage_uuid}) is now the sole voter at epoch "
+           f"{new_state.leader_epoch}, state RECOVERING; records committed elsewhere after offset "
+           f"{summary.end_offset} may be lost")
+    log.warning("%s", msg)
+    return msg

@@ -1,0 +1,584 @@
+"""The segmented on-disk log (KIP-595 replicated log), with crash recovery on open.
+
+Layout: files ``<base offset, 20 digits>.log`` in one directory, each holding encoded record
+batches (``quorum.records``) back to back; a segment's name is the offset of its first batch
+and segment ``i + 1`` starts exactly where segment ``i`` ends. The log start offset is the base
+of the first segment (a log reset to a snapshot starts with an empty segment named by the
+snapshot's end offset).
+
+Index: for every segment, two ``array('q')`` columns (batch base offset, byte position),
+rebuilt on open from the batch headers. It is dense (one entry per batch, 16 bytes) rather
+than sparse: the core fetches and truncates at batch boundaries, and a dense index answers both
+with one ``bisect`` and no file access. Reads are one ``os.pread`` on a cached descriptor of
+whole batches; no per-record Python work, so catch-up copies bytes at disk speed.
+
+Recovery on open (why it is shaped like this: a crash may tear only the write in flight, and
+only the last segment receives writes):
+
+* non-final segments are walked header by header (no CRC, Kafka does the same for segments
+  below the recovery point); the last segment is CRC-verified batch by batch;
+* a torn tail of the LAST segment (a partial batch, or a final batch whose CRC fails) is cut at
+  the last valid batch, with a WARNING;
+* anything else -- a bad batch followed by valid data, a bad or partial batch in a non-final
+  segment, a gap or overlap of offsets between batches or segments (a missing segment),
+  decreasing epochs -- raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset,
+  and nothing is modified: committed data is never dropped silently.
+
+Durability: ``append*`` write into the page cache; ``flush`` fsyncs every segment written since
+the last flush (plus the directory when segments were created) and advances
+``flushed_end_offset``. ``truncate_to``, ``delete_before`` and ``reset_to_snapshot`` are durable
+on return (they are rare, and a truncation that a crash undoes could resurrect divergent
+batches).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import mmap
+import os
+import re
+import struct
+from array import array
+from collections.abc import Sequence
+from types import TracebackType
+
+from quorum import records
+from quorum.storage.atomic import fsync_dir
+from quorum.storage.base import LogBookkeeping, encode_items, validate_append
+from quorum.types import BatchInfo, ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch
+
+__all__ = ["DEFAULT_SEGMENT_BYTES", "SegmentedLog", "segment_name"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
+_ATTR_POS = 20  # attributes byte in the batch header (docs/design.md)
+_Q = struct.Struct("<q")
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.log"
+
+
+class _Segment:
+    __slots__ = ("base", "fd", "name", "next_offset", "offsets", "path", "positions", "size")
+
+    def __init__(self, directory: str, base: int, fd: int) -> None:
+        self.base = base
+        self.name = segment_name(base)
+        self.path = os.path.join(directory, self.name)
+        self.fd = fd
+        self.size = 0
+        self.next_offset = base
+        self.offsets = array("q")
+        self.positions = array("q")
+
+    def add(self, base_offset: int, position: int, size: int, count: int) -> None:
+        self.offsets.append(base_offset)
+        self.positions.append(position)
+        self.size = position + size
+        self.next_offset = base_offset + count
+
+
+class SegmentedLog:
+    """The on-disk :class:`~quorum.storage.base.LogStorage`. Opening performs recovery (see the
+    module docstring); ``summary()`` then describes the log for the core."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fsync: bool = True,
+    ) -> None:
+        if segment_bytes < records.HEADER_SIZE:
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"segment_bytes {segment_bytes} is too small")
+        self.directory = os.fspath(directory)
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._meta = LogBookkeeping()
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []
+        self._dirty: dict[int, _Segment] = {}  # base -> segment written since the last flush
+        self._dir_dirty = False
+        self._closed = False
+        os.makedirs(self.directory, exist_ok=True)
+        try:
+            self._open()
+        except BaseException:
+            self._close_fds()
+            raise
+        self._flushed_end = self.end_offset
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base
+
+    @property
+    def end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def flushed_end_offset(self) -> int:
+        return self._flushed_end
+
+    @property
+    def last_epoch(self) -> int:
+        return self._meta.last_epoch
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    def segment_files(self) -> list[str]:
+        return [s.path for s in self._segments]
+
+    # -- open / recovery ---------------------------------------------------------------------
+
+    def _open(self) -> None:
+        found: list[tuple[int, str]] = []
+        for name in os.listdir(self.directory):
+            m = _SEGMENT_RE.match(name)
+            if m:
+                found.append((int(m.group(1)), name))
+        found.sort()
+        if not found:
+            self._segments.append(self._create_segment(0))
+            self._bases.append(0)
+            if self.fsync:
+                fsync_dir(self.directory)
+            return
+        # Validate everything first; the only modification (cutting a torn tail) happens after
+        # all segments were checked, so a CORRUPT_LOG leaves every file untouched.
+        tail_cut: tuple[_Segment, int, str] | None = None
+        prev: _Segment | None = None
+        for i, (base, name) in enumerate(found):
+            path = os.path.join(self.directory, name)
+            fd = os.open(path, os.O_RDWR)
+            seg = _Segment(self.directory, base, fd)
+            self._segments.append(seg)
+            self._bases.append(base)
+            if prev is not None and base != prev.next_offset:
+                kind = "gap (a segment is missing)" if base > prev.next_offset else "overlap"
+                raise KraftError(
+                    ErrorCode.CORRUPT_LOG,
+                    f"{path}: segment starts at offset {base} but {prev.name} ends at offset "
+                    f"{prev.next_offset}: {kind}",
+                    file=path,
+                    offset=base,
+                )
+            size = os.fstat(fd).st_size
+            if i + 1 < len(found):
+                self._scan_headers(seg, size)
+            else:
+                tail_cut = self._scan_last(seg, size)
+            prev = seg
+        if tail_cut is not None:
+            seg, valid, why = tail_cut
+            log.warning(
+                "%s: torn tail after offset %d (position %d): %s; truncating the segment from %d to %d bytes",
+                seg.path,
+                seg.next_offset,
+                valid,
+                why,
+                os.fstat(seg.fd).st_size,
+                valid,
+            )
+            os.ftruncate(seg.fd, valid)
+            if self.fsync:
+                os.fsync(seg.fd)
+
+    def _corrupt(self, seg: _Segment, position: int, offset: int, what: str) -> KraftError:
+        return KraftError(
+            ErrorCode.CORRUPT_LOG,
+            f"{seg.path}: {what} at position {position} (offset {offset}); refusing to open the log so that "
+            f"no committed data is dropped",
+            file=seg.path,
+            position=position,
+            offset=offset,
+        )
+
+    def _check_batch(self, seg: _Segment, pos: int, base: int, total: int, epoch: int, count: int) -> None:
+        expected = seg.next_offset
+        if total < records.HEADER_SIZE or count < 1 or epoch < 0:
+            raise self._corrupt(
+                seg, pos, expected, f"invalid batch header (length {total}, count {count}, epoch {epoch})"
+            )
+        if base != expected:
+            raise self._corrupt(seg, pos, expected, f"batch has base offset {base}, expected {expected}")
+        if epoch < self._meta.last_epoch:
+            raise self._corrupt(
+                seg,
+                pos,
+                base,
+                f"batch epoch {epoch} is below the previous batch's epoch {self._meta.last_epoch}",
+            )
+
+    def _scan_headers(self, seg: _Segment, size: int) -> None:
+        """A non-final segment: headers only, every byte accounted for, no torn tail allowed."""
+        if size == 0:
+            return
+        with mmap.mmap(seg.fd, size, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
+            pos = 0
+            while pos < size:
+                if size - pos < records.HEADER_SIZE:
+                    raise self._corrupt(
+                        seg, pos, seg.next_offset, f"{size - pos} trailing bytes in a non-final segment"
+                    )
+                base, total, epoch, count = records.batch_header(view, pos)
+                self._check_batch(seg, pos, base, total, epoch, count)
+                if pos + total > size:
+                    raise self._corrupt(seg, pos, base, "partial batch in a non-final segment")
+                controls: tuple[ControlRecord, ...] = ()
+                if mm[pos + _ATTR_POS] & records.ATTR_CONTROL:
+                    # control batches are small and rare: decode (and CRC-check) them for the summary
+                    try:
+                        (b,), _ = records.decode_batches(mm[pos : pos + total])
+                    except records.CorruptRecordError as e:
+                        raise self._corrupt(seg, pos, base, f"bad control batch: {e.message}") from None
+                    controls = b.info.controls
+                seg.add(base, pos, total, count)
+                self._meta.on_append(BatchInfo(base, epoch, count, total, controls))
+                pos += total
+
+    def _scan_last(self, seg: _Segment, size: int) -> tuple[_Segment, int, str] | None:
+        """The final segment: every batch CRC-verified; returns a torn tail to cut, if any."""
+        buf = _pread_all(seg.fd, size, 0)
+        try:
+            batches, valid = records.decode_batches(buf, verify_crc=True, allow_torn_tail=True)
+        except records.CorruptRecordError as e:
+            raise self._corrupt(seg, e.position, seg.next_offset, e.message) from None
+        for b in batches:
+            i = b.info
+            self._check_batch(seg, b.position, i.base_offset, i.size_bytes, i.epoch, i.count)
+            seg.add(i.base_offset, b.position, i.size_bytes, i.count)
+            self._meta.on_append(i)
+        if valid == size:
+            return None
+        why = _later_valid_batch(buf, valid, seg.next_offset)
+        if why is not None:
+            raise self._corrupt(seg, valid, seg.next_offset, why)
+        if size - valid < records.HEADER_SIZE:
+            what = f"{size - valid} bytes, too short for a batch header"
+        else:
+            _b, total, _e, _c = records.batch_header(buf, valid)
+            if valid + total > size:
+                what = f"partial batch ({size - valid} of {total} bytes)"
+            else:
+                what = "final batch fails its CRC or header check"
+        return seg, valid, what
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _create_segment(self, base: int) -> _Segment:
+        path = os.path.join(self.directory, segment_name(base))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._dir_dirty = True
+        return _Segment(self.directory, base, fd)
+
+    def _roll(self) -> _Segment:
+        seg = self._create_segment(self.end_offset)
+        self._segments.append(seg)
+        self._bases.append(seg.base)
+        return seg
+
+    def _write_run(self, seg: _Segment, data: memoryview) -> None:
+        pos = seg.size
+        while data:
+            n = os.pwrite(seg.fd, data, pos)
+            data = data[n:]
+            pos += n
+        self._dirty[seg.base] = seg
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KraftError(ErrorCode.UNAVAILABLE, f"log {self.directory} is closed")
+
+    def append_batches(self, data: bytes | memoryview, infos: Sequence[BatchInfo]) -> None:
+        """Append pre-encoded batches (the follower path: Fetch bytes written unchanged).
+        ``infos`` must describe ``data`` exactly and start at ``end_offset``; otherwise
+        INVALID_REQUEST and nothing is written."""
+        self._check_open()
+        sizes = validate_append(self.end_offset, self.last_epoch, data, infos)
+        view = memoryview(data)
+        seg = self._segments[-1]
+        run_start = 0  # start in `view` of the bytes not yet written to `seg`
+        pos = 0
+        pending: list[tuple[BatchInfo, int]] = []
+        try:
+            for info, size in zip(infos, sizes, strict=True):
+                if (
+                    seg.size + (pos - run_start) > 0
+                    and seg.size + (pos - run_start) + size > self.segment_bytes
+                ):
+                    if pos > run_start:
+                        self._write_run(seg, view[run_start:pos])
+                        self._index(seg, pending)
+                        pending = []
+                    run_start = pos
+                    seg = self._roll()
+                pending.append((info, size))
+                pos += size
+            if pos > run_start:
+                self._write_run(seg, view[run_start:pos])
+                self._index(seg, pending)
+        except OSError as e:
+            raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, f"{seg.path}: write failed: {e}") from e
+
+    def _index(self, seg: _Segment, pending: list[tuple[BatchInfo, int]]) -> None:
+        pos = seg.size
+        for info, size in pending:
+            seg.add(info.base_offset, pos, size, info.count)
+            self._meta.on_append(info)
+            pos += size
+
+    def append(
+        self,
+        base_offset: int,
+        epoch: int,
+        items: Sequence[bytes] | Sequence[ControlRecord],
+        append_time_ms: int | None = None,
+    ) -> BatchInfo:
+        """Encode and append one batch (the leader path). ``items`` are all data records
+        (bytes) or all control records."""
+        self._check_open()
+        if base_offset != self.end_offset:
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"append at offset {base_offset} but the log ends at {self.end_offset}",
+            )
+        data = encode_items(base_offset, epoch, items, append_time_ms)
+        controls = tuple(i for i in items if not isinstance(i, bytes | bytearray | memoryview))
+        info = BatchInfo(base_offset, epoch, len(items), len(data), controls)
+        self.append_batches(data, [info])
+        return info
+
+    def flush(self) -> None:
+        """fsync every segment written since the last flush (one fsync each, however many
+        appends), then the directory if segments were created."""
+        self._check_open()
+        if self.fsync:
+            for seg in self._dirty.values():
+                os.fdatasync(seg.fd)
+            if self._dir_dirty:
+                fsync_dir(self.directory)
+        self._dirty.clear()
+        self._dir_dirty = False
+        self._flushed_end = self.end_offset
+
+    # -- truncation and deletion -------------------------------------------------------------
+
+    def _remove_segment(self, seg: _Segment) -> None:
+        os.close(seg.fd)
+        os.unlink(seg.path)
+        self._dirty.pop(seg.base, None)
+        self._dir_dirty = True
+
+    def _sync_after_structural_change(self, segs: list[_Segment]) -> None:
+        if self.fsync:
+            for seg in segs:
+                os.fdatasync(seg.fd)
+            if self._dir_dirty:
+                fsync_dir(self.directory)
+            self._dir_dirty = False
+
+    def truncate_to(self, end_offset: int) -> None:
+        """Drop every batch at or after ``end_offset`` (KIP-595 divergence). ``end_offset`` must
+        be a batch boundary within [log start, end]; durable on return."""
+        self._check_open()
+        if end_offset == self.end_offset:
+            return
+        if end_offset > self.end_offset or end_offset < self.log_start_offset:
+            raise KraftError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"truncate to {end_offset} outside the log [{self.log_start_offset}, {self.end_offset}]",
+            )
+        seg, idx = self._locate(end_offset)
+        if seg.offsets[idx] != end_offset:
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"truncate to {end_offset} falls inside the batch starting at offset {seg.offsets[idx]}",
+            )
+        while len(self._segments) > 1 and self._segments[-1].base >= end_offset:
+            self._remove_segment(self._segments.pop())
+            self._bases.pop()
+        last = self._segments[-1]
+        k = bisect.bisect_left(last.offsets, end_offset)
+        if k < len(last.offsets):
+            cut = last.positions[k]
+            os.ftruncate(last.fd, cut)
+            del last.offsets[k:]
+            del last.positions[k:]
+            last.size = cut
+            last.next_offset = end_offset
+        self._meta.on_truncate(end_offset)
+        self._flushed_end = min(self._flushed_end, end_offset)
+        self._sync_after_structural_change([last])
+
+    def delete_before(self, offset: int) -> None:
+        """Delete whole segments whose batches all lie below ``offset`` (KIP-630: covered by a
+        snapshot). The active segment is never deleted; the log start becomes the base of the
+        first kept segment, so it may stay below ``offset``."""
+        self._check_open()
+        offset = min(offset, self.end_offset)
+        removed = False
+        while len(self._segments) > 1 and self._segments[1].base <= offset:
+            self._remove_segment(self._segments.pop(0))
+            self._bases.pop(0)
+            removed = True
+        if removed:
+            self._meta.on_delete_before(self.log_start_offset)
+            self._sync_after_structural_change([])
+
+    def reset_to_snapshot(self, snapshot_id: OffsetAndEpoch) -> None:
+        """Replace the log by an empty one starting at the snapshot's end offset (KIP-630: a
+        follower installing a fetched snapshot). Segments are deleted newest first, so a crash
+        part-way leaves a prefix of the old log, which ``open_storage`` resets again because it
+        ends below the snapshot."""
+        self._check_open()
+        if snapshot_id.offset < 0 or snapshot_id.epoch < 0:
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"invalid snapshot id {snapshot_id}")
+        while self._segments:
+            self._remove_segment(self._segments.pop())
+        self._bases.clear()
+        if self.fsync:
+            fsync_dir(self.directory)
+        self._segments.append(self._create_segment(snapshot_id.offset))
+        self._bases.append(snapshot_id.offset)
+        self._meta.on_reset(snapshot_id)
+        self._flushed_end = snapshot_id.offset
+        self._sync_after_structural_change([])
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _locate(self, offset: int) -> tuple[_Segment, int]:
+        """The segment and batch index holding ``offset`` (log_start <= offset < end)."""
+        si = bisect.bisect_right(self._bases, offset) - 1
+        seg = self._segments[si]
+        while not seg.offsets or offset >= seg.next_offset:  # empty segments share their base
+            si += 1
+            seg = self._segments[si]
+        return seg, bisect.bisect_right(seg.offsets, offset) - 1
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
+        """Whole batches starting with the batch that holds ``offset`` (the core always asks at
+        a batch boundary; inside a batch the whole batch is returned, as Kafka's Fetch does).
+
+        At least one batch is returned even if it exceeds ``max_bytes``, all from one segment;
+        ``max_offset`` (exclusive, e.g. the flushed end for a leader serving Fetch) limits the
+        result to batches ending at or below it. b"" at the end; OFFSET_OUT_OF_RANGE below the
+        log start or past the end."""
+        self._check_open()
+        end = self.end_offset
+        if offset < self.log_start_offset or offset > end:
+            raise KraftError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"offset {offset} outside the log [{self.log_start_offset}, {end}]",
+                log_start_offset=self.log_start_offset,
+                end_offset=end,
+            )
+        limit_offset = end if max_offset is None else min(max_offset, end)
+        if offset >= limit_offset:
+            return b""
+        seg, i = self._locate(offset)
+        start = seg.positions[i]
+        n = len(seg.offsets)
+        # last batch k with position <= start + max_bytes; it fits if it also ends there
+        k = bisect.bisect_right(seg.positions, start + max(max_bytes, 0)) - 1
+        stop = seg.positions[k + 1] if k + 1 < n else seg.size
+        if stop > start + max_bytes:
+            k -= 1
+        k = max(k, i)
+        if limit_offset < seg.next_offset:
+            # batch k ends at offsets[k + 1]; allowed iff offsets[k + 1] <= limit_offset
+            last_allowed = bisect.bisect_right(seg.offsets, limit_offset) - 2
+            if last_allowed < i:
+                return b""
+            k = min(k, last_allowed)
+        stop = seg.positions[k + 1] if k + 1 < n else seg.size
+        return _pread_all(seg.fd, stop - start, start)
+
+    def batch_infos(self) -> list[tuple[int, int, int]]:
+        """(base offset, segment base, position) of every batch: for tests and tooling."""
+        return [(o, s.base, p) for s in self._segments for o, p in zip(s.offsets, s.positions, strict=True)]
+
+    def summary(
+        self, snapshot: OffsetAndEpoch | None = None, snapshot_controls: Sequence[ControlRecord] = ()
+    ) -> LogSummary:
+        return self._meta.summary(self.log_start_offset, self.end_offset, snapshot, snapshot_controls)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _close_fds(self) -> None:
+        for seg in self._segments:
+            try:
+                os.close(seg.fd)
+            except OSError:
+                pass
+        self._segments = []
+
+    def close(self) -> None:
+        """Flush and close (a clean shutdown loses nothing)."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._close_fds()
+
+    def __enter__(self) -> SegmentedLog:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _pread_all(fd: int, size: int, position: int) -> bytes:
+    data = os.pread(fd, size, position)
+    if len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.pread(fd, size - got, position + got)
+        if not chunk:
+            raise KraftError(ErrorCode.CORRUPT_LOG, f"short read: wanted {size} bytes at position {position}")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _valid_batch_at(buf: bytes, pos: int) -> bool:
+    if len(buf) - pos < records.HEADER_SIZE:
+        return False
+    try:
+        (b,), _ = records.decode_batches(buf[pos : pos + records.batch_header(buf, pos)[1]])
+    except (records.CorruptRecordError, ValueError, struct.error):
+        return False
+    return b.info.count >= 1
+
+
+def _later_valid_batch(buf: bytes, tail: int, expected: int) -> str | None:
+    """Does a valid batch follow the unreadable bytes at ``tail``? If so they are not a torn
+    write (a crash tears only the write in flight, never bytes before an intact batch) and the
+    log is corrupt. Heuristic, cheap and exact where it matters: if the header at ``tail`` still
+    names the expected offset and its record count, look for a CRC-valid batch whose header
+    carries the following base offset."""
+    if len(buf) - tail < records.HEADER_SIZE:
+        return None
+    base, _total, _epoch, count = records.batch_header(buf, tail)
+    if base != expected or not 1 <= count < 2**31:
+        return None
+    needle = _Q.pack(expected + count)
+    p = buf.find(needle, tail + 1)
+    while p != -1:
+        if _valid_batch_at(buf, p):
+            return f"batch at offset {expected} is damaged but valid batch {expected + count} follows it"
+        p = buf.find(needle, p + 1)
+    return None

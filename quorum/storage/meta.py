@@ -1,0 +1,316 @@
+"""``meta.properties``: the identity of a formatted data directory (KIP-856 "Storage UUID").
+
+Format: Java properties, like Kafka's, one ``key=value`` per line::
+
+    version=1
+    cluster.id=<cluster id>
+    node.id=<replica id>
+    directory.id=<storage UUID, canonical 8-4-4-4-12 lower-case>
+
+KIP-856 names the UUID property ``storage.id``; Apache Kafka shipped the same idea as
+``directory.id`` (KIP-858 / KIP-853). We write ``directory.id`` and accept either when
+reading (if both are present they must agree).
+
+Rules (KIP-856 section "meta.properties"):
+
+* a directory without ``meta.properties`` is not formatted: a node refuses to start
+  (``NOT_FORMATTED``);
+* a ``meta.properties`` without a storage UUID gets one generated and the file is replaced
+  atomically (the upgrade path);
+* ``format`` refuses an already formatted directory unless told to ignore it (``--ignore-formatted``
+  keeps the existing identity, as ``kafka-storage format --ignore-formatted`` does: it never
+  silently gives a directory a new UUID).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from quorum.storage.atomic import atomic_write
+from quorum.types import ErrorCode, KraftError, ReplicaKey, canonical_uuid, new_storage_uuid
+
+__all__ = [
+    "META_FILE",
+    "MetaProperties",
+    "format_dir",
+    "load_meta",
+    "parse_properties",
+    "render_properties",
+    "validate_cluster_id",
+    "validate_node_id",
+]
+
+log = logging.getLogger(__name__)
+
+META_FILE = "meta.properties"
+META_VERSION = 1
+UUID_KEY = "directory.id"
+UUID_KEY_KIP856 = "storage.id"
+_CLUSTER_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_MAX_NODE_ID = 2**31 - 1  # node ids are int32 on the wire (KIP-595 ReplicaId)
+
+
+@dataclass(frozen=True)
+class MetaProperties:
+    """The identity of one data directory."""
+
+    cluster_id: str
+    node_id: int
+    storage_uuid: str
+    version: int = META_VERSION
+    extra: dict[str, str] = field(default_factory=dict, compare=False)  # unknown keys, kept on rewrite
+
+    @property
+    def replica_key(self) -> ReplicaKey:
+        """The (replica id, storage UUID) pair KIP-856 uses to name voters."""
+        return ReplicaKey(self.node_id, self.storage_uuid)
+
+    def to_properties(self) -> dict[str, str]:
+        props = dict(self.extra)
+        props.update(
+            {
+                "version": str(self.version),
+                "cluster.id": self.cluster_id,
+                "node.id": str(self.node_id),
+                UUID_KEY: self.storage_uuid,
+            }
+        )
+        return props
+
+
+def validate_cluster_id(cluster_id: str) -> str:
+    """A cluster id is 1-128 characters of ``[A-Za-z0-9._-]`` (Kafka's are 22-character
+    URL-safe base64 UUIDs, which fit). Raises INVALID_REQUEST naming the problem."""
+    if not isinstance(cluster_id, str) or not _CLUSTER_ID.match(cluster_id):
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"invalid cluster id {cluster_id!r}: use 1-128 characters of letters, digits, '.', '_', '-'",
+        )
+    return cluster_id
+
+
+def validate_node_id(node_id: object) -> int:
+    """A node id is an int32 >= 0 (KIP-595 ReplicaId). Raises INVALID_REQUEST."""
+    if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id <= _MAX_NODE_ID:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, f"invalid node id {node_id!r}: must be an integer 0..{_MAX_NODE_ID}"
+        )
+    return node_id
+
+
+# -- Java properties (the subset Kafka writes, plus escapes so odd input is still parsed) --------
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescape(s: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):
+            nxt = s[i + 1]
+            if nxt == "u" and i + 6 <= len(s):
+                try:
+                    out.append(chr(int(s[i + 2 : i + 6], 16)))
+                    i += 6
+                    continue
+                except ValueError:
+                    pass
+            out.append(_ESCAPES.get(nxt, nxt))
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _split_key(line: str) -> tuple[str, str]:
+    """Split a logical line at the first unescaped ``=``, ``:`` or whitespace."""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c in "=: \t\f":
+            key = line[:i]
+            rest = line[i:].lstrip(" \t\f")
+            if rest[:1] in ("=", ":") and c in " \t\f":
+                rest = rest[1:].lstrip(" \t\f")
+            elif c in "=:":
+                rest = line[i + 1 :].lstrip(" \t\f")
+            return key, rest
+        i += 1
+    return line, ""
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java ``.properties`` text: ``#``/``!`` comments, ``=``/``:``/space separators,
+    backslash escapes and continuation lines."""
+    props: dict[str, str] = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].lstrip(" \t\f")
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        # a line ending in an odd number of backslashes continues on the next line
+        while (len(line) - len(line.rstrip("\\"))) % 2 == 1 and i < len(lines):
+            line = line[:-1] + lines[i].lstrip(" \t\f")
+            i += 1
+        key, value = _split_key(line)
+        props[_unescape(key)] = _unescape(value)
+    return props
+
+
+def _escape(s: str, is_key: bool) -> str:
+    out = s.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    if is_key:
+        out = out.replace("=", "\\=").replace(":", "\\:").replace(" ", "\\ ")
+    return out
+
+
+def render_properties(props: dict[str, str]) -> bytes:
+    """Properties text in a stable order: known keys first, then the rest sorted."""
+    order = ["version", "cluster.id", "node.id", UUID_KEY]
+    keys = [k for k in order if k in props] + sorted(k for k in props if k not in order)
+    stamp = time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime())
+    lines = ["#", f"#{stamp}"] + [f"{_escape(k, True)}={_escape(props[k], False)}" for k in keys]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+# -- format / load -----------------------------------------------------------------------------
+
+
+def _meta_path(directory: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(directory), META_FILE)
+
+
+def format_dir(
+    directory: str | os.PathLike[str],
+    cluster_id: str,
+    node_id: int,
+    ignore_formatted: bool = False,
+    *,
+    storage_uuid: str | None = None,
+    fsync: bool = True,
+) -> MetaProperties:
+    """Format ``directory`` (created if missing) for ``node_id`` of ``cluster_id`` with a new
+    storage UUID (KIP-856 ``kafka-storage format``).
+
+    An already formatted directory raises ALREADY_FORMATTED; with ``ignore_formatted`` its
+    existing identity is returned unchanged (after checking it is for the same cluster and node,
+    otherwise ALREADY_FORMATTED as well: silently re-identifying a disk is exactly what storage
+    UUIDs exist to prevent). ``storage_uuid`` forces a UUID (tests, tooling)."""
+    validate_cluster_id(cluster_id)
+    validate_node_id(node_id)
+    uuid = (
+        canonical_storage_uuid(storage_uuid, "storage uuid")
+        if storage_uuid is not None
+        else new_storage_uuid()
+    )
+    path = _meta_path(directory)
+    if os.path.exists(path):
+        if not ignore_formatted:
+            raise KraftError(
+                ErrorCode.ALREADY_FORMATTED, f"{path} already exists; use --ignore-formatted to keep it"
+            )
+        existing = load_meta(directory, fsync=fsync)
+        if existing.cluster_id != cluster_id or existing.node_id != node_id:
+            raise KraftError(
+                ErrorCode.ALREADY_FORMATTED,
+                f"{path} is formatted for cluster {existing.cluster_id!r} node {existing.node_id}, "
+                f"not cluster {cluster_id!r} node {node_id}",
+            )
+        return existing
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"{os.fspath(directory)} exists and is not a directory")
+    os.makedirs(directory, exist_ok=True)
+    meta = MetaProperties(cluster_id=cluster_id, node_id=node_id, storage_uuid=uuid)
+    atomic_write(path, render_properties(meta.to_properties()), fsync=fsync)
+    return meta
+
+
+def canonical_storage_uuid(value: str, what: str) -> str:
+    try:
+        return canonical_uuid(value)
+    except (ValueError, TypeError, AttributeError):
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"invalid {what} {value!r}: not a UUID") from None
+
+
+def load_meta(directory: str | os.PathLike[str], *, fsync: bool = True) -> MetaProperties:
+    """Read ``directory/meta.properties``.
+
+    Missing file (or directory): NOT_FORMATTED. Malformed content: CORRUPT_LOG naming the file
+    and the field. No storage UUID: one is generated and the file replaced atomically
+    (KIP-856), other keys kept."""
+    path = _meta_path(directory)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise KraftError(
+            ErrorCode.NOT_FORMATTED,
+            f"{os.fspath(directory)} is not formatted (no {META_FILE}); run kraftkeeper format",
+        ) from None
+    except NotADirectoryError:
+        raise KraftError(ErrorCode.NOT_FORMATTED, f"{os.fspath(directory)} is not a directory") from None
+
+    def bad(msg: str) -> KraftError:
+        return KraftError(ErrorCode.CORRUPT_LOG, f"{path}: {msg}", file=path)
+
+    try:
+        props = parse_properties(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad(f"not UTF-8 text ({e})") from None
+    if "version" not in props:
+        raise bad("missing field 'version'")
+    if props["version"].strip() != str(META_VERSION):
+        raise bad(f"unsupported field 'version'={props['version']!r} (expected {META_VERSION})")
+    if "cluster.id" not in props:
+        raise bad("missing field 'cluster.id'")
+    cluster_id = props["cluster.id"].strip()
+    if not _CLUSTER_ID.match(cluster_id):
+        raise bad(f"invalid field 'cluster.id'={cluster_id!r}")
+    if "node.id" not in props:
+        raise bad("missing field 'node.id'")
+    try:
+        node_id = int(props["node.id"].strip())
+        validate_node_id(node_id)
+    except (ValueError, KraftError):
+        raise bad(
+            f"invalid field 'node.id'={props['node.id']!r} (expected an integer 0..{_MAX_NODE_ID})"
+        ) from None
+    uuids: dict[str, str] = {}
+    for key in (UUID_KEY, UUID_KEY_KIP856):
+        if key in props and props[key].strip():
+            try:
+                uuids[key] = canonical_uuid(props[key].strip())
+            except ValueError:
+                raise bad(f"invalid field {key!r}={props[key]!r} (expected a UUID)") from None
+    if len(set(uuids.values())) > 1:
+        raise bad(
+            f"fields {UUID_KEY!r} and {UUID_KEY_KIP856!r} disagree "
+            f"({uuids[UUID_KEY]} vs {uuids[UUID_KEY_KIP856]})"
+        )
+    extra = {
+        k: v
+        for k, v in props.items()
+        if k not in ("version", "cluster.id", "node.id", UUID_KEY, UUID_KEY_KIP856)
+    }
+    if uuids:
+        return MetaProperties(cluster_id, node_id, next(iter(uuids.values())), extra=extra)
+    # KIP-856: "If the meta.properties file exist but it doesn't contain this property a new one
+    # will be generated and the meta.properties files will be atomically replaced."
+    meta = MetaProperties(cluster_id, node_id, new_storage_uuid(), extra=extra)
+    atomic_write(path, render_properties(meta.to_properties()), fsync=fsync)
+    log.warning(
+        "%s had no storage UUID; generated %s and replaced the file (KIP-856)", path, meta.storage_uuid
+    )
+    return meta

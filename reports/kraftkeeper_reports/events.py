@@ -1,0 +1,391 @@
+"""The recovery event log: its types, a validator and an appending writer.
+
+The operator emits one JSON line per step of a KIP-856 disk-failure recovery (shared/interfaces.md,
+"Recovery event log"); the Spark job (``kraftkeeper_reports.job``) reads them back. This module is
+the single definition of what a valid event is: the operator validates before writing, and the
+Spark job classifies every input line with :func:`classify_line`, so both sides agree.
+
+It imports nothing outside the standard library on purpose: the operator image has no Spark.
+
+Invariants of a valid event (also in ``schemas/recovery-event.schema.json``):
+
+* ``schema_version`` is the integer 1;
+* ``ts`` is RFC 3339 in UTC (``Z`` or ``+00:00``) with a fractional second; the writer emits
+  exactly milliseconds;
+* ``cluster``, ``recovery_id``, ``type`` are non-empty strings; ``replica_id`` is an integer >= 0;
+* ``old_uuid`` / ``new_uuid`` are strings or null (null when not known yet, e.g. a recovery that
+  failed before the new disk was formatted); ``leader_id`` / ``leader_epoch`` are integers >= 0
+  or null (null when no leader was known, e.g. ``quorum_lost``);
+* ``detail`` is an object; for ``recovery_failed`` it carries ``reason`` (a string).
+
+Unknown types and extra fields are tolerated: readers skip unknown types and ignore extra fields,
+and count both (:data:`TOLERATED`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+SCHEMA_VERSION: Final = 1
+
+# Event types, in the order a successful recovery emits them (KIP-856 "Disk failure recovery":
+# the replacement replica catches up as an observer, is added with AddVoter, then the old
+# (id, UUID) is removed with RemoveVoter).
+DISK_REPLACEMENT_DETECTED: Final = "disk_replacement_detected"
+REPLICA_CAUGHT_UP: Final = "replica_caught_up"
+ADD_VOTER_STARTED: Final = "add_voter_started"
+ADD_VOTER_COMMITTED: Final = "add_voter_committed"
+REMOVE_VOTER_STARTED: Final = "remove_voter_started"
+REMOVE_VOTER_COMMITTED: Final = "remove_voter_committed"
+RECOVERY_COMPLETED: Final = "recovery_completed"
+RECOVERY_FAILED: Final = "recovery_failed"
+
+STEP_TYPES: Final = (
+    DISK_REPLACEMENT_DETECTED,
+    REPLICA_CAUGHT_UP,
+    ADD_VOTER_STARTED,
+    ADD_VOTER_COMMITTED,
+    REMOVE_VOTER_STARTED,
+    REMOVE_VOTER_COMMITTED,
+)
+TERMINAL_TYPES: Final = (RECOVERY_COMPLETED, RECOVERY_FAILED)
+KNOWN_TYPES: Final = (*STEP_TYPES, *TERMINAL_TYPES)
+
+# Reasons a recovery_failed event gives in detail.reason (open set: readers accept any string).
+FAILURE_REASONS: Final = ("timeout", "quorum_lost", "replica_fell_behind")
+
+REQUIRED_FIELDS: Final = (
+    "schema_version",
+    "ts",
+    "cluster",
+    "recovery_id",
+    "type",
+    "replica_id",
+    "old_uuid",
+    "new_uuid",
+    "leader_id",
+    "leader_epoch",
+    "detail",
+)
+
+# Line-level reason codes, as counted by the Spark job's bad-input table. A reason in REJECTED
+# removes the line from the analysis; one in TOLERATED keeps (extra fields) or skips (unknown
+# type, blank line) it as the interface allows. Field-specific reasons carry the field name
+# after a colon, e.g. "missing_field:ts", "wrong_type:leader_epoch".
+MALFORMED_JSON: Final = "malformed_json"
+NOT_AN_OBJECT: Final = "not_an_object"
+MISSING_FIELD: Final = "missing_field"
+WRONG_TYPE: Final = "wrong_type"
+INVALID_VALUE: Final = "invalid_value"
+BAD_TIMESTAMP: Final = "bad_timestamp"
+UNSUPPORTED_SCHEMA_VERSION: Final = "unsupported_schema_version"
+UNKNOWN_TYPE: Final = "unknown_type"
+EXTRA_FIELDS: Final = "extra_fields"
+BLANK_LINE: Final = "blank_line"
+REJECTED: Final = (
+    MALFORMED_JSON,
+    NOT_AN_OBJECT,
+    MISSING_FIELD,
+    WRONG_TYPE,
+    INVALID_VALUE,
+    BAD_TIMESTAMP,
+    UNSUPPORTED_SCHEMA_VERSION,
+)
+TOLERATED: Final = (UNKNOWN_TYPE, EXTRA_FIELDS, BLANK_LINE)
+
+# RFC 3339 date-time (section 5.6) restricted to UTC, fraction required (1-9 digits so that a
+# writer with micro- or nanoseconds is still read; ours writes milliseconds).
+_TS_RE: Final = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})\.(\d{1,9})(Z|z|\+00:00)$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an event: a reason code (see REJECTED / TOLERATED) and a message."""
+
+    code: str
+    message: str
+
+    @property
+    def reason(self) -> str:
+        """The code without its field suffix ("missing_field:ts" -> "missing_field")."""
+        return self.code.split(":", 1)[0]
+
+    @property
+    def fatal(self) -> bool:
+        return self.reason in REJECTED
+
+
+def parse_ts_ms(value: str) -> int | None:
+    """Milliseconds since the epoch for an RFC 3339 UTC timestamp, or None if it is not one.
+
+    Sub-millisecond digits are truncated (the log's unit is the millisecond)."""
+    m = _TS_RE.match(value)
+    if m is None:
+        return None
+    year, month, day, hour, minute, second = (int(m.group(i)) for i in range(1, 7))
+    try:
+        dt = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+    except ValueError:  # 2026-02-30, hour 25, ...
+        return None
+    frac_ms = int((m.group(7) + "00")[:3])
+    return int(dt.timestamp()) * 1000 + frac_ms
+
+
+def format_ts(ms: int) -> str:
+    """RFC 3339 UTC with milliseconds, the form the writer emits: 2026-11-22T00:44:53.123Z."""
+    dt = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    return f"{dt:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+
+
+def _is_int(v: object) -> bool:
+    # bool is a subclass of int in Python; JSON true is not an integer.
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_event(obj: object) -> list[Problem]:
+    """Every problem with one decoded event, fatal ones first; [] when it is valid.
+
+    Extra fields are reported as a tolerated problem (EXTRA_FIELDS), an unknown ``type`` as
+    UNKNOWN_TYPE; neither is fatal (:attr:`Problem.fatal`)."""
+    if not isinstance(obj, dict):
+        return [Problem(NOT_AN_OBJECT, f"an event must be a JSON object, got {type(obj).__name__}")]
+    problems: list[Problem] = []
+    for name in REQUIRED_FIELDS:
+        if name not in obj:
+            problems.append(Problem(f"{MISSING_FIELD}:{name}", f"field {name!r} is missing"))
+
+    def wrong(name: str, want: str) -> None:
+        got = obj[name]
+        shown = json.dumps(got)[:40]
+        problems.append(Problem(f"{WRONG_TYPE}:{name}", f"field {name!r} must be {want}, got {shown}"))
+
+    sv = obj.get("schema_version")
+    if "schema_version" in obj:
+        if not _is_int(sv):
+            wrong("schema_version", "an integer")
+        elif sv != SCHEMA_VERSION:
+            problems.append(
+                Problem(UNSUPPORTED_SCHEMA_VERSION, f"schema_version {sv} is not supported (only 1)")
+            )
+    if "ts" in obj:
+        ts = obj["ts"]
+        if not isinstance(ts, str):
+            wrong("ts", "an RFC 3339 UTC timestamp string")
+        elif parse_ts_ms(ts) is None:
+            problems.append(
+                Problem(BAD_TIMESTAMP, f"ts {ts[:40]!r} is not an RFC 3339 UTC timestamp with fraction")
+            )
+    for name in ("cluster", "recovery_id", "type"):
+        if name in obj:
+            v = obj[name]
+            if not isinstance(v, str):
+                wrong(name, "a string")
+            elif not v.strip():
+                problems.append(Problem(f"{INVALID_VALUE}:{name}", f"field {name!r} must not be empty"))
+    if "replica_id" in obj:
+        v = obj["replica_id"]
+        if not _is_int(v):
+            wrong("replica_id", "an integer")
+        elif v < 0:
+            problems.append(Problem(f"{INVALID_VALUE}:replica_id", f"replica_id {v} is negative"))
+    for name in ("leader_id", "leader_epoch"):
+        if name in obj:
+            v = obj[name]
+            if v is not None and not _is_int(v):
+                wrong(name, "an integer or null")
+            elif v is not None and v < 0:
+                problems.append(Problem(f"{INVALID_VALUE}:{name}", f"{name} {v} is negative"))
+    for name in ("old_uuid", "new_uuid"):
+        if name in obj and obj[name] is not None and not isinstance(obj[name], str):
+            wrong(name, "a string or null")
+    detail = obj.get("detail")
+    if "detail" in obj and not isinstance(detail, dict):
+        wrong("detail", "an object")
+    typ = obj.get("type")
+    if typ == RECOVERY_FAILED and isinstance(detail, dict):
+        reason = detail.get("reason")
+        if not isinstance(reason, str) or not reason:
+            problems.append(
+                Problem(f"{INVALID_VALUE}:detail.reason", "recovery_failed needs detail.reason (a string)")
+            )
+    # Tolerated ones last, so the first problem of a rejected line is the fatal one.
+    if isinstance(typ, str) and typ.strip() and typ not in KNOWN_TYPES:
+        problems.append(Problem(UNKNOWN_TYPE, f"unknown event type {typ[:40]!r} (skipped)"))
+    extra = sorted(k for k in obj if k not in REQUIRED_FIELDS)
+    if extra:
+        shown = ", ".join(extra[:5])
+        problems.append(Problem(EXTRA_FIELDS, f"extra field(s) ignored: {shown}"))
+    problems.sort(key=lambda p: not p.fatal)
+    return problems
+
+
+def validate_event(obj: object) -> list[str]:
+    """Problems that make ``obj`` an invalid event, as messages; [] when it is valid.
+
+    Tolerated deviations (extra fields, an unknown type) are not problems here."""
+    return [p.message for p in check_event(obj) if p.fatal]
+
+
+@dataclass(frozen=True)
+class Classified:
+    """What a reader makes of one line: the event (None if rejected or skipped), the problem
+    that decided it (None if clean) and the tolerated notes."""
+
+    event: dict[str, Any] | None
+    ts_ms: int | None
+    problem: Problem | None
+    notes: tuple[Problem, ...]
+
+
+def classify_line(line: str) -> Classified:
+    """Decode and check one log line. Never raises: every outcome is a value to count."""
+    if not line.strip():
+        return Classified(None, None, Problem(BLANK_LINE, "blank line (skipped)"), ())
+    try:
+        obj = json.loads(line)
+    except ValueError as e:  # json.JSONDecodeError and invalid UTF-16 surrogates
+        return Classified(None, None, Problem(MALFORMED_JSON, f"not valid JSON: {e}"), ())
+    except RecursionError:
+        return Classified(None, None, Problem(MALFORMED_JSON, "JSON nested too deeply"), ())
+    problems = check_event(obj)
+    if problems and problems[0].fatal:
+        return Classified(None, None, problems[0], tuple(problems[1:]))
+    assert isinstance(obj, dict)
+    unknown = [p for p in problems if p.code == UNKNOWN_TYPE]
+    if unknown:
+        return Classified(None, None, unknown[0], tuple(p for p in problems if p is not unknown[0]))
+    return Classified(obj, parse_ts_ms(obj["ts"]), None, tuple(problems))
+
+
+def make_event(
+    type: str,
+    cluster: str,
+    recovery_id: str,
+    replica_id: int,
+    old_uuid: str | None,
+    new_uuid: str | None,
+    leader_id: int | None,
+    leader_epoch: int | None,
+    detail: dict[str, Any] | None = None,
+    ts: datetime | int | str | None = None,
+) -> dict[str, Any]:
+    """One event as a dict, fields in the interface's order. ``ts``: a datetime (aware, or naive
+    meaning UTC), epoch milliseconds, an RFC 3339 string, or None for now."""
+    if ts is None:
+        ts_s = format_ts(int(datetime.now(UTC).timestamp() * 1000))
+    elif isinstance(ts, datetime):
+        aware = ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+        ts_s = format_ts(int(aware.timestamp() * 1000))
+    elif isinstance(ts, int):
+        ts_s = format_ts(ts)
+    else:
+        ts_s = ts
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "ts": ts_s,
+        "cluster": cluster,
+        "recovery_id": recovery_id,
+        "type": type,
+        "replica_id": replica_id,
+        "old_uuid": old_uuid,
+        "new_uuid": new_uuid,
+        "leader_id": leader_id,
+        "leader_epoch": leader_epoch,
+        "detail": dict(detail) if detail else {},
+    }
+
+
+class EventLogWriter:
+    """Appends recovery events as JSON lines, each flushed and fsynced before ``emit`` returns
+    (an event the operator reported is on disk even if the process dies right after).
+
+    ``path_or_dir``: a file (a name ending in .jsonl/.json/.log/.ndjson, or an existing file) is
+    appended to; anything else is a directory (created if missing) under which events go to
+    ``date=YYYY-MM-DD/events-<cluster>.jsonl`` by the event's UTC day, the date-partitioned
+    layout the report job reads. An invalid event raises ValueError naming the problems and
+    writes nothing. Thread-safe; one line per ``write`` on an O_APPEND descriptor, so concurrent
+    writers of the same file do not interleave within a line.
+    """
+
+    _FILE_SUFFIXES: Final = (".jsonl", ".json", ".log", ".ndjson")
+
+    def __init__(self, path_or_dir: str | os.PathLike[str], cluster: str) -> None:
+        if not isinstance(cluster, str) or not cluster.strip():
+            raise ValueError("EventLogWriter: cluster must be a non-empty string")
+        self.cluster = cluster
+        p = Path(path_or_dir)
+        self._is_file = p.is_file() or (not p.is_dir() and p.suffix in self._FILE_SUFFIXES)
+        self.root = p
+        if self._is_file:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            p.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        # Slashes of namespace/name must not become directories.
+        self._file_stem = "events-" + re.sub(r"[^A-Za-z0-9._-]+", "_", cluster)
+
+    def path_for(self, ts: str) -> Path:
+        """The file an event with timestamp ``ts`` goes to."""
+        if self._is_file:
+            return self.root
+        return self.root / f"date={ts[:10]}" / f"{self._file_stem}.jsonl"
+
+    def emit(
+        self,
+        type: str,
+        recovery_id: str,
+        replica_id: int,
+        old_uuid: str | None,
+        new_uuid: str | None,
+        leader_id: int | None,
+        leader_epoch: int | None,
+        detail: dict[str, Any] | None = None,
+        ts: datetime | int | str | None = None,
+    ) -> dict[str, Any]:
+        """Validate, append and fsync one event; returns the event written."""
+        event = make_event(
+            type, self.cluster, recovery_id, replica_id, old_uuid, new_uuid, leader_id, leader_epoch,
+            detail, ts,
+        )
+        problems = validate_event(event)
+        if problems:
+            raise ValueError(f"invalid recovery event {type!r}: " + "; ".join(problems))
+        data = (json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+        path = self.path_for(event["ts"])
+        with self._lock:
+            new_dir = not path.parent.exists()
+            new_file = new_dir or not path.exists()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            # A new file (and a new partition directory) must itself be durable to be found.
+            if new_file:
+                _fsync_dir(path.parent)
+            if new_dir:
+                _fsync_dir(path.parent.parent)
+        return event
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,51 @@
+"""The SparkSession the report job runs on.
+
+Local Spark (``local[*]``) by default, bound to loopback (SPARK_LOCAL_IP, spark.driver.host and
+spark.driver.bindAddress = 127.0.0.1: the machines this runs on may have no other usable
+interface, and Spark warns or binds a public one otherwise). Any cluster through ``master``
+(``spark://...``, ``yarn``, ``k8s://...``); then the driver's address is left to Spark and the
+caller's configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+LOOPBACK = "127.0.0.1"
+
+
+def is_local(master: str | None) -> bool:
+    return master is None or master == "local" or master.startswith("local[")
+
+
+def build_session(master: str | None = None, app_name: str = "kraftkeeper-report") -> SparkSession:
+    """Get (or create) the session. Settings every run needs:
+
+    * UTC session time zone: event timestamps are UTC and days in the trend are UTC days;
+    * ANSI mode off, so a failed cast yields null (the job counts bad values, it never aborts);
+    * Arrow for toPandas / mapInPandas;
+    * small shuffles: the per-recovery tables are small next to the event log.
+    """
+    if is_local(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    # Python workers must run the interpreter that has this package (a venv), not "python3".
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master or "local[*]")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.ansi.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.shuffle.partitions", os.environ.get("KK_SPARK_SHUFFLE_PARTITIONS", "8"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", os.environ.get("KK_SPARK_DRIVER_MEMORY", "2g"))
+    )
+    if is_local(master):
+        builder = builder.config("spark.driver.host", LOOPBACK).config("spark.driver.bindAddress", LOOPBACK)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,158 @@
+"""A real local cluster for process-level tests: N ``kraftkeeper start`` processes on
+loopback, each with its own data directory, driven through the real CLI and HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from quorum.client import QuorumClient
+
+KK = [sys.executable, "-m", "quorum.cli"]
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([*KK, *args], capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"kraftkeeper {' '.join(args)} failed ({p.returncode}): {p.stderr}")
+    return p
+
+
+def poll(cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.05) -> Any:
+    """Poll until ``cond()`` is truthy; return its value or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v
+        except Exception as e:  # noqa: BLE001 - keep polling, report the last error
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+class LocalCluster:
+    def __init__(self, root: Path, n: int = 3, config: dict[str, Any] | None = None,
+                 cluster_id: str = "test-cluster") -> None:
+        self.root = root
+        self.n = n
+        self.cluster_id = cluster_id
+        self.ports = dict(zip(range(1, n + 1), free_ports(n), strict=True))
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.uuids: dict[int, str] = {}
+        self.config_path: Path | None = None
+        cfg = {"raft": {"election_timeout_ms": 500, "fetch_timeout_ms": 1000}}
+        if config:
+            for k, v in config.items():
+                cfg.setdefault(k, {}).update(v)
+        self.config_path = root / "node-config.json"
+        self.config_path.write_text(json.dumps(cfg))
+
+    @property
+    def voters(self) -> str:
+        return ",".join(f"{i}@127.0.0.1:{p}" for i, p in self.ports.items())
+
+    def endpoint(self, i: int) -> str:
+        return f"127.0.0.1:{self.ports[i]}"
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.endpoint(i) for i in self.ports)
+
+    def data_dir(self, i: int) -> Path:
+        return self.root / f"node-{i}"
+
+    def format(self, i: int) -> str:
+        out = run_cli("format", "--dir", str(self.data_dir(i)), "--cluster-id", self.cluster_id, "--node-id", str(i))
+        self.uuids[i] = out.stdout.strip().splitlines()[-1]
+        return self.uuids[i]
+
+    def start(self, i: int) -> None:
+        log = open(self.root / f"node-{i}.log", "ab")  # noqa: SIM115 - owned by the process
+        self.procs[i] = subprocess.Popen(
+            [*KK, "start", "--dir", str(self.data_dir(i)), "--listen", self.endpoint(i),
+             "--voters", self.voters, "--config", str(self.config_path)],
+            stdout=log, stderr=log, start_new_session=True,
+        )
+
+    def up(self) -> LocalCluster:
+        for i in self.ports:
+            self.format(i)
+        for i in self.ports:
+            self.start(i)
+        return self
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        p = self.procs.pop(i, None)
+        if p is not None and p.poll() is None:
+            p.send_signal(sig)
+            p.wait(timeout=30)
+
+    def replace_disk(self, i: int) -> str:
+        """Kill node i, delete its directory, format it again (new storage UUID), start it."""
+        self.kill(i)
+        shutil.rmtree(self.data_dir(i))
+        uuid = self.format(i)
+        self.start(i)
+        return uuid
+
+    def stop(self) -> None:
+        for i in list(self.procs):
+            self.kill(i, signal.SIGTERM)
+
+    def log_text(self, i: int) -> str:
+        return (self.root / f"node-{i}.log").read_text(errors="replace")
+
+    # ---- client helpers (sync wrappers over QuorumClient) --------------------------------
+    def call(self, fn: Callable[[QuorumClient], Any], timeout: float = 30) -> Any:
+        async def go() -> Any:
+            async with QuorumClient(self.bootstrap, timeout=timeout) as c:
+                return await fn(c)
+
+        return asyncio.run(go())
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = self.call(lambda c: c.describe())
+        return d
+
+    def leader(self, timeout: float = 30) -> int:
+        def find() -> int | None:
+            d = self.describe()
+            return d["leader_id"] if d.get("leader_id", -1) >= 0 and d.get("high_watermark", 0) > 0 else None
+
+        return int(poll(find, timeout, "a leader with a committed high watermark"))
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def env_with_repo() -> dict[str, str]:
+    env = dict(os.environ)
+    return env
