@@ -112,7 +112,11 @@ def wait_until(cond: Callable[[], T | None], timeout: float, what: str, interval
 
 
 def http_call(
-    endpoint: str, method: str, path: str, body: bytes | None = None, timeout: float = 5.0,
+    endpoint: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    timeout: float = 5.0,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, bytes]:
     """One synchronous HTTP request to ``HOST:PORT``; returns (status, body)."""
@@ -178,16 +182,22 @@ class ProcessSet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
-              cwd: Path | None = None) -> Proc:
+    def spawn(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Proc:
         if name in self.procs and self.procs[name].popen.poll() is None:
             raise RuntimeError(f"process {name!r} is already running")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
-                list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, cwd=str(cwd or REPO_ROOT), start_new_session=True,
+                list(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=str(cwd or REPO_ROOT),
+                start_new_session=True,
             )
         proc = Proc(name, popen, log_path)
         self.procs[name] = proc
@@ -202,7 +212,9 @@ class ProcessSet:
         like a slow one."""
         p = self.procs[name]
         if p.popen.poll() is not None:
-            raise RuntimeError(f"{name} exited with {p.popen.returncode}; log tail:\n{self.tail(name)}")
+            tail = self.tail(name)
+            last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
+            raise RuntimeError(f"{name} exited with {p.popen.returncode}: {last}\nlog tail:\n{tail}")
 
     def tail(self, name: str, lines: int = 20) -> str:
         try:
@@ -265,8 +277,12 @@ def run_python_module(module: str, args: Sequence[str], timeout: float) -> str:
     """Run ``python -m module args`` from the repository root in its own process group; return
     stdout. Killed as a group on timeout or interrupt."""
     popen = subprocess.Popen(
-        [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT), start_new_session=True,
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=str(REPO_ROOT),
+        start_new_session=True,
     )
     try:
         out, err = popen.communicate(timeout=timeout)
@@ -374,8 +390,13 @@ def wrk_script(kind: str, size: int) -> str:
     table = ",".join(f'"{_b64(f"{i:03d}".encode())}"' for i in range(1000))
     prefixes = ",".join(f'"{_b64(f"b{i}-".encode())}"' for i in range(10))
     return _WRK_LUA % {
-        "kind": kind, "path_prefix": "/v1/kv/", "value": val, "value_b64": _b64(val.encode()),
-        "b64_table": table, "b64_prefix": prefixes, "key_space": KEY_SPACE,
+        "kind": kind,
+        "path_prefix": "/v1/kv/",
+        "value": val,
+        "value_b64": _b64(val.encode()),
+        "b64_table": table,
+        "b64_prefix": prefixes,
+        "key_space": KEY_SPACE,
     }
 
 
@@ -391,8 +412,20 @@ def run_wrk(endpoint: str, kind: str, size: int, clients: int, duration: float) 
         f.write(wrk_script(kind, size))
         script = f.name
     try:
-        argv = ["wrk", "-c", str(clients), "-t", str(threads), "-d", f"{max(1, round(duration))}s",
-                "--timeout", "10s", "-s", script, f"http://{endpoint}"]
+        argv = [
+            "wrk",
+            "-c",
+            str(clients),
+            "-t",
+            str(threads),
+            "-d",
+            f"{max(1, round(duration))}s",
+            "--timeout",
+            "10s",
+            "-s",
+            script,
+            f"http://{endpoint}",
+        ]
         proc = subprocess.run(argv, capture_output=True, timeout=duration + 60, start_new_session=True)
     finally:
         os.unlink(script)
@@ -400,21 +433,38 @@ def run_wrk(endpoint: str, kind: str, size: int, clients: int, duration: float) 
     line = next((ln for ln in out.splitlines() if ln.startswith("WRKJSON ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({proc.returncode}): {out[-1000:]} {proc.stderr.decode()[-1000:]}")
-    d = json.loads(line[len("WRKJSON "):])
+    d = json.loads(line[len("WRKJSON ") :])
     errors = d["status"] + d["connect"] + d["read"] + d["write"] + d["timeout"]
     return LoadResult(
-        generator="wrk", clients=clients, duration_s=d["duration_us"] / 1e6,
-        ok=max(0, d["requests"] - d["status"]), errors=errors,
-        p50_ms=d["p50_us"] / 1000, p99_ms=d["p99_us"] / 1000, max_ms=d["max_us"] / 1000,
+        generator="wrk",
+        clients=clients,
+        duration_s=d["duration_us"] / 1e6,
+        ok=max(0, d["requests"] - d["status"]),
+        errors=errors,
+        p50_ms=d["p50_us"] / 1000,
+        p99_ms=d["p99_us"] / 1000,
+        max_ms=d["max_us"] / 1000,
     )
 
 
-def run_asyncio_load(endpoint: str, kind: str, size: int, clients: int, duration: float,
-                     rate: float | None = None) -> LoadResult:
+def run_asyncio_load(
+    endpoint: str, kind: str, size: int, clients: int, duration: float, rate: float | None = None
+) -> LoadResult:
     """Run the asyncio generator in its own process (so it never shares a core's event loop
     with anything under test); closed loop, or open loop at ``rate`` writes/s."""
-    args = ["load", "--endpoint", endpoint, "--kind", kind, "--size", str(size),
-            "--clients", str(clients), "--duration", str(duration)]
+    args = [
+        "load",
+        "--endpoint",
+        endpoint,
+        "--kind",
+        kind,
+        "--size",
+        str(size),
+        "--clients",
+        str(clients),
+        "--duration",
+        str(duration),
+    ]
     if rate is not None:
         args += ["--rate", str(rate)]
     out = run_python_module("bench.common", args, timeout=duration + 120)
@@ -422,8 +472,9 @@ def run_asyncio_load(endpoint: str, kind: str, size: int, clients: int, duration
     return LoadResult(**{k: v for k, v in d.items() if k != "writes_per_s"})
 
 
-def run_load(endpoint: str, kind: str, size: int, clients: int, duration: float,
-             generator: str = "auto") -> LoadResult:
+def run_load(
+    endpoint: str, kind: str, size: int, clients: int, duration: float, generator: str = "auto"
+) -> LoadResult:
     """Closed-loop run with the chosen generator (``auto``: wrk if installed, else asyncio)."""
     if generator == "auto":
         generator = "wrk" if have_wrk() else "asyncio"
@@ -473,8 +524,9 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _asyncio_load(endpoint: str, kind: str, size: int, clients: int, duration: float,
-                        rate: float | None) -> LoadResult:
+async def _asyncio_load(
+    endpoint: str, kind: str, size: int, clients: int, duration: float, rate: float | None
+) -> LoadResult:
     """Closed loop: each connection sends its next write when the previous answer arrived.
     Open loop (``rate``): write i is due at ``start + i / rate`` whatever happened before; its
     latency is measured from that due time, so queueing behind slow answers is counted
@@ -532,9 +584,15 @@ async def _asyncio_load(endpoint: str, kind: str, size: int, clients: int, durat
         return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else 0.0
 
     return LoadResult(
-        generator="asyncio-open" if rate is not None else "asyncio", clients=clients, duration_s=elapsed,
-        ok=counts["ok"], errors=counts["errors"], p50_ms=pct(0.50), p99_ms=pct(0.99),
-        max_ms=lat[-1] * 1000 if lat else 0.0, target_rate=rate,
+        generator="asyncio-open" if rate is not None else "asyncio",
+        clients=clients,
+        duration_s=elapsed,
+        ok=counts["ok"],
+        errors=counts["errors"],
+        p50_ms=pct(0.50),
+        p99_ms=pct(0.99),
+        max_ms=lat[-1] * 1000 if lat else 0.0,
+        target_rate=rate,
     )
 
 
@@ -577,7 +635,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.clients < 1 or args.duration <= 0 or args.size < 0 or (args.rate is not None and args.rate <= 0):
         ap.error("--clients must be >= 1, --duration and --rate > 0, --size >= 0")
-    res = asyncio.run(_asyncio_load(args.endpoint, args.kind, args.size, args.clients, args.duration, args.rate))
+    res = asyncio.run(
+        _asyncio_load(args.endpoint, args.kind, args.size, args.clients, args.duration, args.rate)
+    )
     print(json.dumps(res.to_json()))
     return 0
 

@@ -30,11 +30,12 @@ import asyncio
 import json
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,26 +87,62 @@ class KraftKeeperCluster:
         self.extra_config = extra_config
         self.procs = ProcessSet(self.work / "logs")
         self.endpoints: list[str] = []
+        self.cluster_id = f"bench-{secrets.token_hex(6)}"
+        self.config_path = self.work / "config.json"
+
+    def node_dir(self, i: int) -> Path:
+        return self.work / f"n{i}"
 
     def start(self) -> None:
         ports = free_ports(3)
         self.endpoints = [f"127.0.0.1:{p}" for p in ports]
-        voters = ",".join(f"{i + 1}@{ep}" for i, ep in enumerate(self.endpoints))
-        cfg = self.work / "config.json"
         self.work.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(json.dumps(kraftkeeper_config(self.fsync, self.extra_config)))
-        cluster_id = f"bench-{secrets.token_hex(6)}"
-        kk = kraftkeeper_command()
+        self.config_path.write_text(json.dumps(kraftkeeper_config(self.fsync, self.extra_config)))
+        for i in range(1, 4):
+            self.format_node(i)
+            self.start_node(i)
         for i, ep in enumerate(self.endpoints, start=1):
-            d = self.work / f"n{i}"
-            proc = self.procs.spawn(f"format-{i}", [*kk, "format", "--dir", str(d), "--cluster-id", cluster_id,
-                                                    "--node-id", str(i)])
-            if proc.popen.wait(60) != 0:
-                raise RuntimeError(f"kraftkeeper format failed for node {i}:\n{self.procs.tail(f'format-{i}')}")
-            self.procs.spawn(f"node-{i}", [*kk, "start", "--dir", str(d), "--listen", ep, "--voters", voters,
-                                           "--config", str(cfg)])
-        for i, ep in enumerate(self.endpoints, start=1):
-            wait_until(lambda ep=ep, i=i: self._ready(i, ep), START_TIMEOUT, f"kraftkeeper node {i} /readyz")
+            wait_until(partial(self._ready, i, ep), START_TIMEOUT, f"kraftkeeper node {i} /readyz")
+
+    def format_node(self, i: int) -> str:
+        """``kraftkeeper format`` node ``i``'s directory; returns the new storage UUID (the last
+        line of stdout, interfaces.md)."""
+        proc = subprocess.run(
+            [
+                *kraftkeeper_command(),
+                "format",
+                "--dir",
+                str(self.node_dir(i)),
+                "--cluster-id",
+                self.cluster_id,
+                "--node-id",
+                str(i),
+            ],
+            capture_output=True,
+            timeout=60,
+            start_new_session=True,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"kraftkeeper format failed for node {i}: {proc.stderr.decode().strip()}")
+        return proc.stdout.decode().strip().splitlines()[-1].strip()
+
+    def start_node(self, i: int) -> None:
+        voters = ",".join(f"{n + 1}@{ep}" for n, ep in enumerate(self.endpoints))
+        self.procs.spawn(
+            f"node-{i}",
+            [
+                *kraftkeeper_command(),
+                "start",
+                "--dir",
+                str(self.node_dir(i)),
+                "--listen",
+                self.endpoints[i - 1],
+                "--voters",
+                voters,
+                "--config",
+                str(self.config_path),
+            ],
+        )
 
     def _ready(self, i: int, ep: str) -> bool:
         self.procs.check_alive(f"node-{i}")
@@ -138,15 +175,34 @@ class EtcdCluster:
         initial = ",".join(f"e{i + 1}=http://127.0.0.1:{p}" for i, p in enumerate(peer))
         token = f"bench-{secrets.token_hex(4)}"
         for i in range(3):
-            self.procs.spawn(f"etcd-{i + 1}", [
-                etcd, "--name", f"e{i + 1}", "--data-dir", str(self.work / f"e{i + 1}"),
-                "--listen-client-urls", f"http://{self.endpoints[i]}",
-                "--advertise-client-urls", f"http://{self.endpoints[i]}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer[i]}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer[i]}",
-                "--initial-cluster", initial, "--initial-cluster-state", "new",
-                "--initial-cluster-token", token, "--logger", "zap", "--log-level", "warn",
-            ])
+            self.procs.spawn(
+                f"etcd-{i + 1}",
+                [
+                    etcd,
+                    "--name",
+                    f"e{i + 1}",
+                    "--data-dir",
+                    str(self.work / f"e{i + 1}"),
+                    "--listen-client-urls",
+                    f"http://{self.endpoints[i]}",
+                    "--advertise-client-urls",
+                    f"http://{self.endpoints[i]}",
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{peer[i]}",
+                    "--initial-advertise-peer-urls",
+                    f"http://127.0.0.1:{peer[i]}",
+                    "--initial-cluster",
+                    initial,
+                    "--initial-cluster-state",
+                    "new",
+                    "--initial-cluster-token",
+                    token,
+                    "--logger",
+                    "zap",
+                    "--log-level",
+                    "warn",
+                ],
+            )
 
     def leader(self) -> str:
         def find() -> str | None:
@@ -186,13 +242,23 @@ class PySyncObjCluster:
         raft, http = ports[:3], ports[3:]
         self.endpoints = [f"127.0.0.1:{p}" for p in http]
         for i in range(3):
-            argv = [sys.executable, "-m", "bench.engine", "pysyncobj-node", "--index", str(i),
-                    "--raft-ports", ",".join(map(str, raft)), "--http-ports", ",".join(map(str, http))]
+            argv = [
+                sys.executable,
+                "-m",
+                "bench.engine",
+                "pysyncobj-node",
+                "--index",
+                str(i),
+                "--raft-ports",
+                ",".join(map(str, raft)),
+                "--http-ports",
+                ",".join(map(str, http)),
+            ]
             if not self.batch:
                 argv.append("--no-batch")
             self.procs.spawn(f"pso-{i + 1}", argv)
         for i, ep in enumerate(self.endpoints, start=1):
-            wait_until(lambda ep=ep, i=i: self._ready(i, ep), START_TIMEOUT, f"pysyncobj node {i} /readyz")
+            wait_until(partial(self._ready, i, ep), START_TIMEOUT, f"pysyncobj node {i} /readyz")
 
     def _ready(self, i: int, ep: str) -> bool:
         self.procs.check_alive(f"pso-{i}")
@@ -208,7 +274,7 @@ class PySyncObjCluster:
 def pysyncobj_node(argv: Sequence[str]) -> int:
     """One PySyncObj node plus its HTTP front end (runs in its own process)."""
     from aiohttp import web
-    from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+    from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # type: ignore[import-untyped]
 
     ap = argparse.ArgumentParser(prog="python -m bench.engine pysyncobj-node")
     ap.add_argument("--index", type=int, required=True)
@@ -226,7 +292,7 @@ def pysyncobj_node(argv: Sequence[str]) -> int:
             super().__init__(raft[a.index], [r for r in raft if r != raft[a.index]], conf)
             self.data: dict[str, bytes] = {}
 
-        @replicated  # type: ignore[misc]
+        @replicated  # type: ignore[untyped-decorator]
         def put(self, key: str, value: bytes) -> int:
             self.data[key] = value
             return len(self.data)
@@ -246,18 +312,25 @@ def pysyncobj_node(argv: Sequence[str]) -> int:
         body = await request.read()
         if not kv._isLeader():
             lead = leader_addr()
-            return web.json_response({"error_code": "NOT_LEADER", "leader_endpoint": http_of.get(lead or "")},
-                                     status=421)
+            return web.json_response(
+                {"error_code": "NOT_LEADER", "leader_endpoint": http_of.get(lead or "")}, status=421
+            )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[Any, Any]] = loop.create_future()
 
+        def settle(result: Any, err: Any) -> None:
+            if not fut.done():
+                fut.set_result((result, err))
+
         def done(result: Any, err: Any) -> None:  # called on PySyncObj's own thread
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result((result, err)))
+            loop.call_soon_threadsafe(settle, result, err)
 
         kv.put(request.match_info["key"], body, callback=done)
         result, err = await fut
         if err != FAIL_REASON.SUCCESS:
-            return web.json_response({"error_code": "UNAVAILABLE", "message": f"pysyncobj: {err}"}, status=503)
+            return web.json_response(
+                {"error_code": "UNAVAILABLE", "message": f"pysyncobj: {err}"}, status=503
+            )
         return web.json_response({"offset": result})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -281,8 +354,15 @@ class Row:
     error: str | None = None
 
 
-def _measure(cluster: Cluster, size: int, clients: list[int], duration: float, generator: str,
-             half_load: bool, log: Any) -> Row:
+def _measure(
+    cluster: Cluster,
+    size: int,
+    clients: list[int],
+    duration: float,
+    generator: str,
+    half_load: bool,
+    log: Any,
+) -> Row:
     row = Row(cluster.label, cluster.family, size)
     leader = cluster.leader()
     # Warm-up: connections, JIT-free but cache- and page-cache-warm paths, first log segment.
@@ -295,21 +375,27 @@ def _measure(cluster: Cluster, size: int, clients: list[int], duration: float, g
             leader = cluster.leader()
             res = run_load(leader, cluster.kind, size, c, duration, generator)
         row.runs[c] = res
-        log(f"  {cluster.label:18} {size:>5} B {c:>4} clients: {res.writes_per_s:9.0f} w/s "
-            f"p50 {res.p50_ms:7.2f} ms p99 {res.p99_ms:7.2f} ms errors {res.errors}")
+        log(
+            f"  {cluster.label:18} {size:>5} B {c:>4} clients: {res.writes_per_s:9.0f} w/s "
+            f"p50 {res.p50_ms:7.2f} ms p99 {res.p99_ms:7.2f} ms errors {res.errors}"
+        )
     if half_load and row.runs:
         peak = max(row.runs.values(), key=lambda r: r.writes_per_s)
         if peak.writes_per_s > 0:
             leader = cluster.leader()
-            row.half = run_asyncio_load(leader, cluster.kind, size, peak.clients, duration,
-                                        rate=peak.writes_per_s / 2)
-            log(f"  {cluster.label:18} {size:>5} B half of peak ({peak.writes_per_s / 2:.0f}/s offered, "
-                f"{peak.clients} conns): p99 {row.half.p99_ms:.2f} ms")
+            row.half = run_asyncio_load(
+                leader, cluster.kind, size, peak.clients, duration, rate=peak.writes_per_s / 2
+            )
+            log(
+                f"  {cluster.label:18} {size:>5} B half of peak ({peak.writes_per_s / 2:.0f}/s offered, "
+                f"{peak.clients} conns): p99 {row.half.p99_ms:.2f} ms"
+            )
     return row
 
 
-def measure_ceiling(sizes: list[int], clients: int, duration: float, generator: str,
-                    work: Path) -> dict[str, LoadResult]:
+def measure_ceiling(
+    sizes: list[int], clients: int, duration: float, generator: str, work: Path
+) -> dict[str, LoadResult]:
     """The generators against a trivial aiohttp handler: what they can drive at most here, and
     what an aiohttp front end costs when it does no work."""
     out: dict[str, LoadResult] = {}
@@ -317,11 +403,17 @@ def measure_ceiling(sizes: list[int], clients: int, duration: float, generator: 
         port = free_ports(1)[0]
         procs.spawn("noop", [sys.executable, "-m", "bench.common", "noop-server", "--port", str(port)])
         ep = f"127.0.0.1:{port}"
-        wait_until(lambda: http_call(ep, "GET", "/readyz", timeout=2)[0] == 200, START_TIMEOUT, "the no-op server")
+        wait_until(
+            lambda: http_call(ep, "GET", "/readyz", timeout=2)[0] == 200, START_TIMEOUT, "the no-op server"
+        )
         size = max(sizes)
         out[generator] = run_load(ep, "kv", size, clients, duration, generator)
         if generator != "asyncio":
             out["asyncio"] = run_load(ep, "kv", size, clients, duration, "asyncio")
+        # The open-loop generator's own latency floor: the half-of-peak p99 of a system means
+        # little if it is close to this one.
+        rate = min(5000.0, out["asyncio"].writes_per_s / 2)
+        out["asyncio-open"] = run_asyncio_load(ep, "kv", size, clients, duration, rate=rate)
     return out
 
 
@@ -336,10 +428,14 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
         if not srows:
             continue
         lines.append("")
-        lines.append(f"== value size {size} B: committed writes/s, p50/p99 commit latency (ms), "
-                     f"ratio of writes/s vs etcd and vs best PySyncObj ==")
+        lines.append(
+            f"== value size {size} B: committed writes/s, p50/p99 commit latency (ms), "
+            f"ratio of writes/s vs etcd and vs best PySyncObj =="
+        )
         head = f"{'system':18} |" + "|".join(f"{f'{c} clients':^40}" for c in clients) + "| p99 @50% peak"
-        sub = f"{'':18} |" + "|".join(f"{'w/s':>8} {'p50':>6} {'p99':>7} {'vsEtcd':>7} {'vsPSO':>7} " for _ in clients)
+        sub = f"{'':18} |" + "|".join(
+            f"{'w/s':>8} {'p50':>6} {'p99':>7} {'vsEtcd':>7} {'vsPSO':>7} " for _ in clients
+        )
         lines += [head, sub, "-" * len(head)]
         for r in srows:
             cells = []
@@ -348,11 +444,17 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
                 if res is None:
                     cells.append(f"{'n/a':>40}")
                     continue
-                etcd = next((x.runs[c].writes_per_s for x in srows if x.family == "etcd" and c in x.runs), None)
-                pso = max((x.runs[c].writes_per_s for x in srows if x.family == "pysyncobj" and c in x.runs),
-                          default=None)
-                cells.append(f"{res.writes_per_s:8.0f} {res.p50_ms:6.2f} {res.p99_ms:7.2f} "
-                             f"{_fmt_ratio(res.writes_per_s, etcd):>7} {_fmt_ratio(res.writes_per_s, pso):>7} ")
+                etcd = next(
+                    (x.runs[c].writes_per_s for x in srows if x.family == "etcd" and c in x.runs), None
+                )
+                pso = max(
+                    (x.runs[c].writes_per_s for x in srows if x.family == "pysyncobj" and c in x.runs),
+                    default=None,
+                )
+                cells.append(
+                    f"{res.writes_per_s:8.0f} {res.p50_ms:6.2f} {res.p99_ms:7.2f} "
+                    f"{_fmt_ratio(res.writes_per_s, etcd):>7} {_fmt_ratio(res.writes_per_s, pso):>7} "
+                )
             half = "n/a"
             if r.half is not None:
                 achieved = r.half.ok / r.half.duration_s
@@ -384,16 +486,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short runs, one value size (smoke test)")
     ap.add_argument("--duration", type=float, default=None, help="seconds per run (default 10, --quick 2)")
     ap.add_argument("--clients", type=lambda s: parse_list(s, "--clients"), default=[1, 16, 128])
-    ap.add_argument("--sizes", type=lambda s: parse_list(s, "--sizes"), default=None,
-                    help="value sizes in bytes (default 100,1024; --quick 100)")
-    ap.add_argument("--peers", default="etcd,pysyncobj",
-                    help="comma-separated peers from etcd,pysyncobj; 'none' for kraftkeeper alone")
-    ap.add_argument("--kraftkeeper", default="fsync,nofsync",
-                    help="kraftkeeper configs from fsync,nofsync; 'none' to run the peers alone")
-    ap.add_argument("--generator", choices=["auto", "wrk", "asyncio"], default="auto",
-                    help="closed-loop generator (auto: wrk if installed)")
+    ap.add_argument(
+        "--sizes",
+        type=lambda s: parse_list(s, "--sizes"),
+        default=None,
+        help="value sizes in bytes (default 100,1024; --quick 100)",
+    )
+    ap.add_argument(
+        "--peers",
+        default="etcd,pysyncobj",
+        help="comma-separated peers from etcd,pysyncobj; 'none' for kraftkeeper alone",
+    )
+    ap.add_argument(
+        "--kraftkeeper",
+        default="fsync,nofsync",
+        help="kraftkeeper configs from fsync,nofsync; 'none' to run the peers alone",
+    )
+    ap.add_argument(
+        "--generator",
+        choices=["auto", "wrk", "asyncio"],
+        default="auto",
+        help="closed-loop generator (auto: wrk if installed)",
+    )
     ap.add_argument("--no-half-load", action="store_true", help="skip the open-loop run at half of peak")
-    ap.add_argument("--workdir", type=Path, default=None, help="where data dirs and logs go (default: a temp dir)")
+    ap.add_argument(
+        "--workdir", type=Path, default=None, help="where data dirs and logs go (default: a temp dir)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--json", type=Path, default=None, help="also write all results as JSON here")
     a = ap.parse_args(argv)
@@ -403,9 +521,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--duration must be > 0")
     peers = [] if a.peers == "none" else [p.strip() for p in a.peers.split(",") if p.strip()]
     kk = [] if a.kraftkeeper == "none" else [p.strip() for p in a.kraftkeeper.split(",") if p.strip()]
-    bad = [p for p in peers if p not in ("etcd", "pysyncobj")] + [k for k in kk if k not in ("fsync", "nofsync")]
+    bad = [p for p in peers if p not in ("etcd", "pysyncobj")] + [
+        k for k in kk if k not in ("fsync", "nofsync")
+    ]
     if bad:
-        ap.error(f"unknown system(s) {', '.join(bad)}: --peers takes etcd,pysyncobj and --kraftkeeper fsync,nofsync")
+        ap.error(
+            f"unknown system(s) {', '.join(bad)}: "
+            "--peers takes etcd,pysyncobj and --kraftkeeper fsync,nofsync"
+        )
     generator = a.generator
     if generator == "auto":
         generator = "wrk" if have_wrk() else "asyncio"
@@ -435,13 +558,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"work dir {work}; generator {generator}; {duration:g}s per run")
             ceiling = measure_ceiling(sizes, max(a.clients), duration, generator, work)
             for name, res in ceiling.items():
-                log(f"  generator ceiling ({name} -> aiohttp no-op, {res.clients} conns): {res.writes_per_s:.0f} req/s")
+                log(
+                    f"  generator ceiling ({name} -> aiohttp no-op, {res.clients} conns): "
+                    f"{res.writes_per_s:.0f} req/s"
+                )
             for cl in clusters:
                 log(f"starting {cl.label}")
                 try:
                     cl.start()
                     for size in sizes:
-                        rows.append(_measure(cl, size, a.clients, duration, generator, not a.no_half_load, log))
+                        rows.append(
+                            _measure(cl, size, a.clients, duration, generator, not a.no_half_load, log)
+                        )
                 except (RuntimeError, TimeoutError, OSError) as e:
                     log(f"  {cl.label} FAILED: {e}")
                     for size in sizes:
@@ -457,17 +585,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"machine: {_machine()}; generator: {generator}; {duration:g}s per run")
     for name, res in ceiling.items():
-        print(f"generator ceiling: {name} against an aiohttp no-op handler ({res.clients} conns, "
-              f"{max(sizes)} B bodies): {res.writes_per_s:.0f} req/s, p99 {res.p99_ms:.2f} ms")
+        print(
+            f"generator ceiling: {name} against an aiohttp no-op handler ({res.clients} conns, "
+            f"{max(sizes)} B bodies): {res.writes_per_s:.0f} req/s"
+            + (f" (offered {res.target_rate:.0f}/s)" if res.target_rate else "")
+            + f", p50 {res.p50_ms:.2f} ms, p99 {res.p99_ms:.2f} ms"
+        )
     print(render(rows, a.clients, sizes))
     if a.json:
-        a.json.write_text(json.dumps({
-            "generator": generator, "duration_s": duration, "clients": a.clients, "sizes": sizes,
-            "ceiling": {k: v.to_json() for k, v in ceiling.items()},
-            "rows": [{"system": r.label, "family": r.family, "size": r.size, "error": r.error,
-                      "runs": {str(c): res.to_json() for c, res in r.runs.items()},
-                      "half_load": r.half.to_json() if r.half else None} for r in rows],
-        }, indent=2))
+        a.json.write_text(
+            json.dumps(
+                {
+                    "generator": generator,
+                    "duration_s": duration,
+                    "clients": a.clients,
+                    "sizes": sizes,
+                    "ceiling": {k: v.to_json() for k, v in ceiling.items()},
+                    "rows": [
+                        {
+                            "system": r.label,
+                            "family": r.family,
+                            "size": r.size,
+                            "error": r.error,
+                            "runs": {str(c): res.to_json() for c, res in r.runs.items()},
+                            "half_load": r.half.to_json() if r.half else None,
+                        }
+                        for r in rows
+                    ],
+                },
+                indent=2,
+            )
+        )
     return 1 if any(r.error for r in rows) else 0
 
 

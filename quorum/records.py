@@ -231,7 +231,7 @@ def decode_batches(
 def _rest_is_tail(view: memoryview, pos: int) -> bool:
     """A garbage header counts as a torn tail only if nothing after it looks like data: a
     crash mid-write leaves zeros or a partial header, not a valid batch further on."""
-    return not any(view[pos + HEADER_SIZE :].tobytes()[:4096].strip(b"\x00")) or len(view) - pos < 4096
+    return not view[pos + HEADER_SIZE : pos + HEADER_SIZE + 4096].tobytes().strip(b"\x00") or len(view) - pos < 4096
 
 
 def data_records(batch: DecodedBatch | bytes | memoryview) -> list[bytes]:

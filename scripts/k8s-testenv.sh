@@ -32,7 +32,7 @@ layer_version="2.2.2"
 log() { printf '==> %s\n' "$*" >&2; }
 
 # The pinned Kubernetes version is whatever the wrapper module requires.
-k8s_version() { sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' "$wrapper/go.mod"; }
+k8s_version() { sed -n 's/^[[:space:]]*\(require \)\{0,1\}k8s.io\/kubernetes \(v[0-9.]*\).*/\2/p' "$wrapper/go.mod" | head -n1; }
 # The stamp also covers the wrapper's sources, so an edited go.mod / main.go triggers a rebuild.
 apiserver_stamp() {
   printf '%s %s\n' "$(k8s_version)" "$(cat "$wrapper/go.mod" "$wrapper/main.go" | sha256sum | cut -c1-16)"

@@ -114,7 +114,9 @@ class InMemoryQuorum:
         for r in self.replicas.values():
             if r.alive:
                 r.last_fetch_ms = now
-        if self.leader is not None and (not self.replicas[self.leader].alive or self.leader not in self.voters):
+        if self.leader is not None and (
+            not self.replicas[self.leader].alive or self.leader not in self.voters
+        ):
             self.leader = None
         if len(self._live_voters()) < len(self.voters) // 2 + 1:
             self.leader = None  # a leader without a majority resigns (fetch timeout)

@@ -62,6 +62,7 @@ class ControllerStatus:
     error: str | None = None
     blocked: str | None = None
     live_voter_ids: list[int] = field(default_factory=list)
+    records: list[Recovery] = field(default_factory=list)
 
     def condition(self, type_: str) -> Condition:
         return next(c for c in self.conditions if c.type == type_)
@@ -69,6 +70,65 @@ class ControllerStatus:
     @property
     def voter_ids(self) -> list[int]:
         return sorted({v.id for v in self.view.voters}) if self.view else []
+
+    @property
+    def phase(self) -> str:
+        """``status.phase`` of the CRD."""
+        if self.condition("QuorumLost").status:
+            return "QuorumLost"
+        if self.condition("Recovering").status:
+            return "Recovering"
+        if self.condition("Degraded").status:
+            return "Degraded"
+        return "Running"
+
+    def to_crd_status(
+        self, previous: dict[str, Any] | None = None, generation: int | None = None
+    ) -> dict[str, Any]:
+        """The KRaftQuorum ``status`` (fields of crds/kraftquorums.kraftkeeper.io.yaml). A
+        condition keeps its ``lastTransitionTime`` while its status does not change."""
+        v = self.view
+        prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        def rep(r: Any) -> dict[str, Any]:
+            return {
+                "id": r.id,
+                "uuid": r.uuid,
+                "lag": r.lag,
+                "logEndOffset": r.log_end_offset,
+                "endpoint": r.endpoint,
+            }
+
+        conds = []
+        for c in self.conditions:
+            s = "True" if c.status else "False"
+            old = prev_conds.get(c.type)
+            since = (
+                old["lastTransitionTime"]
+                if old and old.get("status") == s and old.get("lastTransitionTime")
+                else stamp
+            )
+            item: dict[str, Any] = {
+                "type": c.type,
+                "status": s,
+                "reason": c.reason,
+                "message": c.message[:32000],
+                "lastTransitionTime": since,
+            }
+            if generation is not None:
+                item["observedGeneration"] = generation
+            conds.append(item)
+        return {
+            "phase": self.phase,
+            "leaderId": v.leader_id if v else -1,
+            "leaderEpoch": v.leader_epoch if v else -1,
+            "highWatermark": v.high_watermark if v else -1,
+            "voters": [rep(r) for r in v.voters] if v else [],
+            "observers": [rep(r) for r in v.observers] if v else [],
+            "conditions": conds,
+            "recoveries": [r.to_crd_status() for r in self.records][-20:],
+        }
 
     def to_status(self, now: datetime | None = None) -> dict[str, Any]:
         stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -143,7 +203,7 @@ class RecoveryController:
         now = self.now_ms()
         try:
             view = QuorumView.from_describe(await self.api.describe())
-        except (KraftError, DescribeError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, KraftError, DescribeError, OSError) as e:
             return self._lost(now, f"{e}")
         window = int(self.policy.live_window_seconds * 1000)
         if not view.has_live_majority(now, window):
@@ -178,7 +238,7 @@ class RecoveryController:
         except KraftError as e:
             code = e.code.value
             log.warning("%s %s:%s failed: %s", action.kind.value, action.replica_id, action.uuid, e)
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             code = "UNAVAILABLE"
             log.warning("%s %s:%s failed: %s", action.kind.value, action.replica_id, action.uuid, e)
         done = self.now_ms()
@@ -205,9 +265,7 @@ class RecoveryController:
         window = int(self.policy.live_window_seconds * 1000)
         ready = {v.id for v in view.live_voters(now, window)}
         ready |= {
-            o.id
-            for o in view.observers
-            if view.is_live(o, now, window) and 0 <= o.lag <= self.policy.max_lag
+            o.id for o in view.observers if view.is_live(o, now, window) and 0 <= o.lag <= self.policy.max_lag
         }
         missing = [i for i in desired if i not in ready]
         if missing:
@@ -218,7 +276,7 @@ class RecoveryController:
             return None
         try:
             await self.api.reassign(desired)
-        except (KraftError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, KraftError, OSError) as e:
             self.book.blocked = f"reassignment to {desired} failed: {e}"
             return None
         return desired
@@ -242,7 +300,9 @@ class RecoveryController:
             Condition("Recovering", bool(self.book.active()), "Waiting" if self.book.active() else "Idle"),
             Condition("QuorumLost", True, "NoLiveMajority", msg),
         ]
-        return ControllerStatus(view, conds, self.book.to_status(), error=why, blocked=msg)
+        return ControllerStatus(
+            view, conds, self.book.to_status(), error=why, blocked=msg, records=list(self.book.records)
+        )
 
     def _status(
         self,
@@ -265,17 +325,29 @@ class RecoveryController:
             degraded_why.append(blocked)
         rec_msg = ", ".join(f"replica {r.replica_id} {r.phase.value}" for r in active)
         conds = [
-            Condition("Available", True, "LeaderElected", f"leader {view.leader_id} epoch {view.leader_epoch}"),
-            Condition("Degraded", bool(dead or active), "VotersDown" if dead else ("Recovering" if active else "Healthy"),
-                      "; ".join(degraded_why)),
+            Condition(
+                "Available", True, "LeaderElected", f"leader {view.leader_id} epoch {view.leader_epoch}"
+            ),
+            Condition(
+                "Degraded",
+                bool(dead or active),
+                "VotersDown" if dead else ("Recovering" if active else "Healthy"),
+                "; ".join(degraded_why),
+            ),
             Condition("Recovering", bool(active), "DiskReplacement" if active else "Idle", rec_msg),
             Condition("QuorumLost", False, "LiveMajority", f"{len(live)} of {len(view.voters)} voters live"),
         ]
         if self.metrics is not None:
             self.metrics.quorum_lost.labels(self.cluster).set(0)
         return ControllerStatus(
-            view, conds, self.book.to_status(), action=action, reassigned=reassigned, blocked=blocked,
+            view,
+            conds,
+            self.book.to_status(),
+            action=action,
+            reassigned=reassigned,
+            blocked=blocked,
             live_voter_ids=sorted({v.id for v in live}),
+            records=list(self.book.records),
         )
 
     def _publish_gauges(self, view: QuorumView, now: int) -> None:
@@ -293,7 +365,13 @@ class RecoveryController:
             if ev.type == "recovery_failed":
                 detail.setdefault("reason", r.reason or "unknown")
             self.sink.emit(
-                ev.type, r.recovery_id, r.replica_id, r.old_uuid, r.new_uuid, view.leader_id, view.leader_epoch,
+                ev.type,
+                r.recovery_id,
+                r.replica_id,
+                r.old_uuid,
+                r.new_uuid,
+                view.leader_id,
+                view.leader_epoch,
                 detail,
             )
             log.info("recovery %s replica %s: %s %s", r.recovery_id, r.replica_id, ev.type, detail or "")
@@ -302,6 +380,8 @@ class RecoveryController:
             if ev.type == "recovery_completed":
                 self.metrics.recoveries.labels(self.cluster, "completed").inc()
                 if r.finished_ms is not None:
-                    self.metrics.recovery_duration.labels(self.cluster).observe((r.finished_ms - r.detected_ms) / 1000)
+                    self.metrics.recovery_duration.labels(self.cluster).observe(
+                        (r.finished_ms - r.detected_ms) / 1000
+                    )
             elif ev.type == "recovery_failed":
                 self.metrics.recoveries.labels(self.cluster, "failed").inc()

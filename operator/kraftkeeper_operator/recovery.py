@@ -47,13 +47,14 @@ import math
 import uuid as _uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
 from typing import Any
 
 # ---------------------------------------------------------------------------------------------
 # Policy
 
 
-class Order(str, enum.Enum):
+class Order(enum.StrEnum):
     ADD_THEN_REMOVE = "AddThenRemove"
     REMOVE_THEN_ADD = "RemoveThenAdd"
 
@@ -75,63 +76,69 @@ class RecoveryPolicy:
     unclean_allowed: bool = False  # KIP-704 unclean recovery when a majority is gone
     unclean_after_seconds: float = 600.0
 
-    # camelCase names used in the custom resource, mapped to our fields.
+    # camelCase names used in the custom resource (crds/kraftquorums.kraftkeeper.io.yaml), mapped
+    # to our fields. liveWindowSeconds is ours (local mode); the CRD does not expose it.
     _SPEC_NAMES = {
         "enabled": "enabled",
         "order": "order",
         "stabilizationSeconds": "stabilization_seconds",
-        "maxLag": "max_lag",
+        "maxLagRecords": "max_lag",
         "timeoutSeconds": "timeout_seconds",
         "liveWindowSeconds": "live_window_seconds",
     }
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any] | None) -> RecoveryPolicy:
-        """Build from ``spec.recovery``; raises :class:`PolicyError` naming the bad field."""
-        if spec is None:
-            return cls()
-        if not isinstance(spec, Mapping):
-            raise PolicyError("spec.recovery: must be an object")
-        known = set(cls._SPEC_NAMES) | {"unclean"}
-        for key in spec:
-            if key not in known:
-                raise PolicyError(f"spec.recovery.{key}: unknown field (known: {', '.join(sorted(known))})")
+    def from_spec(
+        cls, spec: Mapping[str, Any] | None, unclean: Mapping[str, Any] | None = None
+    ) -> RecoveryPolicy:
+        """Build from ``spec.recovery`` and ``spec.uncleanRecovery``; raises :class:`PolicyError`
+        naming the bad field. The API server validates the same rules (the CRD schema); checking
+        again here covers objects written before the schema was tightened, and local mode."""
         kw: dict[str, Any] = {}
-        if "enabled" in spec:
-            kw["enabled"] = _bool(spec["enabled"], "spec.recovery.enabled")
-        if "order" in spec:
-            try:
-                kw["order"] = Order(spec["order"])
-            except ValueError:
-                raise PolicyError(
-                    f"spec.recovery.order: {spec['order']!r} is not one of AddThenRemove, RemoveThenAdd"
-                ) from None
-        for name in ("stabilizationSeconds", "timeoutSeconds", "liveWindowSeconds"):
-            if name in spec:
-                kw[cls._SPEC_NAMES[name]] = _number(spec[name], f"spec.recovery.{name}", minimum=0.0)
-        if "maxLag" in spec:
-            value = spec["maxLag"]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise PolicyError(f"spec.recovery.maxLag: must be an integer >= 0, got {value!r}")
-            kw["max_lag"] = value
-        unclean = spec.get("unclean")
+        if spec is not None:
+            if not isinstance(spec, Mapping):
+                raise PolicyError("spec.recovery: must be an object")
+            for key in spec:
+                if key not in cls._SPEC_NAMES:
+                    raise PolicyError(
+                        f"spec.recovery.{key}: unknown field (known: {', '.join(sorted(cls._SPEC_NAMES))})"
+                    )
+            if "enabled" in spec:
+                kw["enabled"] = _bool(spec["enabled"], "spec.recovery.enabled")
+            if "order" in spec:
+                try:
+                    kw["order"] = Order(spec["order"])
+                except ValueError:
+                    raise PolicyError(
+                        f"spec.recovery.order: {spec['order']!r} is not one of AddThenRemove, RemoveThenAdd"
+                    ) from None
+            for name in ("stabilizationSeconds", "timeoutSeconds", "liveWindowSeconds"):
+                if name in spec:
+                    kw[cls._SPEC_NAMES[name]] = _number(spec[name], f"spec.recovery.{name}", minimum=0.0)
+            if "maxLagRecords" in spec:
+                value = spec["maxLagRecords"]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise PolicyError(f"spec.recovery.maxLagRecords: must be an integer >= 0, got {value!r}")
+                kw["max_lag"] = value
         if unclean is not None:
             if not isinstance(unclean, Mapping):
-                raise PolicyError("spec.recovery.unclean: must be an object")
+                raise PolicyError("spec.uncleanRecovery: must be an object")
             for key in unclean:
-                if key not in ("allowed", "afterSeconds"):
-                    raise PolicyError(f"spec.recovery.unclean.{key}: unknown field (known: afterSeconds, allowed)")
-            if "allowed" in unclean:
-                kw["unclean_allowed"] = _bool(unclean["allowed"], "spec.recovery.unclean.allowed")
+                if key not in ("enabled", "afterSeconds"):
+                    raise PolicyError(
+                        f"spec.uncleanRecovery.{key}: unknown field (known: afterSeconds, enabled)"
+                    )
+            if "enabled" in unclean:
+                kw["unclean_allowed"] = _bool(unclean["enabled"], "spec.uncleanRecovery.enabled")
             if "afterSeconds" in unclean:
                 kw["unclean_after_seconds"] = _number(
-                    unclean["afterSeconds"], "spec.recovery.unclean.afterSeconds", minimum=0.0
+                    unclean["afterSeconds"], "spec.uncleanRecovery.afterSeconds", minimum=0.0
                 )
         policy = cls(**kw)
         if policy.timeout_seconds <= policy.stabilization_seconds:
             raise PolicyError(
-                f"spec.recovery.timeoutSeconds: {policy.timeout_seconds} must exceed "
-                f"stabilizationSeconds ({policy.stabilization_seconds}), or no recovery could finish"
+                f"spec.recovery.timeoutSeconds: {policy.timeout_seconds:g} must be greater than "
+                f"stabilizationSeconds ({policy.stabilization_seconds:g}), or no recovery could finish"
             )
         if policy.live_window_seconds <= 0:
             raise PolicyError("spec.recovery.liveWindowSeconds: must be > 0")
@@ -259,7 +266,7 @@ def majority(n: int) -> int:
 # Recorded progress
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     STABILIZING = "Stabilizing"  # new replica seen, waiting for it to stay caught up
     CAUGHT_UP = "CaughtUp"  # stable for stabilization_seconds, next step may start
     ADDING = "Adding"  # AddVoter(new) issued
@@ -307,6 +314,95 @@ class Recovery:
         kw["phase"] = Phase(kw["phase"])
         return cls(**kw)
 
+    # ``status.recoveries`` items follow the CRD schema (recoveryId, replicaId, oldUuid, newUuid,
+    # startedAt, completedAt, phaseSeconds, result, reason). Our instants are kept in phaseSeconds
+    # as "at<Step>" offsets from startedAt, so a restarted operator gets them back exactly.
+    _AT = {
+        "caught_up_since_ms": "atCaughtUpSince",
+        "caught_up_ms": "atCaughtUp",
+        "add_started_ms": "atAddStarted",
+        "add_committed_ms": "atAddCommitted",
+        "remove_started_ms": "atRemoveStarted",
+        "remove_committed_ms": "atRemoveCommitted",
+    }
+
+    def to_crd_status(self) -> dict[str, Any]:
+        def span(a: int | None, b: int | None) -> float | None:
+            return round((b - a) / 1000, 3) if a is not None and b is not None else None
+
+        phases: dict[str, float] = {}
+        for key, value in (
+            ("catchUp", span(self.detected_ms, self.caught_up_ms)),
+            ("addVoter", span(self.add_started_ms, self.add_committed_ms)),
+            ("removeVoter", span(self.remove_started_ms, self.remove_committed_ms)),
+            ("total", span(self.detected_ms, self.finished_ms)),
+        ):
+            if value is not None:
+                phases[key] = value
+        for attr, key in self._AT.items():
+            v = getattr(self, attr)
+            if v is not None:
+                phases[key] = round((v - self.detected_ms) / 1000, 3)
+        result = {Phase.COMPLETED: "Succeeded", Phase.FAILED: "Failed"}.get(self.phase, "InProgress")
+        return {
+            "recoveryId": self.recovery_id,
+            "replicaId": self.replica_id,
+            "oldUuid": self.old_uuid,
+            "newUuid": self.new_uuid,
+            "startedAt": _rfc3339(self.detected_ms),
+            "completedAt": _rfc3339(self.finished_ms) if self.finished_ms is not None else None,
+            "phaseSeconds": phases,
+            "result": result,
+            "reason": self.reason if self.reason else (None if result != "InProgress" else self.phase.value),
+        }
+
+    @classmethod
+    def from_crd_status(cls, d: Mapping[str, Any]) -> Recovery:
+        """Inverse of :meth:`to_crd_status`. The phase is rebuilt from the recorded instants;
+        the next observation corrects it from the quorum anyway."""
+        detected = _parse_rfc3339(str(d["startedAt"]))
+        phases = d.get("phaseSeconds") or {}
+        kw: dict[str, Any] = {}
+        for attr, key in cls._AT.items():
+            if key in phases:
+                kw[attr] = detected + round(float(phases[key]) * 1000)
+        result = d.get("result", "InProgress")
+        finished = _parse_rfc3339(str(d["completedAt"])) if d.get("completedAt") else None
+        if result == "Succeeded":
+            phase = Phase.COMPLETED
+        elif result == "Failed":
+            phase = Phase.FAILED
+        elif "atRemoveCommitted" in phases:
+            phase = Phase.REMOVED
+        elif "atAddCommitted" in phases:
+            phase = Phase.ADDED
+        elif "atCaughtUp" in phases:
+            phase = Phase.CAUGHT_UP
+        else:
+            phase = Phase.STABILIZING
+        reason = d.get("reason") if phase in TERMINAL else None
+        return cls(
+            str(d["recoveryId"]),
+            int(d["replicaId"]),
+            str(d.get("oldUuid") or ""),
+            str(d.get("newUuid") or ""),
+            phase,
+            detected,
+            finished_ms=finished,
+            reason=reason,
+            **kw,
+        )
+
+
+def _rfc3339(ms: int) -> str:
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def _parse_rfc3339(s: str) -> int:
+    dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    return round(dt.timestamp() * 1000)
+
 
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
@@ -323,7 +419,7 @@ class Event:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-class ActionKind(str, enum.Enum):
+class ActionKind(enum.StrEnum):
     ADD_VOTER = "add_voter"
     REMOVE_VOTER = "remove_voter"
 
@@ -381,13 +477,19 @@ class RecoveryBook:
     def observe(self, view: QuorumView, now_ms: int) -> list[Event]:
         """Fold one describe into the records; returns the events this observation implies."""
         events: list[Event] = []
-        ids = {r.id for r in view.observers} | {r.id for r in self.active()}
+        counts: dict[int, int] = {}
+        for v in view.voters:
+            counts[v.id] = counts.get(v.id, 0) + 1
+        ids = {r.id for r in view.observers} | {r.replica_id for r in self.active()}
+        ids |= {i for i, c in counts.items() if c > 1}
         for rid in sorted(ids):
             events.extend(self._observe_id(view, rid, now_ms))
         self._trim()
         return events
 
-    def _new_observer(self, view: QuorumView, rid: int, voter_uuids: list[str], now_ms: int) -> Replica | None:
+    def _new_observer(
+        self, view: QuorumView, rid: int, voter_uuids: list[str], now_ms: int
+    ) -> Replica | None:
         cands = [o for o in view.observers if o.id == rid and o.uuid not in voter_uuids]
         if len(cands) > 1:
             live = [o for o in cands if view.is_live(o, now_ms, self._window_ms)]
@@ -468,7 +570,8 @@ class RecoveryBook:
                     rec,
                     Phase.FAILED,
                     now_ms,
-                    f"timeout: replica {rid} did not stay caught up for {self.policy.stabilization_seconds:g}s "
+                    f"timeout: replica {rid} did not stay caught up for "
+                    f"{self.policy.stabilization_seconds:g}s "
                     f"within {self.policy.timeout_seconds:g}s",
                 )
                 events.append(Event("recovery_failed", rec, {"reason": rec.reason}))
@@ -482,7 +585,9 @@ class RecoveryBook:
                 rec.caught_up_since_ms = now_ms
         return events
 
-    def _stabilise(self, view: QuorumView, rec: Recovery, new_obs: Replica | None, now_ms: int) -> list[Event]:
+    def _stabilise(
+        self, view: QuorumView, rec: Recovery, new_obs: Replica | None, now_ms: int
+    ) -> list[Event]:
         obs = new_obs if new_obs is not None and new_obs.uuid == rec.new_uuid else None
         if not self._caught_up(view, obs, now_ms):
             if rec.caught_up_since_ms is not None:
@@ -494,7 +599,10 @@ class RecoveryBook:
             return []
         if rec.caught_up_since_ms is None:
             rec.caught_up_since_ms = now_ms
-        if rec.phase is Phase.STABILIZING and now_ms - rec.caught_up_since_ms >= self.policy.stabilization_seconds * 1000:
+        if (
+            rec.phase is Phase.STABILIZING
+            and now_ms - rec.caught_up_since_ms >= self.policy.stabilization_seconds * 1000
+        ):
             rec.phase = Phase.CAUGHT_UP
             rec.caught_up_ms = now_ms
             return [Event("replica_caught_up", rec, {"lag": obs.lag if obs else None})]
@@ -580,7 +688,9 @@ class RecoveryBook:
         self.blocked = f"recovery of replica {rec.replica_id} waiting: {rec.phase.value}"
         return None
 
-    def _guard_add(self, view: QuorumView, rec: Recovery, now_ms: int, *, require_stable: bool) -> Action | None:
+    def _guard_add(
+        self, view: QuorumView, rec: Recovery, now_ms: int, *, require_stable: bool
+    ) -> Action | None:
         new = next((o for o in view.observers if o.id == rec.replica_id and o.uuid == rec.new_uuid), None)
         if not self._caught_up(view, new, now_ms):
             self.blocked = f"replica ({rec.replica_id}, {rec.new_uuid}) is not caught up"
@@ -590,7 +700,9 @@ class RecoveryBook:
             return None
         old = next((v for v in view.voters if v.id == rec.replica_id and v.uuid == rec.old_uuid), None)
         if old is not None and view.is_live(old, now_ms, self._window_ms):
-            self.blocked = f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: two processes share id"
+            self.blocked = (
+                f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: two processes share id"
+            )
             return None
         live = len(view.live_voters(now_ms, self._window_ms)) + 1  # the new one is live (caught up)
         n = len(view.voters) + 1

@@ -99,6 +99,46 @@ class EventLogSink:
         )
 
 
+class StdoutEventSink:
+    """The event log as JSON lines on stdout (``spec.eventLog.path: stdout``), for log collectors."""
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+
+    def emit(
+        self,
+        type: str,
+        recovery_id: str,
+        replica_id: int,
+        old_uuid: str | None,
+        new_uuid: str | None,
+        leader_id: int | None,
+        leader_epoch: int | None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        import json
+        import sys
+
+        from kraftkeeper_reports.events import make_event, validate_event
+
+        event = make_event(
+            type,
+            self.cluster,
+            recovery_id,
+            replica_id,
+            old_uuid,
+            new_uuid,
+            leader_id if leader_id is not None and leader_id >= 0 else None,
+            leader_epoch if leader_epoch is not None and leader_epoch >= 0 else None,
+            detail or {},
+        )
+        problems = validate_event(event)
+        if problems:
+            raise ValueError(f"invalid recovery event {type!r}: " + "; ".join(problems))
+        sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+
 class FanOut:
     """Sends every event to several sinks; one failing sink does not stop the others."""
 
@@ -151,7 +191,9 @@ class OperatorMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.recoveries = Counter(
-            "kraftkeeper_operator_recoveries", "Disk-failure recoveries finished, by result", ["quorum", "result"],
+            "kraftkeeper_operator_recoveries",
+            "Disk-failure recoveries finished, by result",
+            ["quorum", "result"],
             registry=r,
         )
         buckets = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600, 1800)
@@ -170,7 +212,9 @@ class OperatorMetrics:
             registry=r,
         )
         self.voters = Gauge("kraftkeeper_operator_voters", "Voters of the quorum", ["quorum"], registry=r)
-        self.observers = Gauge("kraftkeeper_operator_observers", "Observers of the quorum", ["quorum"], registry=r)
+        self.observers = Gauge(
+            "kraftkeeper_operator_observers", "Observers of the quorum", ["quorum"], registry=r
+        )
         self.live_voters = Gauge(
             "kraftkeeper_operator_live_voters", "Voters that fetched recently", ["quorum"], registry=r
         )

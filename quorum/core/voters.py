@@ -134,15 +134,17 @@ class ControlHistory:
         return self.entries[0][1]
 
     def apply_batch(self, base_offset: int, controls: Iterable[ControlRecord]) -> bool:
-        """Apply one control batch's records; returns True if the voter set changed."""
-        changed = False
-        for i, c in enumerate(controls):
-            cur = self.latest
-            nxt = cur.apply(c)
-            if nxt is not cur and nxt != cur:
-                changed = changed or nxt.voters != cur.voters
-                self.entries.append((base_offset + i, nxt))
-        return changed
+        """Apply one control batch; returns True if the voter set changed. One entry per batch:
+        a batch is written, replicated and committed whole (the high watermark only ever sits
+        at batch boundaries), which is what makes the bootstrap batch atomic (KIP-856)."""
+        cur = self.latest
+        nxt = cur
+        for c in controls:
+            nxt = nxt.apply(c)
+        if nxt == cur:
+            return False
+        self.entries.append((base_offset, nxt))
+        return nxt.voters != cur.voters
 
     def truncate(self, end_offset: int) -> bool:
         """Drop entries at offsets >= ``end_offset``; True if the voter set changed."""

@@ -86,7 +86,7 @@ class Node:
         self._bytes_since_snapshot = 0
         self._wall0 = time.time()
         self._mono0 = time.monotonic()
-        from quorum.core import RaftCore
+        from quorum.core.raft import RaftCore
 
         self.core_config = cfg.core_config(voters, self.advertise)
         qstate = self.qstore.load(self.meta.cluster_id)
@@ -316,7 +316,7 @@ class Node:
         self._snapshotting = True
         try:
             sid = OffsetAndEpoch(self.applied_end, self.applied_epoch)
-            controls = self.core.snapshot_controls(sid.offset)
+            controls = self.core.controls_at(sid.offset)
             copy = kvmod.KVStore()
             copy.data = dict(self.kv.data)
             loop = asyncio.get_running_loop()
@@ -345,7 +345,7 @@ class Node:
             self._apply_to(self.log.end_offset)
             lost_after = self.log.end_offset
             await self._take_snapshot()
-            self.core.recovery_verified(lost_after)
+            self.core.recovery_verified(lost_after, self.now_ms())
             log.warning("unclean recovery verified: offsets at or after %d may have been lost", lost_after)
             self._wake.set()
         except Exception:
@@ -403,11 +403,11 @@ class Node:
         cls = wire.REQUEST_BY_PATH.get(path)
         if cls is None:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"unknown RPC {path!r}")
-        msg = wire.decode(cls, body)
+        msg: Any = wire.decode(cls, body)
         cid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._rpc_waiters[cid] = (fut, msg.correlation_id)  # type: ignore[attr-defined]
-        self.core.step(dataclasses.replace(msg, correlation_id=cid), self.now_ms())  # type: ignore[type-var]
+        self._rpc_waiters[cid] = (fut, msg.correlation_id)
+        self.core.step(dataclasses.replace(msg, correlation_id=cid), self.now_ms())
         self._wake.set()
         limit = self.core_config.request_timeout_ms / 1000
         if isinstance(msg, m.FetchRequest):
@@ -482,7 +482,11 @@ class Node:
 
     # ---- admin --------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = self._check(lambda: self.core.describe(self.now_ms()))
+        """Only the leader knows every replica's progress (KIP-595 DescribeQuorum goes to the
+        leader); other nodes answer NOT_LEADER with the hint."""
+        if self.role != "leader":
+            raise self._leader_error(ErrorCode.NOT_LEADER)
+        d: dict[str, Any] = self.core.describe(self.now_ms())
         return d
 
     async def _admin_call(self, start: Callable[[int], Any]) -> None:
@@ -531,7 +535,7 @@ class Node:
 
     def metrics_text(self) -> str:
         r = self.metrics
-        snap = self.core.metrics(self.now_ms()) if hasattr(self.core, "metrics") else {}
+        snap = self.core.metrics()
         for name, value in snap.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 r.set(name, value, help=f"KIP-595/KIP-856 raft metric {name}")

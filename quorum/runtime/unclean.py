@@ -51,7 +51,7 @@ def recover_unclean(data_dir: str) -> str:
     try:
         qstate = qstore.load()
         plan = plan_unclean_recovery(summary, qstate, meta.replica_key, 0)
-        batch, new_state = plan
+        batch, new_state = plan.batch, plan.quorum_state
         data = batch.encode()
         lg.append_batches(data, [batch.info(len(data))])
         lg.flush()

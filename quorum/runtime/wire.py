@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-from functools import cache
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
@@ -28,22 +27,27 @@ MAX_HEADER = 64 * 1024
 T = TypeVar("T")
 
 
-@cache
+_BYTES_FIELD: dict[type, str | None] = {}
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {}
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
 def _bytes_field(cls: type) -> str | None:
-    for f in dataclasses.fields(cls):
-        if f.type in ("bytes", bytes):
-            return f.name
-    return None
+    if cls not in _BYTES_FIELD:
+        _BYTES_FIELD[cls] = next((f.name for f in dataclasses.fields(cls) if f.type in ("bytes", bytes)), None)
+    return _BYTES_FIELD[cls]
 
 
-@cache
 def _adapter(cls: type) -> TypeAdapter[Any]:
-    return TypeAdapter(cls)
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = TypeAdapter(cls)
+    return _ADAPTERS[cls]
 
 
-@cache
 def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+    if cls not in _FIELDS:
+        _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return _FIELDS[cls]
 
 
 def _plain(v: Any) -> Any:

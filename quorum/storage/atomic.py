@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-__all__ = ["atomic_write", "fsync_dir"]
+__all__ = ["atomic_write", "ensure_dir", "fsync_dir"]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -21,6 +21,24 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def ensure_dir(path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    """Create ``path`` (and missing parents); fsync the parent of every directory created so
+    that the new directory entries survive a crash as well."""
+    target = os.path.abspath(os.fspath(path))
+    missing: list[str] = []
+    d = target
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    os.makedirs(target, exist_ok=True)
+    if fsync:
+        for created in reversed(missing):
+            fsync_dir(os.path.dirname(created))
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from quorum import records
-from quorum.storage.atomic import fsync_dir
+from quorum.storage.atomic import ensure_dir, fsync_dir
 from quorum.storage.base import LogBookkeeping, encode_items, validate_append
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch
 
@@ -56,6 +56,7 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 _ATTR_POS = 20  # attributes byte in the batch header (docs/design.md)
 _Q = struct.Struct("<q")
+_HEADER = struct.Struct("<qiIiBiq")  # the batch header layout of docs/design.md
 
 
 def segment_name(base_offset: int) -> str:
@@ -103,7 +104,7 @@ class SegmentedLog:
         self._dirty: dict[int, _Segment] = {}  # base -> segment written since the last flush
         self._dir_dirty = False
         self._closed = False
-        os.makedirs(self.directory, exist_ok=True)
+        ensure_dir(self.directory, fsync=fsync)
         try:
             self._open()
         except BaseException:
@@ -191,11 +192,13 @@ class SegmentedLog:
             if self.fsync:
                 os.fsync(seg.fd)
 
-    def _corrupt(self, seg: _Segment, position: int, offset: int, what: str) -> KraftError:
+    def _corrupt(
+        self, seg: _Segment, position: int, offset: int, what: str, located: bool = False
+    ) -> KraftError:
+        where = "" if located else f" at position {position} (offset {offset})"
         return KraftError(
             ErrorCode.CORRUPT_LOG,
-            f"{seg.path}: {what} at position {position} (offset {offset}); refusing to open the log so that "
-            f"no committed data is dropped",
+            f"{seg.path}: {what}{where}; refusing to open the log so that no committed data is dropped",
             file=seg.path,
             position=position,
             offset=offset,
@@ -250,7 +253,9 @@ class SegmentedLog:
         try:
             batches, valid = records.decode_batches(buf, verify_crc=True, allow_torn_tail=True)
         except records.CorruptRecordError as e:
-            raise self._corrupt(seg, e.position, seg.next_offset, e.message) from None
+            # the codec's message already names the batch offset and position
+            offset = _Q.unpack_from(buf, e.position)[0] if 0 <= e.position <= size - 8 else -1
+            raise self._corrupt(seg, e.position, offset, e.message, located=True) from None
         for b in batches:
             i = b.info
             self._check_batch(seg, b.position, i.base_offset, i.size_bytes, i.epoch, i.count)
@@ -260,7 +265,7 @@ class SegmentedLog:
             return None
         why = _later_valid_batch(buf, valid, seg.next_offset)
         if why is not None:
-            raise self._corrupt(seg, valid, seg.next_offset, why)
+            raise self._corrupt(seg, valid, seg.next_offset, f"damaged batch: {why}")
         if size - valid < records.HEADER_SIZE:
             what = f"{size - valid} bytes, too short for a batch header"
         else:
@@ -358,16 +363,29 @@ class SegmentedLog:
 
     def flush(self) -> None:
         """fsync every segment written since the last flush (one fsync each, however many
-        appends), then the directory if segments were created."""
+        appends), then the directory if segments were created, and advance
+        ``flushed_end_offset`` to the end offset seen when the flush started.
+
+        May run in a worker thread while the event loop keeps reading and appending (not
+        truncating): appends made during the fsync stay dirty for the next flush."""
         self._check_open()
-        if self.fsync:
-            for seg in self._dirty.values():
-                os.fdatasync(seg.fd)
-            if self._dir_dirty:
-                fsync_dir(self.directory)
+        end = self.end_offset
+        dirty = list(self._dirty.values())
         self._dirty.clear()
-        self._dir_dirty = False
-        self._flushed_end = self.end_offset
+        dir_dirty, self._dir_dirty = self._dir_dirty, False
+        if self.fsync:
+            try:
+                for seg in dirty:
+                    if seg.fd >= 0:
+                        os.fdatasync(seg.fd)
+                if dir_dirty:
+                    fsync_dir(self.directory)
+            except BaseException:
+                for seg in dirty:
+                    self._dirty.setdefault(seg.base, seg)
+                self._dir_dirty = self._dir_dirty or dir_dirty
+                raise
+        self._flushed_end = min(max(self._flushed_end, end), self.end_offset)
 
     # -- truncation and deletion -------------------------------------------------------------
 
@@ -513,12 +531,14 @@ class SegmentedLog:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _close_fds(self) -> None:
+        # the segment list stays, so offsets of a closed log can still be asked for
         for seg in self._segments:
-            try:
-                os.close(seg.fd)
-            except OSError:
-                pass
-        self._segments = []
+            if seg.fd >= 0:
+                try:
+                    os.close(seg.fd)
+                except OSError:
+                    pass
+                seg.fd = -1
 
     def close(self) -> None:
         """Flush and close (a clean shutdown loses nothing)."""
@@ -555,8 +575,6 @@ def _pread_all(fd: int, size: int, position: int) -> bytes:
 
 
 def _valid_batch_at(buf: bytes, pos: int) -> bool:
-    if len(buf) - pos < records.HEADER_SIZE:
-        return False
     try:
         (b,), _ = records.decode_batches(buf[pos : pos + records.batch_header(buf, pos)[1]])
     except (records.CorruptRecordError, ValueError, struct.error):
@@ -564,21 +582,47 @@ def _valid_batch_at(buf: bytes, pos: int) -> bool:
     return b.info.count >= 1
 
 
+_NONZERO = re.compile(rb"[^\x00]")
+_MAX_PATTERNS = 1024
+
+
 def _later_valid_batch(buf: bytes, tail: int, expected: int) -> str | None:
-    """Does a valid batch follow the unreadable bytes at ``tail``? If so they are not a torn
-    write (a crash tears only the write in flight, never bytes before an intact batch) and the
-    log is corrupt. Heuristic, cheap and exact where it matters: if the header at ``tail`` still
-    names the expected offset and its record count, look for a CRC-valid batch whose header
-    carries the following base offset."""
-    if len(buf) - tail < records.HEADER_SIZE:
+    """Is there a CRC-valid batch anywhere after the unreadable bytes at ``tail``? If so they are
+    not a torn write (a crash tears only the write in flight, never bytes before an intact
+    batch), the log is corrupt, and recovery must not cut it.
+
+    Any such batch has a base offset in ``(expected, expected + (len(buf) - tail) // 4]``
+    (every record takes at least 4 bytes), so the upper six bytes of its little-endian base
+    offset take few values: ``bytes.find`` locates the candidates at C speed, runs of zero
+    bytes (which cannot start a batch: its length field is non-zero) are skipped, and each
+    plausible header is CRC-checked."""
+    n = len(buf)
+    if n - tail <= records.HEADER_SIZE:
         return None
-    base, _total, _epoch, count = records.batch_header(buf, tail)
-    if base != expected or not 1 <= count < 2**31:
-        return None
-    needle = _Q.pack(expected + count)
-    p = buf.find(needle, tail + 1)
-    while p != -1:
-        if _valid_batch_at(buf, p):
-            return f"batch at offset {expected} is damaged but valid batch {expected + count} follows it"
-        p = buf.find(needle, p + 1)
+    lo, hi = expected + 1, expected + 1 + (n - tail) // 4
+    uppers = sorted({(v >> 16) for v in range(lo, hi + 1, 1 << 16)} | {hi >> 16})[:_MAX_PATTERNS]
+    for upper in uppers:
+        pattern = _Q.pack(upper << 16)[2:]
+        zero = not any(pattern)
+        start = tail + 3  # the pattern sits at p + 2 for a candidate p > tail
+        while True:
+            k = buf.find(pattern, start, n - records.HEADER_SIZE + 8)
+            if k == -1:
+                break
+            p = k - 2
+            base, blen, _crc, epoch, _a, count, _t = _HEADER.unpack_from(buf, p)
+            if (
+                lo <= base <= hi
+                and count >= 1
+                and epoch >= 0
+                and records.HEADER_SIZE <= blen + 12 <= n - p
+                and _valid_batch_at(buf, p)
+            ):
+                return f"unreadable bytes are followed by a valid batch at position {p} (offset {base})"
+            start = k + 1
+            if zero and not any(buf[p + 8 : p + 12]):
+                m = _NONZERO.search(buf, p + 8)
+                if m is None:
+                    break
+                start = max(start, m.start() - 9)
     return None

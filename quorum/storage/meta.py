@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from quorum.storage.atomic import atomic_write
+from quorum.storage.atomic import atomic_write, ensure_dir
 from quorum.types import ErrorCode, KraftError, ReplicaKey, canonical_uuid, new_storage_uuid
 
 __all__ = [
@@ -231,7 +231,7 @@ def format_dir(
         return existing
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{os.fspath(directory)} exists and is not a directory")
-    os.makedirs(directory, exist_ok=True)
+    ensure_dir(directory, fsync=fsync)
     meta = MetaProperties(cluster_id=cluster_id, node_id=node_id, storage_uuid=uuid)
     atomic_write(path, render_properties(meta.to_properties()), fsync=fsync)
     return meta

@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from quorum.storage.atomic import atomic_write
+from quorum.storage.atomic import atomic_write, ensure_dir
 from quorum.types import ErrorCode, KraftError, QuorumState, canonical_uuid
 
 __all__ = [
@@ -121,7 +121,11 @@ class QuorumStateStore:
         self.cluster_id = cluster_id
         self.fsync = fsync
 
-    def load(self) -> QuorumState:
+    def load(self, cluster_id: str | None = None) -> QuorumState:
+        """The stored state (default for a fresh directory). ``cluster_id``, if given, must be
+        the store's (INCONSISTENT_CLUSTER_ID otherwise)."""
+        if cluster_id is not None:
+            _check_cluster(QuorumState(cluster_id), self.cluster_id, self.path)
         try:
             with open(self.path, "rb") as f:
                 raw = f.read()
@@ -134,7 +138,7 @@ class QuorumStateStore:
     def save(self, state: QuorumState) -> None:
         _check_cluster(state, self.cluster_id, self.path)
         data = encode_quorum_state(state)
-        os.makedirs(self.directory, exist_ok=True)
+        ensure_dir(self.directory, fsync=self.fsync)
         atomic_write(self.path, data, fsync=self.fsync)
 
 

@@ -239,6 +239,8 @@ def _generate_day(job: _DayJob) -> GenerateStats:
                 failed: str | None = None
                 if rng.random() < fail_rate:
                     failed = rng.choices(ev.FAILURE_REASONS, weights=(0.5, 0.3, 0.2))[0]
+                if catch >= 600_000:  # the operator's catch-up deadline (10 minutes)
+                    failed = "timeout"
                 if failed == "timeout":
                     t += 600_000
                     add(ev.RECOVERY_FAILED, t, '{"reason":"timeout","message":"catch-up exceeded 600 s"}')

@@ -94,6 +94,7 @@ class KubeEnv:
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
         timeout: float = 30.0,
+        accept: str = "application/json",
     ) -> tuple[int, Any]:
         """One REST call; returns (HTTP status, decoded JSON body or text). Never raises on 4xx/5xx."""
         url = self.base_url + path
@@ -104,7 +105,7 @@ class KubeEnv:
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.token}")
-        req.add_header("Accept", "application/json")
+        req.add_header("Accept", accept)
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
@@ -117,13 +118,16 @@ class KubeEnv:
         except json.JSONDecodeError:
             return status, raw.decode(errors="replace")
 
-    def apply(self, obj: dict[str, Any], dry_run: bool = False, field_manager: str = "kk-tests") -> tuple[int, Any]:
+    def apply(
+        self, obj: dict[str, Any], dry_run: bool = False, field_manager: str = "kk-tests"
+    ) -> tuple[int, Any]:
         """Server-side apply of one object (strict field validation), like `kubectl apply --server-side`."""
         path = object_path(obj, named=True)
         params = {"fieldManager": field_manager, "force": "true", "fieldValidation": "Strict"}
         if dry_run:
             params["dryRun"] = "All"
-        return self.request("PATCH", path, json.dumps(obj), params, content_type="application/apply-patch+yaml")
+        return self.request("PATCH", path, json.dumps(obj), params,
+                            content_type="application/apply-patch+yaml")
 
     def env(self) -> dict[str, str]:
         """Environment for subprocesses (kubectl, helm, the operator) pointed at this API server."""

@@ -1,0 +1,294 @@
+"""Disk-failure recovery timing: how long a replaced replica takes to become a voter again.
+
+For each log size: start a 3-node KRaftKeeper quorum, fill its log to the size with large values
+(many concurrent ``PUT``), then simulate a volume replacement of node 3 (of node 2 if 3 leads):
+SIGKILL, delete its directory, ``kraftkeeper format`` again (a new storage UUID, KIP-856),
+restart it, and time the KIP-856 recovery by hand, as the operator would:
+
+* **catch-up**: from the new replica's first Fetch (the ``last_fetch_timestamp`` the leader
+  reports for observer (3, new UUID) when it first appears in ``describe``) until the leader
+  reports its lag as 0. The engine may serve it through FetchSnapshot (KIP-630) once the log
+  passed the snapshot threshold, so this covers both paths;
+* **add-voter**: AddVoter (3, new UUID) until committed (KIP-856 handling step 7);
+* **remove-voter**: RemoveVoter (3, old UUID) until committed;
+* **total**: first Fetch until RemoveVoter committed.
+
+Admin calls go to the node HTTP admin API (``POST /v1/quorum/voters``,
+``DELETE /v1/quorum/voters/{id}/{uuid}``, ``GET /v1/quorum/describe``, docs/design.md) that
+``kraftkeeper quorum add-voter|remove-voter|describe`` use, so the times exclude the CLI's
+interpreter start-up. Run ``python -m bench.recovery --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.common import http_call, sigterm_as_interrupt, value_bytes, wait_until
+from bench.engine import KraftKeeperCluster
+
+MB = 1_000_000
+
+
+@dataclass
+class RecoveryResult:
+    size_bytes: int
+    filled_bytes: int
+    leader_dir_bytes: int
+    fill_s: float
+    catch_up_s: float
+    catch_up_mb_per_s: float
+    add_voter_s: float
+    remove_voter_s: float
+    total_s: float
+    restart_to_first_fetch_s: float
+    via_snapshot: bool
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def parse_size(text: str) -> int:
+    """``10MB``, ``1GB``, ``500KB`` or a plain byte count (decimal units)."""
+    t = text.strip().upper().removesuffix("B")
+    mult = {"K": 1000, "M": MB, "G": 1000 * MB}.get(t[-1:], 1)
+    num = t[:-1] if t[-1:] in ("K", "M", "G") else t
+    try:
+        value = int(float(num) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad size {text!r}: expected e.g. 10MB, 1GB or a byte count"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: must be positive")
+    return value
+
+
+async def fill(endpoints: list[str], total: int, value_size: int, concurrency: int) -> int:
+    """Write distinct keys until ``total`` value bytes are committed; returns bytes written.
+    Distinct keys keep the state (and so any snapshot) as large as the log."""
+    value = value_bytes(value_size)
+    count = (total + value_size - 1) // value_size
+    next_no = 0
+    leader = endpoints[0]
+    written = 0
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def worker() -> None:
+            nonlocal next_no, leader, written
+            while next_no < count:
+                no = next_no
+                next_no += 1
+                for _attempt in range(50):
+                    target = leader
+                    try:
+                        async with session.put(f"http://{target}/v1/kv/fill-{no:09d}", data=value) as resp:
+                            body = await resp.read()
+                            if resp.status == 200:
+                                written += value_size
+                                break
+                            if resp.status == 421:
+                                hint = json.loads(body or b"{}").get("leader_endpoint")
+                                if hint:
+                                    leader = str(hint)
+                                    continue
+                            # 503 (timed out / leadership lost) or no hint yet: retry the same key;
+                            # re-writing a key is idempotent for the size of the log we want.
+                    except (TimeoutError, aiohttp.ClientError):
+                        pass
+                    await asyncio.sleep(0.1)
+                else:
+                    raise RuntimeError(f"could not write key fill-{no:09d} after 50 tries (leader {leader})")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return written
+
+
+def describe(endpoint: str) -> dict[str, Any]:
+    status, body = http_call(endpoint, "GET", "/v1/quorum/describe", timeout=5)
+    if status != 200:
+        raise ValueError(f"describe on {endpoint}: HTTP {status}: {body[:200]!r}")
+    d: dict[str, Any] = json.loads(body)
+    return d
+
+
+def leader_endpoint(cluster: KraftKeeperCluster) -> str:
+    def find() -> str | None:
+        for ep in cluster.endpoints:
+            try:
+                d = describe(ep)
+            except (OSError, ValueError):
+                continue
+            lid = d.get("leader_id")
+            for v in d.get("voters", []):
+                if v.get("id") == lid and v.get("endpoint"):
+                    return str(v["endpoint"])
+            if isinstance(lid, int) and 1 <= lid <= len(cluster.endpoints):
+                return cluster.endpoints[lid - 1]
+        return None
+
+    return wait_until(find, 60, "a leader in describe", interval=0.1)
+
+
+def admin(cluster: KraftKeeperCluster, method: str, path: str, body: bytes | None, timeout: float) -> float:
+    """Send a leader-only admin request, following 421; return seconds until the 200."""
+    deadline = time.monotonic() + timeout
+    target = leader_endpoint(cluster)
+    while True:
+        t0 = time.monotonic()
+        status, data = http_call(target, method, path, body, timeout=timeout,
+                                 headers={"Content-Type": "application/json"})
+        took = time.monotonic() - t0
+        if status == 200:
+            return took
+        if status == 421 and time.monotonic() < deadline:
+            hint = json.loads(data or b"{}").get("leader_endpoint")
+            target = str(hint) if hint else leader_endpoint(cluster)
+            continue
+        raise RuntimeError(f"{method} {path} -> HTTP {status}: {data[:300].decode(errors='replace')}")
+
+
+def _replica(d: dict[str, Any], group: str, rid: int, uuid: str) -> dict[str, Any] | None:
+    for r in d.get(group, []):
+        if r.get("id") == rid and r.get("uuid") == uuid:
+            return dict(r)
+    return None
+
+
+def run_one(work: Path, size: int, value_size: int, concurrency: int, fsync: bool,
+            snapshot_bytes: int | None, log: Any) -> RecoveryResult:
+    extra: dict[str, Any] = {}
+    if snapshot_bytes is not None:
+        extra["snapshot"] = {"max_bytes": snapshot_bytes}
+    cluster = KraftKeeperCluster(work / f"size-{size}", fsync=fsync, extra_config=extra)
+    try:
+        cluster.start()
+        leader = leader_endpoint(cluster)
+        t0 = time.monotonic()
+        filled = asyncio.run(fill([leader, *cluster.endpoints], size, value_size, concurrency))
+        fill_s = time.monotonic() - t0
+        leader = leader_endpoint(cluster)
+        before = describe(leader)
+        lead_id = int(before["leader_id"])
+        # Replace node 3's disk, or node 2's if 3 leads: replacing the leader's disk would add an
+        # election to what we measure, and any follower's recovery is the same protocol.
+        victim = 3 if lead_id != 3 else 2
+        old = next(v["uuid"] for v in before["voters"] if v["id"] == victim)
+        lead_dir = dir_bytes(cluster.node_dir(lead_id))
+        log(f"  filled {filled / MB:.1f} MB in {fill_s:.1f}s (leader {lead_id} dir {lead_dir / MB:.1f} MB); "
+            f"replacing node {victim}'s disk")
+
+        cluster.procs.kill(f"node-{victim}")
+        shutil.rmtree(cluster.node_dir(victim))
+        new = cluster.format_node(victim)
+        t_restart_ms = time.time() * 1000
+        cluster.start_node(victim)
+
+        seen = wait_until(lambda: _replica(describe(leader), "observers", victim, new), 120,
+                          f"observer ({victim}, {new}) in describe", interval=0.02)
+        first_fetch_ms = float(seen.get("last_fetch_timestamp", -1))
+        if first_fetch_ms <= 0:
+            first_fetch_ms = time.time() * 1000
+
+        def caught_up() -> float | None:
+            cluster.procs.check_alive(f"node-{victim}")
+            r = _replica(describe(leader), "observers", victim, new)
+            if r is not None and r.get("lag") == 0:
+                return time.time() * 1000
+            return None
+
+        caught_ms = wait_until(caught_up, 1800, "the new replica to catch up (lag 0)", interval=0.02)
+        catch_up_s = max(1e-6, (caught_ms - first_fetch_ms) / 1000)
+        add_body = json.dumps({"id": victim, "uuid": new}).encode()
+        add_s = admin(cluster, "POST", "/v1/quorum/voters", add_body, 120)
+        remove_s = admin(cluster, "DELETE", f"/v1/quorum/voters/{victim}/{old}", None, 120)
+        done_ms = time.time() * 1000
+        after = describe(leader_endpoint(cluster))
+        voters = {(v["id"], v["uuid"]) for v in after["voters"]}
+        if (victim, new) not in voters or (victim, old) in voters:
+            raise RuntimeError(f"voter set after recovery is wrong: {sorted(voters)}")
+        via_snapshot = any("snapshot" in p.name for p in cluster.node_dir(victim).rglob("*"))
+        return RecoveryResult(
+            size_bytes=size, filled_bytes=filled, leader_dir_bytes=lead_dir, fill_s=fill_s,
+            catch_up_s=catch_up_s, catch_up_mb_per_s=lead_dir / MB / catch_up_s,
+            add_voter_s=add_s, remove_voter_s=remove_s, total_s=(done_ms - first_fetch_ms) / 1000,
+            restart_to_first_fetch_s=(first_fetch_ms - t_restart_ms) / 1000, via_snapshot=via_snapshot,
+        )
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.work, ignore_errors=True)
+
+
+def render(results: list[RecoveryResult]) -> str:
+    head = (f"{'log size':>9} {'leader dir':>10} {'fill s':>7} {'restart->fetch s':>16} {'catch-up s':>10} "
+            f"{'MB/s':>7} {'add-voter ms':>12} {'remove-voter ms':>15} {'total s':>8} {'snapshot':>8}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.size_bytes / MB:>7.0f}MB {r.leader_dir_bytes / MB:>8.1f}MB {r.fill_s:>7.1f} "
+            f"{r.restart_to_first_fetch_s:>16.2f} {r.catch_up_s:>10.2f} {r.catch_up_mb_per_s:>7.1f} "
+            f"{r.add_voter_s * 1000:>12.1f} {r.remove_voter_s * 1000:>15.1f} {r.total_s:>8.2f} "
+            f"{'yes' if r.via_snapshot else 'no':>8}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10MB,100MB",
+                    help="log sizes, comma-separated (e.g. 10MB,100MB,1GB; default 10MB,100MB)")
+    ap.add_argument("--value-bytes", type=int, default=32 * 1024, help="size of each filled value")
+    ap.add_argument("--concurrency", type=int, default=32, help="concurrent writers during the fill")
+    ap.add_argument("--no-fsync", action="store_true", help="run the nodes with fsync off")
+    ap.add_argument("--snapshot-bytes", type=int, default=None,
+                    help="engine snapshot threshold (config snapshot.max_bytes); default: the engine's")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    a = ap.parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    if not sizes or a.value_bytes <= 0 or a.concurrency <= 0:
+        ap.error("--sizes must name at least one size; --value-bytes and --concurrency must be positive")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-recovery-"))
+    results: list[RecoveryResult] = []
+    failed = False
+    try:
+        with sigterm_as_interrupt():
+            for size in sizes:
+                log(f"log size {size / MB:.0f} MB")
+                try:
+                    results.append(run_one(work, size, a.value_bytes, a.concurrency, not a.no_fsync,
+                                           a.snapshot_bytes, log))
+                except (RuntimeError, TimeoutError, OSError, ValueError) as e:
+                    failed = True
+                    log(f"  FAILED for {size / MB:.0f} MB: {e}")
+    finally:
+        if a.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(render(results))
+    if a.json:
+        a.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

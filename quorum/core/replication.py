@@ -1,0 +1,348 @@
+"""Pull replication (KIP-595 Fetch, KIP-630 FetchSnapshot) on both sides.
+
+Leader side: validates the fetch position against the epoch cache (DivergingEpoch) and the log
+start (snapshot id), records the replica's progress under its (id, UUID) (KIP-856), moves the
+high watermark, and answers from the DURABLE log only (``LogReader``), or parks the request
+(long poll) until data is durable, the high watermark moves, a read-index round needs
+confirmation, or ``max_wait`` passes.
+
+Follower side: one Fetch in flight; a response's bytes are decoded with
+``quorum.records.decode_batches`` (CRC checked, headers only) and must start exactly at the
+local log end with non-decreasing epochs no newer than the leader's, else the response is
+rejected (noted in ``Ready.errors``) and the fetch retried: nothing of it is appended. Control
+batches update the voter history at once (KIP-856). The local high watermark is the leader's
+capped at the local log end.
+
+Replicas that know no leader (observers, a replaced disk, a voter that missed
+BeginQuorumEpoch) send "discovery" Fetches to a known voter; any answer names the leader.
+"""
+
+from __future__ import annotations
+
+from quorum.core.base import InFlight
+from quorum.core.election import ElectionMixin
+from quorum.core.messages import FetchRequest, FetchResponse, FetchSnapshotRequest, FetchSnapshotResponse
+from quorum.core.progress import LeaderState, ParkedFetch
+from quorum.core.ready import RawBatches, SnapshotChunk
+from quorum.core.roles import Follower, Leader
+from quorum.records import CorruptRecordError, decode_batches
+from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
+
+
+class ReplicationMixin(ElectionMixin):
+    # ================================================================== leader side
+
+    def fetch_response(self, req: FetchRequest, code: ErrorCode, **kw: object) -> FetchResponse:
+        return FetchResponse(
+            correlation_id=req.correlation_id,
+            error_code=code,
+            leader_id=self.leader_id(),
+            leader_epoch=self.epoch,
+            high_watermark=self.hw,
+            log_start_offset=self.meta.log_start,
+            leader_endpoint=self.leader_endpoint(),
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def answer_fetch_not_leader(self, req: FetchRequest) -> None:
+        code = ErrorCode.NOT_LEADER
+        if req.current_leader_epoch < self.epoch:
+            code = ErrorCode.FENCED_LEADER_EPOCH
+        elif req.current_leader_epoch > self.epoch:
+            code = ErrorCode.UNKNOWN_LEADER_EPOCH
+        self.respond(req.replica_id, self.fetch_response(req, code))
+
+    def handle_fetch_request(self, req: FetchRequest) -> None:
+        if req.cluster_id != self.cluster_id:
+            self.respond(req.replica_id, self.fetch_response(req, ErrorCode.INCONSISTENT_CLUSTER_ID))
+            return
+        if req.fetch_offset < 0 or req.last_fetched_epoch < 0 or req.max_bytes <= 0 or req.max_wait_ms < 0:
+            self.respond(req.replica_id, self.fetch_response(req, ErrorCode.INVALID_REQUEST))
+            return
+        self.learn_endpoint(req.replica_id, req.replica_endpoint, req.replica_uuid)
+        self.learn_uuid(req.replica_id, req.replica_uuid)
+        ls = self.leader_state()
+        if ls is None or req.current_leader_epoch != self.epoch:
+            self.answer_fetch_not_leader(req)
+            return
+        key = ReplicaKey(req.replica_id, req.replica_uuid)
+        p = ls.replica(key)
+        p.last_fetch_ms = self.now
+        p.acked_round = ls.read_round
+        if req.replica_endpoint:
+            p.endpoint = req.replica_endpoint
+        # KIP-630: below the log start the replica must fetch the snapshot.
+        if req.fetch_offset < self.meta.log_start and self.meta.snapshot is not None:
+            self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NONE, snapshot_id=self.meta.snapshot))
+            return
+        diverging = self.check_divergence(req.fetch_offset, req.last_fetched_epoch)
+        if diverging is not None:
+            if (diverging.offset < self.meta.log_start or diverging.offset < 0) and self.meta.snapshot is not None:
+                self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NONE, snapshot_id=self.meta.snapshot))
+            else:
+                if diverging.offset < 0:
+                    diverging = OffsetAndEpoch(self.meta.log_start, 0)
+                self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NONE, diverging_epoch=diverging))
+            return
+        p.end_offset = req.fetch_offset
+        if req.fetch_offset >= self.meta.durable_end:
+            p.last_caught_up_ms = self.now
+        if self.voters().contains(key):
+            voter = self.voters().find(key)
+            if voter is not None:
+                ls.begin_epoch_due.pop(voter, None)
+        self.update_leader_hw()
+        self.on_replica_progress(ls, key)
+        if self.leader_state() is not ls:
+            self.answer_fetch_not_leader(req)
+            return
+        self.serve_fetch(ls, req, allow_park=True)
+
+    def on_replica_progress(self, ls: LeaderState, key: ReplicaKey) -> None:
+        """Hook: membership checks catch-up conditions and bootstrapping."""
+
+    def check_divergence(self, fetch_offset: int, last_epoch: int) -> OffsetAndEpoch | None:
+        """KIP-595: None if the follower's log is a prefix of ours at ``fetch_offset``, else
+        the (end offset, epoch) it must truncate to."""
+        if fetch_offset == 0 and last_epoch == 0:
+            return None
+        found = self.meta.end_offset_for_epoch(last_epoch)
+        if found is None:
+            # Older than anything this log knows: only the snapshot can help (the caller
+            # turns an offset below the log start into a snapshot id).
+            return OffsetAndEpoch(-1, 0)
+        if found.epoch != last_epoch or found.offset < fetch_offset:
+            return found
+        if fetch_offset > self.meta.end:
+            return OffsetAndEpoch(self.meta.end, self.meta.last_epoch())
+        return None
+
+    def serve_fetch(self, ls: LeaderState, req: FetchRequest, allow_park: bool) -> None:
+        data = b""
+        if req.fetch_offset < self.meta.durable_end:
+            data = self.reader.read(req.fetch_offset, min(req.max_bytes, self.config.fetch_max_bytes))
+        if not data and allow_park and req.max_wait_ms > 0 and not ls.pending_reads:
+            wait = min(req.max_wait_ms, self.config.fetch_max_wait_ms)
+            ls.parked[req.correlation_id] = ParkedFetch(req, self.now + wait)
+            return
+        self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NONE, records=data))
+
+    def release_parked(self, ls: LeaderState, everything: bool) -> None:
+        """Answer parked fetches: those with durable data to send, or all of them (the high
+        watermark moved, a read-index round needs confirmation, or the leader steps down)."""
+        for corr, pf in list(ls.parked.items()):
+            if everything or pf.request.fetch_offset < self.meta.durable_end or self.now >= pf.deadline:
+                del ls.parked[corr]
+                self.serve_fetch(ls, pf.request, allow_park=False)
+
+    def update_leader_hw(self) -> None:
+        ls = self.leader_state()
+        if ls is None:
+            return
+        candidate = ls.majority_end(self.voters(), self.local, self.meta.durable_end)
+        # Only once the leader's own epoch has an entry committed (its LeaderChangeMessage).
+        if candidate > ls.epoch_start_offset and candidate > self.hw:
+            self.set_hw(candidate)
+            self.release_parked(ls, everything=True)
+
+    def handle_fetch_snapshot_request(self, req: FetchSnapshotRequest) -> None:
+        def answer(code: ErrorCode, **kw: object) -> None:
+            self.respond(req.replica_id, FetchSnapshotResponse(
+                req.correlation_id, code, self.leader_id(), self.epoch, leader_endpoint=self.leader_endpoint(),
+                **kw))  # type: ignore[arg-type]
+
+        if req.cluster_id != self.cluster_id:
+            answer(ErrorCode.INCONSISTENT_CLUSTER_ID)
+            return
+        ls = self.leader_state()
+        if ls is None or req.current_leader_epoch != self.epoch:
+            code = ErrorCode.NOT_LEADER
+            if req.current_leader_epoch < self.epoch:
+                code = ErrorCode.FENCED_LEADER_EPOCH
+            answer(code)
+            return
+        p = ls.replica(ReplicaKey(req.replica_id, req.replica_uuid))
+        p.last_fetch_ms = self.now
+        if req.position < 0 or req.max_bytes <= 0:
+            answer(ErrorCode.INVALID_REQUEST)
+            return
+        try:
+            chunk, size = self.reader.read_snapshot(req.snapshot_id, req.position,
+                                                    min(req.max_bytes, self.config.snapshot_chunk_bytes))
+        except KraftError as e:
+            answer(e.code if e.code is ErrorCode.POSITION_OUT_OF_RANGE else ErrorCode.SNAPSHOT_NOT_FOUND)
+            return
+        if req.position > size:
+            answer(ErrorCode.POSITION_OUT_OF_RANGE)
+            return
+        answer(ErrorCode.NONE, snapshot_id=req.snapshot_id, size=size, position=req.position,
+               unaligned_records=chunk)
+
+    # ================================================================== follower side
+
+    def send_fetch(self, dest: ReplicaKey) -> None:
+        req = FetchRequest(
+            correlation_id=self.new_corr(),
+            cluster_id=self.cluster_id,
+            replica_id=self.local.id,
+            replica_uuid=self.local.uuid,
+            current_leader_epoch=self.epoch,
+            fetch_offset=self.meta.end,
+            last_fetched_epoch=self.meta.last_epoch() if self.meta.end > 0 else 0,
+            max_wait_ms=self.config.fetch_max_wait_ms,
+            max_bytes=self.config.fetch_max_bytes,
+            replica_endpoint=self.config.local_endpoint,
+        )
+        self.fetch_corr = req.correlation_id
+        self.send_request(dest, "fetch", req, extra_timeout=self.config.fetch_max_wait_ms)
+
+    def send_fetch_snapshot(self, dest: ReplicaKey) -> None:
+        assert self.snap_fetch is not None
+        sid, position, _size = self.snap_fetch
+        req = FetchSnapshotRequest(
+            correlation_id=self.new_corr(),
+            cluster_id=self.cluster_id,
+            replica_id=self.local.id,
+            replica_uuid=self.local.uuid,
+            current_leader_epoch=self.epoch,
+            snapshot_id=sid,
+            position=position,
+            max_bytes=self.config.snapshot_chunk_bytes,
+            replica_endpoint=self.config.local_endpoint,
+        )
+        self.fetch_corr = req.correlation_id
+        self.send_request(dest, "fetch_snapshot", req)
+
+    def tick_fetch(self) -> None:
+        """Keep one Fetch in flight to the leader, or a discovery Fetch when leaderless."""
+        if self.fetch_corr is not None or self.snap_installing is not None:
+            return
+        role = self.role
+        if isinstance(role, Leader):
+            return
+        if isinstance(role, Follower):
+            if self.now < self.fetch_retry_at:
+                return
+            dest = ReplicaKey(role.leader_id, None)
+            if self.snap_fetch is not None:
+                self.send_fetch_snapshot(dest)
+            else:
+                self.send_fetch(dest)
+            return
+        if self.now < self.discovery_at:
+            return
+        self.discovery_at = self.now + self.config.election_timeout_ms // 2
+        candidates = sorted(i for i in self.endpoints if i != self.local.id)
+        if self.voters().ids():
+            pref = sorted(i for i in self.voters().ids() if i != self.local.id and i in self.endpoints)
+            candidates = pref or candidates
+        if candidates:
+            self.send_fetch(ReplicaKey(self.rng.choice(candidates), None))
+
+    def fetch_failed(self, inf: InFlight) -> None:
+        if inf.correlation_id == self.fetch_corr:
+            self.fetch_corr = None
+            self.fetch_retry_at = self.now + min(100, self.config.election_timeout_ms // 10)
+
+    def handle_fetch_response(self, resp: FetchResponse, inf: InFlight) -> None:
+        if inf.correlation_id != self.fetch_corr:
+            return
+        self.fetch_corr = None
+        if resp.leader_id == inf.destination.id and resp.error_code is ErrorCode.NONE:
+            self.abandoned = (-1, -1)  # the leader itself answered: it is alive
+        if resp.leader_epoch > self.epoch or (
+            resp.leader_epoch == self.epoch and resp.leader_id >= 0 and not isinstance(self.role, Follower)
+        ):
+            self.observe_leader(resp.leader_epoch, resp.leader_id, resp.leader_endpoint)
+        role = self.role
+        if not isinstance(role, Follower) or resp.leader_epoch != self.epoch or resp.leader_id != role.leader_id:
+            return
+        if resp.error_code is not ErrorCode.NONE:
+            self.fetch_retry_at = self.now + min(100, self.config.election_timeout_ms // 10)
+            return
+        self.last_leader_contact_ms = self.now
+        role.fetch_deadline = self.now + self.config.fetch_timeout_ms
+        if resp.diverging_epoch is not None:
+            mine = self.meta.end_offset_for_epoch(resp.diverging_epoch.epoch)
+            to = resp.diverging_epoch.offset if mine is None else min(resp.diverging_epoch.offset, mine.offset)
+            to = min(to, self.meta.end)
+            if to < self.hw:
+                self._errors.append(f"leader asked to truncate to {to} below the high watermark {self.hw}; ignored")
+                self.fetch_retry_at = self.now + self.config.election_timeout_ms
+                return
+            self.truncate(to)
+            return
+        if resp.snapshot_id is not None:
+            self.snap_fetch = (resp.snapshot_id, 0, -1)
+            return
+        if resp.records:
+            if not self.append_fetched(resp.records, resp.leader_epoch):
+                self.fetch_retry_at = self.now + min(100, self.config.election_timeout_ms // 10)
+                return
+        if resp.high_watermark >= 0:
+            self.set_hw(min(resp.high_watermark, self.meta.end))
+
+    def append_fetched(self, records: bytes, leader_epoch: int) -> bool:
+        try:
+            batches, used = decode_batches(records)
+        except CorruptRecordError as e:
+            self._errors.append(f"corrupt Fetch response rejected: {e.message}")
+            return False
+        if used != len(records) or not batches:
+            self._errors.append("Fetch response holds a partial batch; rejected")
+            return False
+        expect = self.meta.end
+        last_epoch = self.meta.last_epoch()
+        for b in batches:
+            if b.info.base_offset != expect or b.info.epoch < last_epoch or b.info.epoch > leader_epoch:
+                self._errors.append(
+                    f"Fetch response batch at offset {b.info.base_offset} epoch {b.info.epoch} does not follow the "
+                    f"local log (end {expect}, last epoch {last_epoch}); rejected")
+                return False
+            expect = b.info.next_offset
+            last_epoch = b.info.epoch
+        infos = tuple(b.info for b in batches)
+        self._append.append(RawBatches(bytes(records), infos))
+        before = self.voters()
+        for info in infos:
+            self.meta.append(info.base_offset, info.epoch, info.count)
+            if info.controls:
+                self.history.apply_batch(info.base_offset, info.controls)
+        if self.voters() != before:
+            self.on_voters_changed(before)
+        return True
+
+    def handle_fetch_snapshot_response(self, resp: FetchSnapshotResponse, inf: InFlight) -> None:
+        if inf.correlation_id != self.fetch_corr:
+            return
+        self.fetch_corr = None
+        if resp.leader_epoch > self.epoch:
+            self.observe_leader(resp.leader_epoch, resp.leader_id, resp.leader_endpoint)
+            return
+        role = self.role
+        if not isinstance(role, Follower) or self.snap_fetch is None:
+            return
+        sid, position, _size = self.snap_fetch
+        if resp.error_code is not ErrorCode.NONE or resp.snapshot_id != sid or resp.position != position:
+            if resp.error_code in (ErrorCode.SNAPSHOT_NOT_FOUND, ErrorCode.POSITION_OUT_OF_RANGE):
+                self.snap_fetch = None  # re-fetch: the leader will name its current snapshot
+            self.fetch_retry_at = self.now + min(100, self.config.election_timeout_ms // 10)
+            return
+        self.last_leader_contact_ms = self.now
+        role.fetch_deadline = self.now + self.config.fetch_timeout_ms
+        data = resp.unaligned_records
+        self._chunks.append(SnapshotChunk(sid, position, data, resp.size))
+        position += len(data)
+        if position >= resp.size:
+            self.snap_fetch = None
+            self.snap_installing = sid
+            self._install = sid
+            # Everything in the local log is replaced by the snapshot (KIP-630); batches not yet
+            # handed to the driver are dropped (and forgotten, in case the install fails).
+            if self._append:
+                first = self._append[0].base_offset
+                self._append = []
+                self.meta.truncate(first)
+                self.history.truncate(first)
+        else:
+            self.snap_fetch = (sid, position, resp.size)

@@ -1,0 +1,450 @@
+"""The report's transformations: pure functions from DataFrame to DataFrame.
+
+    lines --parse_lines--> parsed --events_of--> events --sessionise--> recoveries
+                                  \\--line_problems                     |--phase_long--> phase_stats
+                                                                       |--recovery_problems
+                                                                       |--failures / daily / slowest
+
+Every input line ends up counted somewhere: as an event, or under a reason in the bad-input
+table (``bad_input``). Nothing is fatal and nothing is dropped silently.
+
+Definitions (timestamps are the first event of each type in the recovery, in ms):
+
+* ``catch_up_ms``       = replica_caught_up - disk_replacement_detected (the new replica fetches
+  the log as an observer, KIP-856 steps before AddVoter);
+* ``add_voter_ms``      = add_voter_committed - replica_caught_up (operator reaction plus the
+  AddVoter round: KIP-856 AddVoter handling, steps 1-7);
+* ``remove_voter_ms``   = remove_voter_committed - add_voter_committed (reaction plus RemoveVoter);
+* ``total_ms``          = recovery_completed - disk_replacement_detected (for a failed recovery:
+  recovery_failed - detection, "time to give up", reported separately);
+* ``under_replicated_ms`` = add_voter_committed - disk_replacement_detected: the time without a
+  full voter count, i.e. from when the lost disk was noticed until the replacement (id, new UUID)
+  counts as a voter (KIP-856: a voter record is in force once appended; we take its commit as
+  the point everyone agrees on). A lower bound: the disk was gone some time before detection;
+* ``exposure_ms``       = remove_voter_committed - disk_replacement_detected: the time the voter
+  set still contained the dead (id, old UUID), during which the quorum tolerates one failure
+  less than configured.
+
+Phase percentiles are over completed, valid recoveries. Percentiles are exact (Spark's
+``percentile``, linear interpolation between the two nearest ranks, as numpy's default), not
+``percentile_approx``: the per-recovery table is small enough (7 events make one row).
+
+Recovery-level reasons (counted like line reasons): ``missing_detection`` (no
+disk_replacement_detected: excluded), ``impossible_order`` (a step stamped before a step it
+must follow, e.g. add_voter_committed before add_voter_started; this is what a negative phase
+duration would be: excluded), ``conflicting_outcome`` (both completed and failed: excluded),
+``incomplete_steps`` (completed without add_voter_committed or remove_voter_committed:
+excluded), ``inconsistent_replica`` (replica_id differs between events: excluded),
+``event_after_end`` (events after recovery_completed/failed: those events are ignored, the
+recovery is kept), ``duplicate_event`` (a step logged twice, e.g. an operator restart: the
+first is used, the recovery is kept).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from kraftkeeper_reports import events as ev
+
+EXAMPLE_CHARS = 300
+EXAMPLES_PER_REASON = 3
+ALL_CLUSTERS = "(all)"
+PERCENTILES = (0.5, 0.9, 0.99)
+
+PHASES = ("catch_up", "add_voter", "remove_voter", "under_replicated", "exposure", "total")
+PHASE_LABELS = {
+    "catch_up": "detection -> caught up",
+    "add_voter": "caught up -> AddVoter committed",
+    "remove_voter": "AddVoter committed -> RemoveVoter committed",
+    "under_replicated": "without full voter count (detection -> AddVoter committed)",
+    "exposure": "dead voter in set (detection -> RemoveVoter committed)",
+    "total": "total (detection -> completed)",
+}
+
+# Column names of the first-timestamp-per-type columns of the recovery table.
+TS_COL = {
+    ev.DISK_REPLACEMENT_DETECTED: "t_detected",
+    ev.REPLICA_CAUGHT_UP: "t_caught_up",
+    ev.ADD_VOTER_STARTED: "t_add_voter_started",
+    ev.ADD_VOTER_COMMITTED: "t_add_voter_committed",
+    ev.REMOVE_VOTER_STARTED: "t_remove_voter_started",
+    ev.REMOVE_VOTER_COMMITTED: "t_remove_voter_committed",
+    ev.RECOVERY_COMPLETED: "t_completed",
+    ev.RECOVERY_FAILED: "t_failed",
+}
+
+PARSED_SCHEMA = T.StructType(
+    [
+        T.StructField("reason", T.StringType()),  # the problem code (null: a clean event)
+        T.StructField("notes", T.ArrayType(T.StringType())),  # tolerated codes (extra_fields)
+        T.StructField("example", T.StringType()),  # "file: line" when reason or notes are set
+        T.StructField("message", T.StringType()),
+        T.StructField("ts_ms", T.LongType()),
+        T.StructField("cluster", T.StringType()),
+        T.StructField("recovery_id", T.StringType()),
+        T.StructField("type", T.StringType()),
+        T.StructField("replica_id", T.LongType()),
+        T.StructField("old_uuid", T.StringType()),
+        T.StructField("new_uuid", T.StringType()),
+        T.StructField("leader_id", T.LongType()),
+        T.StructField("leader_epoch", T.LongType()),
+        T.StructField("failure_reason", T.StringType()),
+    ]
+)
+_STR_COLS = ("cluster", "recovery_id", "type", "old_uuid", "new_uuid")
+_INT_COLS = ("replica_id", "leader_id", "leader_epoch")
+
+
+def read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """Every line of every file under ``paths`` (files, directories, date=... trees; any
+    Hadoop-compatible URL) with the file it came from. Partition directories are read as plain
+    directories (recursiveFileLookup) so a date= tree and loose files mix freely."""
+    df = spark.read.option("recursiveFileLookup", "true").text(paths)
+    return df.select(F.col("value"), F.col("_metadata.file_path").alias("source"))
+
+
+def _short_source(path: str) -> str:
+    parts = path.rstrip("/").split("/")
+    return "/".join(parts[-2:])
+
+
+def _classify(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    # Runs in the Python workers: events.classify_line is the one definition of a valid event.
+    for pdf in batches:
+        cols: dict[str, list[Any]] = {f.name: [] for f in PARSED_SCHEMA.fields}
+        for value, source in zip(pdf["value"], pdf["source"], strict=True):
+            line = value if isinstance(value, str) else ""
+            c = ev.classify_line(line.rstrip("\r"))
+            notes = [n.reason for n in c.notes if not n.fatal]
+            problem = c.problem
+            cols["reason"].append(problem.code if problem else None)
+            cols["notes"].append(notes)
+            if problem is not None or notes:
+                cols["example"].append(f"{_short_source(str(source))}: {line[:EXAMPLE_CHARS]}")
+                cols["message"].append(problem.message if problem else "; ".join(n.message for n in c.notes))
+            else:
+                cols["example"].append(None)
+                cols["message"].append(None)
+            e = c.event
+            cols["ts_ms"].append(c.ts_ms)
+            for name in _STR_COLS:
+                cols[name].append(e.get(name) if e else None)
+            for name in _INT_COLS:
+                cols[name].append(e.get(name) if e else None)
+            fr = None
+            if e is not None and e["type"] == ev.RECOVERY_FAILED:
+                fr = str(e["detail"].get("reason"))
+            cols["failure_reason"].append(fr)
+        out = pd.DataFrame({k: cols[k] for k in ("reason", "notes", "example", "message")})
+        out["ts_ms"] = pd.array(cols["ts_ms"], dtype="Int64")
+        for name in _STR_COLS:
+            out[name] = cols[name]
+        for name in _INT_COLS:
+            out[name] = pd.array(cols[name], dtype="Int64")
+        out["failure_reason"] = cols["failure_reason"]
+        yield out
+
+
+def parse_lines(lines: DataFrame) -> DataFrame:
+    """One row per input line (PARSED_SCHEMA): a clean event, or the reason it is not one."""
+    return lines.mapInPandas(_classify, PARSED_SCHEMA)
+
+
+def events_of(parsed: DataFrame) -> DataFrame:
+    """The usable events: clean lines and lines with only tolerated notes (extra fields)."""
+    return parsed.where(F.col("reason").isNull()).select(
+        "ts_ms", "cluster", "recovery_id", "type", "replica_id", "old_uuid", "new_uuid",
+        "leader_id", "leader_epoch", "failure_reason",
+    )
+
+
+def line_problems(parsed: DataFrame) -> DataFrame:
+    """(level, code, example, message) for every line reason and every tolerated note."""
+    rejected = parsed.where(F.col("reason").isNotNull()).select(
+        F.lit("line").alias("level"), F.col("reason").alias("code"), "example", "message"
+    )
+    noted = parsed.where(F.size("notes") > 0).select(
+        F.lit("line").alias("level"), F.explode("notes").alias("code"), "example", "message"
+    )
+    return rejected.unionByName(noted)
+
+
+def _first_ts(typ: str) -> Column:
+    return F.min(F.when(F.col("type") == typ, F.col("ts_ms"))).alias(TS_COL[typ])
+
+
+def sessionise(events: DataFrame) -> DataFrame:
+    """One row per (cluster, recovery_id): first timestamp of each step, outcome, durations,
+    and the recovery-level problems (see the module docstring)."""
+    known = events.where(F.col("type").isin(*ev.KNOWN_TYPES))
+    agg = known.groupBy("cluster", "recovery_id").agg(
+        *[_first_ts(t) for t in ev.KNOWN_TYPES],
+        *[F.sum(F.when(F.col("type") == t, 1).otherwise(0)).alias(f"n_{t}") for t in ev.KNOWN_TYPES],
+        F.count(F.lit(1)).alias("n_events"),
+        F.min("replica_id").alias("replica_id"),
+        F.max("replica_id").alias("replica_id_max"),
+        F.min_by("old_uuid", "ts_ms").alias("old_uuid"),
+        F.max_by("new_uuid", "ts_ms").alias("new_uuid"),
+        F.max(F.when(F.col("type") == ev.RECOVERY_FAILED, F.col("failure_reason"))).alias("failure_reason"),
+        F.collect_list("ts_ms").alias("all_ts"),
+    )
+    end = F.least(F.col("t_completed"), F.col("t_failed"))
+    agg = agg.withColumn("t_end", end)
+    agg = agg.withColumn("n_after_end", F.size(F.filter("all_ts", lambda x: x > F.col("t_end"))))
+
+    # Ordering: every pair of steps (earlier, later) in protocol order must satisfy
+    # ts(later) >= ts(earlier); the first violated pair names the problem.
+    steps = list(ev.STEP_TYPES)
+    violation: Column = F.lit(None).cast("string")
+    # Built inside out, so the outermost test is the earliest step whose nearest predecessor
+    # it precedes (the message names the most direct contradiction).
+    for j in range(len(steps) - 1, 0, -1):
+        for i in range(j):
+            a, b = TS_COL[steps[i]], TS_COL[steps[j]]
+            msg = F.format_string(
+                f"{steps[j]} at %s is %d ms before {steps[i]} at %s",
+                _fmt_ts(F.col(b)), F.col(a) - F.col(b), _fmt_ts(F.col(a)),
+            )
+            violation = F.when(F.col(b) < F.col(a), msg).otherwise(violation)
+    # The end itself must not precede detection (a negative total).
+    violation = F.when(
+        F.col("t_end") < F.col("t_detected"),
+        F.format_string("recovery ended %d ms before it was detected", F.col("t_detected") - F.col("t_end")),
+    ).otherwise(violation)
+    agg = agg.withColumn("order_violation", violation)
+
+    dup = F.greatest(*[F.col(f"n_{t}") for t in ev.KNOWN_TYPES]) > 1
+    problems = [
+        ("missing_detection", F.col("t_detected").isNull(), F.lit("no disk_replacement_detected event")),
+        ("impossible_order", F.col("order_violation").isNotNull(), F.col("order_violation")),
+        ("conflicting_outcome", F.col("t_completed").isNotNull() & F.col("t_failed").isNotNull(),
+         F.lit("both recovery_completed and recovery_failed")),
+        ("incomplete_steps",
+         F.col("t_completed").isNotNull()
+         & (F.col("t_add_voter_committed").isNull() | F.col("t_remove_voter_committed").isNull()),
+         F.lit("recovery_completed without add_voter_committed and remove_voter_committed")),
+        ("inconsistent_replica", F.col("replica_id") != F.col("replica_id_max"),
+         F.format_string("replica_id varies from %d to %d", F.col("replica_id"), F.col("replica_id_max"))),
+        ("event_after_end", F.col("n_after_end") > 0,
+         F.format_string("%d event(s) after the recovery ended", F.col("n_after_end"))),
+        ("duplicate_event", dup, F.lit("a step was logged more than once (first one used)")),
+    ]
+    excluding = {"missing_detection", "impossible_order", "conflicting_outcome", "incomplete_steps",
+                 "inconsistent_replica"}
+    agg = agg.withColumn(
+        "problems",
+        F.filter(F.array(*[F.when(c, F.lit(code)) for code, c, _ in problems]), lambda x: x.isNotNull()),
+    ).withColumn(
+        "problem_messages",
+        F.filter(F.array(*[F.when(c, F.concat(F.lit(code + ": "), m)) for code, c, m in problems]),
+                 lambda x: x.isNotNull()),
+    )
+    invalid = F.exists("problems", lambda x: x.isin(*excluding))
+    outcome = (
+        F.when(invalid, "invalid")
+        .when(F.col("t_completed").isNotNull(), "completed")
+        .when(F.col("t_failed").isNotNull(), "failed")
+        .otherwise("in_progress")
+    )
+    agg = agg.withColumn("outcome", outcome)
+    done = F.col("outcome") == "completed"
+
+    def dur(a: str, b: str) -> Column:
+        return F.when(done, F.col(b) - F.col(a)).cast("long")
+
+    out = agg.select(
+        "cluster", "recovery_id", "replica_id", "old_uuid", "new_uuid", "outcome",
+        F.when(F.col("outcome") == "failed", F.coalesce("failure_reason", F.lit("unspecified")))
+        .alias("failure_reason"),
+        F.to_date(F.timestamp_millis(F.coalesce("t_detected", F.array_min("all_ts")))).alias("date"),
+        *TS_COL.values(),
+        "n_events", "n_after_end",
+        dur("t_detected", "t_caught_up").alias("catch_up_ms"),
+        dur("t_caught_up", "t_add_voter_committed").alias("add_voter_ms"),
+        dur("t_add_voter_committed", "t_remove_voter_committed").alias("remove_voter_ms"),
+        dur("t_detected", "t_add_voter_committed").alias("under_replicated_ms"),
+        dur("t_detected", "t_remove_voter_committed").alias("exposure_ms"),
+        dur("t_detected", "t_completed").alias("total_ms"),
+        F.when(F.col("outcome") == "failed", F.col("t_failed") - F.col("t_detected")).cast("long")
+        .alias("give_up_ms"),
+        "problems", "problem_messages",
+    )
+    return out
+
+
+def _fmt_ts(c: Column) -> Column:
+    return F.date_format(F.timestamp_millis(c), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
+
+
+def recovery_problems(recoveries: DataFrame) -> DataFrame:
+    """(level, code, example, message) for every recovery-level problem."""
+    exploded = recoveries.where(F.size("problem_messages") > 0).select(
+        "cluster", "recovery_id", F.explode("problem_messages").alias("pm")
+    )
+    code = F.substring_index("pm", ": ", 1)
+    return exploded.select(
+        F.lit("recovery").alias("level"),
+        code.alias("code"),
+        F.concat_ws(" ", F.col("cluster"), F.col("recovery_id"), F.lit("->"), F.col("pm")).alias("example"),
+        F.col("pm").alias("message"),
+    )
+
+
+LINE_ACTION = {
+    **{r: "rejected" for r in ev.REJECTED},
+    ev.UNKNOWN_TYPE: "skipped",
+    ev.BLANK_LINE: "skipped",
+    ev.EXTRA_FIELDS: "ignored",
+}
+RECOVERY_ACTION = {
+    "missing_detection": "excluded",
+    "impossible_order": "excluded",
+    "conflicting_outcome": "excluded",
+    "incomplete_steps": "excluded",
+    "inconsistent_replica": "excluded",
+    "event_after_end": "late events ignored",
+    "duplicate_event": "first used",
+}
+
+
+def bad_input(problems: DataFrame) -> DataFrame:
+    """Counts by (level, reason, code) with up to three examples each, most frequent first.
+
+    Examples are picked with min_by/max_by over a hash, so memory stays bounded whatever the
+    number of bad lines (no collect_list of all of them)."""
+    reason = F.substring_index("code", ":", 1)
+    h = F.xxhash64("example")
+    g = problems.withColumn("reason", reason).groupBy("level", "reason", "code").agg(
+        F.count(F.lit(1)).alias("count"),
+        F.min_by("example", h).alias("ex1"),
+        F.max_by("example", h).alias("ex2"),
+        F.first("example").alias("ex3"),
+        F.first("message").alias("message"),
+    )
+    actions = {**LINE_ACTION, **RECOVERY_ACTION}
+    action = F.coalesce(
+        F.element_at(F.create_map(*[F.lit(x) for kv in actions.items() for x in kv]), F.col("reason")),
+        F.lit("counted"),
+    )
+    return g.select(
+        "level", "reason", "code", action.alias("action"), "count",
+        F.array_distinct(F.filter(F.array("ex1", "ex2", "ex3"), lambda x: x.isNotNull())).alias("examples"),
+        "message",
+    ).orderBy(F.desc("count"), "level", "code")
+
+
+def phase_long(recoveries: DataFrame) -> DataFrame:
+    """(cluster, phase, ms) for every completed recovery and phase."""
+    stack = ", ".join(f"'{p}', {p}_ms" for p in PHASES)
+    return (
+        recoveries.where(F.col("outcome") == "completed")
+        .select("cluster", F.expr(f"stack({len(PHASES)}, {stack}) as (phase, ms)"))
+        .where(F.col("ms").isNotNull())
+    )
+
+
+def _stats(df: DataFrame, keys: list[str]) -> DataFrame:
+    pct = F.percentile(F.col("ms").cast("double"), F.array(*[F.lit(p) for p in PERCENTILES]))
+    return df.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("recoveries"),
+        F.min("ms").alias("min_ms"),
+        pct.alias("pct"),
+        F.max("ms").alias("max_ms"),
+        F.avg("ms").alias("mean_ms"),
+    ).select(
+        *keys, "recoveries", "min_ms",
+        *[F.col("pct")[i].alias(f"p{int(round(p * 100))}_ms") for i, p in enumerate(PERCENTILES)],
+        "max_ms", "mean_ms",
+    )
+
+
+def phase_stats(recoveries: DataFrame) -> DataFrame:
+    """p50/p90/p99/max per phase, per cluster and over all clusters (cluster = "(all)")."""
+    long = phase_long(recoveries)
+    per = _stats(long, ["cluster", "phase"])
+    overall = _stats(long, ["phase"]).withColumn("cluster", F.lit(ALL_CLUSTERS))
+    return per.unionByName(overall).orderBy("phase", "cluster")
+
+
+def phase_histogram(recoveries: DataFrame, bins_per_decade: int = 10) -> DataFrame:
+    """Counts of each phase's durations in logarithmic bins (for the distribution plots):
+    (phase, bin_lo_ms, bin_hi_ms, count). Durations of 0 ms fall in the first bin."""
+    long = phase_long(recoveries)
+    b = F.floor(F.log10(F.greatest(F.col("ms").cast("double"), F.lit(1.0))) * bins_per_decade)
+    return (
+        long.withColumn("bin", b)
+        .groupBy("phase", "bin")
+        .agg(F.count(F.lit(1)).alias("count"))
+        .select(
+            "phase",
+            F.pow(F.lit(10.0), F.col("bin") / bins_per_decade).alias("bin_lo_ms"),
+            F.pow(F.lit(10.0), (F.col("bin") + 1) / bins_per_decade).alias("bin_hi_ms"),
+            "count",
+        )
+        .orderBy("phase", "bin_lo_ms")
+    )
+
+
+def outcomes(recoveries: DataFrame) -> DataFrame:
+    """Recoveries by cluster and outcome (completed / failed / in_progress / invalid)."""
+    return recoveries.groupBy("cluster", "outcome").agg(F.count(F.lit(1)).alias("recoveries")).orderBy(
+        "cluster", "outcome"
+    )
+
+
+def failures(recoveries: DataFrame) -> DataFrame:
+    """Failed recoveries by reason (and cluster, with "(all)"), with the median time to give up."""
+    failed = recoveries.where(F.col("outcome") == "failed")
+
+    def agg(df: DataFrame, keys: list[str]) -> DataFrame:
+        return df.groupBy(*keys).agg(
+            F.count(F.lit(1)).alias("failures"),
+            F.percentile(F.col("give_up_ms").cast("double"), F.lit(0.5)).alias("p50_give_up_ms"),
+        )
+
+    per = agg(failed, ["cluster", "failure_reason"])
+    overall = agg(failed, ["failure_reason"]).withColumn("cluster", F.lit(ALL_CLUSTERS))
+    return per.unionByName(overall).orderBy(F.desc("failures"))
+
+
+def daily(recoveries: DataFrame) -> DataFrame:
+    """Per UTC day (of detection): recoveries, completed, failed, failure rate, p50/p90 total."""
+    return (
+        recoveries.where(F.col("outcome").isin("completed", "failed"))
+        .groupBy("date")
+        .agg(
+            F.count(F.lit(1)).alias("recoveries"),
+            F.sum(F.when(F.col("outcome") == "completed", 1).otherwise(0)).alias("completed"),
+            F.sum(F.when(F.col("outcome") == "failed", 1).otherwise(0)).alias("failed"),
+            F.percentile(F.col("total_ms").cast("double"), F.array(F.lit(0.5), F.lit(0.9))).alias("pct"),
+        )
+        .select(
+            "date", "recoveries", "completed", "failed",
+            (F.col("failed") / F.col("recoveries")).alias("failure_rate"),
+            F.col("pct")[0].alias("p50_total_ms"),
+            F.col("pct")[1].alias("p90_total_ms"),
+        )
+        .orderBy("date")
+    )
+
+
+def slowest(recoveries: DataFrame, n: int = 20) -> DataFrame:
+    """The n slowest completed recoveries with their timelines (every step's timestamp)."""
+    return (
+        recoveries.where(F.col("outcome") == "completed")
+        .orderBy(F.desc("total_ms"), "cluster", "recovery_id")
+        .limit(n)
+        .select("cluster", "recovery_id", "replica_id", "date", *TS_COL.values(),
+                *[f"{p}_ms" for p in PHASES])
+    )
+
+
+def default_parallelism_hint() -> int:
+    return max(2, (os.cpu_count() or 2) * 2)

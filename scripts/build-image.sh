@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Builds the kraftkeeper image (Dockerfile) on a machine whose Docker engine cannot pull images.
+#
+#   scripts/build-image.sh [build]   engine + base image + wheels + `docker build` (default)
+#   scripts/build-image.sh engine    install Debian's docker.io and start dockerd if not running
+#   scripts/build-image.sh base      only the base image
+#   scripts/build-image.sh check     exit 0 when the engine runs and the base image exists
+#
+# Steps (each cached):
+#   1. Debian's docker.io; dockerd is started in the background if `docker info` fails
+#      (log: $KK_CACHE/logs/dockerd.log).
+#   2. Base image $KK_BASE_IMAGE (default kraftkeeper-base:bookworm): Debian bookworm from
+#      `debootstrap --variant=minbase` with python3 + python3-venv, imported with `docker import`.
+#      The root filesystem tarball is kept in $KK_CACHE/images/ so a wiped engine re-imports it
+#      in seconds. The Debian mirror is the one apt already uses (or $KK_DEBIAN_MIRROR).
+#   3. Wheels for kraftkeeper[operator] and every dependency, plus setuptools/wheel for the
+#      in-image build, into dist/wheels with the host's pip (the image build is offline).
+#   4. docker build --build-arg BASE_IMAGE=<base> -t $KK_IMAGE (default kraftkeeper:dev, also
+#      tagged kraftkeeper:<version>, the chart's default tag).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${KK_CACHE:-$HOME/.cache/kraftkeeper}"
+base_image="${KK_BASE_IMAGE:-kraftkeeper-base:bookworm}"
+image="${KK_IMAGE:-kraftkeeper:dev}"
+python="${PYTHON:-$here/.venv/bin/python}"
+# Debian's client matches Debian's daemon; another client on PATH may speak a newer API.
+docker_bin="${DOCKER:-$( [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker )}"
+
+log() { printf '==> %s\n' "$*" >&2; }
+docker() { "$docker_bin" "$@"; }
+
+engine_running() { docker info >/dev/null 2>&1; }
+
+ensure_engine() {
+  if ! command -v dockerd >/dev/null 2>&1; then
+    log "installing Debian's docker.io"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+    docker_bin=/usr/bin/docker
+  fi
+  engine_running && return 0
+  mkdir -p "$cache/logs"
+  log "starting dockerd (log: $cache/logs/dockerd.log)"
+  nohup dockerd >"$cache/logs/dockerd.log" 2>&1 &
+  local i
+  for i in $(seq 1 60); do
+    engine_running && return 0
+    sleep 1
+  done
+  echo "build-image: dockerd did not start (see $cache/logs/dockerd.log)" >&2
+  tail -n 20 "$cache/logs/dockerd.log" >&2 || true
+  return 1
+}
+
+debian_mirror() {
+  if [ -n "${KK_DEBIAN_MIRROR:-}" ]; then echo "$KK_DEBIAN_MIRROR"; return; fi
+  local m=""
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+    m="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)"
+  fi
+  if [ -z "$m" ] && [ -f /etc/apt/sources.list ]; then
+    m="$(awk '$1 == "deb" && $3 ~ /^bookworm$/ {print $2; exit}' /etc/apt/sources.list)"
+  fi
+  [ -n "$m" ] || { echo "build-image: no Debian mirror in apt's sources; set KK_DEBIAN_MIRROR" >&2; return 1; }
+  echo "$m"
+}
+
+ensure_base() {
+  if docker image inspect "$base_image" >/dev/null 2>&1; then return 0; fi
+  local tarball="$cache/images/base-bookworm.tar"
+  if [ ! -f "$tarball" ]; then
+    command -v debootstrap >/dev/null 2>&1 || {
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq
+      apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+    }
+    local root mirror
+    root="$(mktemp -d)"
+    mirror="$(debian_mirror)"
+    log "debootstrap bookworm (minbase + python3, python3-venv) into $root"
+    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$root" "$mirror" \
+      >"$cache/logs/debootstrap.log" 2>&1 || { tail -n 20 "$cache/logs/debootstrap.log" >&2; return 1; }
+    # Nothing installs packages at run time: drop apt's lists, caches and docs to keep it small.
+    rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/usr/share/doc/* \
+      "$root"/usr/share/man/* "$root"/usr/share/locale/*
+    mkdir -p "$cache/images"
+    tar -C "$root" -cf "$tarball.tmp" .
+    mv "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+  fi
+  log "docker import $tarball as $base_image"
+  docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$base_image" >/dev/null
+}
+
+build_wheels() {
+  log "building wheels into dist/wheels"
+  mkdir -p "$here/dist/wheels"
+  rm -f "$here"/dist/wheels/kraftkeeper-*.whl
+  (cd "$here" && "$python" -m pip wheel -q ".[operator]" -w dist/wheels)
+  "$python" -m pip download -q --only-binary=:all: -d "$here/dist/wheels" "setuptools>=68" wheel
+}
+
+build_image() {
+  local version
+  version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/pyproject.toml" | head -n1)"
+  log "docker build $image (base $base_image)"
+  docker build -q --build-arg "BASE_IMAGE=$base_image" -t "$image" -t "kraftkeeper:$version" "$here" >/dev/null
+  log "built $image"
+}
+
+case "${1:-build}" in
+  engine) ensure_engine ;;
+  base) ensure_engine; ensure_base ;;
+  check)
+    engine_running || { echo "docker engine not running"; exit 1; }
+    docker image inspect "$base_image" >/dev/null 2>&1 || { echo "base image $base_image missing"; exit 1; }
+    echo "ok: engine running, $base_image present"
+    ;;
+  build) ensure_engine; ensure_base; build_wheels; build_image ;;
+  *) echo "usage: $0 [build|engine|base|check]" >&2; exit 2 ;;
+esac

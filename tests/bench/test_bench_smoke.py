@@ -1,0 +1,148 @@
+"""Smoke tests of the benchmark harness (bench/): the real scripts, run briefly, on loopback.
+
+The full comparison (etcd, wrk) is not run here: it needs scripts/install-bench.sh and minutes of
+machine time. These tests run the kraftkeeper side and the PySyncObj side in ``--quick`` mode for
+a few seconds with whichever generator is present, and check bad options and the cleanup of
+process groups.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# The benchmarks are scripts run as `python -m bench.engine` from the repository root; make the
+# same import work in-process for the small checks below.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.common import ProcessSet, _b64, _request_bytes, wrk_script  # noqa: E402
+
+
+def run_bench(module: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_etcd_keys_compose_from_3_byte_chunks() -> None:
+    # The wrk script builds etcd's base64 keys by concatenating the base64 of 3-byte chunks.
+    assert _b64(b"b1-") + _b64(b"012") + _b64(b"345") == base64.b64encode(b"b1-012345").decode()
+    script = wrk_script("etcd", 100)
+    assert '"' + _b64(b"999") + '"' in script and "/v3/kv/put" in script
+    with pytest.raises(ValueError, match="unknown target kind 'nope'"):
+        wrk_script("nope", 100)
+
+
+def test_request_bytes_are_valid_http() -> None:
+    raw = _request_bytes("etcd", "127.0.0.1", 42, 3, b"x" * 100)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v3/kv/put HTTP/1.1")
+    assert f"Content-Length: {len(body)}".encode() in head
+    doc = json.loads(body)
+    assert base64.b64decode(doc["key"]) == b"b3-000042"
+    assert base64.b64decode(doc["value"]) == b"x" * 100
+    kv = _request_bytes("kv", "h", 7, 1, b"abc")
+    assert kv.startswith(b"PUT /v1/kv/b1-000007 HTTP/1.1") and kv.endswith(b"\r\n\r\nabc")
+
+
+def test_process_set_kills_whole_groups(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    # A parent that starts a grandchild and ignores SIGTERM: close() must still end both.
+    code = (
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
+        "time.sleep(600)\n"
+    )
+    procs = ProcessSet(tmp_path / "logs")
+    parent = procs.spawn("parent", [sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()):
+        assert time.monotonic() < deadline, "grandchild never started"
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    procs.close()
+    assert parent.popen.poll() is not None
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie re-parented to init counts as gone once reaped; check its state.
+        stat = Path(f"/proc/{pid}/stat")
+        return stat.exists() and stat.read_text().split(") ")[1].startswith("Z")
+
+    deadline = time.monotonic() + 30
+    while not gone(child):
+        assert time.monotonic() < deadline, f"grandchild {child} survived ProcessSet.close()"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--clients", "0"], "--clients"),
+        (["--clients", "1,x"], "--clients"),
+        (["--peers", "consul"], "consul"),
+        (["--kraftkeeper", "fast"], "fast"),
+        (["--duration", "-1"], "--duration"),
+    ],
+)
+def test_engine_bench_rejects_bad_options(args: list[str], needle: str) -> None:
+    res = run_bench("bench.engine", *args, timeout=60)
+    assert res.returncode == 2
+    assert needle in res.stderr
+
+
+def test_recovery_bench_rejects_bad_sizes() -> None:
+    res = run_bench("bench.recovery", "--sizes", "10XB", timeout=60)
+    assert res.returncode == 2
+    assert "10XB" in res.stderr
+
+
+def _check_rows(doc: dict[str, object], expect: set[str], clients: list[int]) -> None:
+    rows = doc["rows"]
+    assert isinstance(rows, list)
+    assert {r["system"] for r in rows} == expect
+    for r in rows:
+        assert r["error"] is None, r
+        for c in clients:
+            run = r["runs"][str(c)]
+            assert run["ok"] > 0 and run["writes_per_s"] > 0, r
+            assert 0 < run["p50_ms"] <= run["p99_ms"], r
+        assert r["half_load"] is not None and r["half_load"]["ok"] > 0, r
+
+
+@pytest.mark.slow
+def test_pysyncobj_side_quick(tmp_path: Path) -> None:
+    out = tmp_path / "res.json"
+    res = run_bench("bench.engine", "--quick", "--duration", "1", "--clients", "1,4", "--kraftkeeper", "none",
+                    "--peers", "pysyncobj", "--json", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_rows(json.loads(out.read_text()), {"pysyncobj batch", "pysyncobj nobatch"}, [1, 4])
+    assert "generator ceiling" in res.stdout
+    assert "pysyncobj nobatch" in res.stdout and "p99 @50% peak" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("quorum.runtime.node") is None,
+                    reason="the engine runtime (quorum.runtime) is not in this checkout")
+def test_kraftkeeper_side_quick(tmp_path: Path) -> None:
+    out = tmp_path / "res.json"
+    res = run_bench("bench.engine", "--quick", "--duration", "2", "--clients", "1,8", "--peers", "none",
+                    "--json", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_rows(json.loads(out.read_text()), {"kraftkeeper fsync", "kraftkeeper nofsync"}, [1, 8])
+    assert "kraftkeeper fsync" in res.stdout

@@ -1,0 +1,64 @@
+"""CLI and configuration input checks that need no running node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quorum.runtime.config import load_config, parse_voters
+from quorum.types import ErrorCode, KraftError
+from tests.engine.cluster import run_cli
+
+
+def test_parse_voters_ok() -> None:
+    assert parse_voters("1@127.0.0.1:9091, 2@h:9092") == {1: "127.0.0.1:9091", 2: "h:9092"}
+
+
+@pytest.mark.parametrize("text", ["", "1@h", "x@h:1", "1@h:0", "1@h:1,1@h:2", "1h:1", "1@:5"])
+def test_parse_voters_rejects(text: str) -> None:
+    with pytest.raises(KraftError) as e:
+        parse_voters(text)
+    assert e.value.code is ErrorCode.INVALID_REQUEST
+
+
+def test_config_file(tmp_path: Path) -> None:
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"log": {"fsync": False}, "raft": {"election_timeout_ms": 300}}))
+    cfg = load_config(str(p))
+    assert cfg.fsync is False and cfg.raft["election_timeout_ms"] == 300
+    t = tmp_path / "c.toml"
+    t.write_text("[snapshot]\nmax_bytes = 1000\n")
+    assert load_config(str(t)).snapshot_bytes == 1000
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ('{"log": {"fsink": true}}', "log.fsink"),
+        ('{"raft": {"election_timeout_ms": -5}}', "election_timeout_ms"),
+        ('{"log": {"fsync": "yes"}}', "log.fsync"),
+        ("[1]", "top level"),
+        ("{nope", "does not parse"),
+    ],
+)
+def test_config_file_errors_name_the_problem(tmp_path: Path, body: str, needle: str) -> None:
+    p = tmp_path / "c.json"
+    p.write_text(body)
+    with pytest.raises(KraftError) as e:
+        load_config(str(p))
+    assert e.value.code is ErrorCode.INVALID_REQUEST and needle in e.value.message
+
+
+def test_cli_errors_are_one_line_with_code(tmp_path: Path) -> None:
+    p = run_cli("kv", "get", "--bootstrap", "nonsense", "k", check=False)
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines()[-1].startswith("INVALID_REQUEST:")
+    p = run_cli("quorum", "add-voter", "--bootstrap", "127.0.0.1:9", "--id", "3", "--uuid", "not-a-uuid",
+                check=False)
+    assert p.returncode != 0 and p.stderr.startswith("INVALID_REQUEST:") and "not-a-uuid" in p.stderr
+    p = run_cli("quorum", "describe", "--bootstrap", "127.0.0.1:9", "--timeout", "1", check=False)
+    assert p.returncode != 0 and p.stderr.startswith("UNAVAILABLE:")
+    p = run_cli("frobnicate", check=False)
+    assert p.returncode == 2 and "INVALID_REQUEST" in p.stderr

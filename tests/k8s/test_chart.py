@@ -1,0 +1,260 @@
+"""The Helm chart: lint, render (default and every toggle on), validate offline against the
+Kubernetes 1.30 schemas (kubernetes-validate), and apply with server-side dry run to the real
+test kube-apiserver, including Pod Security admission at the `restricted` level.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+if TYPE_CHECKING:
+    from conftest import KubeEnv
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "kraftkeeper"
+K8S_SCHEMA_VERSION = "1.30.0"  # the version of the pinned test kube-apiserver
+
+
+def render(helm: Path, *args: str, namespace: str = "kk-system") -> list[dict[str, Any]]:
+    proc = subprocess.run([str(helm), "template", "kk", str(CHART), "--namespace", namespace, *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def all_toggles(watch: list[str] | None = None) -> list[str]:
+    args = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
+            "--set", "operator.persistence.enabled=true", "--set", "operator.logLevel=DEBUG",
+            "--set", "serviceAccount.annotations.team=kraft", "--set", "operator.priorityClassName=high"]
+    if watch:
+        args += ["--set", "operator.watchNamespaces={" + ",".join(watch) + "}"]
+    return args
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+# -- no cluster needed ------------------------------------------------------------------------
+
+
+def test_chart_crd_is_the_same_file_as_crds_dir() -> None:
+    top = (REPO / "crds" / "kraftquorums.kraftkeeper.io.yaml").read_bytes()
+    assert (CHART / "crds" / "kraftquorums.kraftkeeper.io.yaml").read_bytes() == top, (
+        "charts/kraftkeeper/crds/ must be a copy of crds/: cp crds/*.yaml charts/kraftkeeper/crds/")
+
+
+def test_every_value_is_commented() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^\s*([A-Za-z][\w.-]*):", line)
+        if not m:
+            continue
+        j = i - 1
+        while j >= 0 and lines[j].strip() == "":
+            j -= 1
+        if j < 0 or not lines[j].strip().startswith("#"):
+            missing.append(f"line {i + 1}: {m.group(1)}")
+    assert not missing, "values.yaml keys without a comment right above: " + ", ".join(missing)
+
+
+def test_values_schema_is_valid_json_and_strict() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) <= set(schema["properties"])
+
+
+# -- helm ------------------------------------------------------------------------------------
+
+
+def test_helm_lint(helm: Path) -> None:
+    for args in ([], all_toggles(["team-a"])):
+        proc = subprocess.run([str(helm), "lint", "--strict", str(CHART), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "operator.replicas=2"], "/operator/replicas"),
+        (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+        (["--set", "operatr.replicas=1"], "operatr"),
+        (["--set", "operator.logLevel=LOUD"], "/operator/logLevel"),
+        (["--set", "networkPolicy.apiServerPorts={70000}"], "/networkPolicy/apiServerPorts"),
+        (["--set", "serviceAccount.create=false"], "serviceAccount.name is required"),
+        (["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.service.enabled=false"],
+         "metrics.serviceMonitor.enabled needs metrics.service.enabled"),
+    ],
+    ids=["two-replicas", "bad-pull-policy", "misspelt-key", "bad-log-level", "bad-port", "sa-without-name",
+         "monitor-without-service"],
+)
+def test_bad_values_are_refused_naming_the_value(helm: Path, args: list[str], expected: str) -> None:
+    proc = subprocess.run([str(helm), "template", "kk", str(CHART), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert expected in proc.stderr, proc.stderr
+
+
+def test_default_render(helm: Path) -> None:
+    docs = render(helm)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    dep = by_kind(docs, "Deployment")[0]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][:3] == ["operator", "run", "--standalone"]
+    assert "--all-namespaces" in c["args"]
+    assert c["image"] == "kraftkeeper:0.1.0"
+
+
+def test_restricted_security_context(helm: Path) -> None:
+    for docs in (render(helm), render(helm, *all_toggles(["a"]))):
+        pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        sc = pod["containers"][0]["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        # A read-only root needs writable scratch: /tmp (HOME) and /data (event logs).
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert {"/tmp", "/data"} <= mounts
+
+
+def test_rbac_is_least_privilege(helm: Path) -> None:
+    for docs in (render(helm), render(helm, *all_toggles(["a", "b"]))):
+        roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        assert roles
+        for role in roles:
+            for rule in role["rules"]:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+                assert "secrets" not in rule["resources"], rule
+                if rule["resources"] == ["pods"]:
+                    assert sorted(rule["verbs"]) == ["delete", "get", "list", "watch"]
+                if rule["resources"] == ["persistentvolumeclaims"]:
+                    assert "create" not in rule["verbs"] and "update" not in rule["verbs"]
+    # Watching named namespaces: the only cluster-wide grant is reading CRDs.
+    docs = render(helm, *all_toggles(["a", "b"]))
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["a", "b"]
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert cluster_role["rules"] == [{"apiGroups": ["apiextensions.k8s.io"],
+                                      "resources": ["customresourcedefinitions"],
+                                      "verbs": ["get", "list", "watch"]}]
+
+
+@pytest.mark.parametrize("toggles", [False, True], ids=["default", "all-toggles"])
+def test_rendered_manifests_pass_offline_schema_validation(helm: Path, toggles: bool) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = render(helm, *(all_toggles(["a"]) if toggles else []))
+    checked = 0
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor":
+            # Not a Kubernetes kind; kubernetes-validate ships no schema for it.
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+            assert doc["spec"]["endpoints"][0]["port"] == "metrics"
+            continue
+        kubernetes_validate.validate(doc, K8S_SCHEMA_VERSION, strict=True)
+        checked += 1
+    crd = yaml.safe_load((CHART / "crds" / "kraftquorums.kraftkeeper.io.yaml").read_text())
+    kubernetes_validate.validate(crd, K8S_SCHEMA_VERSION, strict=True)
+    assert checked == len(docs) - (1 if toggles else 0)
+
+
+# -- against the test kube-apiserver ----------------------------------------------------------
+
+
+@pytest.mark.k8s
+def test_default_render_server_side_dry_run_with_kubectl(kube: KubeEnv, helm: Path, kubectl: Path,
+                                                         namespace: str) -> None:
+    docs = render(helm, namespace=namespace)
+    manifest = yaml.safe_dump_all(docs)
+    proc = subprocess.run(
+        [str(kubectl), "apply", "--dry-run=server", "--validate=strict", "-n", namespace, "-f", "-"],
+        input=manifest, capture_output=True, text=True, env=kube.env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "deployment.apps/kk-kraftkeeper created (server dry run)" in proc.stdout, proc.stdout
+    # Dry run stored nothing.
+    assert kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/kk-kraftkeeper")[0] == 404
+
+
+@pytest.mark.k8s
+def test_all_toggles_render_server_side_dry_run(kube: KubeEnv, helm: Path, namespace: str) -> None:
+    other = f"{namespace}-w"
+    status, body = kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": other}})
+    assert status == 201, body
+    docs = render(helm, *all_toggles([namespace, other]), namespace=namespace)
+    applied = 0
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor":
+            continue  # its CRD belongs to prometheus-operator, which the test cluster lacks
+        status, body = kube.apply(doc, dry_run=True)
+        assert status in (200, 201), f"{doc['kind']} {doc['metadata']['name']}: {body}"
+        applied += 1
+    assert applied == len(docs) - 1
+
+
+@pytest.mark.k8s
+def test_operator_pod_is_admitted_by_restricted_pod_security(
+    kube: KubeEnv, helm: Path, namespace: str
+) -> None:
+    # Pod Security admission enforces per namespace; the Deployment's pods must be admitted
+    # under `restricted`. No controller manager runs here, so create the pod (dry run) directly
+    # from the Deployment's template.
+    status, body = kube.request(
+        "PATCH", f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted",
+                                 "pod-security.kubernetes.io/enforce-version": "v1.30"}}},
+        content_type="application/merge-patch+json")
+    assert status == 200, body
+    dep = by_kind(render(helm, namespace=namespace), "Deployment")[0]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "operator-probe", "namespace": namespace,
+                        "labels": dep["spec"]["template"]["metadata"]["labels"]},
+           "spec": dep["spec"]["template"]["spec"]}
+    status, body = kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod, {"dryRun": "All"})
+    assert status == 201, body
+    # The check is real: the same pod without the hardening is refused.
+    weak = json.loads(json.dumps(pod))
+    del weak["spec"]["containers"][0]["securityContext"]["capabilities"]
+    status, body = kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", weak, {"dryRun": "All"})
+    assert status == 403, body
+    assert "restricted" in body["message"] and "capabilities" in body["message"]
+
+
+@pytest.mark.k8s
+def test_helm_install_against_the_api_server(kube: KubeEnv, helm: Path, namespace: str) -> None:
+    # A real install: helm sends the CRD (crds/) and the templates; nothing runs the Deployment,
+    # but every object must be accepted and the release recorded.
+    proc = subprocess.run([str(helm), "install", "kk", str(CHART), "--namespace", namespace,
+                           "--set", f"operator.watchNamespaces={{{namespace}}}", "--wait=false"],
+                          capture_output=True, text=True, env=kube.env(), timeout=180)
+    if proc.returncode != 0 and "unknown flag: --wait" in proc.stderr:
+        proc = subprocess.run([str(helm), "install", "kk", str(CHART), "--namespace", namespace,
+                               "--set", f"operator.watchNamespaces={{{namespace}}}"],
+                              capture_output=True, text=True, env=kube.env(), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "KRaftKeeper 0.1.0 is installed" in proc.stdout
+    status, dep = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/kk-kraftkeeper")
+    assert status == 200, dep
+    status, role = kube.request("GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/"
+                                       "kk-kraftkeeper")
+    assert status == 200, role
+    status, crd = kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                                      "kraftquorums.kraftkeeper.io")
+    assert status == 200, crd
+    proc = subprocess.run([str(helm), "uninstall", "kk", "--namespace", namespace],
+                          capture_output=True, text=True, env=kube.env(), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    # The CRD stays after uninstall (charts' crds/ are never deleted by helm), so quorums survive.
+    assert kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                               "kraftquorums.kraftkeeper.io")[0] == 200

@@ -1,0 +1,302 @@
+"""The kopf operator against a real kube-apiserver (fixtures in conftest.py): owned objects,
+scaling, status, Events, invalid specs, finalizer cleanup and, with real node processes on
+loopback standing in for the pods (no kubelet here), an automatic disk-failure recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import KubeEnv, free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+from operator_nodes import LocalCluster, engine_missing, kk
+
+pytestmark = pytest.mark.k8s
+
+KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
+
+
+class Operator:
+    """``kraftkeeper operator run`` in a subprocess, watching one namespace."""
+
+    def __init__(self, kube: KubeEnv, ns: str, log: Path, overrides: str = "") -> None:
+        self.metrics_port = free_port()
+        env = kube.env()
+        env.update(
+            KRAFTKEEPER_METRICS_PORT=str(self.metrics_port),
+            KRAFTKEEPER_METRICS_HOST="127.0.0.1",
+            KRAFTKEEPER_RECONCILE_INTERVAL="0.5",
+            KRAFTKEEPER_QUORUM_TIMEOUT="2",
+            KRAFTKEEPER_ENDPOINT_OVERRIDES=overrides,
+            KRAFTKEEPER_DEFAULT_IMAGE="kraftkeeper:test",
+        )
+        self.log = log
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quorum.cli",
+                "operator",
+                "run",
+                "--standalone",
+                "--namespace",
+                ns,
+                "--verbose",
+            ],
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+
+@pytest.fixture
+def operator(
+    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
+) -> Iterator[Operator]:
+    op = Operator(kube, namespace, tmp_path / "operator.log")
+    yield op
+    op.stop()
+    print("operator log:\n" + op.tail())  # shown by pytest when the test failed
+
+
+def kq(name: str, voters: int = 3, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kraftkeeper.io/v1alpha1",
+        "kind": "KRaftQuorum",
+        "metadata": {"name": name},
+        "spec": {"voters": voters, **spec},
+    }
+
+
+def create(kube: KubeEnv, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+    st, body = kube.request("POST", KQ.format(ns=ns), obj)
+    assert st == 201, body
+    return body  # type: ignore[no-any-return]
+
+
+def get(kube: KubeEnv, path: str) -> dict[str, Any] | None:
+    st, body = kube.request("GET", path)
+    return body if st == 200 else None  # type: ignore[no-any-return]
+
+
+def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator) -> None:
+    ns = namespace
+    obj = create(kube, ns, kq("q1", 3, recovery={"stabilizationSeconds": 5}))
+    uid = obj["metadata"]["uid"]
+    sts_path = f"/apis/apps/v1/namespaces/{ns}/statefulsets/q1"
+    sts = kube.wait_for("StatefulSet q1", lambda: get(kube, sts_path), timeout=60)
+    for path in (
+        f"/api/v1/namespaces/{ns}/services/q1",
+        f"/api/v1/namespaces/{ns}/services/q1-headless",
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/q1",
+    ):
+        o = kube.wait_for(path, lambda p=path: get(kube, p), timeout=30)
+        refs = o["metadata"]["ownerReferences"]
+        assert refs[0]["uid"] == uid and refs[0]["controller"] is True and refs[0]["kind"] == "KRaftQuorum"
+    assert sts["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["serviceName"] == "q1-headless"
+    pod = sts["spec"]["template"]["spec"]
+    start = pod["containers"][0]["command"][-1]
+    assert "kraftkeeper start" in start and f"3@q1-2.q1-headless.{ns}.svc:9093" in start
+    assert "--ignore-formatted" in pod["initContainers"][0]["command"][-1]
+    assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+        "whenScaled": "Delete",
+        "whenDeleted": "Retain",
+    }
+    pdb = get(kube, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/q1")
+    assert pdb is not None and pdb["spec"]["maxUnavailable"] == 1
+    headless = get(kube, f"/api/v1/namespaces/{ns}/services/q1-headless")
+    assert headless is not None and headless["spec"]["clusterIP"] == "None"
+
+    # The finalizer is on, status written; no pod runs (no kubelet), so the quorum is unreachable:
+    # a status, never a crash.
+    def reported() -> dict[str, Any] | None:
+        o = get(kube, KQ.format(ns=ns) + "/q1")
+        st = (o or {}).get("status") or {}
+        return o if st.get("observedGeneration") == 1 and st.get("conditions") else None
+
+    o = kube.wait_for("status of q1", reported, timeout=60)
+    assert "kraftkeeper.io/cleanup" in o["metadata"]["finalizers"]
+    conds = {c["type"]: c for c in o["status"]["conditions"]}
+    assert conds["Available"]["status"] == "False" and conds["QuorumLost"]["status"] == "True"
+    assert o["status"]["phase"] == "Bootstrapping" and o["status"]["leaderId"] == -1
+    assert operator.proc.poll() is None, operator.tail()
+
+    # Kubernetes Events about the resource (kopf posts one per handler outcome).
+    evs = kube.wait_for(
+        "an Event for q1",
+        lambda: [
+            e
+            for e in (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
+            if e["involvedObject"].get("uid") == uid
+        ],
+        timeout=30,
+    )
+    assert evs
+
+    # Scale up: the StatefulSet grows at once, the PDB follows the voter count.
+    st, body = kube.request(
+        "PATCH",
+        KQ.format(ns=ns) + "/q1",
+        {"spec": {"voters": 5}},
+        content_type="application/merge-patch+json",
+    )
+    assert st == 200, body
+    kube.wait_for("5 replicas", lambda: (get(kube, sts_path) or {}).get("spec", {}).get("replicas") == 5)
+    kube.wait_for(
+        "PDB maxUnavailable 2",
+        lambda: (
+            (get(kube, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/q1") or {})["spec"][
+                "maxUnavailable"
+            ]
+            == 2
+        ),
+    )
+    # Pods keep their bootstrap voter list: scaling does not roll them.
+    assert "4@" not in get(kube, sts_path)["spec"]["template"]["spec"]["containers"][0]["command"][-1]  # type: ignore[index]
+
+    # Scale down: never shrink the StatefulSet before the quorum has been reassigned; with the
+    # quorum unreachable, the StatefulSet must stay at 5 after the new generation was handled.
+    st, body = kube.request(
+        "PATCH",
+        KQ.format(ns=ns) + "/q1",
+        {"spec": {"voters": 3}},
+        content_type="application/merge-patch+json",
+    )
+    assert st == 200, body
+    kube.wait_for(
+        "generation 3 observed",
+        lambda: (get(kube, KQ.format(ns=ns) + "/q1") or {}).get("status", {}).get("observedGeneration") == 3,
+    )
+    assert get(kube, sts_path)["spec"]["replicas"] == 5  # type: ignore[index]
+
+    # Delete: the finalizer removes the owned objects (no garbage collector runs here).
+    st, _ = kube.request("DELETE", KQ.format(ns=ns) + "/q1")
+    assert st in (200, 202)
+    kube.wait_for("q1 gone", lambda: kube.request("GET", KQ.format(ns=ns) + "/q1")[0] == 404, timeout=60)
+    for path in (
+        sts_path,
+        f"/api/v1/namespaces/{ns}/services/q1",
+        f"/api/v1/namespaces/{ns}/services/q1-headless",
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/q1",
+    ):
+        assert kube.request("GET", path)[0] == 404, path
+    assert operator.proc.poll() is None, operator.tail()
+
+
+def test_invalid_specs_are_refused_or_reported(kube: KubeEnv, namespace: str, operator: Operator) -> None:
+    ns = namespace
+    # The schema refuses an even voter count with a message naming the field.
+    st, body = kube.request("POST", KQ.format(ns=ns), kq("even", 4))
+    assert st == 422 and "spec.voters" in json.dumps(body)
+    # Something the CRD cannot check (free-form affinity) but the API server refuses in the
+    # StatefulSet: reported in status as InvalidSpec, and no retry storm (PermanentError).
+    create(kube, ns, kq("bad", 3, scheduling={"affinity": {"nodeAffinity": {"bogusField": 1}}}))
+
+    def failed() -> dict[str, Any] | None:
+        st = (get(kube, KQ.format(ns=ns) + "/bad") or {}).get("status") or {}
+        return st if st.get("phase") == "Failed" else None
+
+    st2 = kube.wait_for("status Failed", failed, timeout=60)
+    cond = next(c for c in st2["conditions"] if c["type"] == "Available")
+    assert cond["reason"] == "InvalidSpec" and "StatefulSet" in cond["message"]
+    assert kube.request("GET", f"/apis/apps/v1/namespaces/{ns}/statefulsets/bad")[0] == 404
+    assert operator.proc.poll() is None, operator.tail()
+    # Fixing the spec recovers.
+    st, body = kube.request(
+        "PATCH",
+        KQ.format(ns=ns) + "/bad",
+        {"spec": {"scheduling": None}},
+        content_type="application/merge-patch+json",
+    )
+    assert st == 200, body
+    kube.wait_for(
+        "StatefulSet after the fix",
+        lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/bad"),
+        timeout=60,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+def test_disk_replacement_is_recovered_without_a_human(
+    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    # Real node processes stand in for the pods q-0..q-2; supervision only (no local recovery).
+    nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"])
+    overrides = ",".join(f"{ns}/q/{k}={nodes.endpoint(k + 1)}" for k in range(3))
+    op = Operator(kube, ns, tmp_path / "operator.log", overrides)
+    try:
+        create(
+            kube,
+            ns,
+            kq("q", 3, recovery={"stabilizationSeconds": 1}, eventLog={"path": str(tmp_path / "ev")}),
+        )
+
+        def status() -> dict[str, Any]:
+            return (get(kube, KQ.format(ns=ns) + "/q") or {}).get("status") or {}
+
+        first = kube.wait_for(
+            "q Running", lambda: (s := status()).get("phase") == "Running" and s, timeout=120
+        )
+        assert first["leaderId"] > 0 and len(first["voters"]) == 3
+        old = next(v["uuid"] for v in first["voters"] if v["id"] == 3)
+        out = kk("cluster", "replace-disk", "--dir", str(tmp_path / "nodes"), "--node", "3")
+        assert out.returncode == 0, out.stderr
+        new = out.stdout.strip().splitlines()[-1]
+
+        def done() -> dict[str, Any] | None:
+            s = status()
+            recs = [r for r in s.get("recoveries") or [] if r.get("result") == "Succeeded"]
+            keys = {(v["id"], v["uuid"]) for v in s.get("voters") or []}
+            return s if recs and (3, new) in keys and (3, old) not in keys else None
+
+        s = kube.wait_for("recovery Succeeded in status", done, timeout=180)
+        rec = next(r for r in s["recoveries"] if r["result"] == "Succeeded")
+        assert rec["oldUuid"] == old and rec["newUuid"] == new and rec["replicaId"] == 3
+        assert {"catchUp", "addVoter", "removeVoter"} <= set(rec["phaseSeconds"])
+        evs = kube.wait_for(
+            "RecoveryCompleted Event",
+            lambda: [
+                e
+                for e in (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
+                if e.get("reason") == "RecoveryCompleted"
+            ],
+            timeout=30,
+        )
+        assert evs
+        lines = [
+            json.loads(x)
+            for f in sorted((tmp_path / "ev").rglob("*.jsonl"))
+            for x in f.read_text().splitlines()
+        ]
+        assert [e["type"] for e in lines if e["recovery_id"] == rec["recoveryId"]][-1] == "recovery_completed"
+        assert all(e["cluster"] == f"{ns}/q" for e in lines)
+    finally:
+        op.stop()
+        nodes.stop()

@@ -1,0 +1,183 @@
+"""Local mode: `kraftkeeper operator local` supervising real node processes, and
+`kraftkeeper cluster replace-disk`. Bad input first (no engine needed), then the real thing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from kraftkeeper_operator.local import ClusterLayout, local_main, replace_disk_main
+from operator_nodes import LocalCluster, engine_missing, kk, poll
+
+FULL = [
+    "disk_replacement_detected",
+    "replica_caught_up",
+    "add_voter_started",
+    "add_voter_committed",
+    "remove_voter_started",
+    "remove_voter_committed",
+    "recovery_completed",
+]
+
+
+def read_events(d: Path) -> list[dict[str, object]]:
+    out = []
+    for f in sorted((d / "events").rglob("*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return out
+
+
+def test_replace_disk_refuses_a_directory_that_is_not_a_local_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "keep.txt").write_text("precious")
+    assert replace_disk_main(["--dir", str(tmp_path), "--node", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("INVALID_REQUEST:") and "cluster.json" in err
+    assert (tmp_path / "keep.txt").read_text() == "precious"  # nothing touched
+
+
+def test_replace_disk_refuses_an_unknown_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ClusterLayout.load_or_create(tmp_path, 3, 20000)
+    assert replace_disk_main(["--dir", str(tmp_path), "--node", "4"]) == 2
+    assert "--node 4" in capsys.readouterr().err
+    assert not (tmp_path / "control" / "node-4.hold").exists()
+
+
+def test_replace_disk_without_supervisor_gives_a_new_storage_uuid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = ClusterLayout.load_or_create(tmp_path, 3, 20000)
+    first = layout.format(2)
+    (layout.data_dir(2) / "junk").write_text("old log")
+    assert replace_disk_main(["--dir", str(tmp_path), "--node", "2"]) == 0
+    new = capsys.readouterr().out.strip().splitlines()[-1]
+    assert new != first and len(new) == 36
+    assert not (layout.data_dir(2) / "junk").exists()
+    assert new in (layout.data_dir(2) / "meta.properties").read_text()
+    assert not layout.hold_file(2).exists()
+
+
+def test_replace_disk_refuses_while_another_replacement_holds_the_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = ClusterLayout.load_or_create(tmp_path, 3, 20000)
+    uuid = layout.format(1)
+    layout.hold_file(1).write_text(f"{os.getpid()}\n")
+    assert replace_disk_main(["--dir", str(tmp_path), "--node", "1"]) == 2
+    assert "already being replaced" in capsys.readouterr().err
+    assert uuid in (layout.data_dir(1) / "meta.properties").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--nodes", "0"], "--nodes 0"),
+        (["--nodes", "12"], "--nodes 12"),
+        (["--base-port", "80"], "--base-port 80"),
+        (["--stabilization-seconds", "700"], "timeoutSeconds"),
+        (["--order", "Sideways"], "--order"),
+    ],
+)
+def test_local_rejects_bad_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    with pytest.raises(SystemExit) if needle == "--order" else _nothing():
+        rc = local_main(["--dir", str(tmp_path / "c"), *args])
+        assert rc == 2
+    err = capsys.readouterr().err
+    assert "INVALID_REQUEST" in err and needle in err
+    assert not (tmp_path / "c" / "node-1").exists()
+
+
+def test_local_refuses_to_change_the_node_count_of_an_existing_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ClusterLayout.load_or_create(tmp_path, 3, 20000)
+    assert local_main(["--dir", str(tmp_path), "--nodes", "5"]) == 2
+    assert "created with 3 nodes" in capsys.readouterr().err
+    assert json.loads((tmp_path / "cluster.json").read_text())["nodes"] == 3
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Real node processes
+
+needs_engine = pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+
+
+@needs_engine
+@pytest.mark.slow
+def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> None:
+    d = tmp_path / "demo"
+    c = LocalCluster(d, 3, extra=["--stabilization-seconds", "1", "--live-window-seconds", "3"])
+    try:
+        first = poll(
+            "a leader and 3 voters",
+            lambda: (x := c.describe()) and x["leader_id"] > 0 and len(x["voters"]) == 3 and x,
+            timeout=90,
+        )
+        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
+        old = next(v["uuid"] for v in first["voters"] if v["id"] == 3)
+        out = kk("cluster", "replace-disk", "--dir", str(d), "--node", "3")
+        assert out.returncode == 0, out.stderr
+        new = out.stdout.strip().splitlines()[-1]
+        assert new != old
+
+        def swapped() -> dict[str, object] | None:
+            x = c.describe()
+            if not x or x["pending_voter_change"] is not None:
+                return None
+            keys = {(v["id"], v["uuid"]) for v in x["voters"]}
+            return x if (3, new) in keys and (3, old) not in keys and len(keys) == 3 else None
+
+        poll("voters swapped (3, old) -> (3, new)", swapped, timeout=120)
+        st = poll(
+            "status shows the recovery completed",
+            lambda: [r for r in c.status()["recoveries"] if r["phase"] == "Completed"],
+            timeout=30,
+        )
+        assert st[0]["oldUuid"] == old and st[0]["newUuid"] == new
+        events = read_events(d)
+        rid = next(e["recovery_id"] for e in events if e["type"] == "disk_replacement_detected")
+        seq = [e["type"] for e in events if e["recovery_id"] == rid and e["type"] in FULL]
+        assert seq == FULL, seq
+        assert all(e["cluster"] == "demo" and e["replica_id"] == 3 for e in events if e["recovery_id"] == rid)
+        assert 'kraftkeeper_operator_recoveries_total{quorum="demo",result="completed"} 1.0' in c.metrics()
+        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
+        assert got.returncode == 0 and got.stdout.strip() == "v1"  # nothing committed was lost
+    finally:
+        rc = c.stop()
+    assert rc == 0, c.tail()
+    for i in (1, 2, 3):  # graceful shutdown stopped every node
+        assert not (d / "control" / f"node-{i}.pid").exists()
+
+
+@needs_engine
+@pytest.mark.slow
+def test_supervisor_restarts_a_node_that_dies(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    c = LocalCluster(d, 3, extra=["--no-recovery"])
+    try:
+        pidfile = d / "control" / "node-2.pid"
+        pid = poll("node 2 started", lambda: pidfile.exists() and int(pidfile.read_text()), timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        newpid = poll(
+            "node 2 restarted",
+            lambda: pidfile.exists() and (p := int(pidfile.read_text())) != pid and p,
+            timeout=60,
+        )
+        assert newpid != pid
+        poll("a leader", lambda: (x := c.describe()) and x["leader_id"] > 0, timeout=90)
+    finally:
+        assert c.stop() == 0, c.tail()

@@ -1,0 +1,400 @@
+"""Recovery decisions over the in-memory quorum model: every awkward case of KIP-856 disk
+replacement the operator must survive (leader replaced, two disks, operator restarts between
+steps, replica falling behind, majority down, bad policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from kraftkeeper_operator.api import InMemoryQuorum
+from kraftkeeper_operator.controller import ControllerStatus, RecoveryController
+from kraftkeeper_operator.recovery import (
+    DescribeError,
+    Order,
+    Phase,
+    PolicyError,
+    QuorumView,
+    Recovery,
+    RecoveryPolicy,
+)
+from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
+from prometheus_client import generate_latest
+
+from quorum.types import ErrorCode
+
+FULL = [
+    "disk_replacement_detected",
+    "replica_caught_up",
+    "add_voter_started",
+    "add_voter_committed",
+    "remove_voter_started",
+    "remove_voter_committed",
+    "recovery_completed",
+]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def ms(self) -> int:
+        return int(self.t * 1000)
+
+
+POLICY = RecoveryPolicy(stabilization_seconds=10, max_lag=10, timeout_seconds=300, live_window_seconds=3)
+
+
+class Rig:
+    def __init__(self, n: int = 3, policy: RecoveryPolicy = POLICY, records: Iterable[Recovery] = ()) -> None:
+        self.clock = Clock()
+        self.q = InMemoryQuorum(n, self.clock.ms)
+        self.sink = MemorySink()
+        self.metrics = OperatorMetrics()
+        self.saved: list[dict[str, Any]] = []
+        self.ctl = self.controller(policy, records)
+
+    def controller(
+        self, policy: RecoveryPolicy = POLICY, records: Iterable[Recovery] = ()
+    ) -> RecoveryController:
+        async def persist(recs: list[dict[str, Any]]) -> None:
+            self.saved = recs
+
+        return RecoveryController(
+            self.q,
+            policy,
+            cluster="test",
+            sink=self.sink,
+            metrics=self.metrics,
+            clock=self.clock,
+            records=records,
+            persist=persist,
+        )
+
+    async def step(self, seconds: float = 1.0) -> ControllerStatus:
+        self.clock.t += seconds
+        self.q.tick()
+        return await self.ctl.reconcile()
+
+    async def run_until(self, cond: Any, limit: int = 200) -> ControllerStatus:
+        for _ in range(limit):
+            st = await self.step()
+            if cond(st):
+                return st
+        raise AssertionError(f"condition not reached; events {self.sink.types()}")
+
+    def voters(self) -> set[tuple[int, str]]:
+        return set(self.q.voters)
+
+    def changes(self) -> list[tuple[str, Any]]:
+        return [c for c in self.q.calls if c[0] != "describe"]
+
+
+def recovered(st: ControllerStatus) -> bool:
+    return any(r["phase"] == "Completed" for r in st.recoveries)
+
+
+async def test_replaced_disk_is_recovered_add_then_remove() -> None:
+    rig = Rig()
+    old = rig.q.current(3).uuid
+    new = rig.q.replace_disk(3, lag=500)
+    # Not caught up: detected, but no change, however long we wait below the timeout.
+    for _ in range(30):
+        st = await rig.step()
+    assert rig.sink.types() == ["disk_replacement_detected"]
+    assert rig.changes() == []
+    assert st.condition("Recovering").status and st.condition("Degraded").status
+    rig.q.set_lag(3, 0)
+    st = await rig.run_until(recovered)
+    assert rig.sink.types() == FULL
+    assert rig.changes() == [("add_voter", (3, new)), ("remove_voter", (3, old))]
+    assert rig.voters() == {(1, rig.q.current(1).uuid), (2, rig.q.current(2).uuid), (3, new)}
+    rec = st.recoveries[-1]
+    assert (rec["oldUuid"], rec["newUuid"], rec["replicaId"]) == (old, new, 3)
+    # Stabilisation lasted at least the policy's time on our (fake) clock.
+    assert rec["caughtUpMs"] - rec["caughtUpSinceMs"] >= 10_000
+    text = generate_latest(rig.metrics.registry).decode()
+    assert 'kraftkeeper_operator_recoveries_total{quorum="test",result="completed"} 1.0' in text
+    st = await rig.step()
+    assert 'kraftkeeper_operator_voters{quorum="test"} 3.0' in generate_latest(rig.metrics.registry).decode()
+    assert not st.condition("Recovering").status and not st.condition("Degraded").status
+    assert st.to_status()["leaderId"] == rig.q.leader[0]  # type: ignore[index]
+
+
+async def test_remove_then_add_order() -> None:
+    policy = RecoveryPolicy(
+        order=Order.REMOVE_THEN_ADD,
+        stabilization_seconds=5,
+        max_lag=10,
+        timeout_seconds=300,
+        live_window_seconds=3,
+    )
+    rig = Rig(policy=policy)
+    old = rig.q.current(2).uuid
+    new = rig.q.replace_disk(2, lag=0)
+    await rig.run_until(recovered)
+    assert rig.changes() == [("remove_voter", (2, old)), ("add_voter", (2, new))]
+    types = rig.sink.types()
+    assert types[0] == "disk_replacement_detected" and types[-1] == "recovery_completed"
+    assert types.index("remove_voter_committed") < types.index("add_voter_started")
+    assert (2, new) in rig.voters() and len(rig.voters()) == 3
+
+
+async def test_replaced_node_was_the_leader() -> None:
+    rig = Rig()
+    assert rig.q.leader is not None and rig.q.leader[0] == 1
+    old = rig.q.current(1).uuid
+    new = rig.q.replace_disk(1, lag=0)
+    assert rig.q.leader is not None and rig.q.leader[0] == 2  # re-elected among the rest
+    await rig.run_until(recovered)
+    assert rig.changes() == [("add_voter", (1, new)), ("remove_voter", (1, old))]
+    assert rig.sink.types() == FULL
+    # Every event names the leader that was in charge when it happened.
+    assert {e["leader_id"] for e in rig.sink.events} == {2}
+
+
+async def test_two_disks_replaced_with_five_voters_run_one_after_the_other() -> None:
+    rig = Rig(n=5)
+    new3 = rig.q.replace_disk(3, lag=0)
+    await rig.step()
+    new4 = rig.q.replace_disk(4, lag=0)
+    st = await rig.run_until(lambda s: sum(r["phase"] == "Completed" for r in s.recoveries) == 2)
+    calls = rig.changes()
+    assert [c[0] for c in calls] == ["add_voter", "remove_voter", "add_voter", "remove_voter"]
+    assert calls[0][1] == (3, new3) and calls[2][1] == (4, new4)  # first detected goes first
+    assert {k for k in rig.voters() if k[0] in (3, 4)} == {(3, new3), (4, new4)}
+    assert len(rig.voters()) == 5 and not st.condition("Recovering").status
+    # Never more than one extra voter (one change at a time).
+    ids = [e["replica_id"] for e in rig.sink.events if e["type"].endswith("_started")]
+    assert ids == [3, 3, 4, 4]
+
+
+async def test_second_disk_during_first_recovery_with_three_voters_waits_for_quorum() -> None:
+    rig = Rig(n=3)
+    rig.q.replace_disk(3, lag=0)
+    await rig.step()
+    await rig.step()
+    rig.q.replace_disk(2, lag=0)  # now only voter 1 is live: no majority of {1,2,3}
+    for _ in range(40):
+        st = await rig.step()
+        assert st.condition("QuorumLost").status
+    assert rig.changes() == []
+    assert not st.condition("Available").status
+
+
+async def test_operator_killed_between_add_and_remove_resumes_from_status() -> None:
+    rig = Rig()
+    old = rig.q.current(3).uuid
+    new = rig.q.replace_disk(3, lag=0)
+    await rig.run_until(lambda s: any(r["phase"] == "Added" for r in s.recoveries))
+    assert (3, old) in rig.voters() and (3, new) in rig.voters()
+    saved = [Recovery.from_dict(d) for d in rig.saved]
+    rig.ctl = rig.controller(records=saved)  # a new operator process, status restored
+    await rig.run_until(recovered)
+    assert rig.changes()[-1] == ("remove_voter", (3, old))
+    assert rig.voters() == {k for k in rig.voters() if k != (3, old)} and (3, new) in rig.voters()
+    assert rig.sink.types() == FULL  # no step logged twice
+
+
+async def test_operator_killed_between_add_and_remove_with_status_lost() -> None:
+    rig = Rig()
+    old = rig.q.current(3).uuid
+    new = rig.q.replace_disk(3, lag=0)
+    await rig.run_until(lambda s: any(r["phase"] == "Added" for r in s.recoveries))
+    for _ in range(5):  # the old voter stops looking live
+        rig.clock.t += 1
+        rig.q.tick()
+    rig.ctl = rig.controller(records=())  # nothing recorded survived: the quorum decides
+    await rig.run_until(recovered)
+    assert rig.changes()[-1] == ("remove_voter", (3, old))
+    assert (3, new) in rig.voters() and (3, old) not in rig.voters()
+    assert "recovery_resumed" in rig.sink.types()
+
+
+async def test_operator_killed_during_add_voter_call_outcome_unknown() -> None:
+    rig = Rig()
+    old = rig.q.current(3).uuid
+    new = rig.q.replace_disk(3, lag=0)
+    # The AddVoter commits, but the answer is lost (timeout): the next run reads the quorum.
+    rig.q.fail_next("add_voter", ErrorCode.REQUEST_TIMED_OUT, apply=True)
+    await rig.run_until(recovered)
+    assert [c for c in rig.changes() if c[0] == "add_voter"] == [("add_voter", (3, new))]
+    assert rig.changes()[-1] == ("remove_voter", (3, old))
+    assert rig.sink.types().count("add_voter_committed") == 1
+
+
+async def test_operator_killed_before_issuing_add_resumes() -> None:
+    rig = Rig()
+    rig.q.replace_disk(3, lag=0)
+    await rig.run_until(lambda s: any(r["phase"] == "CaughtUp" for r in s.recoveries) or bool(rig.changes()))
+    rig.ctl = rig.controller(records=[Recovery.from_dict(d) for d in rig.saved])
+    await rig.run_until(recovered)
+    assert [c[0] for c in rig.changes()] == ["add_voter", "remove_voter"]
+
+
+async def test_replica_falling_behind_resets_stabilisation() -> None:
+    rig = Rig()
+    rig.q.replace_disk(3, lag=0)
+    for _ in range(6):  # 6 s caught up, stabilisation is 10 s
+        await rig.step()
+    rig.q.set_lag(3, 50)
+    st = await rig.step()
+    assert "replica_fell_behind" in rig.sink.types()
+    assert st.recoveries[-1]["caughtUpSinceMs"] is None
+    rig.q.set_lag(3, 0)
+    back = rig.clock.ms()
+    await rig.run_until(lambda s: bool(rig.changes()))
+    rec = rig.ctl.book.records[-1]
+    assert rec.caught_up_ms is not None and rec.caught_up_ms - back >= 10_000
+    await rig.run_until(recovered)
+
+
+async def test_leader_rejects_add_as_not_caught_up_restarts_clock() -> None:
+    rig = Rig()
+    rig.q.replace_disk(3, lag=0)
+    rig.q.fail_next("add_voter", ErrorCode.REPLICA_NOT_CAUGHT_UP)
+    await rig.run_until(lambda s: bool(rig.changes()))
+    st = await rig.step()
+    assert st.recoveries[-1]["phase"] == "Stabilizing"
+    await rig.run_until(recovered)
+    assert [c[0] for c in rig.changes()] == ["add_voter", "add_voter", "remove_voter"]
+
+
+async def test_majority_down_reports_quorum_lost_and_changes_nothing() -> None:
+    rig = Rig()
+    rig.q.kill(2)
+    rig.q.replace_disk(3, lag=0)
+    for _ in range(30):
+        st = await rig.step()
+    assert rig.changes() == []
+    assert st.condition("QuorumLost").status and not st.condition("Available").status
+    assert 'quorum_lost{quorum="test"} 1.0' in generate_latest(rig.metrics.registry).decode()
+    rig.q.revive(2)
+    await rig.run_until(recovered)
+
+
+async def test_add_blocked_when_another_voter_is_down() -> None:
+    """3 voters, 3 replaced, 2 down: adding (3,new) would make 4 voters with 2 live."""
+    rig = Rig(n=5)
+    rig.q.kill(1)
+    rig.q.kill(2)
+    rig.q.replace_disk(3, lag=0)
+    for _ in range(30):
+        st = await rig.step()
+    # 5 voters, 2 live -> quorum lost in fact; nothing may happen
+    assert rig.changes() == [] and st.condition("QuorumLost").status
+
+
+async def test_old_voter_still_live_is_not_replaced() -> None:
+    """Two processes with one id (a misconfiguration) must not trigger a recovery."""
+    rig = Rig()
+    imposter = rig.q.replace_disk(3, lag=0)
+    old = next(k for k in rig.q.replicas if k[0] == 3 and k[1] != imposter)
+    rig.q.replicas[old].alive = True
+    for _ in range(30):
+        st = await rig.step()
+    assert rig.changes() == []
+    assert st.blocked is not None and "still live" in st.blocked
+
+
+async def test_timeout_gives_up_with_reason() -> None:
+    policy = RecoveryPolicy(stabilization_seconds=5, max_lag=10, timeout_seconds=20, live_window_seconds=3)
+    rig = Rig(policy=policy)
+    rig.q.replace_disk(3, lag=10_000)
+    await rig.run_until(lambda s: any(r["phase"] == "Failed" for r in s.recoveries), limit=40)
+    failed = [e for e in rig.sink.events if e["type"] == "recovery_failed"]
+    assert failed and failed[0]["detail"]["reason"].startswith("timeout")
+    assert rig.changes() == []
+    assert 'result="failed"} 1.0' in generate_latest(rig.metrics.registry).decode()
+
+
+async def test_disabled_policy_does_nothing() -> None:
+    rig = Rig(policy=RecoveryPolicy(enabled=False))
+    rig.q.replace_disk(3, lag=0)
+    for _ in range(30):
+        await rig.step()
+    assert rig.changes() == [] and rig.sink.events == []
+
+
+async def test_pending_change_blocks_everything() -> None:
+    rig = Rig()
+    rig.q.replace_disk(3, lag=0)
+    rig.q.pending = {"op": "add", "id": 9, "uuid": "00000000-0000-0000-0000-000000000009"}
+    for _ in range(30):
+        st = await rig.step()
+    assert rig.changes() == [] and st.blocked is not None and "in progress" in st.blocked
+    rig.q.pending = None
+    await rig.run_until(recovered)
+
+
+async def test_scaling_reassigns_only_when_new_replicas_caught_up() -> None:
+    rig = Rig(n=3)
+    rig.ctl.desired_ids = [1, 2, 3, 4, 5]
+    st = await rig.step()
+    assert rig.changes() == [] and st.blocked is not None and "catch up" in st.blocked
+    for i in (4, 5):
+        rig.q.replace_disk(i, lag=0)  # new observers with ids 4, 5
+    await rig.run_until(lambda s: s.reassigned is not None)
+    assert rig.changes() == [("reassign", [1, 2, 3, 4, 5])]
+    rig.ctl.desired_ids = [1, 2, 3]
+    await rig.run_until(lambda s: s.voter_ids == [1, 2, 3])
+    assert rig.changes()[-1] == ("reassign", [1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"order": "Sideways"}, "spec.recovery.order"),
+        ({"maxLagRecords": -1}, "spec.recovery.maxLagRecords"),
+        ({"maxLagRecords": "10"}, "spec.recovery.maxLagRecords"),
+        ({"stabilizationSeconds": "soon"}, "spec.recovery.stabilizationSeconds"),
+        ({"stabilizationSeconds": 100, "timeoutSeconds": 50}, "spec.recovery.timeoutSeconds"),
+        ({"enabled": "yes"}, "spec.recovery.enabled"),
+        ({"colour": "blue"}, "spec.recovery.colour"),
+        ({"liveWindowSeconds": 0}, "spec.recovery.liveWindowSeconds"),
+    ],
+)
+def test_invalid_policy_names_the_field(spec: dict[str, Any], field: str) -> None:
+    with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
+        RecoveryPolicy.from_spec(spec)
+
+
+def test_policy_from_spec() -> None:
+    p = RecoveryPolicy.from_spec(
+        {"order": "RemoveThenAdd", "stabilizationSeconds": 3, "maxLagRecords": 7}, {"enabled": True}
+    )
+    with pytest.raises(PolicyError, match=r"spec\.uncleanRecovery\.enabled"):
+        RecoveryPolicy.from_spec({}, {"enabled": 1})
+    assert p.order is Order.REMOVE_THEN_ADD and p.stabilization_seconds == 3 and p.max_lag == 7
+    assert p.unclean_allowed and RecoveryPolicy.from_spec(None) == RecoveryPolicy()
+
+
+def test_bad_describe_object_is_named() -> None:
+    with pytest.raises(DescribeError, match="voters"):
+        QuorumView.from_describe({"leader_id": 1, "leader_epoch": 1})
+
+
+def test_recovery_round_trips_through_status() -> None:
+    r = Recovery("rid", 3, "a", "b", Phase.ADDED, 5, add_started_ms=7)
+    assert Recovery.from_dict(r.to_dict()) == r
+    assert r.to_dict()["addStartedMs"] == 7
+    crd = r.to_crd_status()
+    assert crd["result"] == "InProgress" and crd["phaseSeconds"]["atAddStarted"] == 0.002
+    back = Recovery.from_crd_status(crd)
+    assert (back.add_started_ms, back.old_uuid, back.phase) == (7, "a", Phase.STABILIZING)
+
+
+async def test_operator_restart_from_crd_status_between_add_and_remove() -> None:
+    rig = Rig()
+    old = rig.q.current(3).uuid
+    rig.q.replace_disk(3, lag=0)
+    await rig.run_until(lambda s: any(r["phase"] == "Added" for r in s.recoveries))
+    crd = [r.to_crd_status() for r in rig.ctl.book.records]
+    rig.ctl = rig.controller(records=[Recovery.from_crd_status(d) for d in crd])
+    await rig.run_until(recovered)
+    assert rig.changes()[-1] == ("remove_voter", (3, old))
+    assert rig.sink.types() == FULL
