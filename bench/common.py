@@ -496,7 +496,7 @@ def _request_bytes(kind: str, host: str, key_no: int, conn_no: int, value: bytes
     return head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
 
 
-async def _read_response(reader: asyncio.StreamReader) -> int:
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     status_line = await reader.readline()
     if not status_line:
         raise ConnectionError("server closed the connection")
@@ -513,15 +513,24 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
             length = int(val)
         elif lname == b"transfer-encoding" and b"chunked" in val.lower():
             chunked = True
+    body = b""
     if chunked:
         while True:
             size = int((await reader.readline()).split(b";")[0], 16)
-            await reader.readexactly(size + 2)
+            body += (await reader.readexactly(size + 2))[:size]
             if size == 0:
                 break
     elif length:
-        await reader.readexactly(length)
-    return status
+        body = await reader.readexactly(length)
+    return status, body
+
+
+def _leader_hint(body: bytes) -> str | None:
+    try:
+        hint = json.loads(body or b"{}").get("leader_endpoint")
+    except (ValueError, AttributeError):
+        return None
+    return str(hint) if hint else None
 
 
 async def _asyncio_load(
@@ -531,7 +540,6 @@ async def _asyncio_load(
     Open loop (``rate``): write i is due at ``start + i / rate`` whatever happened before; its
     latency is measured from that due time, so queueing behind slow answers is counted
     (no coordinated omission)."""
-    host, _, port = endpoint.rpartition(":")
     value = value_bytes(size)
     latencies: list[float] = []
     counts = {"ok": 0, "errors": 0}
@@ -539,9 +547,14 @@ async def _asyncio_load(
     start = time.perf_counter() + 0.2  # connections are opened before the clock starts
     end = start + duration
 
+    async def connect(ep: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        h, _, p = ep.rpartition(":")
+        return await asyncio.open_connection(h, int(p))
+
     async def worker(conn_no: int) -> None:
         nonlocal next_index
-        reader, writer = await asyncio.open_connection(host, int(port))
+        target = endpoint
+        reader, writer = await connect(target)
         key_no = conn_no * 7919
         try:
             await asyncio.sleep(max(0.0, start - time.perf_counter()))
@@ -560,17 +573,32 @@ async def _asyncio_load(
                     if due >= end:
                         return
                 key_no += 1
-                writer.write(_request_bytes(kind, host, key_no, conn_no, value))
-                try:
-                    status = await _read_response(reader)
-                except (ConnectionError, asyncio.IncompleteReadError):
-                    counts["errors"] += 1
-                    writer.close()
-                    reader, writer = await asyncio.open_connection(host, int(port))
+                request = _request_bytes(kind, target.rpartition(":")[0], key_no, conn_no, value)
+                # A 421 means "not applied, the leader is elsewhere" (interfaces.md): follow the
+                # hint and send the same write again; its latency still counts from `due`.
+                for _hop in range(3):
+                    writer.write(request)
+                    try:
+                        status, body = await _read_response(reader)
+                    except (ConnectionError, asyncio.IncompleteReadError):
+                        status, body = -1, b""
+                    if status == 421:
+                        hint = _leader_hint(body)
+                        if hint and hint != target:
+                            writer.close()
+                            target = hint
+                            reader, writer = await connect(target)
+                            continue
+                    break
+                if 200 <= status < 300:
+                    latencies.append(time.perf_counter() - due)
+                    counts["ok"] += 1
                     continue
-                done = time.perf_counter()
-                latencies.append(done - due)
-                counts["ok" if 200 <= status < 300 else "errors"] += 1
+                counts["errors"] += 1
+                if status == -1:
+                    writer.close()
+                    await asyncio.sleep(0.05)
+                    reader, writer = await connect(target)
         finally:
             writer.close()
 

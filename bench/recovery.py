@@ -220,7 +220,8 @@ def run_one(work: Path, size: int, value_size: int, concurrency: int, fsync: boo
         voters = {(v["id"], v["uuid"]) for v in after["voters"]}
         if (victim, new) not in voters or (victim, old) in voters:
             raise RuntimeError(f"voter set after recovery is wrong: {sorted(voters)}")
-        via_snapshot = any("snapshot" in p.name for p in cluster.node_dir(victim).rglob("*"))
+        # Snapshots are `*.checkpoint` files (Kafka naming, KIP-630).
+        via_snapshot = any(p.suffix == ".checkpoint" for p in cluster.node_dir(victim).rglob("*"))
         return RecoveryResult(
             size_bytes=size, filled_bytes=filled, leader_dir_bytes=lead_dir, fill_s=fill_s,
             catch_up_s=catch_up_s, catch_up_mb_per_s=lead_dir / MB / catch_up_s,

@@ -50,7 +50,7 @@ kubectl -n "$ns" apply -f "$here/e2e/sample.yaml"
 leader() { kubectl -n "$ns" get kq demo -o jsonpath='{.status.leaderId}'; }
 wait_for "a leader" "$timeout_s" sh -c "[ \"\$(kubectl -n $ns get kq demo -o jsonpath='{.status.leaderId}')\" -ge 1 ]"
 log "leader is $(leader); writing a key"
-kubectl -n "$ns" exec demo-0 -- kraftkeeper kv put --bootstrap demo-0.demo:9093 e2e-key before-recovery
+kubectl -n "$ns" exec demo-0 -- kraftkeeper kv put --bootstrap demo-0.demo-headless:9093 e2e-key before-recovery
 
 before="$(kubectl -n "$ns" get kq demo -o jsonpath='{.status.recoveries}' | python3 -c 'import json,sys; d=sys.stdin.read(); print(len(json.loads(d)) if d.strip() else 0)')"
 victim=demo-1
@@ -78,6 +78,6 @@ print(json.dumps(r, indent=2))
 for phase, secs in (r.get("phaseSeconds") or {}).items():
     print(f"{phase:>16}: {secs:8.2f} s")'
 echo "--- the key written before the recovery ---"
-kubectl -n "$ns" exec demo-1 -- kraftkeeper kv get --bootstrap demo-0.demo:9093,demo-1.demo:9093,demo-2.demo:9093 e2e-key
+kubectl -n "$ns" exec demo-1 -- kraftkeeper kv get --bootstrap demo-0.demo-headless:9093,demo-1.demo-headless:9093,demo-2.demo-headless:9093 e2e-key
 echo "--- recovery event log ---"
 kubectl -n "$ns" exec deploy/kraftkeeper -- sh -c 'cat /data/events/*.jsonl' || true

@@ -289,7 +289,9 @@ class RecoveryController:
         gone_s = (now - self.unreachable_since_ms) / 1000
         if self.metrics is not None:
             self.metrics.quorum_lost.labels(self.cluster).set(1)
-        msg = f"{why} (for {gone_s:.0f}s)"
+        # No running duration in the message: the status must not change on every pass.
+        since = datetime.fromtimestamp(self.unreachable_since_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        msg = f"{why} (since {since})"
         if self.policy.unclean_allowed and gone_s >= self.policy.unclean_after_seconds:
             # TODO(engine): KIP-704 unclean recovery (`kraftkeeper quorum recover-unclean`) is not in
             # the engine's API yet; until it is, the operator only reports that it would act.

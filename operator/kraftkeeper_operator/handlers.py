@@ -303,6 +303,7 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger:
         q = parse_spec(body)
     except SpecError as e:
         _invalid(patch, generation, str(e))
+        kopf.warn(body, reason="InvalidSpec", message=str(e))
         STATE.managed.pop(f"{meta['namespace']}/{meta['name']}", None)
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     owner = owner_reference(body)
@@ -324,12 +325,15 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger:
             await apply(obj)
     except kopf.PermanentError as e:
         _invalid(patch, generation, str(e))
+        kopf.warn(body, reason="InvalidSpec", message=str(e))
         raise
     await configure(q, body, replicas)
     patch.status["observedGeneration"] = generation
     if (body.get("status") or {}).get("phase") in (None, "Failed", "Pending"):
         patch.status["phase"] = "Bootstrapping"
-    logger.info("reconciled %s: %d voters desired, StatefulSet at %d replicas", q.cluster, q.voters, replicas)
+    msg = f"{q.voters} voters desired, StatefulSet at {replicas} replicas"
+    kopf.info(body, reason="Reconciled", message=msg)
+    logger.info("reconciled %s: %s", q.cluster, msg)
     return f"voters={q.voters} replicas={replicas}"
 
 

@@ -34,7 +34,7 @@ from quorum.core.ready import (
     RoleChange,
     SnapshotChunk,
 )
-from quorum.core.roles import Follower, Leader, Resigned, Role, Unattached
+from quorum.core.roles import Follower, Leader, Role, Unattached
 from quorum.core.voters import ControlHistory, ControlState
 from quorum.types import ControlRecord, ErrorCode, OffsetAndEpoch, QuorumState, ReplicaKey
 
@@ -160,8 +160,9 @@ class CoreBase:
 
     def send_request(self, dest: ReplicaKey, kind: str, msg: Message, extra_timeout: int = 0) -> None:
         corr = msg.correlation_id
-        self.inflight[corr] = InFlight(corr, dest, kind, self.epoch,
-                                       self.now + self.config.request_timeout_ms + extra_timeout)
+        self.inflight[corr] = InFlight(
+            corr, dest, kind, self.epoch, self.now + self.config.request_timeout_ms + extra_timeout
+        )
         self._messages.append(Outbound(dest.id, self.endpoint_of(dest.id), msg))
 
     def respond(self, dest_id: int, msg: Message) -> None:
@@ -265,7 +266,8 @@ class CoreBase:
         """Complete everything that waited on this leader (called from set_role)."""
         for last, epoch in ls.proposals:
             self._proposal_results.append(
-                ProposalResult(last, epoch, ErrorCode.LEADERSHIP_LOST, "leadership lost before commit"))
+                ProposalResult(last, epoch, ErrorCode.LEADERSHIP_LOST, "leadership lost before commit")
+            )
         ls.proposals.clear()
         for read_id, _round in ls.pending_reads:
             self._reads.append(ReadResult(read_id, -1, ErrorCode.NOT_LEADER, "leadership lost"))

@@ -51,8 +51,12 @@ class CoreConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"CoreConfig.{name} must be positive, got {getattr(self, name)}")
-        non_negative = ("fetch_max_wait_ms", "catch_up_max_lag", "catch_up_recent_ms",
-                        "election_backoff_max_ms")
+        non_negative = (
+            "fetch_max_wait_ms",
+            "catch_up_max_lag",
+            "catch_up_recent_ms",
+            "election_backoff_max_ms",
+        )
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"CoreConfig.{name} must not be negative, got {getattr(self, name)}")

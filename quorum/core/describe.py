@@ -13,7 +13,9 @@ from quorum.types import ReplicaKey
 
 
 class DescribeMixin(MembershipMixin):
-    def _replica_row(self, key: ReplicaKey, p: ReplicaProgress | None, ls: LeaderState | None) -> dict[str, Any]:
+    def _replica_row(
+        self, key: ReplicaKey, p: ReplicaProgress | None, ls: LeaderState | None
+    ) -> dict[str, Any]:
         is_local = key.id == self.local.id and (key.uuid is None or key.uuid == self.local.uuid)
         if is_local and ls is not None:
             leo, fetched, caught = self.meta.durable_end, self.now, self.now
@@ -24,7 +26,9 @@ class DescribeMixin(MembershipMixin):
         uuid = key.uuid
         if uuid is None and p is not None:
             uuid = p.key.uuid
-        endpoint = self.key_endpoints.get(key) or (p.endpoint if p is not None else None) or self.endpoint_of(key.id)
+        endpoint = (
+            self.key_endpoints.get(key) or (p.endpoint if p is not None else None) or self.endpoint_of(key.id)
+        )
         lag = max(0, self.meta.end - leo) if leo >= 0 else -1
         return {
             "id": key.id,
@@ -48,7 +52,9 @@ class DescribeMixin(MembershipMixin):
         observers = []
         if ls is not None:
             for key, p in sorted(ls.progress.items(), key=lambda kv: (kv[0].id, kv[0].uuid or "")):
-                if voters.find(key) is None or (voters.find(key) != key and ReplicaKey(key.id, None) not in voters.voters):
+                if voters.find(key) is None or (
+                    voters.find(key) != key and ReplicaKey(key.id, None) not in voters.voters
+                ):
                     observers.append(self._replica_row(key, p, ls))
             if voters.find(self.local) is None:
                 observers.append(self._replica_row(self.local, None, ls))
@@ -60,7 +66,8 @@ class DescribeMixin(MembershipMixin):
             "high_watermark": self.hw,
             "voters": rows,
             "observers": observers,
-            "pending_voter_change": None if change is None
+            "pending_voter_change": None
+            if change is None
             else {"op": change.op, "id": change.key.id, "uuid": change.key.uuid},
             "target_voters": None if voters.target_voters is None else list(voters.target_voters),
             "leader_recovery_state": voters.recovery.value,
@@ -84,7 +91,8 @@ class DescribeMixin(MembershipMixin):
             "high_watermark": self.hw,
             "log_end_offset": self.meta.end,
             "log_start_offset": self.meta.log_start,
-            "current_state": self.role.name if self.is_voter() or isinstance(self.role, Leader)
+            "current_state": self.role.name
+            if self.is_voter() or isinstance(self.role, Leader)
             else f"observer-{self.role.name}",
             "is_voter": self.is_voter(),
             "number_of_voters": len(voters.voters),

@@ -49,7 +49,10 @@ class ElectionMixin(CoreBase):
     def has_live_leader(self) -> bool:
         if isinstance(self.role, Leader):
             return True
-        return isinstance(self.role, Follower) and self.now - self.last_leader_contact_ms < self.config.fetch_timeout_ms
+        return (
+            isinstance(self.role, Follower)
+            and self.now - self.last_leader_contact_ms < self.config.fetch_timeout_ms
+        )
 
     def log_up_to_date(self, last_epoch: int, end_offset: int) -> bool:
         return (last_epoch, end_offset) >= (self.meta.last_epoch(), self.meta.end)
@@ -192,9 +195,20 @@ class ElectionMixin(CoreBase):
 
     def handle_vote_request(self, req: VoteRequest) -> None:
         def answer(code: ErrorCode, granted: bool) -> None:
-            self.respond(req.candidate_id, VoteResponse(
-                req.correlation_id, code, self.leader_id(), self.epoch, granted, self.leader_endpoint(),
-                req.pre_vote, self.local.id, self.local.uuid))
+            self.respond(
+                req.candidate_id,
+                VoteResponse(
+                    req.correlation_id,
+                    code,
+                    self.leader_id(),
+                    self.epoch,
+                    granted,
+                    self.leader_endpoint(),
+                    req.pre_vote,
+                    self.local.id,
+                    self.local.uuid,
+                ),
+            )
 
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
         if err is not None:
@@ -218,7 +232,9 @@ class ElectionMixin(CoreBase):
         q = self.quorum
         granted = False
         if q.leader_epoch == self.epoch and q.voted_id >= 0:
-            granted = q.voted_id == cand.id and (q.voted_uuid is None or cand.uuid is None or q.voted_uuid == cand.uuid)
+            granted = q.voted_id == cand.id and (
+                q.voted_uuid is None or cand.uuid is None or q.voted_uuid == cand.uuid
+            )
         elif self.leader_id() >= 0 or (q.leader_epoch == self.epoch and q.leader_id >= 0):
             granted = False
         elif isinstance(self.role, (Unattached, Voted, Prospective)):
@@ -251,8 +267,17 @@ class ElectionMixin(CoreBase):
 
     def handle_begin_request(self, req: BeginQuorumEpochRequest) -> None:
         def answer(code: ErrorCode) -> None:
-            self.respond(req.leader_id, BeginQuorumEpochResponse(
-                req.correlation_id, code, self.leader_id(), self.epoch, self.leader_endpoint(), self.local.id))
+            self.respond(
+                req.leader_id,
+                BeginQuorumEpochResponse(
+                    req.correlation_id,
+                    code,
+                    self.leader_id(),
+                    self.epoch,
+                    self.leader_endpoint(),
+                    self.local.id,
+                ),
+            )
 
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
         if err is not None:
@@ -297,8 +322,17 @@ class ElectionMixin(CoreBase):
 
     def handle_end_request(self, req: EndQuorumEpochRequest) -> None:
         def answer(code: ErrorCode) -> None:
-            self.respond(req.leader_id, EndQuorumEpochResponse(
-                req.correlation_id, code, self.leader_id(), self.epoch, self.leader_endpoint(), self.local.id))
+            self.respond(
+                req.leader_id,
+                EndQuorumEpochResponse(
+                    req.correlation_id,
+                    code,
+                    self.leader_id(),
+                    self.epoch,
+                    self.leader_endpoint(),
+                    self.local.id,
+                ),
+            )
 
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
         if err is not None:
@@ -309,7 +343,9 @@ class ElectionMixin(CoreBase):
             return
         position = -1
         for i, k in enumerate(req.preferred_successors):
-            if k.id == self.local.id and (k.uuid is None or self.local.uuid is None or k.uuid == self.local.uuid):
+            if k.id == self.local.id and (
+                k.uuid is None or self.local.uuid is None or k.uuid == self.local.uuid
+            ):
                 position = i
                 break
         if position < 0:
@@ -360,7 +396,9 @@ class ElectionMixin(CoreBase):
             if now - ls.elected_ms >= self.config.fetch_timeout_ms and not ls.majority_fetched_since(
                 self.voters(), self.local, now - self.config.fetch_timeout_ms
             ):
-                self._errors.append(f"leader of epoch {self.epoch} resigns: no Fetch from a majority (zombie)")
+                self._errors.append(
+                    f"leader of epoch {self.epoch} resigns: no Fetch from a majority (zombie)"
+                )
                 self.resign_leadership()
                 return
             self.send_begin_epochs(ls)

@@ -33,7 +33,16 @@ from quorum.core.progress import AdminOp, LeaderState
 from quorum.core.ready import AdminResult
 from quorum.core.replication import ReplicationMixin
 from quorum.core.voters import VoterChange
-from quorum.types import AddVoter, ErrorCode, LeaderRecovery, LeaderRecoveryState, KraftError, RemoveVoter, ReplicaKey, TargetVoters
+from quorum.types import (
+    AddVoter,
+    ErrorCode,
+    KraftError,
+    LeaderRecovery,
+    LeaderRecoveryState,
+    RemoveVoter,
+    ReplicaKey,
+    TargetVoters,
+)
 
 
 class MembershipMixin(ReplicationMixin):
@@ -54,8 +63,10 @@ class MembershipMixin(ReplicationMixin):
         p = ls.progress.get(key)
         if p is None or p.last_fetch_ms < 0:
             return False
-        return (p.end_offset >= self.meta.end - self.config.catch_up_max_lag
-                and self.now - p.last_fetch_ms <= self.config.catch_up_recent_ms)
+        return (
+            p.end_offset >= self.meta.end - self.config.catch_up_max_lag
+            and self.now - p.last_fetch_ms <= self.config.catch_up_recent_ms
+        )
 
     def writes_allowed(self, ls: LeaderState) -> bool:
         """KIP-856 bootstrapping: no state-machine writes until the voter set is in the log,
@@ -74,8 +85,9 @@ class MembershipMixin(ReplicationMixin):
         return True
 
     def _reject(self, request_id: int, code: ErrorCode, message: str) -> None:
-        self._admin_results.append(AdminResult(request_id, code, message, self.leader_id(), self.epoch,
-                                               self.leader_endpoint()))
+        self._admin_results.append(
+            AdminResult(request_id, code, message, self.leader_id(), self.epoch, self.leader_endpoint())
+        )
 
     def _busy(self, ls: LeaderState) -> str | None:
         change = self.pending_voter_change()
@@ -105,17 +117,26 @@ class MembershipMixin(ReplicationMixin):
             self._reject(request_id, ErrorCode.VOTER_ALREADY_ADDED, f"{key} is already a voter")
             return
         if key in voters.removed:
-            self._reject(request_id, ErrorCode.INVALID_REQUEST,
-                         f"{key} was removed and cannot come back; format a new storage UUID")
+            self._reject(
+                request_id,
+                ErrorCode.INVALID_REQUEST,
+                f"{key} was removed and cannot come back; format a new storage UUID",
+            )
             return
         if key not in ls.progress:
-            self._reject(request_id, ErrorCode.INVALID_REQUEST,
-                         f"{key} is not an observer: it has not fetched from this leader")
+            self._reject(
+                request_id,
+                ErrorCode.INVALID_REQUEST,
+                f"{key} is not an observer: it has not fetched from this leader",
+            )
             return
         allowed = set(self.config.bootstrap_voters) | voters.ids() | set(voters.target_voters or ())
         if key.id not in allowed:
-            self._reject(request_id, ErrorCode.INVALID_REQUEST,
-                         f"replica id {key.id} is not a configured, current or target voter id")
+            self._reject(
+                request_id,
+                ErrorCode.INVALID_REQUEST,
+                f"replica id {key.id} is not a configured, current or target voter id",
+            )
             return
         if voters.target_voters is not None:
             self._reject(request_id, ErrorCode.REASSIGNMENT_IN_PROGRESS, "a reassignment is in progress")
@@ -134,7 +155,9 @@ class MembershipMixin(ReplicationMixin):
             self._reject(request_id, ErrorCode.NOT_LEADER, "not the leader")
             return
         if key.uuid is None:
-            self._reject(request_id, ErrorCode.INVALID_REQUEST, "RemoveVoter needs the replica's storage UUID")
+            self._reject(
+                request_id, ErrorCode.INVALID_REQUEST, "RemoveVoter needs the replica's storage UUID"
+            )
             return
         if self.recovering():
             self._reject(request_id, ErrorCode.LEADER_RECOVERING, "the leader is recovering (KIP-704)")
@@ -147,9 +170,12 @@ class MembershipMixin(ReplicationMixin):
                 self._reject(request_id, ErrorCode.INVALID_REQUEST, f"{key} is not a voter")
             return
         if not any(v.id == key.id and v != key for v in voters.voters):
-            self._reject(request_id, ErrorCode.INVALID_REQUEST,
-                         f"removing {key} would remove replica id {key.id} from the voters; RemoveVoter removes "
-                         "storage UUIDs, use reassign to change replica ids")
+            self._reject(
+                request_id,
+                ErrorCode.INVALID_REQUEST,
+                f"removing {key} would remove replica id {key.id} from the voters; RemoveVoter removes "
+                "storage UUIDs, use reassign to change replica ids",
+            )
             return
         if voters.target_voters is not None:
             self._reject(request_id, ErrorCode.REASSIGNMENT_IN_PROGRESS, "a reassignment is in progress")
@@ -186,11 +212,27 @@ class MembershipMixin(ReplicationMixin):
             if set(target) == voters.ids():
                 target = None
         if target is None and voters.target_voters is None:
-            self._admin_results.append(AdminResult(request_id, ErrorCode.NONE, "no reassignment to cancel",
-                                                   self.local.id, self.epoch, self.leader_endpoint()))
+            self._admin_results.append(
+                AdminResult(
+                    request_id,
+                    ErrorCode.NONE,
+                    "no reassignment to cancel",
+                    self.local.id,
+                    self.epoch,
+                    self.leader_endpoint(),
+                )
+            )
             return
-        ls.admin.append(AdminOp(request_id, "reassign", ReplicaKey(-1, None), now_ms,
-                                now_ms + self.config.add_voter_timeout_ms, target=target))
+        ls.admin.append(
+            AdminOp(
+                request_id,
+                "reassign",
+                ReplicaKey(-1, None),
+                now_ms,
+                now_ms + self.config.add_voter_timeout_ms,
+                target=target,
+            )
+        )
         self.process_admin(ls)
 
     def recovery_verified(self, lost_after: int, now_ms: int) -> int:
@@ -211,12 +253,23 @@ class MembershipMixin(ReplicationMixin):
             if op.appended_offset >= 0:
                 if self.hw > op.appended_offset:
                     ls.admin.remove(op)
-                    self._admin_results.append(AdminResult(op.request_id, ErrorCode.NONE, "committed",
-                                                           self.local.id, self.epoch, self.leader_endpoint()))
+                    self._admin_results.append(
+                        AdminResult(
+                            op.request_id,
+                            ErrorCode.NONE,
+                            "committed",
+                            self.local.id,
+                            self.epoch,
+                            self.leader_endpoint(),
+                        )
+                    )
                 elif self.now >= op.deadline_ms:
                     ls.admin.remove(op)
-                    self._reject(op.request_id, ErrorCode.REQUEST_TIMED_OUT,
-                                 f"record at offset {op.appended_offset} not committed in time; it stays pending")
+                    self._reject(
+                        op.request_id,
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"record at offset {op.appended_offset} not committed in time; it stays pending",
+                    )
                 continue
             ready = self.leader_change_committed(ls) and not self.recovering()
             if op.op == "add":
@@ -225,8 +278,11 @@ class MembershipMixin(ReplicationMixin):
                 if self.now >= op.deadline_ms:
                     ls.admin.remove(op)
                     if not caught:
-                        self._reject(op.request_id, ErrorCode.REPLICA_NOT_CAUGHT_UP,
-                                     f"{op.key} did not catch up within {self.config.add_voter_timeout_ms} ms")
+                        self._reject(
+                            op.request_id,
+                            ErrorCode.REPLICA_NOT_CAUGHT_UP,
+                            f"{op.key} did not catch up within {self.config.add_voter_timeout_ms} ms",
+                        )
                     else:
                         self._reject(op.request_id, ErrorCode.REQUEST_TIMED_OUT, "could not append in time")
                     continue
@@ -242,7 +298,9 @@ class MembershipMixin(ReplicationMixin):
                 if ready:
                     if op.key not in self.voters().voters:
                         ls.admin.remove(op)
-                        self._reject(op.request_id, ErrorCode.VOTER_ALREADY_REMOVED, f"{op.key} is already removed")
+                        self._reject(
+                            op.request_id, ErrorCode.VOTER_ALREADY_REMOVED, f"{op.key} is already removed"
+                        )
                         continue
                     op.appended_offset = self.append_control((RemoveVoter(op.key),))
             else:
@@ -266,7 +324,9 @@ class MembershipMixin(ReplicationMixin):
             if u is None:
                 return
             uuids[vid] = u
-        controls = tuple(AddVoter(ReplicaKey(vid, u), self.config.bootstrap_voters.get(vid)) for vid, u in uuids.items())
+        controls = tuple(
+            AddVoter(ReplicaKey(vid, u), self.config.bootstrap_voters.get(vid)) for vid, u in uuids.items()
+        )
         ls.bootstrap_offset = self.append_control(controls)
 
     def run_reassignment(self, ls: LeaderState) -> None:
@@ -283,8 +343,11 @@ class MembershipMixin(ReplicationMixin):
             return
         missing = [i for i in target if i not in voters.ids()]
         for vid in missing:
-            cands = [p for k, p in ls.progress.items()
-                     if k.id == vid and k.uuid is not None and k not in voters.removed and self.caught_up(ls, k)]
+            cands = [
+                p
+                for k, p in ls.progress.items()
+                if k.id == vid and k.uuid is not None and k not in voters.removed and self.caught_up(ls, k)
+            ]
             if cands:
                 best = max(cands, key=lambda p: p.last_fetch_ms)
                 self.append_control((AddVoter(best.key, best.endpoint or self.endpoint_of(vid)),))

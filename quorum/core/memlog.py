@@ -59,8 +59,10 @@ class MemoryLog:
                 pos += info.size_bytes
         for info, data in items:
             if info.base_offset != self.end_offset:
-                raise KraftError(ErrorCode.CORRUPT_LOG,
-                                 f"append at {info.base_offset} but the log ends at {self.end_offset}")
+                raise KraftError(
+                    ErrorCode.CORRUPT_LOG,
+                    f"append at {info.base_offset} but the log ends at {self.end_offset}",
+                )
             self.infos.append(info)
             self.datas.append(data)
             self.bases.append(info.base_offset)
@@ -82,13 +84,17 @@ class MemoryLog:
         del self.infos[self.durable :], self.datas[self.durable :], self.bases[self.durable :]
         self.pending_snapshot = bytearray()
 
-    def install_snapshot(self, snapshot_id: OffsetAndEpoch, data: bytes, controls: tuple[ControlRecord, ...]) -> None:
+    def install_snapshot(
+        self, snapshot_id: OffsetAndEpoch, data: bytes, controls: tuple[ControlRecord, ...]
+    ) -> None:
         self.snapshot = StoredSnapshot(snapshot_id, data, controls)
         self.infos, self.datas, self.bases = [], [], []
         self.durable = 0
         self.log_start = snapshot_id.offset
 
-    def take_snapshot(self, snapshot_id: OffsetAndEpoch, data: bytes, controls: tuple[ControlRecord, ...]) -> int:
+    def take_snapshot(
+        self, snapshot_id: OffsetAndEpoch, data: bytes, controls: tuple[ControlRecord, ...]
+    ) -> int:
         """Store a local snapshot and drop the durable batches wholly below it; returns the
         new log start offset."""
         self.snapshot = StoredSnapshot(snapshot_id, data, controls)
@@ -145,7 +151,8 @@ class MemoryLog:
         )
 
     def records_between(self, start: int, end: int) -> list[tuple[int, int, bytes | ControlRecord, int]]:
-        """(offset, epoch, record, batch base offset) of every record in [start, end) (tests and the sim's state
+        """(offset, epoch, record, batch base offset) of every record in [start, end) (for
+        tests and the sim's state
         machine); data records as bytes, control records decoded."""
         from quorum.records import data_records
 
@@ -153,8 +160,11 @@ class MemoryLog:
         i = max(0, bisect.bisect_right(self.bases, start) - 1)
         while i < len(self.infos) and self.infos[i].base_offset < end:
             info = self.infos[i]
-            recs: list[bytes | ControlRecord] = list(info.controls) if info.controls else list(
-                data_records(decode_batches(self.datas[i])[0][0]))
+            recs: list[bytes | ControlRecord] = (
+                list(info.controls)
+                if info.controls
+                else list(data_records(decode_batches(self.datas[i])[0][0]))
+            )
             for j, r in enumerate(recs):
                 off = info.base_offset + j
                 if start <= off < end:

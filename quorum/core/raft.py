@@ -43,7 +43,7 @@ from quorum.core.messages import (
     VoteResponse,
 )
 from quorum.core.progress import LeaderState
-from quorum.core.ready import LogReader, ProposalResult, Ready, ReadResult
+from quorum.core.ready import LogReader, ProposalResult, ReadResult, Ready
 from quorum.core.roles import Follower, Leader, Resigned, Unattached, Voted
 from quorum.core.voters import ControlHistory, ControlState
 from quorum.types import (
@@ -85,7 +85,10 @@ class RaftCore(DescribeMixin, CoreBase):
             history.apply_batch(b.base_offset, b.controls)
         self._init_base(config, local, cluster_id, quorum_state, meta, history, log_reader, rng, now_ms)
         self.hw = max(self.hw, snap.offset if snap is not None else 0)
-        for c in (*log_summary.snapshot_controls, *(c for b in log_summary.control_batches for c in b.controls)):
+        for c in (
+            *log_summary.snapshot_controls,
+            *(c for b in log_summary.control_batches for c in b.controls),
+        ):
             if isinstance(c, AddVoter) and c.endpoint:
                 self.learn_endpoint(c.voter.id, c.endpoint, c.voter.uuid)
         self._restore_role(quorum_state, now_ms)
@@ -178,8 +181,10 @@ class RaftCore(DescribeMixin, CoreBase):
         if not data_records:
             raise KraftError(ErrorCode.INVALID_REQUEST, "propose needs at least one record")
         if not self.writes_allowed(ls):
-            raise KraftError(ErrorCode.UNAVAILABLE,
-                             "the leader has not yet written the bootstrap voter set to every voter (KIP-856)")
+            raise KraftError(
+                ErrorCode.UNAVAILABLE,
+                "the leader has not yet written the bootstrap voter set to every voter (KIP-856)",
+            )
         if not self._pending_records:
             self._pending_base = self.meta.end
         self._pending_records.extend(data_records)
@@ -203,11 +208,17 @@ class RaftCore(DescribeMixin, CoreBase):
     def _leader_for_clients(self) -> LeaderState:
         ls = self.leader_state()
         if ls is None:
-            raise KraftError(ErrorCode.NOT_LEADER, "not the leader", leader_id=self.leader_id(),
-                             leader_epoch=self.epoch, leader_endpoint=self.leader_endpoint())
+            raise KraftError(
+                ErrorCode.NOT_LEADER,
+                "not the leader",
+                leader_id=self.leader_id(),
+                leader_epoch=self.epoch,
+                leader_endpoint=self.leader_endpoint(),
+            )
         if self.recovering():
-            raise KraftError(ErrorCode.LEADER_RECOVERING,
-                             "the leader was elected uncleanly and is recovering (KIP-704)")
+            raise KraftError(
+                ErrorCode.LEADER_RECOVERING, "the leader was elected uncleanly and is recovering (KIP-704)"
+            )
         return ls
 
     def check_reads(self, ls: LeaderState) -> None:
@@ -319,10 +330,20 @@ class RaftCore(DescribeMixin, CoreBase):
     def has_ready(self) -> bool:
         """True if ``ready()`` would return something to do."""
         return bool(
-            self._pending_records or self._truncate_to is not None or self._chunks or self._install is not None
-            or self._append or self._state_dirty or self._messages or self._commit_dirty
-            or self._proposal_results or self._reads or self._admin_results or self._role_change is not None
-            or self._errors or (self.recovery_requested and self.recovering() and isinstance(self.role, Leader))
+            self._pending_records
+            or self._truncate_to is not None
+            or self._chunks
+            or self._install is not None
+            or self._append
+            or self._state_dirty
+            or self._messages
+            or self._commit_dirty
+            or self._proposal_results
+            or self._reads
+            or self._admin_results
+            or self._role_change is not None
+            or self._errors
+            or (self.recovery_requested and self.recovering() and isinstance(self.role, Leader))
         )
 
     def next_deadline(self) -> int:
@@ -360,11 +381,15 @@ class RaftCore(DescribeMixin, CoreBase):
         """The driver wrote a snapshot ending at ``snapshot.offset`` (<= hw) and may now drop
         the log below ``log_start_offset`` (<= ``snapshot.offset``)."""
         if snapshot.offset > self.hw:
-            raise KraftError(ErrorCode.INVALID_REQUEST,
-                             f"snapshot at {snapshot.offset} is past the high watermark {self.hw}")
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"snapshot at {snapshot.offset} is past the high watermark {self.hw}",
+            )
         if log_start_offset > snapshot.offset or log_start_offset < self.meta.log_start:
-            raise KraftError(ErrorCode.INVALID_REQUEST,
-                             f"log start {log_start_offset} must be within [{self.meta.log_start}, {snapshot.offset}]")
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"log start {log_start_offset} must be within [{self.meta.log_start}, {snapshot.offset}]",
+            )
         if self.meta.snapshot is None or snapshot.offset >= self.meta.snapshot.offset:
             self.meta.snapshot = snapshot
         self.meta.log_start = log_start_offset

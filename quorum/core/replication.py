@@ -73,24 +73,33 @@ class ReplicationMixin(ElectionMixin):
             p.endpoint = req.replica_endpoint
         # KIP-630: below the log start the replica must fetch the snapshot.
         if req.fetch_offset < self.meta.log_start and self.meta.snapshot is not None:
-            self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NONE, snapshot_id=self.meta.snapshot))
+            self.respond(
+                req.replica_id, self.fetch_response(req, ErrorCode.NONE, snapshot_id=self.meta.snapshot)
+            )
             return
         diverging = self.check_divergence(req.fetch_offset, req.last_fetched_epoch)
         if diverging is not None:
-            if (diverging.offset < self.meta.log_start or diverging.offset < 0) and self.meta.snapshot is not None:
-                self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NONE, snapshot_id=self.meta.snapshot))
+            if (
+                diverging.offset < self.meta.log_start or diverging.offset < 0
+            ) and self.meta.snapshot is not None:
+                self.respond(
+                    req.replica_id, self.fetch_response(req, ErrorCode.NONE, snapshot_id=self.meta.snapshot)
+                )
             else:
                 if diverging.offset < 0:
                     diverging = OffsetAndEpoch(self.meta.log_start, 0)
-                self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NONE, diverging_epoch=diverging))
+                self.respond(
+                    req.replica_id, self.fetch_response(req, ErrorCode.NONE, diverging_epoch=diverging)
+                )
             return
         p.end_offset = req.fetch_offset
         if req.fetch_offset >= self.meta.durable_end:
             p.last_caught_up_ms = self.now
         if self.voters().contains(key):
-            voter = self.voters().find(key)
-            if voter is not None:
-                ls.begin_epoch_due.pop(voter, None)
+            # A voter fetching in this epoch knows the leader: stop BeginQuorumEpoch retries
+            # (entries may be keyed by the bootstrap form (id, None) or by (id, UUID)).
+            for k in [k for k in ls.begin_epoch_due if k.id == key.id and k.uuid in (None, key.uuid)]:
+                del ls.begin_epoch_due[k]
         self.update_leader_hw()
         self.on_replica_progress(ls, key)
         if self.leader_state() is not ls:
@@ -147,9 +156,17 @@ class ReplicationMixin(ElectionMixin):
 
     def handle_fetch_snapshot_request(self, req: FetchSnapshotRequest) -> None:
         def answer(code: ErrorCode, **kw: object) -> None:
-            self.respond(req.replica_id, FetchSnapshotResponse(
-                req.correlation_id, code, self.leader_id(), self.epoch, leader_endpoint=self.leader_endpoint(),
-                **kw))  # type: ignore[arg-type]
+            self.respond(
+                req.replica_id,
+                FetchSnapshotResponse(
+                    req.correlation_id,
+                    code,
+                    self.leader_id(),
+                    self.epoch,
+                    leader_endpoint=self.leader_endpoint(),
+                    **kw,  # type: ignore[arg-type]
+                ),
+            )
 
         if req.cluster_id != self.cluster_id:
             answer(ErrorCode.INCONSISTENT_CLUSTER_ID)
@@ -167,16 +184,22 @@ class ReplicationMixin(ElectionMixin):
             answer(ErrorCode.INVALID_REQUEST)
             return
         try:
-            chunk, size = self.reader.read_snapshot(req.snapshot_id, req.position,
-                                                    min(req.max_bytes, self.config.snapshot_chunk_bytes))
+            chunk, size = self.reader.read_snapshot(
+                req.snapshot_id, req.position, min(req.max_bytes, self.config.snapshot_chunk_bytes)
+            )
         except KraftError as e:
             answer(e.code if e.code is ErrorCode.POSITION_OUT_OF_RANGE else ErrorCode.SNAPSHOT_NOT_FOUND)
             return
         if req.position > size:
             answer(ErrorCode.POSITION_OUT_OF_RANGE)
             return
-        answer(ErrorCode.NONE, snapshot_id=req.snapshot_id, size=size, position=req.position,
-               unaligned_records=chunk)
+        answer(
+            ErrorCode.NONE,
+            snapshot_id=req.snapshot_id,
+            size=size,
+            position=req.position,
+            unaligned_records=chunk,
+        )
 
     # ================================================================== follower side
 
@@ -255,7 +278,11 @@ class ReplicationMixin(ElectionMixin):
         ):
             self.observe_leader(resp.leader_epoch, resp.leader_id, resp.leader_endpoint)
         role = self.role
-        if not isinstance(role, Follower) or resp.leader_epoch != self.epoch or resp.leader_id != role.leader_id:
+        if (
+            not isinstance(role, Follower)
+            or resp.leader_epoch != self.epoch
+            or resp.leader_id != role.leader_id
+        ):
             return
         if resp.error_code is not ErrorCode.NONE:
             self.fetch_retry_at = self.now + min(100, self.config.election_timeout_ms // 10)
@@ -264,10 +291,14 @@ class ReplicationMixin(ElectionMixin):
         role.fetch_deadline = self.now + self.config.fetch_timeout_ms
         if resp.diverging_epoch is not None:
             mine = self.meta.end_offset_for_epoch(resp.diverging_epoch.epoch)
-            to = resp.diverging_epoch.offset if mine is None else min(resp.diverging_epoch.offset, mine.offset)
+            to = (
+                resp.diverging_epoch.offset if mine is None else min(resp.diverging_epoch.offset, mine.offset)
+            )
             to = min(to, self.meta.end)
             if to < self.hw:
-                self._errors.append(f"leader asked to truncate to {to} below the high watermark {self.hw}; ignored")
+                self._errors.append(
+                    f"leader asked to truncate to {to} below the high watermark {self.hw}; ignored"
+                )
                 self.fetch_retry_at = self.now + self.config.election_timeout_ms
                 return
             self.truncate(to)
@@ -296,8 +327,9 @@ class ReplicationMixin(ElectionMixin):
         for b in batches:
             if b.info.base_offset != expect or b.info.epoch < last_epoch or b.info.epoch > leader_epoch:
                 self._errors.append(
-                    f"Fetch response batch at offset {b.info.base_offset} epoch {b.info.epoch} does not follow the "
-                    f"local log (end {expect}, last epoch {last_epoch}); rejected")
+                    f"Fetch response batch at offset {b.info.base_offset} epoch {b.info.epoch} does not "
+                    f"follow the local log (end {expect}, last epoch {last_epoch}); rejected"
+                )
                 return False
             expect = b.info.next_offset
             last_epoch = b.info.epoch

@@ -39,20 +39,28 @@ from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 log = logging.getLogger("kraftkeeper.node")
 
 
+def _expire(fut: asyncio.Future[None], offset: int) -> None:
+    if not fut.done():
+        fut.set_exception(KraftError(ErrorCode.REQUEST_TIMED_OUT, f"write at offset {offset} not committed in "
+                                     "time; it may or may not take effect"))
+
+
 class DurableReader:
-    """The core's ``LogReader``: the log up to what has been fsynced, and snapshots."""
+    """The core's ``LogReader``: the log and its snapshots."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
 
     def read(self, offset: int, max_bytes: int) -> bytes:
-        # Only what is fsynced: the leader must not serve what a crash could take back from
-        # it before it counts toward the high watermark.
+        # Everything appended, flushed or not, as Kafka's leader does: followers then fsync in
+        # parallel with the leader instead of after it. Safe because the high watermark counts
+        # the leader's own log end only once it is fsynced (``advance``) and a follower's fetch
+        # offset only once the follower has fsynced (it fetches again after its own flush), so
+        # a committed record is always durable on a majority.
         lg = self.node.log
-        limit = lg.flushed_end_offset
-        if offset >= limit:
+        if offset >= lg.end_offset:
             return b""
-        return lg.read(offset, max_bytes, max_offset=limit)
+        return lg.read(offset, max_bytes)
 
     def read_snapshot(self, snapshot: OffsetAndEpoch, position: int, max_bytes: int) -> tuple[bytes, int]:
         chunk, total = self.node.snapshots.read_chunk(snapshot, position, max_bytes)
@@ -437,17 +445,19 @@ class Node:
 
     async def _write(self, record: bytes) -> int:
         last = self._check(lambda: self.core.propose([record], self.now_ms()))
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         self._proposals[last] = fut
         self._commit_t0[last] = time.monotonic()
         self._wake.set()
+        # A timer handle rather than asyncio.wait_for: this is the hot path of every write.
+        timer = loop.call_later(self.cfg.write_timeout_ms / 1000, _expire, fut, last)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.cfg.write_timeout_ms / 1000)
-        except asyncio.TimeoutError:
+            await fut
+        finally:
+            timer.cancel()
             self._proposals.pop(last, None)
             self._commit_t0.pop(last, None)
-            raise KraftError(ErrorCode.REQUEST_TIMED_OUT, f"write at offset {last} not committed in time; "
-                             "it may or may not take effect") from None
         self.metrics.inc("committed_writes", help="Client writes committed")
         return int(last)
 

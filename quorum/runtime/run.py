@@ -42,5 +42,10 @@ def run_node(data_dir: str, listen: str, voters: str, advertise: str | None = No
             loop.add_signal_handler(sig, stop.set)
         await node.run(stop)
 
-    asyncio.run(main())
+    try:
+        import uvloop  # optional: a faster event loop for the HTTP paths
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
     return 0

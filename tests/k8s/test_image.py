@@ -190,6 +190,12 @@ def _poll_leader(names: list[str], bootstrap: str) -> dict[str, object]:
     deadline = time.monotonic() + QUORUM_TIMEOUT_S
     last = ""
     while time.monotonic() < deadline:
+        # A node that exited will not come back (no restart policy): report it at once.
+        for name in names:
+            state = docker("inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", name, check=False)
+            if state.stdout.startswith("false"):
+                raise AssertionError(f"container {name} exited ({state.stdout.strip()}) before a leader was "
+                                     "elected" + _logs(names))
         proc = docker("exec", names[0], "kraftkeeper", "quorum", "describe", "--bootstrap", bootstrap,
                       "--json", check=False, timeout=60)
         if proc.returncode == 0:

@@ -55,10 +55,17 @@ def settle(sim: Sim, ms: int = 6000) -> None:
         if ld2 is None or ld2.core is None:
             return False
         vs = ld2.core.voters()
-        return all(
-            n.core is not None and n.core.hw >= max(target, 1) and n.core.hw == ld2.core.hw
-            for n in sim.nodes.values() if vs.contains(n.key) and n.core is not None
-        ) and sim.committed_end > target
+        return (
+            all(
+                n.core is not None and n.core.hw >= max(target, 1) and n.core.hw == ld2.core.hw
+                for n in sim.nodes.values()
+                if vs.contains(n.key) and n.core is not None
+            )
+            and sim.committed_end > target
+        )
 
     if not sim.until(converged, ms):
-        sim.fail("liveness", f"voters did not converge: {[(n.id, n.core and n.core.hw) for n in sim.nodes.values()]}")
+        sim.fail(
+            "liveness",
+            f"voters did not converge: {[(n.id, n.core and n.core.hw) for n in sim.nodes.values()]}",
+        )

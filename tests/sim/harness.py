@@ -157,8 +157,16 @@ class Sim:
             n.applied = snap.snapshot_id.offset
         else:
             n.kv, n.applied = {}, n.log.log_start
-        n.core = RaftCore(self.config_for(n), n.key, CLUSTER, replace(n.qs), n.log.summary(), n.log,
-                          random.Random(self.rng.getrandbits(32)), self.now)
+        n.core = RaftCore(
+            self.config_for(n),
+            n.key,
+            CLUSTER,
+            replace(n.qs),
+            n.log.summary(),
+            n.log,
+            random.Random(self.rng.getrandbits(32)),
+            self.now,
+        )
         n.last_hw_seen = n.core.hw
         self.pump(n)
 
@@ -187,8 +195,10 @@ class Sim:
 
     def fail(self, name: str, detail: str) -> None:
         tail = "\n".join(self.trace[-40:])
-        raise InvariantError(f"invariant {name} violated: {detail}\nseed={self.seed} t={self.now} "
-                             f"(rerun: SIM_SEED={self.seed} pytest tests/sim)\n{tail}")
+        raise InvariantError(
+            f"invariant {name} violated: {detail}\nseed={self.seed} t={self.now} "
+            f"(rerun: SIM_SEED={self.seed} pytest tests/sim)\n{tail}"
+        )
 
     # ------------------------------------------------------------------ the driver
 
@@ -250,13 +260,17 @@ class Sim:
                 for i, rec in enumerate(recs):
                     got = self.committed.get(first + i)
                     if got is None or got[1] != rec:
-                        self.fail("acked-write-committed", f"offset {first + i}: acked {rec!r}, committed {got}")
+                        self.fail(
+                            "acked-write-committed", f"offset {first + i}: acked {rec!r}, committed {got}"
+                        )
                 self.max_acked = max(self.max_acked, pr.last_offset + 1)
         for rr in r.reads:
             start_acked = self.reads.pop(rr.read_id, None)
             if start_acked is not None and rr.error.value == "NONE":
                 if rr.index < start_acked:
-                    self.fail("linearizable-read", f"read {rr.read_id} index {rr.index} < acked {start_acked}")
+                    self.fail(
+                        "linearizable-read", f"read {rr.read_id} index {rr.index} < acked {start_acked}"
+                    )
                 self.read_results.append((rr.read_id, rr.index))
         for ar in r.admin_results:
             self.admin_results[ar.request_id] = ar
@@ -273,7 +287,10 @@ class Sim:
             got = self.committed.get(off)
             if got is None:
                 if off != self.committed_end:
-                    self.fail("committed-prefix", f"node {n.id} commits offset {off} but global end {self.committed_end}")
+                    self.fail(
+                        "committed-prefix",
+                        f"node {n.id} commits offset {off} but global end {self.committed_end}",
+                    )
                 self.committed[off] = (epoch, rep)
                 self.committed_end = off + 1
                 if not isinstance(rec, bytes):
@@ -304,7 +321,9 @@ class Sim:
         base, before, recovery = self.cv_batch
         after = self.cv_current
         if before is not None and after is not None and len(before ^ after) > 1 and not recovery:
-            self.fail("single-voter-change", f"committed voter sets {sorted(before)} -> {sorted(after)} at {base}")
+            self.fail(
+                "single-voter-change", f"committed voter sets {sorted(before)} -> {sorted(after)} at {base}"
+            )
         if after != before:
             self.committed_voters.append((base, after or frozenset()))
         self.cv_batch = (base, after, recovery)
@@ -329,8 +348,17 @@ class Sim:
             if is_request(msg) and self.rng.random() < 0.5:
                 # connection refused: the sender's driver reports it quickly
                 self.seq += 1
-                heapq.heappush(self.net, Delivery(self.now + 5, self.seq, src, src, self.nodes[src].incarnation,
-                                                  RpcFailed(msg.correlation_id, dest, "unreachable")))
+                heapq.heappush(
+                    self.net,
+                    Delivery(
+                        self.now + 5,
+                        self.seq,
+                        src,
+                        src,
+                        self.nodes[src].incarnation,
+                        RpcFailed(msg.correlation_id, dest, "unreachable"),
+                    ),
+                )
             return
         self.seq += 1
         delay = self.rng.randint(1, 15)
@@ -534,5 +562,3 @@ class Sim:
             "leaders": len(self.leaders),
             "errors": len(self.errors),
         }
-
-

@@ -87,8 +87,13 @@ def test_reassignment(seed: int) -> None:
 
     def done() -> bool:
         ld2 = sim.leader()
-        return (ld2 is not None and ld2.core is not None and ld2.core.voters().target_voters is None
-                and sorted(ld2.core.voters().ids()) == target and ld2.core.pending_voter_change() is None)
+        return (
+            ld2 is not None
+            and ld2.core is not None
+            and ld2.core.voters().target_voters is None
+            and sorted(ld2.core.voters().ids()) == target
+            and ld2.core.pending_voter_change() is None
+        )
 
     assert sim.until(done, 20000, chaos_action), sim.summary()
     settle(sim)
