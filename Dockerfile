@@ -4,6 +4,7 @@
 #   builder: builds the kraftkeeper wheel from the sources against those wheels only;
 #   final:   installs the wheels with --no-index into a venv, runs as a non-root user and works
 #            with a read-only root filesystem (HOME, caches and data on the /data and /tmp volumes).
+# Needs BuildKit (the default builder of current Docker; DOCKER_BUILDKIT=1 on Docker 20.10).
 # BASE_IMAGE must provide python3 (3.11+) with the venv module: python:3.11-slim, or the local
 # Debian bookworm base that scripts/build-image.sh makes with debootstrap.
 ARG BASE_IMAGE=python:3.11-slim
@@ -35,11 +36,11 @@ ENV HOME=/tmp \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/kraftkeeper/bin:$PATH
-COPY --from=builder /out/ /tmp/wheels/
-RUN python3 -m venv /opt/kraftkeeper \
- && /opt/kraftkeeper/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels "kraftkeeper[operator]" \
+# The wheels are bind-mounted from the builder (BuildKit), so they never become an image layer.
+RUN --mount=type=bind,from=builder,source=/out,target=/mnt/wheels \
+    python3 -m venv /opt/kraftkeeper \
+ && /opt/kraftkeeper/bin/pip install --no-cache-dir --no-index --find-links /mnt/wheels "kraftkeeper[operator]" \
  && /opt/kraftkeeper/bin/pip uninstall -y -q pip \
- && rm -rf /tmp/wheels \
  && groupadd --gid "${UID}" kraftkeeper \
  && useradd --uid "${UID}" --gid "${UID}" --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kraftkeeper \
  && mkdir -p /data \

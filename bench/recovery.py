@@ -125,6 +125,16 @@ def describe(endpoint: str) -> dict[str, Any]:
     return d
 
 
+def describe_leader(cluster: KraftKeeperCluster, hint: list[str]) -> dict[str, Any]:
+    """Describe from the leader (only the leader answers it); ``hint[0]`` caches the leader and
+    is refreshed when leadership moved, so polling survives an election."""
+    try:
+        return describe(hint[0])
+    except (OSError, ValueError):
+        hint[0] = leader_endpoint(cluster)
+        return describe(hint[0])
+
+
 def leader_endpoint(cluster: KraftKeeperCluster) -> str:
     def find() -> str | None:
         for ep in cluster.endpoints:
@@ -197,7 +207,8 @@ def run_one(work: Path, size: int, value_size: int, concurrency: int, fsync: boo
         t_restart_ms = time.time() * 1000
         cluster.start_node(victim)
 
-        seen = wait_until(lambda: _replica(describe(leader), "observers", victim, new), 120,
+        cached = [leader]
+        seen = wait_until(lambda: _replica(describe_leader(cluster, cached), "observers", victim, new), 120,
                           f"observer ({victim}, {new}) in describe", interval=0.02)
         first_fetch_ms = float(seen.get("last_fetch_timestamp", -1))
         if first_fetch_ms <= 0:
@@ -205,7 +216,7 @@ def run_one(work: Path, size: int, value_size: int, concurrency: int, fsync: boo
 
         def caught_up() -> float | None:
             cluster.procs.check_alive(f"node-{victim}")
-            r = _replica(describe(leader), "observers", victim, new)
+            r = _replica(describe_leader(cluster, cached), "observers", victim, new)
             if r is not None and r.get("lag") == 0:
                 return time.time() * 1000
             return None

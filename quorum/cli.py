@@ -87,7 +87,11 @@ def format_describe_status(d: dict[str, Any]) -> str:
         if int(v.get("last_caught_up_timestamp", -1)) >= 0 and int(lead_ts) >= 0
     ]
     voter_ids = {v["id"] for v in voters}
-    could = [o for o in d.get("observers", []) if o.get("uuid") and o.get("id") in voter_ids | set(d.get("target_voters") or [])]
+    could = [
+        o
+        for o in d.get("observers", [])
+        if o.get("uuid") and o.get("id") in voter_ids | set(d.get("target_voters") or [])
+    ]
 
     def keys(xs: list[dict[str, Any]]) -> str:
         return json.dumps([{"id": x["id"], "uuid": x.get("uuid")} for x in xs])
@@ -111,15 +115,37 @@ def format_describe_status(d: dict[str, Any]) -> str:
 
 def format_describe_replication(d: dict[str, Any]) -> str:
     """KIP-595 ``--describe replication`` with KIP-856's ReplicaUuid column."""
-    rows = [("ReplicaId", "ReplicaUuid", "Endpoint", "LogEndOffset", "Lag", "LastFetchTimestamp",
-             "LastCaughtUpTimestamp", "Status")]
+    rows = [
+        (
+            "ReplicaId",
+            "ReplicaUuid",
+            "Endpoint",
+            "LogEndOffset",
+            "Lag",
+            "LastFetchTimestamp",
+            "LastCaughtUpTimestamp",
+            "Status",
+        )
+    ]
     for kind, xs in (("voter", d.get("voters", [])), ("observer", d.get("observers", []))):
         for x in xs:
-            status = "Leader" if kind == "voter" and x["id"] == d.get("leader_id") else (
-                "Follower" if kind == "voter" else "Observer")
-            rows.append((str(x["id"]), str(x.get("uuid")), str(x.get("endpoint")), str(x.get("log_end_offset")),
-                         str(x.get("lag")), str(x.get("last_fetch_timestamp")),
-                         str(x.get("last_caught_up_timestamp")), status))
+            status = (
+                "Leader"
+                if kind == "voter" and x["id"] == d.get("leader_id")
+                else ("Follower" if kind == "voter" else "Observer")
+            )
+            rows.append(
+                (
+                    str(x["id"]),
+                    str(x.get("uuid")),
+                    str(x.get("endpoint")),
+                    str(x.get("log_end_offset")),
+                    str(x.get("lag")),
+                    str(x.get("last_fetch_timestamp")),
+                    str(x.get("last_caught_up_timestamp")),
+                    status,
+                )
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

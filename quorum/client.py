@@ -106,7 +106,9 @@ class QuorumClient:
         last: KraftError | None = None
         tried_hint = 0
         while True:
-            candidates = ([self._leader] if self._leader else []) + [b for b in self.bootstrap if b != self._leader]
+            candidates = ([self._leader] if self._leader else []) + [
+                b for b in self.bootstrap if b != self._leader
+            ]
             for ep in candidates:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -123,7 +125,7 @@ class QuorumClient:
                     ) as resp:
                         raw = await resp.read()
                         status = resp.status
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                except (TimeoutError, aiohttp.ClientError, OSError) as e:
                     last = KraftError(ErrorCode.UNAVAILABLE, f"cannot reach {ep}: {e or type(e).__name__}")
                     if ep == self._leader:
                         self._leader = None

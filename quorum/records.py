@@ -69,7 +69,9 @@ class DecodedBatch:
         return self.position + len(self.data)
 
 
-def _encode(base_offset: int, epoch: int, records: Sequence[bytes], attributes: int, append_time_ms: int) -> bytes:
+def _encode(
+    base_offset: int, epoch: int, records: Sequence[bytes], attributes: int, append_time_ms: int
+) -> bytes:
     parts = [b""]
     for r in records:
         parts.append(_LEN.pack(len(r)))
@@ -81,7 +83,9 @@ def _encode(base_offset: int, epoch: int, records: Sequence[bytes], attributes: 
     return struct.pack("<qiI", base_offset, batch_length, crc) + head_rest + body
 
 
-def encode_batch(base_offset: int, epoch: int, records: Sequence[bytes], append_time_ms: int | None = None) -> bytes:
+def encode_batch(
+    base_offset: int, epoch: int, records: Sequence[bytes], append_time_ms: int | None = None
+) -> bytes:
     """Encode a data batch of opaque records."""
     if not records:
         raise ValueError("a batch holds at least one record")
@@ -198,7 +202,9 @@ def decode_batches(
         if n - pos < HEADER_SIZE:
             if allow_torn_tail:
                 break
-            raise CorruptRecordError(f"{n - pos} bytes at position {pos} are too short for a batch header", pos)
+            raise CorruptRecordError(
+                f"{n - pos} bytes at position {pos} are too short for a batch header", pos
+            )
         base, blen, crc, epoch, attrs, count, _t = _HEADER.unpack_from(view, pos)
         total = _PREFIX + blen
         if blen < HEADER_SIZE - _PREFIX or total > MAX_BATCH_BYTES or count < 1 or epoch < 0 or base < 0:
@@ -231,7 +237,10 @@ def decode_batches(
 def _rest_is_tail(view: memoryview, pos: int) -> bool:
     """A garbage header counts as a torn tail only if nothing after it looks like data: a
     crash mid-write leaves zeros or a partial header, not a valid batch further on."""
-    return not view[pos + HEADER_SIZE : pos + HEADER_SIZE + 4096].tobytes().strip(b"\x00") or len(view) - pos < 4096
+    return (
+        not view[pos + HEADER_SIZE : pos + HEADER_SIZE + 4096].tobytes().strip(b"\x00")
+        or len(view) - pos < 4096
+    )
 
 
 def data_records(batch: DecodedBatch | bytes | memoryview) -> list[bytes]:

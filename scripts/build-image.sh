@@ -44,8 +44,7 @@ ensure_engine() {
   mkdir -p "$cache/logs"
   log "starting dockerd (log: $cache/logs/dockerd.log)"
   nohup dockerd >"$cache/logs/dockerd.log" 2>&1 &
-  local i
-  for i in $(seq 1 60); do
+  for _ in $(seq 1 60); do
     engine_running && return 0
     sleep 1
   done
@@ -106,7 +105,8 @@ build_image() {
   local version
   version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/pyproject.toml" | head -n1)"
   log "docker build $image (base $base_image)"
-  docker build -q --build-arg "BASE_IMAGE=$base_image" -t "$image" -t "kraftkeeper:$version" "$here" >/dev/null
+  # BuildKit: the Dockerfile bind-mounts the builder's wheels instead of copying them in.
+  DOCKER_BUILDKIT=1 docker build -q --build-arg "BASE_IMAGE=$base_image" -t "$image" -t "kraftkeeper:$version" "$here" >/dev/null
   log "built $image"
 }
 

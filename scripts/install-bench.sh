@@ -21,8 +21,8 @@ case "${1:-install}" in
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
     export DEBIAN_FRONTEND=noninteractive
-    # The package's maintainer script would start a system etcd on :2379; the benchmark runs
-    # its own members on other ports, so keep the service from starting where policy-rc.d works.
+    # The package also enables a systemd unit for a system-wide etcd on :2379. The benchmark
+    # starts its own members on free loopback ports, so whether that service runs does not matter.
     $sudo apt-get update -q
     $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
     ;;

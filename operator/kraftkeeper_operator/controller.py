@@ -181,6 +181,7 @@ class RecoveryController:
         self.book = RecoveryBook(policy, records)
         self.desired_ids = desired_ids  # None: do not manage the voter count
         self.unreachable_since_ms: int | None = None
+        self.last_good_view: QuorumView | None = None  # the last view with a live majority
         self._lock = asyncio.Lock()  # one reconcile at a time per quorum
 
     @property
@@ -210,6 +211,7 @@ class RecoveryController:
             self._publish_gauges(view, now)
             return self._lost(now, "the leader sees fewer live voters than a majority", view)
         self.unreachable_since_ms = None
+        self.last_good_view = view
 
         self._emit(self.book.observe(view, now), view)
         action = self.book.next_action(view, now)
@@ -319,7 +321,7 @@ class RecoveryController:
         live = view.live_voters(now, window)
         dead = [v for v in view.voters if v not in live]
         active = self.book.active()
-        blocked = self.book.blocked or blocked
+        blocked = self.book.blocked or blocked or self.book.note
         degraded_why = []
         if dead:
             degraded_why.append("voters not fetching: " + ", ".join(f"{v.id}:{v.uuid}" for v in dead))

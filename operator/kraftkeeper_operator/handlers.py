@@ -103,7 +103,9 @@ def _api_error(what: str, e: ApiException) -> Exception:
         message = json.loads(body).get("message", body)
     except (ValueError, AttributeError):
         message = body
-    if e.status in (400, 422):
+    # Server-side apply answers 500 "failed to create typed patch object" for a field the
+    # schema does not know (e.g. in the free-form spec.scheduling.affinity): also the spec's fault.
+    if e.status in (400, 422) or (e.status == 500 and "typed patch" in str(message)):
         return kopf.PermanentError(f"{what} refused by the API server: {message}")
     return kopf.TemporaryError(f"{what}: HTTP {e.status} {message}", delay=5)
 

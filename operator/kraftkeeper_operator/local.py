@@ -201,6 +201,23 @@ class Supervisor:
         self.layout = layout
         self.nodes = {i: NodeProc(i) for i in range(1, layout.nodes + 1)}
         self.stopping = False
+        self.internal_hold: set[int] = set()  # nodes the supervisor itself keeps stopped
+
+    async def run_offline(self, i: int, *cli_args: str) -> subprocess.CompletedProcess[str]:
+        """Stop node i, run ``kraftkeeper CLI_ARGS`` against its stopped directory, restart it."""
+        self.internal_hold.add(i)
+        try:
+            await self._stop(self.nodes[i])
+            return await asyncio.to_thread(
+                subprocess.run,
+                [*_kraftkeeper_cmd(), *cli_args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            self.internal_hold.discard(i)
 
     async def _start(self, n: NodeProc) -> None:
         lay = self.layout
@@ -264,6 +281,8 @@ class Supervisor:
         """One pass: honour holds, restart exited nodes (with back-off)."""
         now = time.monotonic()
         for n in self.nodes.values():
+            if n.index in self.internal_hold:
+                continue
             if self._held(n.index):
                 if n.proc is not None:
                     await self._stop(n)
@@ -346,6 +365,9 @@ async def run_local(
         metrics=metrics,
         records=_load_records(state_path),
         persist=persist,
+        # Membership repair: if the voter ids ever differ from 1..N (after an unclean recovery, or
+        # an interrupted RemoveThenAdd whose progress file was lost), reassign back to 1..N.
+        desired_ids=list(range(1, layout.nodes + 1)),
     )
     last: dict[str, Any] = {"conditions": [], "recoveries": []}
 
@@ -369,9 +391,16 @@ async def run_local(
     site = web.TCPSite(runner, "127.0.0.1", layout.base_port)
     await site.start()
     sup = Supervisor(layout)
+    unclean_done = False
     try:
         while not stop.is_set():
             await sup.supervise_once()
+            if ctl.unreachable_since_ms is None:
+                unclean_done = False
+            elif policy.unclean_allowed and not unclean_done:
+                gone_s = time.time() - ctl.unreachable_since_ms / 1000
+                if gone_s >= policy.unclean_after_seconds:
+                    unclean_done = await _unclean_recovery(layout, sup, ctl, gone_s)
             try:
                 st: ControllerStatus = await asyncio.wait_for(ctl.reconcile(), timeout=max(5.0, 4 * interval))
                 last = st.to_status()
@@ -393,6 +422,63 @@ async def run_local(
             pidfile.unlink()
 
 
+def _meta_uuid(d: Path) -> str | None:
+    try:
+        for line in (d / "meta.properties").read_text().splitlines():
+            if line.startswith("directory.id="):
+                return line.split("=", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _log_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*.log") if f.is_file())
+
+
+async def _unclean_recovery(
+    layout: ClusterLayout, sup: Supervisor, ctl: RecoveryController, gone_s: float
+) -> bool:
+    """KIP-704 style last resort, only when the policy allows it and the quorum has had no live
+    majority for ``unclean_after_seconds``: among the nodes whose storage UUID was a voter in the
+    last healthy view, the one with the most log bytes on disk (our stand-in for "most up to
+    date": reading the log of a running node is not safe) is stopped, ``kraftkeeper quorum
+    recover-unclean`` makes it the sole voter (RECOVERING, then RECOVERED once it verified its
+    state), and it is restarted; the reassignment to nodes 1..N then re-adds the others. Records
+    committed only on the lost replicas are lost: the event log says so. Returns True if done."""
+    view = ctl.last_good_view
+    if view is None:
+        log.error("quorum lost, unclean recovery allowed, but no healthy view was ever seen: not guessing")
+        return True
+    voter_keys = {(v.id, v.uuid) for v in view.voters}
+    cands = [i for i in range(1, layout.nodes + 1) if (i, _meta_uuid(layout.data_dir(i))) in voter_keys]
+    if not cands:
+        log.error("quorum lost and no former voter's disk survives: unclean recovery impossible")
+        return True
+    survivor = max(cands, key=lambda i: (_log_bytes(layout.data_dir(i)), -i))
+    out = await sup.run_offline(
+        survivor, "quorum", "recover-unclean", "--dir", str(layout.data_dir(survivor))
+    )
+    detail = {
+        "reason": f"no live majority for {gone_s:.0f}s",
+        "candidates": cands,
+        "exit_code": out.returncode,
+        "output": (out.stdout or out.stderr).strip()[-500:],
+    }
+    ctl.sink.emit(
+        "unclean_recovery",
+        str(_uuid.uuid4()),
+        survivor,
+        None,
+        _meta_uuid(layout.data_dir(survivor)),
+        None,
+        None,
+        detail,
+    )
+    log.warning("unclean recovery of node %d: %s", survivor, detail["output"])
+    return True
+
+
 def _policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stabilization-seconds",
@@ -405,6 +491,13 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-seconds", type=float, default=600.0)
     p.add_argument("--live-window-seconds", type=float, default=5.0)
     p.add_argument("--no-recovery", action="store_true", help="supervise only; never change voters")
+    p.add_argument(
+        "--unclean-after-seconds",
+        type=float,
+        default=None,
+        help="allow KIP-704 unclean recovery after this long without a live majority (off by default: "
+        "records committed only on the lost replicas are lost)",
+    )
 
 
 def policy_from_args(a: argparse.Namespace) -> RecoveryPolicy:
@@ -416,7 +509,10 @@ def policy_from_args(a: argparse.Namespace) -> RecoveryPolicy:
         "timeoutSeconds": a.timeout_seconds,
         "liveWindowSeconds": a.live_window_seconds,
     }
-    return RecoveryPolicy.from_spec(spec)
+    unclean = None
+    if a.unclean_after_seconds is not None:
+        unclean = {"enabled": True, "afterSeconds": a.unclean_after_seconds}
+    return RecoveryPolicy.from_spec(spec, unclean)
 
 
 class _Parser(argparse.ArgumentParser):

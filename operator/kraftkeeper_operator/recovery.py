@@ -249,7 +249,7 @@ class QuorumView:
 def _replica(r: Mapping[str, Any]) -> Replica:
     return Replica(
         id=int(r["id"]),
-        uuid=str(r["uuid"]),
+        uuid=str(r["uuid"]) if r.get("uuid") else "",  # "" = not known yet (bootstrap voter)
         endpoint=r.get("endpoint"),
         log_end_offset=int(r.get("log_end_offset", -1)),
         lag=int(r.get("lag", -1)),
@@ -450,7 +450,8 @@ class RecoveryBook:
     def __init__(self, policy: RecoveryPolicy, records: Iterable[Recovery] = ()) -> None:
         self.policy = policy
         self.records: list[Recovery] = list(records)
-        self.blocked: str | None = None
+        self.blocked: str | None = None  # why next_action() did nothing
+        self.note: str | None = None  # why observe() did not start a recovery it might have
         self._window_ms = int(policy.live_window_seconds * 1000)
 
     # -- queries -----------------------------------------------------------------------------
@@ -476,6 +477,7 @@ class RecoveryBook:
 
     def observe(self, view: QuorumView, now_ms: int) -> list[Event]:
         """Fold one describe into the records; returns the events this observation implies."""
+        self.note = None
         events: list[Event] = []
         counts: dict[int, int] = {}
         for v in view.voters:
@@ -490,7 +492,14 @@ class RecoveryBook:
     def _new_observer(
         self, view: QuorumView, rid: int, voter_uuids: list[str], now_ms: int
     ) -> Replica | None:
-        cands = [o for o in view.observers if o.id == rid and o.uuid not in voter_uuids]
+        # A UUID this id had before a completed recovery stays retired (a removed (id, UUID) must
+        # stay removed, KAFKA-19850): the leader may keep listing the dead disk as an observer.
+        retired = {r.old_uuid for r in self.records if r.replica_id == rid and r.phase is Phase.COMPLETED}
+        cands = [
+            o
+            for o in view.observers
+            if o.id == rid and o.uuid and o.uuid not in voter_uuids and o.uuid not in retired
+        ]
         if len(cands) > 1:
             live = [o for o in cands if view.is_live(o, now_ms, self._window_ms)]
             cands = live if live else cands
@@ -508,6 +517,12 @@ class RecoveryBook:
             if not self.policy.enabled:
                 return events
             if len(voter_uuids) == 1 and new_obs is not None:
+                if not voter_uuids[0]:
+                    # The leader has not learned the voter's UUID yet: we cannot name the old one.
+                    self.note = f"voter {rid} has no known storage UUID yet; waiting"
+                    return events
+                if not view.is_live(new_obs, now_ms, self._window_ms):
+                    return events  # a stale observer entry, not a replica that is running now
                 if self._recently_failed(rid, new_obs.uuid, now_ms):
                     return events
                 rec = self._start(rid, voter_uuids[0], new_obs.uuid, Phase.STABILIZING, now_ms)
@@ -516,7 +531,7 @@ class RecoveryBook:
                 # Restarted operator, AddVoter already committed: the quorum tells us the state.
                 old = self._guess_old(view, rid, voter_uuids, now_ms)
                 if old is None:
-                    self.blocked = f"replica {rid} has two voters and neither is clearly the old one"
+                    self.note = f"replica {rid} has two voters and neither is clearly the old one"
                     return events
                 new = next(u for u in voter_uuids if u != old)
                 rec = self._start(rid, old, new, Phase.ADDED, now_ms)

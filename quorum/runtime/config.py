@@ -22,9 +22,18 @@ from quorum.core.config import CoreConfig
 from quorum.types import ErrorCode, KraftError
 
 _RAFT_KEYS = {
-    "election_timeout_ms", "election_backoff_max_ms", "fetch_timeout_ms", "request_timeout_ms",
-    "fetch_max_wait_ms", "fetch_max_bytes", "snapshot_chunk_bytes", "catch_up_max_lag",
-    "catch_up_recent_ms", "add_voter_timeout_ms", "pre_vote", "max_batch_records",
+    "election_timeout_ms",
+    "election_backoff_max_ms",
+    "fetch_timeout_ms",
+    "request_timeout_ms",
+    "fetch_max_wait_ms",
+    "fetch_max_bytes",
+    "snapshot_chunk_bytes",
+    "catch_up_max_lag",
+    "catch_up_recent_ms",
+    "add_voter_timeout_ms",
+    "pre_vote",
+    "max_batch_records",
 }
 
 
@@ -47,7 +56,9 @@ class NodeConfig:
 def _expect(section: str, key: str, value: Any, kind: type) -> Any:
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"config {section}.{key}: expected {kind.__name__}, got {value!r}")
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, f"config {section}.{key}: expected {kind.__name__}, got {value!r}"
+        )
     if kind is int and value <= 0:
         raise KraftError(ErrorCode.INVALID_REQUEST, f"config {section}.{key}: must be positive, got {value}")
     return value
@@ -97,7 +108,14 @@ def parse_voters(text: str) -> dict[int, str]:
             continue
         sid, at, ep = item.partition("@")
         host, colon, port = ep.rpartition(":")
-        if not at or not sid.strip().isdigit() or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if (
+            not at
+            or not sid.strip().isdigit()
+            or not colon
+            or not host
+            or not port.isdigit()
+            or not 0 < int(port) < 65536
+        ):
             raise KraftError(ErrorCode.INVALID_REQUEST, f"--voters entry {item!r}: expected ID@HOST:PORT")
         vid = int(sid)
         if vid in out:

@@ -41,8 +41,12 @@ log = logging.getLogger("kraftkeeper.node")
 
 def _expire(fut: asyncio.Future[None], offset: int) -> None:
     if not fut.done():
-        fut.set_exception(KraftError(ErrorCode.REQUEST_TIMED_OUT, f"write at offset {offset} not committed in "
-                                     "time; it may or may not take effect"))
+        fut.set_exception(
+            KraftError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"write at offset {offset} not committed in time; it may or may not take effect",
+            )
+        )
 
 
 class DurableReader:
@@ -70,8 +74,14 @@ class DurableReader:
 class Node:
     """One replica: storage + core + HTTP server."""
 
-    def __init__(self, data_dir: str, listen: str, voters: dict[int, str], cfg: NodeConfig,
-                 advertise: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        listen: str,
+        voters: dict[int, str],
+        cfg: NodeConfig,
+        advertise: str | None = None,
+    ) -> None:
         from quorum.storage import open_storage
 
         self.data_dir = data_dir
@@ -118,6 +128,8 @@ class Node:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        self._recovering = False  # a KIP-704 verification task is running
+        self._snapshotting = False
         self.role = "unattached"
         self.leader_id = -1
         self.leader_endpoint: str | None = None
@@ -145,8 +157,13 @@ class Node:
         host, _, port = self.listen.rpartition(":")
         site = aiohttp.web.TCPSite(runner, host or "0.0.0.0", int(port), reuse_address=True, backlog=1024)
         await site.start()
-        log.info("node %s (%s) listening on %s, advertising %s", self.node_id, self.local.uuid,
-                 self.listen, self.advertise)
+        log.info(
+            "node %s (%s) listening on %s, advertising %s",
+            self.node_id,
+            self.local.uuid,
+            self.listen,
+            self.advertise,
+        )
         loop_task = asyncio.create_task(self._loop())
         tick_task = asyncio.create_task(self._ticker())
         try:
@@ -171,13 +188,14 @@ class Node:
             return
         try:
             resign(self.now_ms())
-        except Exception:  # noqa: BLE001 - shutdown must go on
+        except Exception:
             log.exception("resign on shutdown failed")
             return
         self._wake.set()
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and self._tasks:
-            await asyncio.sleep(0.02)
+        # Let the EndQuorumEpoch requests go out (bounded: peers may be down).
+        await asyncio.sleep(0.05)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1.0)
 
     async def _ticker(self) -> None:
         while not self._stopping:
@@ -196,6 +214,9 @@ class Node:
                 raise
             if progressed:
                 self._wake.set()
+                # Event.wait() returns without yielding when the event is already set: give
+                # the handlers a turn so a busy core can never starve the network.
+                await asyncio.sleep(0)
 
     # ---- Ready ------------------------------------------------------------------------------
     async def _handle_ready(self) -> bool:
@@ -206,8 +227,12 @@ class Node:
         loop = asyncio.get_running_loop()
         if rd.truncate_to is not None:
             self.log.truncate_to(rd.truncate_to)
-            if self.applied_end > rd.truncate_to:  # pragma: no cover - the core never truncates committed data
-                raise KraftError(ErrorCode.CORRUPT_LOG, f"truncation to {rd.truncate_to} below applied {self.applied_end}")
+            if (
+                self.applied_end > rd.truncate_to
+            ):  # pragma: no cover - the core never truncates committed data
+                raise KraftError(
+                    ErrorCode.CORRUPT_LOG, f"truncation to {rd.truncate_to} below applied {self.applied_end}"
+                )
         for ch in rd.snapshot_chunks:
             if ch.position == 0:
                 self.snapshots.begin_download(ch.snapshot_id)
@@ -237,7 +262,9 @@ class Node:
             fut = self._proposals.pop(pr.last_offset, None)
             t0 = self._commit_t0.pop(pr.last_offset, None)
             if t0 is not None and pr.error is ErrorCode.NONE:
-                self.metrics.histogram("commit_latency_seconds", "Time from propose to commit").observe(now - t0)
+                self.metrics.histogram("commit_latency_seconds", "Time from propose to commit").observe(
+                    now - t0
+                )
             if fut is not None and not fut.done():
                 if pr.error is ErrorCode.NONE:
                     fut.set_result(None)
@@ -256,17 +283,31 @@ class Node:
                 if ar.error is ErrorCode.NONE:
                     afut.set_result(None)
                 else:
-                    afut.set_exception(KraftError(ar.error, ar.message, leader_id=ar.leader_id,
-                                                  leader_epoch=ar.leader_epoch, leader_endpoint=ar.leader_endpoint))
+                    afut.set_exception(
+                        KraftError(
+                            ar.error,
+                            ar.message,
+                            leader_id=ar.leader_id,
+                            leader_epoch=ar.leader_epoch,
+                            leader_endpoint=ar.leader_endpoint,
+                        )
+                    )
         if rd.role_change is not None:
             rc = rd.role_change
             if rc.role != self.role or rc.epoch != self.epoch:
                 log.info("role %s epoch %d leader %d", rc.role, rc.epoch, rc.leader_id)
-            self.role, self.epoch, self.leader_id, self.leader_endpoint = rc.role, rc.epoch, rc.leader_id, rc.leader_endpoint
+            self.role, self.epoch, self.leader_id, self.leader_endpoint = (
+                rc.role,
+                rc.epoch,
+                rc.leader_id,
+                rc.leader_endpoint,
+            )
             if rc.election_latency_ms is not None:
                 self.metrics.histogram("election_latency_seconds", "Time to elect a leader").observe(
-                    rc.election_latency_ms / 1000)
-        if rd.recovery_needed:
+                    rc.election_latency_ms / 1000
+                )
+        if rd.recovery_needed and not self._recovering:
+            self._recovering = True
             self._spawn(self._verify_recovery())
         for e in rd.errors:
             log.warning("%s", e)
@@ -315,7 +356,7 @@ class Node:
                 else:
                     still.append((index, fut))
             self._read_waiting = still
-        if self._bytes_since_snapshot >= self.cfg.snapshot_bytes and not getattr(self, "_snapshotting", False):
+        if self._bytes_since_snapshot >= self.cfg.snapshot_bytes and not self._snapshotting:
             self._spawn(self._take_snapshot())
 
     async def _take_snapshot(self) -> None:
@@ -328,7 +369,9 @@ class Node:
             copy = kvmod.KVStore()
             copy.data = dict(self.kv.data)
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, lambda: self.snapshots.write(sid, controls, copy.snapshot_chunks()))
+            await loop.run_in_executor(
+                None, lambda: self.snapshots.write(sid, controls, copy.snapshot_chunks())
+            )
             self._bytes_since_snapshot = 0
             self.core.snapshot_taken(sid, sid.offset)
             self.log.delete_before(sid.offset)
@@ -358,6 +401,8 @@ class Node:
             self._wake.set()
         except Exception:
             log.exception("unclean recovery verification failed; staying RECOVERING")
+        finally:
+            self._recovering = False
 
     # ---- network ------------------------------------------------------------------------------
     def _spawn(self, coro: Any) -> None:
@@ -400,7 +445,7 @@ class Node:
                         resp = m.RpcFailed(cid, out.destination_id, f"HTTP {r.status}: {body[:200]!r}")
                     else:
                         resp = wire.decode(m.RESPONSE_FOR[type(msg)], body)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KraftError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError, KraftError) as e:
                 resp = m.RpcFailed(cid, out.destination_id, f"{type(e).__name__}: {e}")
         if self._stopping:
             return
@@ -422,7 +467,7 @@ class Node:
             limit += msg.max_wait_ms / 1000
         try:
             resp = await asyncio.wait_for(fut, limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise KraftError(ErrorCode.REQUEST_TIMED_OUT, f"{path} not answered in {limit:.1f}s") from None
         finally:
             self._rpc_waiters.pop(cid, None)
@@ -431,8 +476,13 @@ class Node:
     # ---- client API ---------------------------------------------------------------------------
     def _leader_error(self, code: ErrorCode, message: str = "") -> KraftError:
         if code is ErrorCode.NOT_LEADER:
-            return KraftError(code, message or f"node {self.node_id} is not the leader", leader_id=self.leader_id,
-                              leader_epoch=self.epoch, leader_endpoint=self.leader_endpoint)
+            return KraftError(
+                code,
+                message or f"node {self.node_id} is not the leader",
+                leader_id=self.leader_id,
+                leader_epoch=self.epoch,
+                leader_endpoint=self.leader_endpoint,
+            )
         return KraftError(code, message or code.value)
 
     def _check(self, fn: Callable[[], Any]) -> Any:
@@ -484,8 +534,10 @@ class Node:
                 applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._read_waiting.append((index, applied))
                 await asyncio.wait_for(applied, self.cfg.write_timeout_ms / 1000)
-        except asyncio.TimeoutError:
-            raise KraftError(ErrorCode.REQUEST_TIMED_OUT, "leadership could not be confirmed in time") from None
+        except TimeoutError:
+            raise KraftError(
+                ErrorCode.REQUEST_TIMED_OUT, "leadership could not be confirmed in time"
+            ) from None
         finally:
             self._reads.pop(rid, None)
         return self.kv.get(key)
@@ -512,7 +564,7 @@ class Node:
         limit = (self.core_config.add_voter_timeout_ms + self.core_config.request_timeout_ms) / 1000
         try:
             await asyncio.wait_for(fut, limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise KraftError(ErrorCode.REQUEST_TIMED_OUT, "voter change not completed in time") from None
         finally:
             self._admin.pop(rid, None)
@@ -533,7 +585,9 @@ class Node:
         return self._voters_view()
 
     async def reassign(self, ids: list[int] | None) -> dict[str, Any]:
-        await self._admin_call(lambda rid: self.core.reassign(rid, None if ids is None else tuple(ids), self.now_ms()))
+        await self._admin_call(
+            lambda rid: self.core.reassign(rid, None if ids is None else tuple(ids), self.now_ms())
+        )
         return {"target_voters": ids, **self._voters_view()}
 
     # ---- observability ------------------------------------------------------------------------

@@ -22,15 +22,18 @@ def _setup_logging(node_hint: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def run_node(data_dir: str, listen: str, voters: str, advertise: str | None = None,
-             config_file: str | None = None) -> int:
+def run_node(
+    data_dir: str, listen: str, voters: str, advertise: str | None = None, config_file: str | None = None
+) -> int:
     voter_map = parse_voters(voters)
     cfg = load_config(config_file)
     host, colon, port = listen.rpartition(":")
     if not colon or not port.isdigit():
         raise KraftError(ErrorCode.INVALID_REQUEST, f"--listen {listen!r}: expected HOST:PORT")
     if advertise is None and host in ("0.0.0.0", "", "::"):
-        raise KraftError(ErrorCode.INVALID_REQUEST, "--advertise is required when listening on a wildcard address")
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, "--advertise is required when listening on a wildcard address"
+        )
     _setup_logging(listen)
     from quorum.runtime.node import Node
 

@@ -58,7 +58,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(KraftError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body too large: {e.text}"))
     except web.HTTPMethodNotAllowed as e:
         return web.json_response(
-            {"error_code": ErrorCode.INVALID_REQUEST.value, "message": f"method {request.method} not allowed"},
+            {
+                "error_code": ErrorCode.INVALID_REQUEST.value,
+                "message": f"method {request.method} not allowed",
+            },
             status=e.status,
         )
     except web.HTTPNotFound:
@@ -136,7 +139,9 @@ def build_app(node: Node, *, max_body: int) -> web.Application:
         try:
             vid = int(request.match_info["id"])
         except ValueError:
-            raise KraftError(ErrorCode.INVALID_REQUEST, f"voter id {request.match_info['id']!r} is not an integer") from None
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST, f"voter id {request.match_info['id']!r} is not an integer"
+            ) from None
         result = await node.remove_voter(vid, _uuid_field(unquote(request.match_info["uuid"])))
         return web.json_response(result)
 
@@ -146,8 +151,14 @@ def build_app(node: Node, *, max_body: int) -> web.Application:
             ids = None
         else:
             v = obj.get("voters")
-            if not isinstance(v, list) or not v or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
-                raise KraftError(ErrorCode.INVALID_REQUEST, "field voters must be a non-empty list of replica ids")
+            if (
+                not isinstance(v, list)
+                or not v
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
+            ):
+                raise KraftError(
+                    ErrorCode.INVALID_REQUEST, "field voters must be a non-empty list of replica ids"
+                )
             if len(set(v)) != len(v):
                 raise KraftError(ErrorCode.INVALID_REQUEST, f"voters {v} has duplicates")
             ids = list(v)

@@ -36,7 +36,9 @@ def verify_local_state(lg: object) -> int:
         try:
             batches, _ = decode_batches(data, verify_crc=True)
         except KraftError as e:
-            raise KraftError(ErrorCode.CORRUPT_LOG, f"log does not verify near offset {offset}: {e.message}") from None
+            raise KraftError(
+                ErrorCode.CORRUPT_LOG, f"log does not verify near offset {offset}: {e.message}"
+            ) from None
         n += len(batches)
         offset = batches[-1].info.next_offset
     return n
@@ -47,7 +49,7 @@ def recover_unclean(data_dir: str) -> str:
     from quorum.core.recovery import plan_unclean_recovery
     from quorum.storage import open_storage
 
-    meta, qstore, lg, snapshots, summary = open_storage(data_dir)
+    meta, qstore, lg, _snapshots, summary = open_storage(data_dir)
     try:
         qstate = qstore.load()
         plan = plan_unclean_recovery(summary, qstate, meta.replica_key, 0)
@@ -58,8 +60,10 @@ def recover_unclean(data_dir: str) -> str:
         qstore.save(new_state)
     finally:
         lg.close()
-    msg = (f"UNCLEAN RECOVERY: node {meta.node_id} ({meta.storage_uuid}) is now the sole voter at epoch "
-           f"{new_state.leader_epoch}, state RECOVERING; records committed elsewhere after offset "
-           f"{summary.end_offset} may be lost")
+    msg = (
+        f"UNCLEAN RECOVERY: node {meta.node_id} ({meta.storage_uuid}) is now the sole voter at epoch "
+        f"{new_state.leader_epoch}, state RECOVERING; records committed elsewhere after offset "
+        f"{summary.end_offset} may be lost"
+    )
     log.warning("%s", msg)
     return msg

@@ -34,7 +34,9 @@ _FIELDS: dict[type, frozenset[str]] = {}
 
 def _bytes_field(cls: type) -> str | None:
     if cls not in _BYTES_FIELD:
-        _BYTES_FIELD[cls] = next((f.name for f in dataclasses.fields(cls) if f.type in ("bytes", bytes)), None)
+        _BYTES_FIELD[cls] = next(
+            (f.name for f in dataclasses.fields(cls) if f.type in ("bytes", bytes)), None
+        )
     return _BYTES_FIELD[cls]
 
 
@@ -95,13 +97,17 @@ def decode(cls: type[T], body: bytes) -> T:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"{name}: field {bf} belongs after the header")
         header[bf] = body[4 + hl :]
     elif len(body) != 4 + hl:
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"{name}: {len(body) - 4 - hl} unexpected bytes after the header")
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, f"{name}: {len(body) - 4 - hl} unexpected bytes after the header"
+        )
     try:
         obj: T = _adapter(cls).validate_python(header)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"{name}: field {loc or '?'}: {first.get('msg')}") from None
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, f"{name}: field {loc or '?'}: {first.get('msg')}"
+        ) from None
     return obj
 
 

@@ -50,6 +50,7 @@ class ReportTables:
     daily: pd.DataFrame
     slowest: pd.DataFrame
     bad_input: pd.DataFrame
+    recoveries: pd.DataFrame | None = None  # only with compute(..., collect_recoveries=True)
 
 
 def _is_url(p: str) -> bool:
@@ -73,7 +74,9 @@ def _check_inputs(events: list[str]) -> list[str]:
     return out
 
 
-def compute(spark: object, paths: list[str], top: int = 20, out: Path | None = None) -> ReportTables:
+def compute(
+    spark: object, paths: list[str], top: int = 20, out: Path | None = None, collect_recoveries: bool = False
+) -> ReportTables:
     """Run every transformation; write the big per-recovery table under ``out`` when given.
 
     ``spark`` is a SparkSession (typed loosely so this module imports without PySpark until
@@ -112,6 +115,7 @@ def compute(spark: object, paths: list[str], top: int = 20, out: Path | None = N
             fails = tf.failures(recoveries).toPandas()
             day = tf.daily(recoveries).toPandas()
             slow = tf.slowest(recoveries, top).toPandas()
+            rec_pd = recoveries.toPandas() if collect_recoveries else None
             if out is not None:
                 tables = out / "tables"
                 rec = recoveries.drop("problem_messages")
@@ -151,7 +155,7 @@ def compute(spark: object, paths: list[str], top: int = 20, out: Path | None = N
         "first_day": None if day.empty else str(day["date"].min()),
         "last_day": None if day.empty else str(day["date"].max()),
     }
-    return ReportTables(summary, stats, hist, outc, fails, day, slow, bad)
+    return ReportTables(summary, stats, hist, outc, fails, day, slow, bad, rec_pd)
 
 
 def write_tables(t: ReportTables, out: Path) -> None:

@@ -33,13 +33,16 @@ def build_session(master: str | None = None, app_name: str = "kraftkeeper-report
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     # Python workers must run the interpreter that has this package (a venv), not "python3".
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    shuffle = str(max(2, os.cpu_count() or 2)) if is_local(master) else "64"
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master or "local[*]")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.ansi.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.shuffle.partitions", os.environ.get("KK_SPARK_SHUFFLE_PARTITIONS", "8"))
+        # Few shuffle partitions: after parsing, the data is one row per recovery; adaptive
+        # execution (on by default) coalesces further when partitions are tiny.
+        .config("spark.sql.shuffle.partitions", os.environ.get("KK_SPARK_SHUFFLE_PARTITIONS", shuffle))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", os.environ.get("KK_SPARK_DRIVER_MEMORY", "2g"))

@@ -12,6 +12,7 @@ import base64
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -146,3 +147,47 @@ def test_kraftkeeper_side_quick(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     _check_rows(json.loads(out.read_text()), {"kraftkeeper fsync", "kraftkeeper nofsync"}, [1, 8])
     assert "kraftkeeper fsync" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("quorum.runtime.node") is None,
+                    reason="the engine runtime (quorum.runtime) is not in this checkout")
+def test_recovery_bench_small_log(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    res = run_bench("bench.recovery", "--sizes", "2MB", "--value-bytes", "16384", "--json", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    (r,) = json.loads(out.read_text())
+    assert r["filled_bytes"] >= 2_000_000
+    assert r["catch_up_s"] > 0 and r["add_voter_s"] > 0 and r["remove_voter_s"] > 0
+    assert r["total_s"] >= r["catch_up_s"]
+    assert "remove-voter ms" in res.stdout
+
+
+@pytest.mark.slow
+def test_interrupt_cleans_up_every_process(tmp_path: Path) -> None:
+    psutil = pytest.importorskip("psutil", reason="psutil (dev extra) is not installed")
+    err = tmp_path / "stderr"
+    with open(err, "w") as f:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "bench.engine", "--duration", "60", "--clients", "4",
+             "--kraftkeeper", "none", "--peers", "pysyncobj", "--sizes", "100"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=f, start_new_session=True,
+        )
+    try:
+        me = psutil.Process(bench.pid)
+        deadline = time.monotonic() + 120
+        # Wait until the cluster and a load run are up: 3 nodes + a generator are descendants.
+        while not ("starting pysyncobj" in err.read_text() and len(me.children(recursive=True)) >= 4):
+            assert bench.poll() is None, err.read_text()[-2000:]
+            assert time.monotonic() < deadline, "the benchmark never started its cluster"
+            time.sleep(0.1)
+        kids = me.children(recursive=True)
+        assert len(kids) >= 3
+        os.kill(bench.pid, signal.SIGINT)  # what Ctrl-C delivers
+        assert bench.wait(60) != 0
+        _, alive = psutil.wait_procs(kids, timeout=30)
+        assert alive == [], f"left running after Ctrl-C: {alive}"
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()

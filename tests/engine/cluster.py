@@ -40,7 +40,9 @@ def run_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.C
     return p
 
 
-def poll(cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.05) -> Any:
+def poll(
+    cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.05
+) -> Any:
     """Poll until ``cond()`` is truthy; return its value or fail naming ``what``."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
@@ -49,15 +51,16 @@ def poll(cond: Callable[[], Any], timeout: float = 30, what: str = "condition", 
             v = cond()
             if v:
                 return v
-        except Exception as e:  # noqa: BLE001 - keep polling, report the last error
+        except Exception as e:
             last_exc = e
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
 
 
 class LocalCluster:
-    def __init__(self, root: Path, n: int = 3, config: dict[str, Any] | None = None,
-                 cluster_id: str = "test-cluster") -> None:
+    def __init__(
+        self, root: Path, n: int = 3, config: dict[str, Any] | None = None, cluster_id: str = "test-cluster"
+    ) -> None:
         self.root = root
         self.n = n
         self.cluster_id = cluster_id
@@ -74,7 +77,8 @@ class LocalCluster:
 
     @property
     def voters(self) -> str:
-        return ",".join(f"{i}@127.0.0.1:{p}" for i, p in self.ports.items())
+        """The bootstrap voter set: the first ``n`` nodes (later ones join as observers)."""
+        return ",".join(f"{i}@127.0.0.1:{p}" for i, p in self.ports.items() if i <= self.n)
 
     def endpoint(self, i: int) -> str:
         return f"127.0.0.1:{self.ports[i]}"
@@ -87,16 +91,36 @@ class LocalCluster:
         return self.root / f"node-{i}"
 
     def format(self, i: int) -> str:
-        out = run_cli("format", "--dir", str(self.data_dir(i)), "--cluster-id", self.cluster_id, "--node-id", str(i))
+        out = run_cli(
+            "format", "--dir", str(self.data_dir(i)), "--cluster-id", self.cluster_id, "--node-id", str(i)
+        )
         self.uuids[i] = out.stdout.strip().splitlines()[-1]
         return self.uuids[i]
 
+    def add_node(self, i: int) -> None:
+        """A node outside the bootstrap voters (it joins as an observer), formatted and started."""
+        self.ports[i] = free_ports(1)[0]
+        self.format(i)
+        self.start(i)
+
     def start(self, i: int) -> None:
-        log = open(self.root / f"node-{i}.log", "ab")  # noqa: SIM115 - owned by the process
+        log = open(self.root / f"node-{i}.log", "ab")
         self.procs[i] = subprocess.Popen(
-            [*KK, "start", "--dir", str(self.data_dir(i)), "--listen", self.endpoint(i),
-             "--voters", self.voters, "--config", str(self.config_path)],
-            stdout=log, stderr=log, start_new_session=True,
+            [
+                *KK,
+                "start",
+                "--dir",
+                str(self.data_dir(i)),
+                "--listen",
+                self.endpoint(i),
+                "--voters",
+                self.voters,
+                "--config",
+                str(self.config_path),
+            ],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
 
     def up(self) -> LocalCluster:

@@ -55,8 +55,9 @@ def test_cli_errors_are_one_line_with_code(tmp_path: Path) -> None:
     p = run_cli("kv", "get", "--bootstrap", "nonsense", "k", check=False)
     assert p.returncode != 0
     assert p.stderr.strip().splitlines()[-1].startswith("INVALID_REQUEST:")
-    p = run_cli("quorum", "add-voter", "--bootstrap", "127.0.0.1:9", "--id", "3", "--uuid", "not-a-uuid",
-                check=False)
+    p = run_cli(
+        "quorum", "add-voter", "--bootstrap", "127.0.0.1:9", "--id", "3", "--uuid", "not-a-uuid", check=False
+    )
     assert p.returncode != 0 and p.stderr.startswith("INVALID_REQUEST:") and "not-a-uuid" in p.stderr
     p = run_cli("quorum", "describe", "--bootstrap", "127.0.0.1:9", "--timeout", "1", check=False)
     assert p.returncode != 0 and p.stderr.startswith("UNAVAILABLE:")

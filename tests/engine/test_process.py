@@ -60,8 +60,13 @@ def test_kill_leader_keeps_every_acknowledged_key(cluster: LocalCluster) -> None
     acked = asyncio.run(_put_many(cluster.bootstrap, range(300)))
     assert len(acked) == 300
     cluster.kill(leader)
-    new_leader = poll(lambda: (lambda d: d["leader_id"] if d["leader_id"] not in (-1, leader) else None)(
-        cluster.describe()), 30, "a new leader")
+    new_leader = poll(
+        lambda: (lambda d: d["leader_id"] if d["leader_id"] not in (-1, leader) else None)(
+            cluster.describe()
+        ),
+        30,
+        "a new leader",
+    )
     assert new_leader != leader
 
     async def read_all() -> dict[str, bytes | None]:
@@ -73,25 +78,37 @@ def test_kill_leader_keeps_every_acknowledged_key(cluster: LocalCluster) -> None
     # The old leader comes back and catches up.
     cluster.start(leader)
     hw = cluster.describe()["high_watermark"]
-    poll(lambda: any(v["id"] == leader and v["log_end_offset"] >= hw for v in cluster.describe()["voters"]),
-         30, "the old leader to catch up")
+    poll(
+        lambda: any(v["id"] == leader and v["log_end_offset"] >= hw for v in cluster.describe()["voters"]),
+        30,
+        "the old leader to catch up",
+    )
 
 
 def test_restarted_node_catches_up_through_snapshot(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path, 3, config={"snapshot": {"max_bytes": 20000},
-                                          "log": {"segment_bytes": 16384}}).up() as c:
+    with LocalCluster(
+        tmp_path, 3, config={"snapshot": {"max_bytes": 20000}, "log": {"segment_bytes": 16384}}
+    ).up() as c:
         c.leader()
         lagging = 3 if c.leader() != 3 else 2
         c.kill(lagging)
         acked = asyncio.run(_put_many(c.bootstrap, range(2000), value=b"x" * 50))
         assert len(acked) == 2000
         # Wait until the others have snapshotted and dropped old segments.
-        poll(lambda: any(p.name.endswith(".checkpoint") for p in c.data_dir(1 if lagging != 1 else 2).rglob("*")),
-             30, "a snapshot on a live node")
+        poll(
+            lambda: any(
+                p.name.endswith(".checkpoint") for p in c.data_dir(1 if lagging != 1 else 2).rglob("*")
+            ),
+            30,
+            "a snapshot on a live node",
+        )
         c.start(lagging)
         hw = c.describe()["high_watermark"]
-        poll(lambda: any(v["id"] == lagging and v["log_end_offset"] >= hw for v in c.describe()["voters"]),
-             60, "the lagging node to catch up")
+        poll(
+            lambda: any(v["id"] == lagging and v["log_end_offset"] >= hw for v in c.describe()["voters"]),
+            60,
+            "the lagging node to catch up",
+        )
         assert any(p.name.endswith(".checkpoint") for p in c.data_dir(lagging).rglob("*"))
         # Kill the others: the snapshot-restored node must still serve all keys with one peer.
         other = next(i for i in (1, 2, 3) if i != lagging)
@@ -120,15 +137,33 @@ def test_disk_replacement_add_then_remove(cluster: LocalCluster) -> None:
     assert (victim, new) in {(v["id"], v["uuid"]) for v in d["voters"]}
     assert (victim, old) in {(v["id"], v["uuid"]) for v in d["voters"]}
     # Second add of the same voter: VOTER_ALREADY_ADDED.
-    p = run_cli("quorum", "add-voter", "--bootstrap", cluster.bootstrap, "--id", str(victim), "--uuid", new,
-                check=False)
+    p = run_cli(
+        "quorum",
+        "add-voter",
+        "--bootstrap",
+        cluster.bootstrap,
+        "--id",
+        str(victim),
+        "--uuid",
+        new,
+        check=False,
+    )
     assert p.returncode != 0 and p.stderr.startswith("VOTER_ALREADY_ADDED")
     run_cli("quorum", "remove-voter", "--bootstrap", cluster.bootstrap, "--id", str(victim), "--uuid", old)
     d = cluster.describe()
     expected = {(i, u) for i, u in cluster.uuids.items()}
     assert {(v["id"], v["uuid"]) for v in d["voters"]} == expected
-    p = run_cli("quorum", "remove-voter", "--bootstrap", cluster.bootstrap, "--id", str(victim), "--uuid", old,
-                check=False)
+    p = run_cli(
+        "quorum",
+        "remove-voter",
+        "--bootstrap",
+        cluster.bootstrap,
+        "--id",
+        str(victim),
+        "--uuid",
+        old,
+        check=False,
+    )
     assert p.returncode != 0 and p.stderr.startswith("VOTER_ALREADY_REMOVED")
     # The new node serves every key once the others are gone but one.
     survivor = next(i for i in (1, 2, 3) if i != victim)
@@ -142,8 +177,16 @@ def test_disk_replacement_add_then_remove(cluster: LocalCluster) -> None:
 
 
 def test_unformatted_directory_refuses_to_start(tmp_path: Path) -> None:
-    p = run_cli("start", "--dir", str(tmp_path / "empty"), "--listen", "127.0.0.1:1",
-                "--voters", "1@127.0.0.1:1", check=False)
+    p = run_cli(
+        "start",
+        "--dir",
+        str(tmp_path / "empty"),
+        "--listen",
+        "127.0.0.1:1",
+        "--voters",
+        "1@127.0.0.1:1",
+        check=False,
+    )
     assert p.returncode != 0 and p.stderr.startswith("NOT_FORMATTED")
 
 
@@ -153,8 +196,20 @@ def test_format_twice_refused_and_prints_uuid(tmp_path: Path) -> None:
     assert len(uuid) == 36 and uuid == uuid.lower()
     p = run_cli("format", "--dir", str(tmp_path / "d"), "--cluster-id", "c1", "--node-id", "1", check=False)
     assert p.returncode != 0 and p.stderr.split(":")[0].isupper()
-    again = run_cli("format", "--dir", str(tmp_path / "d"), "--cluster-id", "c1", "--node-id", "1",
-                    "--ignore-formatted").stdout.strip().splitlines()[-1]
+    again = (
+        run_cli(
+            "format",
+            "--dir",
+            str(tmp_path / "d"),
+            "--cluster-id",
+            "c1",
+            "--node-id",
+            "1",
+            "--ignore-formatted",
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert again == uuid  # an existing identity is never replaced
 
 
@@ -174,15 +229,27 @@ def test_corrupt_segment_middle_stops_node_with_clear_error(cluster: LocalCluste
     data = bytearray(saved)
     data[len(data) // 3] ^= 0xFF
     seg.write_bytes(bytes(data))
-    p = run_cli("start", "--dir", str(cluster.data_dir(victim)), "--listen", cluster.endpoint(victim),
-                "--voters", cluster.voters, check=False, timeout=30)
+    p = run_cli(
+        "start",
+        "--dir",
+        str(cluster.data_dir(victim)),
+        "--listen",
+        cluster.endpoint(victim),
+        "--voters",
+        cluster.voters,
+        check=False,
+        timeout=30,
+    )
     assert p.returncode != 0 and "CORRUPT" in p.stderr.splitlines()[-1]
     assert seg.read_bytes() == bytes(data)  # nothing dropped on the way
     seg.write_bytes(saved)
     cluster.start(victim)
     hw = cluster.describe()["high_watermark"]
-    poll(lambda: any(v["id"] == victim and v["log_end_offset"] >= hw for v in cluster.describe()["voters"]),
-         30, "the repaired node to catch up")
+    poll(
+        lambda: any(v["id"] == victim and v["log_end_offset"] >= hw for v in cluster.describe()["voters"]),
+        30,
+        "the repaired node to catch up",
+    )
 
 
 @pytest.mark.parametrize(
@@ -190,10 +257,15 @@ def test_corrupt_segment_middle_stops_node_with_clear_error(cluster: LocalCluste
     [
         ("POST", "/v1/quorum/voters", b"not json", "INVALID_REQUEST"),
         ("POST", "/v1/quorum/voters", b'{"id": 1, "uuid": "x", "extra": 1}', "INVALID_REQUEST"),
-        ("POST", "/v1/quorum/voters", b'{"id": -1, "uuid": "00000000-0000-0000-0000-000000000000"}', "INVALID_REQUEST"),
+        (
+            "POST",
+            "/v1/quorum/voters",
+            b'{"id": -1, "uuid": "00000000-0000-0000-0000-000000000000"}',
+            "INVALID_REQUEST",
+        ),
         ("POST", "/v1/quorum/reassign", b'{"voters": [1, 1]}', "INVALID_REQUEST"),
         ("POST", "/raft/v1/fetch", b"\x00\x00", "INVALID_REQUEST"),
-        ("POST", "/raft/v1/fetch", b'\x02\x00\x00\x00{}', "INVALID_REQUEST"),
+        ("POST", "/raft/v1/fetch", b"\x02\x00\x00\x00{}", "INVALID_REQUEST"),
         ("POST", "/raft/v1/nope", b"", "INVALID_REQUEST"),
         ("PUT", "/v1/kv/big", b"x" * (5 * 1024 * 1024), "PAYLOAD_TOO_LARGE"),
     ],
@@ -233,9 +305,10 @@ def test_wrong_cluster_id_rpc_is_refused(cluster: LocalCluster) -> None:
     async def send() -> Any:
         import aiohttp
 
-        async with aiohttp.ClientSession() as s, s.post(
-            f"http://{cluster.endpoint(1)}/raft/v1/fetch", data=wire.encode(req)
-        ) as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"http://{cluster.endpoint(1)}/raft/v1/fetch", data=wire.encode(req)) as r,
+        ):
             return wire.decode(m.FetchResponse, await r.read())
 
     resp = asyncio.run(send())

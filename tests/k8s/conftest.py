@@ -11,7 +11,9 @@ Fixtures (all test modules under tests/k8s may use them):
 
 - ``kube`` (session): a :class:`KubeEnv` with ``base_url``, ``token``, ``kubeconfig`` (a file
   path usable by kubectl, helm and kubernetes_asyncio), ``bin_dir`` and a small synchronous REST
-  helper ``kube.request(method, path, body=None, params=None) -> (status, json)``.
+  helper ``kube.request(method, path, body=None, params=None) -> (status, json)``;
+  ``kube.kubeconfig_for(namespace, service_account)`` gives a kubeconfig acting as that
+  ServiceAccount (TokenRequest), to exercise exactly the RBAC the chart grants.
 - ``kraftquorum_crd`` (session): applies ``crds/kraftquorums.kraftkeeper.io.yaml`` and waits
   until the CRD is Established; returns the CRD object.
 - ``namespace`` (function): a fresh namespace name, created for the test.
@@ -129,6 +131,24 @@ class KubeEnv:
         return self.request("PATCH", path, json.dumps(obj), params,
                             content_type="application/apply-patch+yaml")
 
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A token for ServiceAccount namespace/name (TokenRequest API), to act with exactly its RBAC."""
+        status, body = self.request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": seconds}})
+        if status != 201:
+            raise AssertionError(f"TokenRequest for {namespace}/{name} failed: {status} {body}")
+        return str(body["status"]["token"])
+
+    def kubeconfig_for(self, namespace: str, name: str) -> Path:
+        """A kubeconfig file that authenticates as ServiceAccount namespace/name (e.g. to run the
+        operator under the chart's least-privilege RBAC instead of the admin token)."""
+        path = self.workdir / f"kubeconfig-{namespace}-{name}"
+        path.write_text(yaml.safe_dump(_kubeconfig(self.base_url, f"{namespace}-{name}",
+                                                   self.service_account_token(namespace, name))))
+        return path
+
     def env(self) -> dict[str, str]:
         """Environment for subprocesses (kubectl, helm, the operator) pointed at this API server."""
         env = dict(os.environ)
@@ -185,6 +205,16 @@ def object_path(obj: dict[str, Any], named: bool = True, namespace: str | None =
     if named:
         path += "/" + obj["metadata"]["name"]
     return path
+
+
+def _kubeconfig(server: str, user: str, token: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "kk", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "kk", "context": {"cluster": "kk", "user": user}}],
+        "current-context": "kk",
+    }
 
 
 def _wait_ready(env: KubeEnv, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -274,13 +304,7 @@ def kube() -> Iterator[KubeEnv]:
     )
     base_url = f"https://127.0.0.1:{api_port}"
     kubeconfig = workdir / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "kk", "cluster": {"server": base_url, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "kk-admin", "user": {"token": token}}],
-        "contexts": [{"name": "kk", "context": {"cluster": "kk", "user": "kk-admin"}}],
-        "current-context": "kk",
-    }))
+    kubeconfig.write_text(yaml.safe_dump(_kubeconfig(base_url, "kk-admin", token)))
     env = KubeEnv(base_url=base_url, token=token, kubeconfig=kubeconfig, bin_dir=cache_bin(), workdir=workdir)
     try:
         if etcd_proc.poll() is not None:

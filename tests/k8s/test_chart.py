@@ -6,6 +6,7 @@ test kube-apiserver, including Pod Security admission at the `restricted` level.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -232,7 +233,9 @@ def test_operator_pod_is_admitted_by_restricted_pod_security(
 
 
 @pytest.mark.k8s
-def test_helm_install_against_the_api_server(kube: KubeEnv, helm: Path, namespace: str) -> None:
+def test_helm_install_against_the_api_server(
+    kube: KubeEnv, helm: Path, kubectl: Path, namespace: str
+) -> None:
     # A real install: helm sends the CRD (crds/) and the templates; nothing runs the Deployment,
     # but every object must be accepted and the release recorded.
     proc = subprocess.run([str(helm), "install", "kk", str(CHART), "--namespace", namespace,
@@ -252,9 +255,72 @@ def test_helm_install_against_the_api_server(kube: KubeEnv, helm: Path, namespac
     status, crd = kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
                                       "kraftquorums.kraftkeeper.io")
     assert status == 200, crd
+    # The bound permissions, as the API server's authorizer sees them for the operator's account.
+    sa = f"system:serviceaccount:{namespace}:kk-kraftkeeper"
+    allowed = [
+        ("kraftkeeper.io", "kraftquorums", "", "watch"),
+        ("kraftkeeper.io", "kraftquorums", "status", "patch"),
+        ("apps", "statefulsets", "", "create"), ("apps", "statefulsets", "", "patch"),
+        ("", "services", "", "patch"), ("policy", "poddisruptionbudgets", "", "patch"),
+        ("", "pods", "", "delete"), ("", "persistentvolumeclaims", "", "delete"),
+        ("", "events", "", "create"),
+    ]
+    denied = [
+        ("", "secrets", "", "get"), ("", "pods", "exec", "create"),
+        ("", "persistentvolumeclaims", "", "create"),
+        ("apps", "deployments", "", "create"), ("kraftkeeper.io", "kraftquorums", "", "delete"),
+    ]
+    for group, resource, sub, verb in allowed + denied:
+        expect = (group, resource, sub, verb) in allowed
+        assert _can(kube, sa, namespace, group, resource, sub, verb) is expect, (resource, sub, verb)
+    # Nothing outside the watched namespace.
+    assert _can(kube, sa, "default", "apps", "statefulsets", "", "create") is False
+    # And for real, with the ServiceAccount's own token (what the operator pod would use).
+    sa_kubeconfig = kube.kubeconfig_for(namespace, "kk-kraftkeeper")
+    for args, ok in (
+        (["get", "kraftquorums", "-n", namespace], True),
+        (["get", "statefulsets,services,pods,persistentvolumeclaims", "-n", namespace], True),
+        (["get", "secrets", "-n", namespace], False),
+        (["get", "kraftquorums", "-n", "default"], False),
+    ):
+        proc = subprocess.run([str(kubectl), *args], capture_output=True, text=True,
+                              env={**kube.env(), "KUBECONFIG": str(sa_kubeconfig)}, timeout=60)
+        assert (proc.returncode == 0) is ok, (args, proc.stderr)
+        if not ok:
+            assert "forbidden" in proc.stderr, proc.stderr
     proc = subprocess.run([str(helm), "uninstall", "kk", "--namespace", namespace],
                           capture_output=True, text=True, env=kube.env(), timeout=180)
     assert proc.returncode == 0, proc.stderr
     # The CRD stays after uninstall (charts' crds/ are never deleted by helm), so quorums survive.
     assert kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
                                "kraftquorums.kraftkeeper.io")[0] == 200
+
+
+def _can(kube: KubeEnv, user: str, namespace: str, group: str, resource: str, sub: str, verb: str) -> bool:
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"],
+                       "resourceAttributes": {"namespace": namespace, "group": group, "resource": resource,
+                                              "subresource": sub, "verb": verb}}}
+    status, body = kube.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+    assert status == 201, body
+    return bool(body["status"].get("allowed"))
+
+
+# -- the installer scripts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["k8s-testenv.sh", "build-image.sh"])
+def test_scripts_refuse_an_unknown_command_with_usage(script: str) -> None:
+    proc = subprocess.run([str(REPO / "scripts" / script), "frobnicate"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage:"), proc.stderr
+
+
+def test_testenv_check_reports_what_is_missing(tmp_path: Path) -> None:
+    # An empty cache: `check` must fail and name the kube-apiserver binary it expects.
+    proc = subprocess.run([str(REPO / "scripts" / "k8s-testenv.sh"), "check"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "KK_CACHE": str(tmp_path)})
+    assert proc.returncode == 1
+    assert f"missing: {tmp_path}/bin/kube-apiserver v1.30." in proc.stdout, proc.stdout
+    assert "helm" in proc.stdout

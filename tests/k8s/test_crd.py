@@ -134,6 +134,25 @@ def test_rejected_update_loses_nothing(kube: KubeEnv, kraftquorum_crd: Any, name
     assert now["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
 
 
+def test_storage_is_immutable(kube: KubeEnv, kraftquorum_crd: Any, namespace: str) -> None:
+    status, obj = create(kube, quorum("imm", namespace, storage={"size": "1Gi"}))
+    assert status == 201, obj
+    path = f"{API}/namespaces/{namespace}/kraftquorums/imm"
+    for patch, expected in (
+        ({"spec": {"storage": {"size": "2Gi"}}}, "spec.storage.size cannot change after creation"),
+        ({"spec": {"storage": {"storageClassName": "fast"}}},
+         "spec.storage.storageClassName cannot change after creation"),
+    ):
+        status, body = kube.request("PATCH", path, patch, content_type="application/merge-patch+json")
+        assert status == 422, body
+        assert expected in body["message"], body["message"]
+    # Other fields still change freely.
+    status, body = kube.request("PATCH", path, {"spec": {"voters": 5}},
+                                content_type="application/merge-patch+json")
+    assert status == 200, body
+    assert body["spec"]["storage"] == {"size": "1Gi"}
+
+
 def test_status_subresource_and_printer_columns(kube: KubeEnv, kraftquorum_crd: Any, namespace: str) -> None:
     status, obj = create(kube, quorum("st", namespace))
     assert status == 201, obj

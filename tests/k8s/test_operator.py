@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,9 @@ def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator)
     conds = {c["type"]: c for c in o["status"]["conditions"]}
     assert conds["Available"]["status"] == "False" and conds["QuorumLost"]["status"] == "True"
     assert o["status"]["phase"] == "Bootstrapping" and o["status"]["leaderId"] == -1
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert f'kraftkeeper_operator_quorum_lost{{quorum="{ns}/q1"}} 1.0' in text
     assert operator.proc.poll() is None, operator.tail()
 
     # Kubernetes Events about the resource (kopf posts one per handler outcome).

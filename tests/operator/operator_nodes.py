@@ -22,7 +22,7 @@ T = TypeVar("T")
 def engine_missing() -> str | None:
     """Why real node processes cannot run here, or None if they can."""
     try:
-        from quorum.core import RaftCore  # noqa: F401
+        from quorum.core.raft import RaftCore  # noqa: F401
         from quorum.runtime.run import run_node  # noqa: F401
     except ImportError as e:
         return f"the quorum engine cannot start nodes yet ({e})"

@@ -124,7 +124,13 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
     try:
         first = poll(
             "a leader and 3 voters",
-            lambda: (x := c.describe()) and x["leader_id"] > 0 and len(x["voters"]) == 3 and x,
+            lambda: (
+                (x := c.describe())
+                and x["leader_id"] > 0
+                and len(x["voters"]) == 3
+                and all(v["uuid"] for v in x["voters"])
+                and x
+            ),
             timeout=90,
         )
         assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
@@ -180,4 +186,53 @@ def test_supervisor_restarts_a_node_that_dies(tmp_path: Path) -> None:
         assert newpid != pid
         poll("a leader", lambda: (x := c.describe()) and x["leader_id"] > 0, timeout=90)
     finally:
+        assert c.stop() == 0, c.tail()
+
+
+@needs_engine
+@pytest.mark.slow
+def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -> None:
+    """Nodes 2 and 3 go away for good (held stopped through the replace-disk handshake files);
+    after --unclean-after-seconds the supervisor makes node 1 the sole voter (KIP-704 style)."""
+    d = tmp_path / "u"
+    c = LocalCluster(d, 3, extra=["--live-window-seconds", "2", "--unclean-after-seconds", "3"])
+    try:
+        poll(
+            "a leader and 3 known voters",
+            lambda: (x := c.describe()) and x["leader_id"] > 0 and all(v["uuid"] for v in x["voters"]) and x,
+            timeout=90,
+        )
+        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
+        poll(
+            "k1 on every voter",
+            lambda: (
+                (x := c.describe()) and all(v["log_end_offset"] >= x["high_watermark"] for v in x["voters"])
+            ),
+            timeout=30,
+        )
+        for node in (2, 3):  # the supervisor keeps a held node stopped while the holder lives
+            (d / "control" / f"node-{node}.hold").write_text(f"{os.getpid()}\n")
+        for node in (2, 3):
+            poll(
+                f"node {node} stopped",
+                lambda n=node: (d / "control" / f"node-{n}.stopped").exists(),
+                timeout=60,
+            )
+
+        def sole_voter() -> dict[str, object] | None:
+            x = c.describe()
+            if not x or x["leader_recovery_state"] != "RECOVERED":
+                return None
+            return x if [v["id"] for v in x["voters"]] == [1] else None
+
+        poll("node 1 sole voter, RECOVERED", sole_voter, timeout=120)
+        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
+        assert got.returncode == 0 and got.stdout.strip() == "v1"  # the survivor had it
+        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k2", "v2").returncode == 0  # writable again
+        events = [e for e in read_events(d) if e["type"] == "unclean_recovery"]
+        assert len(events) == 1
+        assert events[0]["replica_id"] == 1 and "no live majority" in events[0]["detail"]["reason"]
+    finally:
+        for node in (2, 3):
+            (d / "control" / f"node-{node}.hold").unlink(missing_ok=True)
         assert c.stop() == 0, c.tail()

@@ -398,3 +398,35 @@ async def test_operator_restart_from_crd_status_between_add_and_remove() -> None
     await rig.run_until(recovered)
     assert rig.changes()[-1] == ("remove_voter", (3, old))
     assert rig.sink.types() == FULL
+
+
+async def test_removed_old_disk_listed_as_observer_is_not_a_new_replacement() -> None:
+    rig = Rig()
+    rig.q.list_dead_observers = True
+    old = rig.q.current(3).uuid
+    rig.q.replace_disk(3, lag=0)
+    await rig.run_until(recovered)
+    assert any(k == (3, old) for k in rig.q.replicas)
+    before = list(rig.sink.events)
+    for _ in range(40):
+        st = await rig.step()
+    assert rig.sink.events == before and len(st.recoveries) == 1
+    assert not st.condition("Recovering").status
+
+
+async def test_voter_with_unknown_uuid_is_not_replaced() -> None:
+    rig = Rig()
+    rig.q.replace_disk(3, lag=0)
+    orig = rig.q.describe
+
+    async def unknown_uuid() -> dict[str, Any]:
+        d = await orig()
+        for v in d["voters"]:
+            if v["id"] == 3:
+                v["uuid"] = None
+        return d
+
+    rig.q.describe = unknown_uuid  # type: ignore[method-assign]
+    for _ in range(20):
+        st = await rig.step()
+    assert rig.changes() == [] and st.blocked is not None and "no known storage UUID" in st.blocked

@@ -1,0 +1,406 @@
+"""Operator benchmarks: recovery timing in local mode, and the Kubernetes operator's cost.
+
+``recovery`` (default 20 recoveries, ``--recoveries K`` for fewer): one ``kraftkeeper operator local``
+cluster of 3 real node processes; K times, a simulated volume replacement of node 1, 2, 3, 1, ...
+(the leader included, whenever it is the one picked) through the same code as
+``kraftkeeper cluster replace-disk``. For each recovery:
+
+* first fetch: the new replica's ``last_fetch_timestamp`` when the bench first sees the new
+  (id, UUID) among the leader's observers (polled every 20 ms, so at most ~20 ms late);
+* detection = operator's ``disk_replacement_detected`` - first fetch;
+* stabilisation = ``replica_caught_up`` - ``disk_replacement_detected`` (includes the policy's
+  stabilisation time, ``--stabilization-seconds``, default 2);
+* add = ``add_voter_committed`` - ``add_voter_started``; remove likewise;
+* total = ``recovery_completed`` - first fetch.
+Times come from the operator's event log (millisecond timestamps) and the leader's clock, which
+on one machine are the same clock. Median and p99 (nearest rank) are printed.
+
+``cost`` (default 100 objects): a real etcd + kube-apiserver (the binaries
+``scripts/k8s-testenv.sh install`` provides), ``kraftkeeper operator run`` in a subprocess, and N
+KRaftQuorum objects whose replicas all resolve (test hook ``KRAFTKEEPER_ENDPOINT_OVERRIDES``) to one
+shared real 3-node quorum on loopback, so every daemon pass does real describes. Reported: time
+until all N are reconciled (status written), API requests and operator CPU seconds for that setup,
+and for a steady window (``--window`` seconds, default 30) afterwards. API requests are the
+kube-apiserver's own ``apiserver_request_total`` counter delta minus the bench's requests.
+
+Run from the repository root: ``python -m bench.operator [recovery|cost|all] [options]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except Exception as e:  # transient: node restarting, leader moving
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def free_base(n: int) -> int:
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + n < 65535:
+            try:
+                socks = []
+                for i in range(n + 1):
+                    t = socket.socket()
+                    socks.append(t)
+                    t.bind(("127.0.0.1", base + i))
+                return base
+            except OSError:
+                continue
+            finally:
+                for t in socks:
+                    t.close()
+    raise RuntimeError("no free port range")
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
+    return s[k]
+
+
+def http_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def describe(eps: list[str]) -> dict[str, Any]:
+    """The leader's describe (other nodes answer 421 with a hint; try each)."""
+    last: Exception | None = None
+    for ep in eps:
+        try:
+            data: dict[str, Any] = http_json(f"http://{ep}/v1/quorum/describe", 2.0)
+            return data
+        except Exception as e:
+            last = e
+    raise RuntimeError(f"no leader answered: {last}")
+
+
+@contextmanager
+def local_cluster(d: Path, nodes: int, extra: list[str]) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    base = free_base(nodes)
+    log = d.parent / "operator-local.log"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "quorum.cli",
+            "operator",
+            "local",
+            "--dir",
+            str(d),
+            "--nodes",
+            str(nodes),
+            "--base-port",
+            str(base),
+            "--interval",
+            "0.2",
+            *extra,
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def read_events(d: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for f in sorted((d / "events").rglob("*.jsonl")):
+        out += [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    return out
+
+
+def ts_ms(e: dict[str, Any]) -> int:
+    from kraftkeeper_reports.events import parse_ts_ms
+
+    v = parse_ts_ms(e["ts"])
+    assert v is not None
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def bench_recovery(k: int, stabilization: float, workdir: Path) -> dict[str, list[float]]:
+    from kraftkeeper_operator.local import ClusterLayout, replace_disk
+
+    d = workdir / "bench-local"
+    rows: dict[str, list[float]] = {n: [] for n in ("detection", "stabilisation", "add", "remove", "total")}
+    extra = ["--stabilization-seconds", str(stabilization), "--live-window-seconds", "3"]
+    with local_cluster(d, 3, extra) as (base, proc):
+        eps = [f"127.0.0.1:{base + i}" for i in (1, 2, 3)]
+        poll(
+            "a leader with 3 known voters",
+            lambda: (x := describe(eps)) and len(x["voters"]) == 3 and all(v["uuid"] for v in x["voters"]),
+            timeout=120,
+            every=0.2,
+        )
+        layout = ClusterLayout.load(d)
+        for i in range(k):
+            node = i % 3 + 1
+            new = replace_disk(layout, node)
+
+            def first_fetch(new: str = new, node: int = node) -> int | None:
+                x = describe(eps)
+                for o in x["observers"] + x["voters"]:
+                    if o["id"] == node and o["uuid"] == new and o["last_fetch_timestamp"] >= 0:
+                        return int(o["last_fetch_timestamp"])
+                return None
+
+            fetched = poll(f"first fetch of ({node}, {new})", first_fetch, timeout=120, every=0.02)
+
+            def completed(new: str = new) -> list[dict[str, Any]] | None:
+                evs = read_events(d)
+                done = [e for e in evs if e["type"] == "recovery_completed" and e["new_uuid"] == new]
+                if not done:
+                    return None
+                rid = done[0]["recovery_id"]
+                return [e for e in evs if e["recovery_id"] == rid]
+
+            evs = poll(f"recovery {i + 1} completed", completed, timeout=300, every=0.1)
+            at = {e["type"]: ts_ms(e) for e in evs}  # the last of each type wins
+            first = {e["type"]: ts_ms(e) for e in reversed(evs)}
+            rows["detection"].append((first["disk_replacement_detected"] - fetched) / 1000)
+            rows["stabilisation"].append(
+                (at["replica_caught_up"] - first["disk_replacement_detected"]) / 1000
+            )
+            rows["add"].append((at["add_voter_committed"] - at["add_voter_started"]) / 1000)
+            rows["remove"].append((at["remove_voter_committed"] - at["remove_voter_started"]) / 1000)
+            rows["total"].append((at["recovery_completed"] - fetched) / 1000)
+            print(f"  recovery {i + 1}/{k}: node {node}, total {rows['total'][-1]:.3f} s", file=sys.stderr)
+        if proc.poll() is not None:
+            raise RuntimeError("operator local exited during the bench")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _api_requests(kube: Any) -> float:
+    st, text = kube.request("GET", "/metrics", accept="text/plain")
+    if st != 200:
+        raise RuntimeError(f"kube-apiserver /metrics: {st}")
+    total = 0.0
+    for line in str(text).splitlines():
+        if line.startswith("apiserver_request_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@contextmanager
+def kube_apiserver() -> Iterator[Any]:
+    """etcd + kube-apiserver as tests/k8s/conftest.py starts them (same helpers)."""
+    sys.path.insert(0, str(REPO / "tests" / "k8s"))
+    import conftest as kc  # the test fixtures' module: binaries, KubeEnv, readiness
+
+    gen = kc.kube.__wrapped__() if hasattr(kc.kube, "__wrapped__") else None
+    if gen is None:
+        raise RuntimeError("cannot start the test kube-apiserver (tests/k8s/conftest.py changed?)")
+    try:
+        env = next(gen)
+    except BaseException as e:  # pytest.skip raises a BaseException subclass
+        raise RuntimeError(f"test kube-apiserver unavailable: {e}") from None
+    try:
+        yield env
+    finally:
+        with __import__("contextlib").suppress(StopIteration):
+            next(gen)
+
+
+def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
+    import psutil
+    import yaml
+
+    results: dict[str, float] = {}
+    with (
+        kube_apiserver() as kube,
+        local_cluster(workdir / "shared-quorum", 3, ["--no-recovery"]) as (base, _),
+    ):
+        crd = yaml.safe_load((REPO / "crds" / "kraftquorums.kraftkeeper.io.yaml").read_text())
+        st, body = kube.apply(crd)
+        assert st in (200, 201), body
+        poll(
+            "CRD served",
+            lambda: kube.request("GET", "/apis/kraftkeeper.io/v1alpha1/kraftquorums")[0] == 200,
+            timeout=60,
+            every=0.2,
+        )
+        ns = f"bench-{uuid.uuid4().hex[:6]}"
+        kube.request(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        )
+        overrides = {f"{ns}/q{j}/{k}": f"127.0.0.1:{base + k + 1}" for j in range(n) for k in range(3)}
+        eps = [f"127.0.0.1:{base + i}" for i in (1, 2, 3)]
+        poll("shared quorum leader", lambda: describe(eps)["leader_id"] > 0, timeout=120, every=0.2)
+        env = kube.env()
+        env.update(
+            KRAFTKEEPER_METRICS_PORT="0",
+            KRAFTKEEPER_ENDPOINT_OVERRIDES=json.dumps(overrides),
+            KRAFTKEEPER_RECONCILE_INTERVAL="2",
+        )
+        log = workdir / "operator-run.log"
+        op = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quorum.cli",
+                "operator",
+                "run",
+                "--standalone",
+                "--namespace",
+                ns,
+                "--quiet",
+            ],
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            ps = psutil.Process(op.pid)
+            time.sleep(0.5)  # let the interpreter start before sampling (no assertion depends on it)
+            req0, cpu0, t0 = _api_requests(kube), sum(ps.cpu_times()[:2]), time.monotonic()
+            bench_requests = 1
+            for j in range(n):
+                st, body = kube.request(
+                    "POST",
+                    f"/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums",
+                    {
+                        "apiVersion": "kraftkeeper.io/v1alpha1",
+                        "kind": "KRaftQuorum",
+                        "metadata": {"name": f"q{j}"},
+                        "spec": {"voters": 3, "recovery": {"stabilizationSeconds": 5}},
+                    },
+                )
+                assert st == 201, body
+                bench_requests += 1
+
+            def all_running() -> bool:
+                nonlocal bench_requests
+                bench_requests += 1
+                st, lst = kube.request("GET", f"/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums")
+                items = lst.get("items", []) if st == 200 else []
+                return len(items) == n and all(
+                    (i.get("status") or {}).get("phase") == "Running" for i in items
+                )
+
+            poll(f"{n} quorums Running", all_running, timeout=600, every=1.0)
+            req1, cpu1, t1 = _api_requests(kube), sum(ps.cpu_times()[:2]), time.monotonic()
+            results["setup_seconds"] = t1 - t0
+            results["setup_requests"] = req1 - req0 - bench_requests
+            results["setup_cpu_seconds"] = cpu1 - cpu0
+            time.sleep(window)  # the steady-state window being measured (nothing polls during it)
+            req2, cpu2, t2 = _api_requests(kube), sum(ps.cpu_times()[:2]), time.monotonic()
+            results["steady_seconds"] = t2 - t1
+            results["steady_requests"] = req2 - req1 - 1
+            results["steady_cpu_seconds"] = cpu2 - cpu1
+            results["objects"] = n
+        finally:
+            op.send_signal(signal.SIGTERM)
+            try:
+                op.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(op.pid, signal.SIGKILL)
+                op.wait()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.operator", description=__doc__.split("\n\n")[0])
+    p.add_argument("what", nargs="?", choices=["recovery", "cost", "all"], default="all")
+    p.add_argument("--recoveries", type=int, default=20)
+    p.add_argument("--stabilization-seconds", type=float, default=2.0)
+    p.add_argument("--objects", type=int, default=100)
+    p.add_argument("--window", type=float, default=30.0)
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    a = p.parse_args(argv)
+    if a.recoveries < 1 or a.objects < 1:
+        p.error("--recoveries and --objects must be >= 1")
+    workdir = Path(tempfile.mkdtemp(prefix="kk-bench-operator-"))
+    try:
+        if a.what in ("recovery", "all"):
+            rows = bench_recovery(a.recoveries, a.stabilization_seconds, workdir)
+            print(
+                f"\nRecovery timing, local mode, {a.recoveries} recoveries, "
+                f"stabilisation {a.stabilization_seconds:g} s (seconds)"
+            )
+            print(f"{'phase':<15}{'median':>10}{'p99':>10}{'min':>10}{'max':>10}")
+            for name, vals in rows.items():
+                print(
+                    f"{name:<15}{statistics.median(vals):>10.3f}{pct(vals, 99):>10.3f}{min(vals):>10.3f}"
+                    f"{max(vals):>10.3f}"
+                )
+        if a.what in ("cost", "all"):
+            try:
+                r = bench_cost(a.objects, a.window, workdir)
+            except RuntimeError as e:
+                print(f"\nOperator cost: skipped ({e})")
+            else:
+                print(f"\nOperator cost, {int(r['objects'])} KRaftQuorum objects (real kube-apiserver)")
+                print(
+                    f"{'phase':<10}{'seconds':>10}{'API requests':>14}{'req/s':>10}{'CPU s':>10}{'CPU %':>8}"
+                )
+                for ph in ("setup", "steady"):
+                    s = r[f"{ph}_seconds"]
+                    print(
+                        f"{ph:<10}{s:>10.1f}{r[f'{ph}_requests']:>14.0f}{r[f'{ph}_requests'] / s:>10.1f}"
+                        f"{r[f'{ph}_cpu_seconds']:>10.2f}{100 * r[f'{ph}_cpu_seconds'] / s:>8.1f}"
+                    )
+    finally:
+        if not a.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"work directory kept: {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

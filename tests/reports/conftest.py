@@ -1,0 +1,60 @@
+"""Fixtures of the report tests: one SparkSession for the whole test session (Spark starts in
+~10 s on two cores, so every Spark test shares it) and small generated event logs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def java_major() -> int:
+    java = shutil.which("java")
+    if java is None:
+        return 0
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    for tok in out.split('"')[1:2]:
+        head = tok.split(".")[0]
+        if head == "1":
+            return int(tok.split(".")[1])
+        return int(head.split("-")[0])
+    return 0
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark", reason="needs PySpark (pip install -e '.[spark]')")
+    if java_major() < 17:
+        pytest.skip("needs Java 17+ for Spark (scripts/install-system.sh install)")
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from kraftkeeper_reports.session import build_session
+
+    session = build_session("local[2]", app_name="kraftkeeper-report-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def clean_events(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """~20 k events, no damage (numbers are checked against plain Python), some failures."""
+    from kraftkeeper_reports.generate import generate
+
+    out = tmp_path_factory.mktemp("clean-events")
+    stats = generate(out, events=20_000, clusters=5, days=6, seed=7, malformed_rate=0.0,
+                     failure_scale=2.0)
+    return out, stats
+
+
+@pytest.fixture(scope="session")
+def report_dir(spark: Any, clean_events: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The full job run once on the clean log (through ``main``, as the CLI runs it)."""
+    from kraftkeeper_reports.job import main
+
+    out = tmp_path_factory.mktemp("report")
+    assert main(["--events", str(clean_events[0]), "--out", str(out), "--top", "12"]) == 0
+    return out

@@ -1,0 +1,161 @@
+"""The Spark transformations on small hand-written logs: every bad-input reason is counted,
+durations are exact, nothing is dropped silently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kraftkeeper_reports import events as ev
+
+pytestmark = pytest.mark.spark
+
+T0 = 1_795_305_600_000  # 2026-11-22T00:00:00Z
+STEPS = [  # offsets (ms) of a clean recovery
+    (ev.DISK_REPLACEMENT_DETECTED, 0),
+    (ev.REPLICA_CAUGHT_UP, 10_000),
+    (ev.ADD_VOTER_STARTED, 10_100),
+    (ev.ADD_VOTER_COMMITTED, 10_110),
+    (ev.REMOVE_VOTER_STARTED, 10_150),
+    (ev.REMOVE_VOTER_COMMITTED, 10_160),
+    (ev.RECOVERY_COMPLETED, 10_170),
+]
+
+
+def line(typ: str, rid: str, at: int, cluster: str = "ns/a", replica: int = 2, **over: Any) -> str:
+    detail = {"reason": "quorum_lost"} if typ == ev.RECOVERY_FAILED else {}
+    e = ev.make_event(typ, cluster, rid, replica, "old", "new", 1, 4, detail, ts=T0 + at)
+    e.update(over)
+    return json.dumps(e)
+
+
+def recovery(rid: str, start: int, steps: list[tuple[str, int]] | None = None, **kw: Any) -> list[str]:
+    return [line(t, rid, start + off, **kw) for t, off in (steps or STEPS)]
+
+
+def write_logs(root: Path) -> dict[str, int]:
+    """The log, spread over a date= tree and a loose file; returns the expected count per code."""
+    part = root / "date=2026-11-22"
+    part.mkdir(parents=True)
+    a: list[str] = []
+    a += recovery("r-ok", 0)
+    a[1] = line(ev.REPLICA_CAUGHT_UP, "r-ok", 10_000, host="n1")  # extra field: kept
+    a += recovery("r-ok2", 50_000, cluster="ns/b")
+    a += recovery("r-fail", 100_000, STEPS[:3] + [(ev.RECOVERY_FAILED, 25_000)])
+    order = [(t, o) for t, o in STEPS]
+    order[3] = (ev.ADD_VOTER_COMMITTED, 10_050)  # committed before started (10_100)
+    a += recovery("r-order", 200_000, order)
+    a += recovery("r-after", 300_000) + [line(ev.REPLICA_CAUGHT_UP, "r-after", 300_000 + 20_000)]
+    a += recovery("r-nodet", 400_000, STEPS[1:])
+    a += recovery("r-dup", 500_000, STEPS[:3] + [(ev.ADD_VOTER_STARTED, 10_105)] + STEPS[3:])
+    a += recovery("r-conflict", 600_000, STEPS + [(ev.RECOVERY_FAILED, 10_180)])
+    a += recovery("r-incomplete", 700_000, STEPS[:2] + [(ev.RECOVERY_COMPLETED, 10_500)])
+    mixed = recovery("r-replica", 800_000)
+    mixed[4] = line(ev.REMOVE_VOTER_STARTED, "r-replica", 800_000 + 10_150, replica=3)
+    a += mixed
+    a += recovery("r-open", 900_000, STEPS[:2])
+    a += recovery("r-negative", 1_000_000, [(ev.DISK_REPLACEMENT_DETECTED, 5_000), (ev.RECOVERY_FAILED, 0)])
+    (part / "part-0.jsonl").write_text("\n".join(a) + "\n")
+
+    bad = [
+        "",
+        '{"schema_version":1,"ts":"2026-11-22T00:0',
+        "[1, 2]",
+        json.dumps({k: v for k, v in json.loads(line(ev.REPLICA_CAUGHT_UP, "x", 0)).items() if k != "ts"}),
+        line(ev.REPLICA_CAUGHT_UP, "x", 0, replica_id="3"),
+        line(ev.REPLICA_CAUGHT_UP, "x", 0, leader_epoch="7"),
+        line(ev.REPLICA_CAUGHT_UP, "x", 0, replica_id=-1),
+        line(ev.RECOVERY_FAILED, "x", 0, detail={}),
+        line(ev.REPLICA_CAUGHT_UP, "x", 0, ts="2026-11-22T00:00:00.000"),
+        line(ev.REPLICA_CAUGHT_UP, "x", 0, ts="2026-13-22T00:00:00.000Z"),
+        line(ev.REPLICA_CAUGHT_UP, "x", 0, ts="2026-11-22T02:00:00.000+02:00"),
+        line(ev.REPLICA_CAUGHT_UP, "x", 0, schema_version=2),
+        line("leader_changed", "r-ok", 5),
+        "\ufeffnot json at all",
+    ]
+    (root / "loose.jsonl").write_text("\r\n".join(bad) + "\r\n")  # CRLF on purpose
+    return {
+        "blank_line": 1, "malformed_json": 2, "not_an_object": 1, "missing_field:ts": 1,
+        "wrong_type:replica_id": 1, "wrong_type:leader_epoch": 1, "invalid_value:replica_id": 1,
+        "invalid_value:detail.reason": 1, "bad_timestamp": 3, "unsupported_schema_version": 1,
+        "unknown_type": 1, "extra_fields": 1,
+        "impossible_order": 2, "missing_detection": 1,
+        # r-after, r-negative (detected after it failed), r-conflict (failed after completed)
+        "event_after_end": 3,
+        "duplicate_event": 2,  # r-dup, r-after (its late replica_caught_up is a second one)
+        "conflicting_outcome": 1, "incomplete_steps": 1, "inconsistent_replica": 1,
+    }
+
+
+@pytest.fixture(scope="module")
+def handmade(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from kraftkeeper_reports.job import compute
+
+    root = tmp_path_factory.mktemp("handmade")
+    expected = write_logs(root)
+    tables = compute(spark, [str(root)], top=5, collect_recoveries=True)
+    assert tables.recoveries is not None
+    recs = tables.recoveries.set_index("recovery_id")
+    n_lines = sum(len(f.read_text().splitlines()) for f in root.rglob("*.jsonl"))
+    return {"tables": tables, "recs": recs, "expected": expected, "n_lines": n_lines}
+
+
+def test_every_bad_input_reason_is_counted(handmade: dict[str, Any]) -> None:
+    bad = handmade["tables"].bad_input
+    got = dict(zip(bad["code"], bad["count"], strict=True))
+    assert got == handmade["expected"]
+    # Each reason comes with an example that shows the offending input.
+    for r in bad.itertuples():
+        assert len(r.examples) >= 1 and all(isinstance(x, str) and x for x in r.examples)
+    ex = dict(zip(bad["code"], bad["examples"], strict=True))
+    assert any("schema_version\": 2" in x for x in ex["unsupported_schema_version"])
+    assert any("r-order" in x and "add_voter_committed" in x and "before add_voter_started" in x
+               for x in ex["impossible_order"])
+    assert any("loose.jsonl" in x for x in ex["malformed_json"])
+
+
+def test_no_line_is_lost(handmade: dict[str, Any]) -> None:
+    t = handmade["tables"]
+    s = t.summary
+    line_bad = t.bad_input[(t.bad_input["level"] == "line") & (t.bad_input["action"] != "ignored")]
+    assert s["lines"] == handmade["n_lines"]
+    assert s["events"] + int(line_bad["count"].sum()) == s["lines"]
+    assert s["rejected_lines"] == 13 and s["skipped_lines"] == 2
+
+
+def test_outcomes_and_exact_durations(handmade: dict[str, Any]) -> None:
+    recs = handmade["recs"]
+    outcome = recs["outcome"].to_dict()
+    # Every line of recovery "x" is rejected, so "x" is not a recovery at all.
+    assert outcome == {
+        "r-ok": "completed", "r-ok2": "completed", "r-fail": "failed", "r-order": "invalid",
+        "r-after": "completed", "r-nodet": "invalid", "r-dup": "completed", "r-conflict": "invalid",
+        "r-incomplete": "invalid", "r-replica": "invalid", "r-open": "in_progress", "r-negative": "invalid",
+    }
+    ok = recs.loc["r-ok"]
+    assert (ok["catch_up_ms"], ok["add_voter_ms"], ok["remove_voter_ms"]) == (10_000, 110, 50)
+    assert (ok["under_replicated_ms"], ok["exposure_ms"], ok["total_ms"]) == (10_110, 10_160, 10_170)
+    assert str(ok["date"]) == "2026-11-22"
+    fail = recs.loc["r-fail"]
+    assert fail["failure_reason"] == "quorum_lost" and fail["give_up_ms"] == 25_000
+    assert fail["total_ms"] is None or fail["total_ms"] != fail["total_ms"]  # null: not completed
+    # A duplicate step uses the first occurrence; events after the end are ignored.
+    assert recs.loc["r-dup"]["add_voter_ms"] == 110
+    assert recs.loc["r-after"]["total_ms"] == 10_170 and recs.loc["r-after"]["n_after_end"] == 1
+
+
+def test_aggregates_over_completed(handmade: dict[str, Any]) -> None:
+    t = handmade["tables"]
+    st = t.phase_stats
+    total = st[(st["cluster"] == "(all)") & (st["phase"] == "total")].iloc[0]
+    assert total["recoveries"] == 4  # r-ok, r-ok2, r-after, r-dup
+    assert total["p50_ms"] == 10_170 and total["max_ms"] == 10_170
+    per = st[(st["phase"] == "total") & (st["cluster"] != "(all)")]
+    assert dict(zip(per["cluster"], per["recoveries"], strict=True)) == {"ns/a": 3, "ns/b": 1}
+    f = t.failures[t.failures["cluster"] == "(all)"]
+    assert dict(zip(f["failure_reason"], f["failures"], strict=True)) == {"quorum_lost": 1}
+    assert t.daily["recoveries"].tolist() == [5] and t.daily["failed"].tolist() == [1]
+    assert len(t.slowest) == 4 and t.summary["completed"] == 4 and t.summary["in_progress"] == 1
