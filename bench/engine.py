@@ -64,6 +64,7 @@ class Cluster(Protocol):
     label: str  # row label, e.g. "kraftkeeper fsync"
     family: str  # "kraftkeeper" | "etcd" | "pysyncobj"
     kind: str  # request shape for the generators: "kv" or "etcd"
+    endpoints: list[str]  # client endpoints HOST:PORT, node 1 first
 
     def start(self) -> None: ...
 
@@ -352,6 +353,7 @@ class Row:
     runs: dict[int, LoadResult] = field(default_factory=dict)
     half: LoadResult | None = None
     error: str | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def _measure(
@@ -375,6 +377,12 @@ def _measure(
             leader = cluster.leader()
             res = run_load(leader, cluster.kind, size, c, duration, generator)
         row.runs[c] = res
+        if res.errors * 20 > res.ok:
+            # wrk counts non-2xx answers without keeping them: record one answer so the output
+            # says what the errors were (421 from a moved leader, 503 from a timed-out commit...).
+            row.notes.append(
+                f"{c} clients: {res.errors} errors; a write now gets {_sample_answer(cluster, size)}"
+            )
         log(
             f"  {cluster.label:19} {size:>5} B {c:>4} clients: {res.writes_per_s:9.0f} w/s "
             f"p50 {res.p50_ms:7.2f} ms p99 {res.p99_ms:7.2f} ms errors {res.errors}"
@@ -391,6 +399,19 @@ def _measure(
                 f"{peak.clients} conns): p99 {row.half.p99_ms:.2f} ms"
             )
     return row
+
+
+def _sample_answer(cluster: Cluster, size: int) -> str:
+    try:
+        ep = cluster.endpoints[0]
+        if cluster.kind == "etcd":
+            body = json.dumps({"key": "YmVuY2g=", "value": ""}).encode()
+            status, data = http_call(ep, "POST", "/v3/kv/put", body, timeout=10)
+        else:
+            status, data = http_call(ep, "PUT", _probe_path(), value_bytes(size), timeout=10)
+    except OSError as e:
+        return f"connection error {e}"
+    return f"HTTP {status} {data[:160].decode(errors='replace')} from node 1"
 
 
 def measure_ceiling(
@@ -471,6 +492,7 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
         errs += [f"{r.label} @50%: {r.half.errors}" for r in srows if r.half is not None and r.half.errors]
         if errs:
             lines.append("non-2xx answers or connection errors (not counted as writes): " + "; ".join(errs))
+        lines += [f"note: {r.label}: {n}" for r in srows for n in r.notes]
     return "\n".join(lines)
 
 
@@ -614,6 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "family": r.family,
                             "size": r.size,
                             "error": r.error,
+                            "notes": r.notes,
                             "runs": {str(c): res.to_json() for c, res in r.runs.items()},
                             "half_load": r.half.to_json() if r.half else None,
                         }

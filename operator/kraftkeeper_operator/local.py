@@ -441,8 +441,8 @@ async def _unclean_recovery(
 ) -> bool:
     """KIP-704 style last resort, only when the policy allows it and the quorum has had no live
     majority for ``unclean_after_seconds``: among the nodes whose storage UUID was a voter in the
-    last healthy view, the one with the most log bytes on disk (our stand-in for "most up to
-    date": reading the log of a running node is not safe) is stopped, ``kraftkeeper quorum
+    last healthy view, the one with the highest log end offset in that view (then the most log
+    bytes on disk: reading the log of a running node is not safe) is stopped, ``kraftkeeper quorum
     recover-unclean`` makes it the sole voter (RECOVERING, then RECOVERED once it verified its
     state), and it is restarted; the reassignment to nodes 1..N then re-adds the others. Records
     committed only on the lost replicas are lost: the event log says so. Returns True if done."""
@@ -455,7 +455,17 @@ async def _unclean_recovery(
     if not cands:
         log.error("quorum lost and no former voter's disk survives: unclean recovery impossible")
         return True
-    survivor = max(cands, key=lambda i: (_log_bytes(layout.data_dir(i)), -i))
+    # Most up to date first by what the leader last reported (log end offset), then by bytes on
+    # disk; the lower id breaks ties.
+    leo = {(v.id, v.uuid): v.log_end_offset for v in view.voters}
+    survivor = max(
+        cands,
+        key=lambda i: (
+            leo.get((i, _meta_uuid(layout.data_dir(i)) or ""), -1),
+            _log_bytes(layout.data_dir(i)),
+            -i,
+        ),
+    )
     out = await sup.run_offline(
         survivor, "quorum", "recover-unclean", "--dir", str(layout.data_dir(survivor))
     )

@@ -21,6 +21,14 @@ class CoreConfig:
 
     bootstrap_voters: dict[int, str] = field(default_factory=dict)
     local_endpoint: str | None = None  # this replica's HOST:PORT, sent in requests
+    # True only for a directory formatted for a NEW cluster. A directory formatted to replace
+    # a lost disk (a new storage UUID joining an existing cluster) must pass False: it must not
+    # take the configured voters as its voter set (their uuid-None keys would match its new
+    # UUID and two such replicas could elect each other on empty logs). With False the replica
+    # knows no voters until it reads the voter records from the leader's log: it is an
+    # observer that fetches and never becomes a candidate (cf. Kafka's format
+    # --no-initial-controllers, KIP-853).
+    initial_bootstrap: bool = True
     # KIP-595 timers
     election_timeout_ms: int = 1000  # base; the actual timeout is uniform in [base, 2*base)
     election_backoff_max_ms: int = 1000  # max exponential backoff after a lost election

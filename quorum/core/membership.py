@@ -373,7 +373,8 @@ class MembershipMixin(ReplicationMixin):
         self.maybe_bootstrap(ls)
         self.process_admin(ls)
         self.run_reassignment(ls)
-        if self.recovering() and not self.recovery_requested:
+        if self.recovering() and not ls.recovery_reported:
+            ls.recovery_reported = True  # once per leadership: Ready.recovery_needed
             self.recovery_requested = True
         # KAFKA-17608 / KIP-856 step 7: a leader outside the voter set resigns once no voter
         # change is pending any more (its own removal is committed).

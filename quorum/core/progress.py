@@ -66,6 +66,7 @@ class LeaderState:
     proposals: list[tuple[int, int]] = field(default_factory=list)  # (last_offset, epoch)
     resign_after: int = -1  # own RemoveVoter offset: resign once it is committed
     reassign_step_offset: int = -1
+    recovery_reported: bool = False
 
     def replica(self, key: ReplicaKey) -> ReplicaProgress:
         p = self.progress.get(key)

@@ -76,7 +76,7 @@ class RaftCore(DescribeMixin, CoreBase):
                 f"quorum state belongs to cluster {quorum_state.cluster_id!r}, not {cluster_id!r}",
             )
         meta = LogMeta(log_summary)
-        base = ControlState.bootstrap(config.bootstrap_voters)
+        base = ControlState.bootstrap(config.bootstrap_voters, config.initial_bootstrap)
         for c in log_summary.snapshot_controls:
             base = base.apply(c)
         snap = log_summary.snapshot
@@ -402,7 +402,7 @@ class RaftCore(DescribeMixin, CoreBase):
 
     def snapshot_installed(self, snapshot: OffsetAndEpoch, controls: tuple[ControlRecord, ...]) -> None:
         """The driver installed the fetched snapshot (log reset to ``snapshot.offset``)."""
-        base = ControlState.bootstrap(self.config.bootstrap_voters)
+        base = ControlState.bootstrap(self.config.bootstrap_voters, self.config.initial_bootstrap)
         for c in controls:
             base = base.apply(c)
         self.meta.reset_to_snapshot(snapshot)

@@ -44,8 +44,10 @@ class ControlState:
     lost_after: int = -1
 
     @staticmethod
-    def bootstrap(ids: Iterable[int]) -> ControlState:
-        return ControlState(frozenset(ReplicaKey(i, None) for i in ids))
+    def bootstrap(ids: Iterable[int], initial: bool = True) -> ControlState:
+        """The state before any voter record: the configured voters as uuid-None keys, or no
+        voters at all for a replica formatted to replace a lost disk (``initial=False``)."""
+        return ControlState(frozenset(ReplicaKey(i, None) for i in ids) if initial else frozenset())
 
     def find(self, key: ReplicaKey) -> ReplicaKey | None:
         """The voter entry matching ``key``: exact, or a bootstrap entry (uuid None) for its id,

@@ -68,7 +68,9 @@ class LocalCluster:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.uuids: dict[int, str] = {}
         self.config_path: Path | None = None
-        cfg = {"raft": {"election_timeout_ms": 500, "fetch_timeout_ms": 1000}}
+        # Shorter than KRaft's defaults so failover tests finish sooner, long enough to stay
+        # stable on a loaded 2-core CI machine.
+        cfg = {"raft": {"election_timeout_ms": 600, "fetch_timeout_ms": 1500}}
         if config:
             for k, v in config.items():
                 cfg.setdefault(k, {}).update(v)

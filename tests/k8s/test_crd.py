@@ -213,6 +213,12 @@ def test_discovery_short_name_and_kubectl(kube: KubeEnv, kraftquorum_crd: Any, n
                           capture_output=True, env=kube.env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"kraftquorum.kraftkeeper.io/{sample['metadata']['name']}"
+    # The schema's documentation is what `kubectl explain` shows users (the order trade-off).
+    proc = subprocess.run([str(kubectl), "explain", "kraftquorum.spec.recovery"], text=True,
+                          capture_output=True, env=kube.env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "AddThenRemove" in proc.stdout and "RemoveThenAdd" in proc.stdout
+    assert "stabilizationSeconds" in proc.stdout
     bad = copy.deepcopy(sample)
     bad["metadata"]["name"] = "bad"
     bad["spec"]["voters"] = 2

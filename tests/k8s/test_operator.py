@@ -301,6 +301,27 @@ def test_disk_replacement_is_recovered_without_a_human(
         ]
         assert [e["type"] for e in lines if e["recovery_id"] == rec["recoveryId"]][-1] == "recovery_completed"
         assert all(e["cluster"] == f"{ns}/q" for e in lines)
+
+        # An operator restart resumes from status and the quorum: nothing is redone or forgotten.
+        op.stop()
+        op = Operator(kube, ns, tmp_path / "operator2.log", overrides)
+
+        def passed_once() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5) as r:
+                    return f'kraftkeeper_operator_voters{{quorum="{ns}/q"}} 3.0' in r.read().decode()
+            except OSError:  # not listening yet
+                return False
+
+        kube.wait_for("a recovery pass of the restarted operator", passed_once, timeout=60)
+        after = status()
+        assert [r["recoveryId"] for r in after["recoveries"]] == [r["recoveryId"] for r in s["recoveries"]]
+        lines2 = [
+            json.loads(x)
+            for f in sorted((tmp_path / "ev").rglob("*.jsonl"))
+            for x in f.read_text().splitlines()
+        ]
+        assert len(lines2) == len(lines)  # no step logged again
     finally:
         op.stop()
         nodes.stop()

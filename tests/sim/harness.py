@@ -61,6 +61,7 @@ class Node:
     incarnation: int = 0
     last_epoch_seen: int = 0
     last_hw_seen: int = 0
+    initial: bool = True  # formatted for the new cluster (False: a replacement disk)
 
     @property
     def key(self) -> ReplicaKey:
@@ -139,13 +140,15 @@ class Sim:
         self.errors: list[str] = []
         self.trace: list[str] = []
         self.scheduled: list[tuple[int, int, Callable[[], None]]] = []
+        self.recovery_needed: set[int] = set()
         for n in self.nodes.values():
             self.start(n)
 
     # ------------------------------------------------------------------ lifecycle
 
     def config_for(self, n: Node) -> CoreConfig:
-        return CoreConfig(local_endpoint=n.endpoint, **self.base_config)  # type: ignore[arg-type]
+        return CoreConfig(local_endpoint=n.endpoint, initial_bootstrap=n.initial,
+                          **self.base_config)  # type: ignore[arg-type]
 
     def start(self, n: Node) -> None:
         n.incarnation += 1
@@ -184,6 +187,7 @@ class Sim:
         n.log = MemoryLog()
         n.qs = QuorumState(CLUSTER)
         n.last_epoch_seen = 0
+        n.initial = False
         self.note(f"replace disk of node {n.id}: new uuid {n.uuid}")
         self.start(n)
         return n.uuid
@@ -277,6 +281,8 @@ class Sim:
             self.note(f"admin {ar.request_id} -> {ar.error.value} {ar.message}")
         for e in r.errors:
             self.errors.append(f"node {n.id}: {e}")
+        if r.recovery_needed:
+            self.recovery_needed.add(n.id)
 
     def apply(self, n: Node, commit: int) -> None:
         upto = min(commit, n.log.end_offset)
