@@ -133,10 +133,19 @@ class LocalCluster:
         return self
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Stop node i with ``sig``; a node that ignores SIGTERM for 15 s is SIGKILLed (a test
+        must never leave a process behind)."""
         p = self.procs.pop(i, None)
-        if p is not None and p.poll() is None:
-            p.send_signal(sig)
-            p.wait(timeout=30)
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(sig)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=15)
+            if sig != signal.SIGKILL:
+                raise AssertionError(f"node {i} did not stop on signal {sig}") from None
 
     def replace_disk(self, i: int) -> str:
         """Kill node i, delete its directory, format it again (new storage UUID), start it."""
@@ -147,8 +156,14 @@ class LocalCluster:
         return uuid
 
     def stop(self) -> None:
+        errors = []
         for i in list(self.procs):
-            self.kill(i, signal.SIGTERM)
+            try:
+                self.kill(i, signal.SIGTERM)
+            except AssertionError as e:
+                errors.append(str(e))
+        if errors:
+            raise AssertionError("; ".join(errors))
 
     def log_text(self, i: int) -> str:
         return (self.root / f"node-{i}.log").read_text(errors="replace")
