@@ -48,7 +48,7 @@ helm install kraftkeeper "$here/charts/kraftkeeper" --namespace "$ns" --create-n
 log "creating the quorum (e2e/sample.yaml)"
 kubectl -n "$ns" apply -f "$here/e2e/sample.yaml"
 leader() { kubectl -n "$ns" get kq demo -o jsonpath='{.status.leaderId}'; }
-wait_for "a leader" "$timeout_s" sh -c "[ \"\$(kubectl -n $ns get kq demo -o jsonpath='{.status.leaderId}')\" -ge 1 ]"
+wait_for "a leader" "$timeout_s" sh -c "[ \"\$(kubectl -n $ns get kq demo -o jsonpath='{.status.leaderId}')\" -ge 0 ]"
 log "leader is $(leader); writing a key"
 kubectl -n "$ns" exec demo-0 -- kraftkeeper kv put --bootstrap demo-0.demo-headless:9093 e2e-key before-recovery
 

@@ -43,6 +43,7 @@ class Registry:
         self.gauges: dict[str, tuple[str, float]] = {}
         self.counters: dict[str, tuple[str, float]] = {}
         self.histograms: dict[str, Histogram] = {}
+        self.states: dict[str, tuple[str, str]] = {}  # enum gauges: name -> (help, current state)
 
     def set(self, name: str, value: float, help: str = "") -> None:
         old = self.gauges.get(name)
@@ -51,6 +52,10 @@ class Registry:
     def inc(self, name: str, by: float = 1.0, help: str = "") -> None:
         old = self.counters.get(name)
         self.counters[name] = (help or (old[0] if old else name), (old[1] if old else 0.0) + by)
+
+    def set_state(self, name: str, state: str, help: str = "") -> None:
+        """An enum gauge (KIP-595 ``current-state``): rendered as ``name{state="..."} 1``."""
+        self.states[name] = (help or name, state)
 
     def histogram(self, name: str, help: str) -> Histogram:
         h = self.histograms.get(name)
@@ -66,6 +71,9 @@ class Registry:
         for name, (help, v) in sorted(self.gauges.items()):
             n = self._n(name)
             out += [f"# HELP {n} {help}", f"# TYPE {n} gauge", f"{n} {_fmt(v)}"]
+        for name, (help, state) in sorted(self.states.items()):
+            n = self._n(name)
+            out += [f"# HELP {n} {help}", f"# TYPE {n} gauge", f'{n}{{state="{state}"}} 1']
         for name, (help, v) in sorted(self.counters.items()):
             n = self._n(name) + "_total"
             out += [f"# HELP {n} {help}", f"# TYPE {n} counter", f"{n} {_fmt(v)}"]

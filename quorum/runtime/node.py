@@ -129,6 +129,9 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._recovering = False  # a KIP-704 verification task is running
+        self._busy_s = 0.0  # seconds the loop spent handling Ready (poll-idle-ratio)
+        self._busy_mark = 0.0
+        self._idle_since = time.monotonic()
         self._snapshotting = False
         self.role = "unattached"
         self.leader_id = -1
@@ -207,11 +210,13 @@ class Node:
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
+            t0 = time.monotonic()
             try:
                 progressed = await self._handle_ready()
             except KraftError as e:
                 log.error("stopping: %s", e)
                 raise
+            self._busy_s += time.monotonic() - t0
             if progressed:
                 self._wake.set()
                 # Event.wait() returns without yielding when the event is already set: give
@@ -244,9 +249,14 @@ class Node:
             if isinstance(b, LeaderBatch):
                 data = b.encode()
                 self.log.append_batches(data, [b.info(len(data))])
+                records = b.count
             else:
-                self.log.append_batches(b.data, list(b.infos))
+                data = b.data
+                self.log.append_batches(data, list(b.infos))
+                records = b.next_offset - b.base_offset
             appended += 1
+            self.metrics.inc("append-records", records, help="Records appended to the local log")
+            self.metrics.inc("append-bytes", len(data), help="Bytes appended to the local log")
         if rd.quorum_state is not None:
             qs = rd.quorum_state
             await loop.run_in_executor(None, self.qstore.save, qs)
@@ -457,6 +467,7 @@ class Node:
         if cls is None:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"unknown RPC {path!r}")
         msg: Any = wire.decode(cls, body)
+        self.metrics.inc(f"rpc-{path}-requests", help=f"{path} requests received")
         cid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._rpc_waiters[cid] = (fut, msg.correlation_id)
@@ -599,11 +610,19 @@ class Node:
 
     def metrics_text(self) -> str:
         r = self.metrics
-        snap = self.core.metrics()
-        for name, value in snap.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                r.set(name, value, help=f"KIP-595/KIP-856 raft metric {name}")
+        for name, value in self.core.metrics().items():
+            if isinstance(value, str):
+                r.set_state(name, value, help=f"raft {name} (KIP-595 / KIP-704)")
+            elif isinstance(value, int | float):
+                r.set(name, float(value), help=f"raft {name} (KIP-595 / KIP-856)")
         r.set("applied-offset", self.applied_end, help="Exclusive end offset applied to the KV store")
         r.set("kv-keys", len(self.kv.data), help="Keys in the KV store")
-        r.set("log-start-offset", self.log.log_start_offset, help="First offset still in the log")
+        elapsed = time.monotonic() - self._idle_since
+        busy = self._busy_s - self._busy_mark
+        r.set(
+            "poll-idle-ratio",
+            max(0.0, 1.0 - busy / elapsed) if elapsed > 0 else 1.0,
+            help="Share of time the driver loop waited for work since the last scrape (KIP-595)",
+        )
+        self._idle_since, self._busy_mark = time.monotonic(), self._busy_s
         return r.render()

@@ -312,3 +312,33 @@ def test_wrong_cluster_id_rpc_is_refused(cluster: LocalCluster) -> None:
     resp = asyncio.run(send())
     assert resp.error_code is ErrorCode.INCONSISTENT_CLUSTER_ID
     assert cluster.call(lambda c: c.put("still", b"ok")) >= 0
+
+
+def test_metrics_and_health_endpoints(cluster: LocalCluster) -> None:
+    leader = cluster.leader()
+    cluster.call(lambda c: c.put("m", b"1"))
+    status, body = cluster.call(lambda c: c.node_get(cluster.endpoint(leader), "/metrics"))
+    text = body.decode()
+    assert status == 200
+    for name in (
+        "kraftkeeper_current_leader",
+        "kraftkeeper_current_epoch",
+        "kraftkeeper_current_vote",
+        "kraftkeeper_high_watermark",
+        "kraftkeeper_log_end_offset",
+        'kraftkeeper_current_state{state="leader"} 1',
+        "kraftkeeper_election_latency_seconds_count",
+        "kraftkeeper_commit_latency_seconds_count 1",
+        "kraftkeeper_append_records_total",
+        "kraftkeeper_rpc_fetch_requests_total",
+        "kraftkeeper_poll_idle_ratio",
+        "kraftkeeper_number_of_voters 3",
+        "kraftkeeper_number_of_possible_voters 0",
+        "kraftkeeper_pending_add_voter 0",
+        "kraftkeeper_pending_remove_voter 0",
+        'kraftkeeper_leader_recovery_state{state="RECOVERED"} 1',
+    ):
+        assert name in text, name
+    for i in cluster.ports:
+        assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/healthz"))[0] == 200
+        assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/readyz"))[0] == 200

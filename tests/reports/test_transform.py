@@ -123,7 +123,7 @@ def test_no_line_is_lost(handmade: dict[str, Any]) -> None:
     line_bad = t.bad_input[(t.bad_input["level"] == "line") & (t.bad_input["action"] != "ignored")]
     assert s["lines"] == handmade["n_lines"]
     assert s["events"] + int(line_bad["count"].sum()) == s["lines"]
-    assert s["rejected_lines"] == 13 and s["skipped_lines"] == 2
+    assert s["rejected_lines"] == 12 and s["skipped_lines"] == 2
 
 
 def test_outcomes_and_exact_durations(handmade: dict[str, Any]) -> None:
