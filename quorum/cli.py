@@ -347,32 +347,38 @@ _DELEGATES: dict[tuple[str, str | None], tuple[str, str, str]] = {
 }
 
 
+def _run_delegate(name: str, rest: list[str]) -> int:
+    key: tuple[str, str | None] = (name, None)
+    if name in ("operator", "cluster"):
+        choices = "run | local" if name == "operator" else "replace-disk"
+        if not rest or (name, rest[0]) not in _DELEGATES:
+            sys.stderr.write(f"INVALID_REQUEST: kraftkeeper {name} expects {choices}\n")
+            return 2
+        key = (name, rest[0])
+        rest = rest[1:]
+    module, func, extra = _DELEGATES[key]
+    return _delegate(module, func, rest, extra)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(args_list)
     try:
-        if getattr(args, "delegate", None):
-            rest: list[str] = list(args.rest)
-            key: tuple[str, str | None] = (args.delegate, None)
-            if args.delegate in ("operator", "cluster"):
-                if not rest or rest[0] not in ("run", "local", "replace-disk"):
-                    choices = "run | local" if args.delegate == "operator" else "replace-disk"
-                    sys.stderr.write(f"INVALID_REQUEST: kraftkeeper {args.delegate} expects {choices}\n")
-                    return 2
-                key = (args.delegate, rest[0])
-                rest = rest[1:]
-            if key not in _DELEGATES:
-                sys.stderr.write(f"INVALID_REQUEST: unknown command {' '.join(args_list[:2])}\n")
-                return 2
-            module, func, extra = _DELEGATES[key]
-            return _delegate(module, func, rest, extra)
+        # Commands owned by other packages parse their own options (argparse's REMAINDER
+        # cannot pass leading --options through a subparser).
+        if args_list and args_list[0] in ("operator", "cluster", "report", "demo"):
+            return _run_delegate(args_list[0], args_list[1:])
+        args = build_parser().parse_args(args_list)
         rc: int = args.fn(args)
         return rc
     except KraftError as e:
         return _fail(e)
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - the contract is one CODE: line on stderr
+        if os.environ.get("KRAFTKEEPER_DEBUG"):
+            raise
+        sys.stderr.write(f"{ErrorCode.UNKNOWN_SERVER_ERROR.value}: {type(e).__name__}: {e}\n")
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

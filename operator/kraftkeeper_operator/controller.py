@@ -138,6 +138,7 @@ class ControllerStatus:
             return {"id": r.id, "uuid": r.uuid, "lag": r.lag, "lastFetchTimestamp": r.last_fetch_ms}
 
         return {
+            "phase": self.phase,
             "leaderId": v.leader_id if v else -1,
             "leaderEpoch": v.leader_epoch if v else -1,
             "highWatermark": v.high_watermark if v else -1,

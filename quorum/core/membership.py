@@ -10,7 +10,8 @@ AddVoter, in order (spec 000 "AddVoter Handling" and its error list):
 5. (id, UUID) never fetched from this leader (not an observer) -> INVALID_REQUEST;
 6. id not allowed (not a bootstrap voter id, not a current voter id, not a target voter id)
    -> INVALID_REQUEST;
-7. a reassignment is running -> REASSIGNMENT_IN_PROGRESS; another voter change is
+7. a reassignment is running and the id is not a target id -> REASSIGNMENT_IN_PROGRESS
+   (a replacement for a target id may be added: it helps); another voter change is
    uncommitted in the log (between high watermark and log end, KAFKA-20740) or being handled
    -> VOTER_CHANGE_IN_PROGRESS;
 8. wait until the replica is caught up (fetch offset within ``catch_up_max_lag`` of the log end
@@ -138,8 +139,10 @@ class MembershipMixin(ReplicationMixin):
                 f"replica id {key.id} is not a configured, current or target voter id",
             )
             return
-        if voters.target_voters is not None:
-            self._reject(request_id, ErrorCode.REASSIGNMENT_IN_PROGRESS, "a reassignment is in progress")
+        if voters.target_voters is not None and key.id not in voters.target_voters:
+            # Adding a replica of a target id (e.g. a replaced disk) helps the reassignment.
+            self._reject(request_id, ErrorCode.REASSIGNMENT_IN_PROGRESS,
+                         f"a reassignment to {list(voters.target_voters)} is in progress")
             return
         busy = self._busy(ls)
         if busy is not None:
@@ -176,9 +179,6 @@ class MembershipMixin(ReplicationMixin):
                 f"removing {key} would remove replica id {key.id} from the voters; RemoveVoter removes "
                 "storage UUIDs, use reassign to change replica ids",
             )
-            return
-        if voters.target_voters is not None:
-            self._reject(request_id, ErrorCode.REASSIGNMENT_IN_PROGRESS, "a reassignment is in progress")
             return
         busy = self._busy(ls)
         if busy is not None:

@@ -216,7 +216,7 @@ def test_reassign_cancel_and_validation() -> None:
     assert result(h, 4) is ErrorCode.NONE
     assert h.core.describe(h.now)["target_voters"] == [1, 2, 5]
     h.fetch(3, uuid=NEW3)
-    h.core.add_voter(5, key(3, NEW3), h.now)
+    h.core.add_voter(5, key(3, NEW3), h.now)  # id 3 is not a target id
     h.drain()
     assert result(h, 5) is ErrorCode.REASSIGNMENT_IN_PROGRESS
     h.core.reassign(6, [1, 2, 3], h.now)  # resubmitting the current set cancels

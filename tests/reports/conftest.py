@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -26,6 +29,15 @@ def java_major() -> int:
     return 0
 
 
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="needs PySpark (pip install -e '.[spark]')")
@@ -40,21 +52,27 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def clean_events(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    """~20 k events, no damage (numbers are checked against plain Python), some failures."""
+def clean_events(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, str]:
+    """~8 k events, no damage (numbers are checked against plain Python), some failures."""
     from kraftkeeper_reports.generate import generate
 
     out = tmp_path_factory.mktemp("clean-events")
-    stats = generate(out, events=20_000, clusters=5, days=6, seed=7, malformed_rate=0.0,
+    stats = generate(out, events=8_000, clusters=4, days=5, seed=7, malformed_rate=0.0,
                      failure_scale=2.0)
-    return out, stats
+    return out, stats, tree_digest(out)
 
 
 @pytest.fixture(scope="session")
-def report_dir(spark: Any, clean_events: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The full job run once on the clean log (through ``main``, as the CLI runs it)."""
+def report_run(
+    spark: Any, clean_events: tuple[Path, Any, str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
+    """The full job run once on the clean log through ``main``, as the CLI runs it: the output
+    directory and what it printed on stdout."""
     from kraftkeeper_reports.job import main
 
     out = tmp_path_factory.mktemp("report")
-    assert main(["--events", str(clean_events[0]), "--out", str(out), "--top", "12"]) == 0
-    return out
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["--events", str(clean_events[0]), "--out", str(out), "--top", "12"])
+    assert rc == 0
+    return out, buf.getvalue()

@@ -69,3 +69,81 @@ def settle(sim: Sim, ms: int = 6000) -> None:
             "liveness",
             f"voters did not converge: {[(n.id, n.core and n.core.hw) for n in sim.nodes.values()]}",
         )
+
+
+class Operator:
+    """A tiny recovery operator inside the simulation: replaces a disk now and then and walks
+    each replaced replica through AddVoter(new) then RemoveVoter(old), retrying on transient
+    answers; also starts KIP-642 reassignments among the configured ids."""
+
+    def __init__(self, sim: Sim, ids: list[int], replace_rate: float = 0.0012, reassign_rate: float = 0.0008) -> None:
+        self.sim = sim
+        self.ids = ids
+        self.replace_rate = replace_rate
+        self.reassign_rate = reassign_rate
+        self.todo: list[tuple[str, object]] = []  # ("add"|"remove", key)
+        self.waiting: int | None = None
+        self.next_try = 0
+        self.replacements = 0
+        self.reassignments = 0
+        self.completed = 0
+        self.faults = True  # False: only finish pending work, inject nothing new
+        self.reassign_started = -1
+
+    @property
+    def idle(self) -> bool:
+        return not self.todo and self.waiting is None
+
+    def __call__(self, sim: Sim) -> None:
+        if self.faults:
+            chaos_action(sim)
+        rng = sim.rng
+        if self.faults and self.idle:
+            r = rng.random()
+            ld = sim.leader()
+            if r < self.replace_rate and ld is not None and ld.core is not None:
+                voters = [n for n in sim.nodes.values() if ld.core.voters().contains(n.key) and n.core is not None]
+                if len(voters) >= 3:
+                    n = rng.choice(voters)
+                    old = n.key
+                    sim.replace_disk(n)
+                    self.todo = [("add", n.key), ("remove", old)]
+                    self.replacements += 1
+            elif r < self.replace_rate + self.reassign_rate and ld is not None and ld.core is not None:
+                if ld.core.voters().target_voters is None:
+                    target = sorted(rng.sample(self.ids, 3))
+                    self.todo = [("reassign", target)]
+                    self.reassignments += 1
+                    self.reassign_started = sim.now
+        if self.idle and self.reassign_started >= 0 and sim.now - self.reassign_started > 15000:
+            # A target can be unreachable (its ids' only replicas were removed and stay
+            # removed, KAFKA-19850): the operator cancels it.
+            ld = sim.leader()
+            if ld is not None and ld.core is not None and ld.core.voters().target_voters is not None:
+                self.todo = [("reassign", None)]
+            self.reassign_started = -1
+        if self.waiting is not None:
+            res = sim.admin_results.get(self.waiting)
+            if res is None:
+                if sim.now > self.next_try + 8000:
+                    self.waiting = None  # lost with its leader: retry
+                return
+            self.waiting = None
+            op, arg = self.todo[0]
+            done = {"add": ("NONE", "VOTER_ALREADY_ADDED"), "remove": ("NONE", "VOTER_ALREADY_REMOVED"),
+                    "reassign": ("NONE",)}[op]
+            if res.error.value in done:
+                self.todo.pop(0)
+                self.completed += 1
+            elif res.error.value == "INVALID_REQUEST" and op == "add" and "removed" in res.message:
+                self.todo.pop(0)
+            self.next_try = sim.now + 200
+            return
+        if self.todo and sim.now >= self.next_try:
+            op, arg = self.todo[0]
+            rid = sim.admin(op, arg)
+            if rid is None:
+                self.next_try = sim.now + 200
+            else:
+                self.waiting = rid
+                self.next_try = sim.now
