@@ -629,6 +629,18 @@ async def _asyncio_load(
 # end that does no work).
 
 
+def use_uvloop() -> bool:
+    """Use uvloop for this process's event loops when it is installed, as the engine does
+    (quorum/runtime/run.py): the front ends and generators under comparison then share one
+    event-loop implementation."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
 def serve_noop(port: int) -> None:
     from aiohttp import web
 
@@ -642,6 +654,7 @@ def serve_noop(port: int) -> None:
     app = web.Application()
     app.router.add_get("/readyz", ready)
     app.router.add_route("*", "/{tail:.*}", handle)
+    use_uvloop()
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
@@ -663,6 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.clients < 1 or args.duration <= 0 or args.size < 0 or (args.rate is not None and args.rate <= 0):
         ap.error("--clients must be >= 1, --duration and --rate > 0, --size >= 0")
+    use_uvloop()
     res = asyncio.run(
         _asyncio_load(args.endpoint, args.kind, args.size, args.clients, args.duration, args.rate)
     )

@@ -51,6 +51,7 @@ from bench.common import (
     run_asyncio_load,
     run_load,
     sigterm_as_interrupt,
+    use_uvloop,
     value_bytes,
     wait_until,
 )
@@ -338,6 +339,7 @@ def pysyncobj_node(argv: Sequence[str]) -> int:
     app.router.add_get("/readyz", readyz)
     app.router.add_put("/v1/kv/{key}", put)
     host, _, port = http[a.index].rpartition(":")
+    use_uvloop()
     web.run_app(app, host=host, port=int(port), print=None, access_log=None)
     return 0
 

@@ -43,224 +43,33 @@ then fails the quorum stays one voter short until it returns.
 from __future__ import annotations
 
 import enum
-import math
 import uuid as _uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-# ---------------------------------------------------------------------------------------------
-# Policy
+# Policy and view live in their own modules; re-exported here because callers think of them as
+# part of the recovery vocabulary.
+from .policy import Order, PolicyError, RecoveryPolicy
+from .view import DescribeError, PendingChange, QuorumView, Replica, majority
 
-
-class Order(enum.StrEnum):
-    ADD_THEN_REMOVE = "AddThenRemove"
-    REMOVE_THEN_ADD = "RemoveThenAdd"
-
-
-class PolicyError(ValueError):
-    """An invalid recovery policy; the message names the field (``spec.recovery.<field>``)."""
-
-
-@dataclass(frozen=True)
-class RecoveryPolicy:
-    """``spec.recovery`` of a KRaftQuorum (local mode uses the same defaults)."""
-
-    enabled: bool = True
-    order: Order = Order.ADD_THEN_REMOVE
-    stabilization_seconds: float = 10.0  # a new replica must stay caught up this long
-    max_lag: int = 100  # records behind the leader's log end still counted as caught up
-    timeout_seconds: float = 600.0  # detection -> promotion must happen within this
-    live_window_seconds: float = 5.0  # a replica that fetched within this is live
-    unclean_allowed: bool = False  # KIP-704 unclean recovery when a majority is gone
-    unclean_after_seconds: float = 600.0
-
-    # camelCase names used in the custom resource (crds/kraftquorums.kraftkeeper.io.yaml), mapped
-    # to our fields. liveWindowSeconds is ours (local mode); the CRD does not expose it.
-    _SPEC_NAMES = {
-        "enabled": "enabled",
-        "order": "order",
-        "stabilizationSeconds": "stabilization_seconds",
-        "maxLagRecords": "max_lag",
-        "timeoutSeconds": "timeout_seconds",
-        "liveWindowSeconds": "live_window_seconds",
-    }
-
-    @classmethod
-    def from_spec(
-        cls, spec: Mapping[str, Any] | None, unclean: Mapping[str, Any] | None = None
-    ) -> RecoveryPolicy:
-        """Build from ``spec.recovery`` and ``spec.uncleanRecovery``; raises :class:`PolicyError`
-        naming the bad field. The API server validates the same rules (the CRD schema); checking
-        again here covers objects written before the schema was tightened, and local mode."""
-        kw: dict[str, Any] = {}
-        if spec is not None:
-            if not isinstance(spec, Mapping):
-                raise PolicyError("spec.recovery: must be an object")
-            for key in spec:
-                if key not in cls._SPEC_NAMES:
-                    raise PolicyError(
-                        f"spec.recovery.{key}: unknown field (known: {', '.join(sorted(cls._SPEC_NAMES))})"
-                    )
-            if "enabled" in spec:
-                kw["enabled"] = _bool(spec["enabled"], "spec.recovery.enabled")
-            if "order" in spec:
-                try:
-                    kw["order"] = Order(spec["order"])
-                except ValueError:
-                    raise PolicyError(
-                        f"spec.recovery.order: {spec['order']!r} is not one of AddThenRemove, RemoveThenAdd"
-                    ) from None
-            for name in ("stabilizationSeconds", "timeoutSeconds", "liveWindowSeconds"):
-                if name in spec:
-                    kw[cls._SPEC_NAMES[name]] = _number(spec[name], f"spec.recovery.{name}", minimum=0.0)
-            if "maxLagRecords" in spec:
-                value = spec["maxLagRecords"]
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise PolicyError(f"spec.recovery.maxLagRecords: must be an integer >= 0, got {value!r}")
-                kw["max_lag"] = value
-        if unclean is not None:
-            if not isinstance(unclean, Mapping):
-                raise PolicyError("spec.uncleanRecovery: must be an object")
-            for key in unclean:
-                if key not in ("enabled", "afterSeconds"):
-                    raise PolicyError(
-                        f"spec.uncleanRecovery.{key}: unknown field (known: afterSeconds, enabled)"
-                    )
-            if "enabled" in unclean:
-                kw["unclean_allowed"] = _bool(unclean["enabled"], "spec.uncleanRecovery.enabled")
-            if "afterSeconds" in unclean:
-                kw["unclean_after_seconds"] = _number(
-                    unclean["afterSeconds"], "spec.uncleanRecovery.afterSeconds", minimum=0.0
-                )
-        policy = cls(**kw)
-        if policy.timeout_seconds <= policy.stabilization_seconds:
-            raise PolicyError(
-                f"spec.recovery.timeoutSeconds: {policy.timeout_seconds:g} must be greater than "
-                f"stabilizationSeconds ({policy.stabilization_seconds:g}), or no recovery could finish"
-            )
-        if policy.live_window_seconds <= 0:
-            raise PolicyError("spec.recovery.liveWindowSeconds: must be > 0")
-        return policy
-
-
-def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise PolicyError(f"{where}: must be true or false, got {value!r}")
-    return value
-
-
-def _number(value: Any, where: str, *, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise PolicyError(f"{where}: must be a number, got {value!r}")
-    if value < minimum:
-        raise PolicyError(f"{where}: must be >= {minimum:g}, got {value!r}")
-    return float(value)
-
-
-# ---------------------------------------------------------------------------------------------
-# The leader's describe object, parsed
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One ``voters`` / ``observers`` entry of ``quorum describe --json`` (interfaces.md)."""
-
-    id: int
-    uuid: str
-    endpoint: str | None = None
-    log_end_offset: int = -1
-    lag: int = -1
-    last_fetch_ms: int = -1
-    last_caught_up_ms: int = -1
-
-
-@dataclass(frozen=True)
-class PendingChange:
-    op: str  # "add" | "remove"
-    id: int
-    uuid: str
-
-
-class DescribeError(ValueError):
-    """A describe object that does not follow interfaces.md (names the field)."""
-
-
-@dataclass(frozen=True)
-class QuorumView:
-    """The leader's view of the quorum at one instant."""
-
-    leader_id: int
-    leader_epoch: int
-    high_watermark: int
-    voters: tuple[Replica, ...]
-    observers: tuple[Replica, ...] = ()
-    pending: PendingChange | None = None
-    target_voters: tuple[int, ...] | None = None
-    recovery_state: str = "RECOVERED"
-    cluster_id: str = ""
-
-    @classmethod
-    def from_describe(cls, d: Mapping[str, Any]) -> QuorumView:
-        try:
-            voters = tuple(_replica(r) for r in d["voters"])
-            observers = tuple(_replica(r) for r in d.get("observers") or ())
-            p = d.get("pending_voter_change")
-            pending = PendingChange(str(p["op"]), int(p["id"]), str(p["uuid"])) if p else None
-            tv = d.get("target_voters")
-            return cls(
-                leader_id=int(d["leader_id"]),
-                leader_epoch=int(d["leader_epoch"]),
-                high_watermark=int(d.get("high_watermark", -1)),
-                voters=voters,
-                observers=observers,
-                pending=pending,
-                target_voters=tuple(int(i) for i in tv) if tv is not None else None,
-                recovery_state=str(d.get("leader_recovery_state", "RECOVERED")),
-                cluster_id=str(d.get("cluster_id", "")),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise DescribeError(f"describe object malformed: {type(e).__name__}: {e}") from e
-
-    def voter_uuids(self, replica_id: int) -> list[str]:
-        return [v.uuid for v in self.voters if v.id == replica_id]
-
-    def leader_uuid(self) -> str | None:
-        """UUID of the leader's voter entry. With two voters of the leader's id (mid-recovery)
-        the dead old one cannot be leading, so take the one that fetched / wrote most recently."""
-        mine = [v for v in self.voters if v.id == self.leader_id]
-        if not mine:
-            return None
-        return max(mine, key=lambda v: (v.last_fetch_ms, v.log_end_offset)).uuid
-
-    def is_live(self, r: Replica, now_ms: int, window_ms: int) -> bool:
-        if r.id == self.leader_id and r.uuid == self.leader_uuid():
-            return True
-        return r.last_fetch_ms >= 0 and now_ms - r.last_fetch_ms <= window_ms
-
-    def live_voters(self, now_ms: int, window_ms: int) -> list[Replica]:
-        return [v for v in self.voters if self.is_live(v, now_ms, window_ms)]
-
-    def has_live_majority(self, now_ms: int, window_ms: int) -> bool:
-        return self.leader_id >= 0 and len(self.live_voters(now_ms, window_ms)) >= majority(len(self.voters))
-
-
-def _replica(r: Mapping[str, Any]) -> Replica:
-    return Replica(
-        id=int(r["id"]),
-        uuid=str(r["uuid"]) if r.get("uuid") else "",  # "" = not known yet (bootstrap voter)
-        endpoint=r.get("endpoint"),
-        log_end_offset=int(r.get("log_end_offset", -1)),
-        lag=int(r.get("lag", -1)),
-        last_fetch_ms=int(r.get("last_fetch_timestamp", -1)),
-        last_caught_up_ms=int(r.get("last_caught_up_timestamp", -1)),
-    )
-
-
-def majority(n: int) -> int:
-    return n // 2 + 1
-
+__all__ = [
+    "Action",
+    "ActionKind",
+    "DescribeError",
+    "Event",
+    "Order",
+    "PendingChange",
+    "Phase",
+    "PolicyError",
+    "QuorumView",
+    "Recovery",
+    "RecoveryBook",
+    "RecoveryPolicy",
+    "Replica",
+    "majority",
+]
 
 # ---------------------------------------------------------------------------------------------
 # Recorded progress

@@ -131,6 +131,20 @@ class CoreBase:
     def is_voter(self) -> bool:
         return self.history.latest.contains(self.local)
 
+    def may_campaign(self) -> bool:
+        """Voters campaign; so does a replica whose own removal is still uncommitted in its
+        log. Without that, a leader that removed itself and then lost its followers (zombie
+        resign) could hold the only copy of the longest log while refusing to campaign, and
+        the others could not win its vote: no leader ever again. Electing it is safe: votes are
+        counted over its latest voter set (without itself), and once leader it finishes the
+        removal and resigns (KIP-856 "leader removing itself", KAFKA-17608)."""
+        if self.is_voter():
+            return True
+        return any(
+            c.op == "remove" and c.key.id == self.local.id and c.key.uuid in (None, self.local.uuid)
+            for c in self.history.voter_changes_from(self.hw)
+        )
+
     def leader_state(self) -> LeaderState | None:
         return self.role.state if isinstance(self.role, Leader) else None
 

@@ -63,7 +63,7 @@ class ElectionMixin(CoreBase):
     # ------------------------------------------------------------------ starting elections
 
     def start_election(self) -> None:
-        if not self.is_voter() or self.shutting_down:
+        if not self.may_campaign() or self.shutting_down:
             return
         if self.config.pre_vote:
             self.become_prospective()
@@ -72,18 +72,16 @@ class ElectionMixin(CoreBase):
 
     def become_prospective(self) -> None:
         me = self.voters().find(self.local)
-        assert me is not None
-        role = Prospective(self.epoch, self.election_deadline(), granted={me})
+        role = Prospective(self.epoch, self.election_deadline(), granted={me} if me is not None else set())
         self.set_role(role)
         self.send_votes(pre_vote=True)
         self.check_votes()
 
     def become_candidate(self) -> None:
         me = self.voters().find(self.local)
-        assert me is not None
         epoch = self.epoch + 1
         self.persist(-1, epoch, self.local)
-        self.set_role(Candidate(epoch, self.election_deadline(), granted={me}))
+        self.set_role(Candidate(epoch, self.election_deadline(), granted={me} if me is not None else set()))
         self.send_votes(pre_vote=False)
         self.check_votes()
 
@@ -372,7 +370,7 @@ class ElectionMixin(CoreBase):
         now = self.now
         if isinstance(role, (Unattached, Voted, Resigned)):
             if now >= role.election_deadline:
-                if self.is_voter() and not self.shutting_down:
+                if self.may_campaign() and not self.shutting_down:
                     self.start_election()
                 elif isinstance(role, Resigned):
                     self.set_role(Unattached(self.epoch, self.election_deadline()))
@@ -380,13 +378,13 @@ class ElectionMixin(CoreBase):
                     role.election_deadline = self.election_deadline()
         elif isinstance(role, Follower):
             if now >= role.fetch_deadline:
-                if self.is_voter() and not self.shutting_down:
+                if self.may_campaign() and not self.shutting_down:
                     self.start_election()
                 else:
                     self.set_role(Unattached(self.epoch, self.election_deadline()))
         elif isinstance(role, (Prospective, Candidate)):
             if now >= role.election_deadline:
-                if not self.is_voter():
+                if not self.may_campaign():
                     self.set_role(Unattached(self.epoch, self.election_deadline()))
                 else:
                     self.election_failures += 1

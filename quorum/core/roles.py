@@ -2,7 +2,9 @@
 
 A role object holds only the data of that role; :class:`quorum.core.raft.RaftCore` holds one
 at a time and owns the behaviour. Observers (replicas whose (id, UUID) is not in their own
-voter set, KIP-856) use the same classes but never enter Prospective / Candidate / Leader.
+voter set, KIP-856) use the same classes but never enter Prospective / Candidate / Leader,
+with one exception: a replica whose own removal is still uncommitted may campaign (see
+``CoreBase.may_campaign``).
 
 Transition table (epoch E; "voter" = local key in the latest voter set; every transition that
 changes epoch, vote or leader is persisted through ``Ready.quorum_state`` before any message):

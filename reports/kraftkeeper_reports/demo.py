@@ -44,7 +44,7 @@ def _free_base_port(n: int) -> int:
     for _ in range(50):
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
+        base = int(s.getsockname()[1])
         s.close()
         if base + n >= 65535:
             continue
@@ -67,8 +67,8 @@ def _kk(*args: str) -> list[str]:
     return [sys.executable, "-m", "quorum.cli", *args]
 
 
-async def _wait(cond: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
+async def _wait(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + limit
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
@@ -78,7 +78,8 @@ async def _wait(cond: Any, timeout: float, what: str, interval: float = 0.2) -> 
         except (KraftError, OSError) as e:
             last = e
         await asyncio.sleep(interval)
-    raise DemoError(f"REQUEST_TIMED_OUT: waited {timeout:.0f}s for {what}" + (f" (last error: {last})" if last else ""))
+    suffix = f" (last error: {last})" if last else ""
+    raise DemoError(f"REQUEST_TIMED_OUT: waited {limit:.0f}s for {what}{suffix}")
 
 
 def _events(events_dir: Path) -> list[dict[str, Any]]:
@@ -101,17 +102,36 @@ async def _run_cluster(d: Path, recoveries: int, keys_per_round: int, stabilizat
     bootstrap = ",".join(f"127.0.0.1:{base + i}" for i in (1, 2, 3))
     log_path = d / "operator.log"
     _say(f"starting a 3-node quorum under `kraftkeeper operator local` in {d} (ports {base + 1}-{base + 3})")
-    with open(log_path, "ab") as log_f:
-        sup = subprocess.Popen(
-            _kk("operator", "local", "--dir", str(d), "--nodes", "3", "--base-port", str(base),
-                "--stabilization-seconds", str(stabilization), "--interval", "0.25"),
-            stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True,
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        sup = await asyncio.create_subprocess_exec(
+            *_kk(
+                "operator",
+                "local",
+                "--dir",
+                str(d),
+                "--nodes",
+                "3",
+                "--base-port",
+                str(base),
+                "--stabilization-seconds",
+                str(stabilization),
+                "--interval",
+                "0.25",
+            ),
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+    finally:
+        os.close(log_fd)
     try:
         async with QuorumClient(bootstrap, timeout=30) as client:
             desc = await _wait(lambda: _described(client), 90, "a leader to be elected")
-            _say(f"leader is node {desc['leader_id']} at epoch {desc['leader_epoch']}; voters "
-                 + ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in desc["voters"]))
+            _say(
+                f"leader is node {desc['leader_id']} at epoch {desc['leader_epoch']}; voters "
+                + ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in desc["voters"])
+            )
             acked: list[str] = []
             await _write(client, acked, 0, keys_per_round)
             _say(f"wrote {len(acked)} keys")
@@ -121,29 +141,43 @@ async def _run_cluster(d: Path, recoveries: int, keys_per_round: int, stabilizat
                 # Rotate through the nodes; the second replacement hits the current leader.
                 node = desc["leader_id"] if r == 1 else (r % 3) + 1
                 old = next(v["uuid"] for v in desc["voters"] if v["id"] == node)
-                _say(f"recovery {r + 1}/{recoveries}: replacing the disk of node {node}"
-                     + (" (the leader)" if node == desc["leader_id"] else "") + f", old UUID {old[:8]}")
+                _say(
+                    f"recovery {r + 1}/{recoveries}: replacing the disk of node {node}"
+                    + (" (the leader)" if node == desc["leader_id"] else "")
+                    + f", old UUID {old[:8]}"
+                )
                 t0 = time.monotonic()
-                p = subprocess.run(_kk("cluster", "replace-disk", "--dir", str(d), "--node", str(node)),
-                                   capture_output=True, text=True, timeout=120)
-                if p.returncode != 0:
-                    raise DemoError(p.stderr.strip() or f"replace-disk failed ({p.returncode})")
-                new = p.stdout.strip().splitlines()[-1]
+                rd = await asyncio.create_subprocess_exec(
+                    *_kk("cluster", "replace-disk", "--dir", str(d), "--node", str(node)),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                out, err = await asyncio.wait_for(rd.communicate(), 120)
+                if rd.returncode != 0:
+                    raise DemoError(err.decode().strip() or f"replace-disk failed ({rd.returncode})")
+                new = out.decode().strip().splitlines()[-1]
                 _say(f"  node {node} restarted empty with new UUID {new[:8]}; the controller takes over")
                 writer = asyncio.create_task(_write(client, acked, len(acked), keys_per_round))
 
                 async def swapped(node: int = node, old: str = old, new: str = new) -> bool:
                     dd = await client.describe()
                     keys = {(v["id"], v["uuid"]) for v in dd["voters"]}
-                    return (node, new) in keys and (node, old) not in keys and dd["pending_voter_change"] is None
+                    return (
+                        (node, new) in keys and (node, old) not in keys and dd["pending_voter_change"] is None
+                    )
 
                 await _wait(swapped, 180, f"node {node} to be swapped to its new UUID")
                 await writer
-                done = [e for e in _events(events_dir) if e.get("type") == "recovery_completed"
-                        and e.get("new_uuid") == new]
-                _say(f"  recovered in {time.monotonic() - t0:.1f}s: voters now "
-                     + ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in (await client.describe())["voters"])
-                     + ("" if done else " (event log still flushing)"))
+                done = [
+                    e
+                    for e in _events(events_dir)
+                    if e.get("type") == "recovery_completed" and e.get("new_uuid") == new
+                ]
+                _say(
+                    f"  recovered in {time.monotonic() - t0:.1f}s: voters now "
+                    + ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in (await client.describe())["voters"])
+                    + ("" if done else " (event log still flushing)")
+                )
             _say(f"checking all {len(acked)} acknowledged keys are readable")
             missing = []
             for i in range(0, len(acked), 200):
@@ -153,15 +187,17 @@ async def _run_cluster(d: Path, recoveries: int, keys_per_round: int, stabilizat
             if missing:
                 raise DemoError(f"CORRUPT_LOG: {len(missing)} acknowledged keys lost, e.g. {missing[:3]}")
             _say("every acknowledged key is there")
-            await _wait(lambda: _all_completed(events_dir, recoveries), 30, "the event log to record every recovery")
+            await _wait(
+                lambda: _all_completed(events_dir, recoveries), 30, "the event log to record every recovery"
+            )
     finally:
-        if sup.poll() is None:
+        if sup.returncode is None:
             os.killpg(sup.pid, signal.SIGTERM)
             try:
-                sup.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+                await asyncio.wait_for(sup.wait(), 30)
+            except TimeoutError:
                 os.killpg(sup.pid, signal.SIGKILL)
-                sup.wait()
+                await sup.wait()
         _say("cluster stopped")
 
 
@@ -195,12 +231,16 @@ async def _write(client: QuorumClient, acked: list[str], start: int, n: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kraftkeeper demo", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(prog="kraftkeeper demo", description="The main job on one machine.")
     ap.add_argument("--dir", default="demo", help="working directory (created if missing; default ./demo)")
     ap.add_argument("--recoveries", type=int, default=3, help="simulated disk replacements (default 3)")
     ap.add_argument("--keys", type=int, default=2000, help="keys written before and during each recovery")
-    ap.add_argument("--stabilization-seconds", type=float, default=2.0,
-                    help="how long a new replica must stay caught up before it is promoted")
+    ap.add_argument(
+        "--stabilization-seconds",
+        type=float,
+        default=2.0,
+        help="how long a new replica must stay caught up before it is promoted",
+    )
     ap.add_argument("--master", default=None, help="Spark master for the report (default local[*])")
     a = ap.parse_args(argv)
     if a.recoveries < 0 or a.keys < 1:

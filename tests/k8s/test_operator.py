@@ -325,3 +325,43 @@ def test_disk_replacement_is_recovered_without_a_human(
     finally:
         op.stop()
         nodes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+def test_scale_down_reassigns_before_shrinking(
+    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"])
+    overrides = ",".join(f"{ns}/s/{k}={nodes.endpoint(k + 1)}" for k in range(3))
+    op = Operator(kube, ns, tmp_path / "operator.log", overrides)
+    sts_path = f"/apis/apps/v1/namespaces/{ns}/statefulsets/s"
+    try:
+        create(kube, ns, kq("s", 3))
+
+        def status() -> dict[str, Any]:
+            return (get(kube, KQ.format(ns=ns) + "/s") or {}).get("status") or {}
+
+        kube.wait_for("s Running", lambda: status().get("phase") == "Running", timeout=120)
+        st, body = kube.request(
+            "PATCH",
+            KQ.format(ns=ns) + "/s",
+            {"spec": {"voters": 1}},
+            content_type="application/merge-patch+json",
+        )
+        assert st == 200, body
+
+        def shrunk() -> dict[str, Any] | None:
+            sts = get(kube, sts_path) or {}
+            return sts if sts.get("spec", {}).get("replicas") == 1 else None
+
+        kube.wait_for("StatefulSet at 1 replica", shrunk, timeout=180)
+        # The shrink happened only after the quorum itself had one voter left (reassignment first).
+        x = nodes.describe()
+        assert x is not None and [v["id"] for v in x["voters"]] == [1]
+        pdb = get(kube, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/s")
+        assert pdb is not None and pdb["spec"]["maxUnavailable"] == 0
+    finally:
+        op.stop()
+        nodes.stop()

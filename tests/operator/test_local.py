@@ -134,8 +134,9 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
             timeout=90,
         )
         assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
-        old = next(v["uuid"] for v in first["voters"] if v["id"] == 3)
-        out = kk("cluster", "replace-disk", "--dir", str(d), "--node", "3")
+        victim = int(first["leader_id"])  # the leader's disk is the awkward one
+        old = next(v["uuid"] for v in first["voters"] if v["id"] == victim)
+        out = kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
         assert out.returncode == 0, out.stderr
         new = out.stdout.strip().splitlines()[-1]
         assert new != old
@@ -145,9 +146,9 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
             if not x or x["pending_voter_change"] is not None:
                 return None
             keys = {(v["id"], v["uuid"]) for v in x["voters"]}
-            return x if (3, new) in keys and (3, old) not in keys and len(keys) == 3 else None
+            return x if (victim, new) in keys and (victim, old) not in keys and len(keys) == 3 else None
 
-        poll("voters swapped (3, old) -> (3, new)", swapped, timeout=120)
+        poll("voters swapped (leader, old) -> (leader, new)", swapped, timeout=120)
         st = poll(
             "status shows the recovery completed",
             lambda: [r for r in c.status()["recoveries"] if r["phase"] == "Completed"],
@@ -158,7 +159,9 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
         rid = next(e["recovery_id"] for e in events if e["type"] == "disk_replacement_detected")
         seq = [e["type"] for e in events if e["recovery_id"] == rid and e["type"] in FULL]
         assert seq == FULL, seq
-        assert all(e["cluster"] == "demo" and e["replica_id"] == 3 for e in events if e["recovery_id"] == rid)
+        assert all(
+            e["cluster"] == "demo" and e["replica_id"] == victim for e in events if e["recovery_id"] == rid
+        )
         assert 'kraftkeeper_operator_recoveries_total{quorum="demo",result="completed"} 1.0' in c.metrics()
         got = kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert got.returncode == 0 and got.stdout.strip() == "v1"  # nothing committed was lost
@@ -235,4 +238,39 @@ def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -
     finally:
         for node in (2, 3):
             (d / "control" / f"node-{node}.hold").unlink(missing_ok=True)
+        assert c.stop() == 0, c.tail()
+
+
+@needs_engine
+@pytest.mark.slow
+def test_local_mode_remove_then_add_order(tmp_path: Path) -> None:
+    d = tmp_path / "rta"
+    c = LocalCluster(
+        d, 3, extra=["--order", "RemoveThenAdd", "--stabilization-seconds", "1", "--live-window-seconds", "3"]
+    )
+    try:
+        first = poll(
+            "a leader and 3 known voters",
+            lambda: (x := c.describe()) and x["leader_id"] > 0 and all(v["uuid"] for v in x["voters"]) and x,
+            timeout=90,
+        )
+        victim = next(v["id"] for v in first["voters"] if v["id"] != first["leader_id"])
+        old = next(v["uuid"] for v in first["voters"] if v["id"] == victim)
+        out = kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
+        assert out.returncode == 0, out.stderr
+        new = out.stdout.strip().splitlines()[-1]
+        poll(
+            "recovery completed",
+            lambda: [
+                r for r in c.status()["recoveries"] if r["phase"] == "Completed" and r["newUuid"] == new
+            ],
+            timeout=120,
+        )
+        x = c.describe()
+        assert x is not None and {(v["id"], v["uuid"]) for v in x["voters"]} >= {(victim, new)}
+        assert (victim, old) not in {(v["id"], v["uuid"]) for v in x["voters"]}
+        seq = [e["type"] for e in read_events(d) if e["new_uuid"] == new]
+        assert seq.index("remove_voter_committed") < seq.index("add_voter_started")
+        assert seq[-1] == "recovery_completed"
+    finally:
         assert c.stop() == 0, c.tail()

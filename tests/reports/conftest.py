@@ -53,12 +53,15 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def clean_events(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, str]:
-    """~8 k events, no damage (numbers are checked against plain Python), some failures."""
+    """~8 k generated events without damage (numbers are checked against plain Python), some
+    failures, plus torn.jsonl: 4 lines that are not events (2 malformed, 1 not an object, 1 blank)."""
     from kraftkeeper_reports.generate import generate
 
     out = tmp_path_factory.mktemp("clean-events")
     stats = generate(out, events=8_000, clusters=4, days=5, seed=7, malformed_rate=0.0,
                      failure_scale=2.0)
+    # A few lines no JSON reader accepts, so the report has a bad-input section to draw.
+    (out / "torn.jsonl").write_text('{"schema_version":1,"ts":"2026-10\n[1,2]\n\n{"schema_version":1\n')
     return out, stats, tree_digest(out)
 
 

@@ -89,6 +89,7 @@ class Operator:
         self.completed = 0
         self.faults = True  # False: only finish pending work, inject nothing new
         self.reassign_started = -1
+        self.blocked_by_reassign = 0
 
     @property
     def idle(self) -> bool:
@@ -135,8 +136,16 @@ class Operator:
             if res.error.value in done:
                 self.todo.pop(0)
                 self.completed += 1
-            elif res.error.value == "INVALID_REQUEST" and op == "add" and "removed" in res.message:
-                self.todo.pop(0)
+            elif res.error.value == "INVALID_REQUEST" and (
+                (op == "add" and "removed" in res.message) or (op == "remove" and "not a voter" in res.message)
+            ):
+                self.todo.pop(0)  # final answers: nothing left to do for this key
+            elif res.error.value == "REASSIGNMENT_IN_PROGRESS":
+                self.blocked_by_reassign += 1
+                if self.blocked_by_reassign >= 10:
+                    # Disk recovery comes first: cancel the reassignment in the way.
+                    self.todo.insert(0, ("reassign", None))
+                    self.blocked_by_reassign = 0
             self.next_try = sim.now + 200
             return
         if self.todo and sim.now >= self.next_try:

@@ -1,0 +1,110 @@
+"""The leader's ``describe`` object (interfaces.md, ``quorum describe --json``) parsed into a
+:class:`QuorumView`, with the liveness and majority arithmetic the recovery decisions use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# The leader's describe object, parsed
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One ``voters`` / ``observers`` entry of ``quorum describe --json`` (interfaces.md)."""
+
+    id: int
+    uuid: str
+    endpoint: str | None = None
+    log_end_offset: int = -1
+    lag: int = -1
+    last_fetch_ms: int = -1
+    last_caught_up_ms: int = -1
+
+
+@dataclass(frozen=True)
+class PendingChange:
+    op: str  # "add" | "remove"
+    id: int
+    uuid: str
+
+
+class DescribeError(ValueError):
+    """A describe object that does not follow interfaces.md (names the field)."""
+
+
+@dataclass(frozen=True)
+class QuorumView:
+    """The leader's view of the quorum at one instant."""
+
+    leader_id: int
+    leader_epoch: int
+    high_watermark: int
+    voters: tuple[Replica, ...]
+    observers: tuple[Replica, ...] = ()
+    pending: PendingChange | None = None
+    target_voters: tuple[int, ...] | None = None
+    recovery_state: str = "RECOVERED"
+    cluster_id: str = ""
+
+    @classmethod
+    def from_describe(cls, d: Mapping[str, Any]) -> QuorumView:
+        try:
+            voters = tuple(_replica(r) for r in d["voters"])
+            observers = tuple(_replica(r) for r in d.get("observers") or ())
+            p = d.get("pending_voter_change")
+            pending = PendingChange(str(p["op"]), int(p["id"]), str(p["uuid"])) if p else None
+            tv = d.get("target_voters")
+            return cls(
+                leader_id=int(d["leader_id"]),
+                leader_epoch=int(d["leader_epoch"]),
+                high_watermark=int(d.get("high_watermark", -1)),
+                voters=voters,
+                observers=observers,
+                pending=pending,
+                target_voters=tuple(int(i) for i in tv) if tv is not None else None,
+                recovery_state=str(d.get("leader_recovery_state", "RECOVERED")),
+                cluster_id=str(d.get("cluster_id", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise DescribeError(f"describe object malformed: {type(e).__name__}: {e}") from e
+
+    def voter_uuids(self, replica_id: int) -> list[str]:
+        return [v.uuid for v in self.voters if v.id == replica_id]
+
+    def leader_uuid(self) -> str | None:
+        """UUID of the leader's voter entry. With two voters of the leader's id (mid-recovery)
+        the dead old one cannot be leading, so take the one that fetched / wrote most recently."""
+        mine = [v for v in self.voters if v.id == self.leader_id]
+        if not mine:
+            return None
+        return max(mine, key=lambda v: (v.last_fetch_ms, v.log_end_offset)).uuid
+
+    def is_live(self, r: Replica, now_ms: int, window_ms: int) -> bool:
+        if r.id == self.leader_id and r.uuid == self.leader_uuid():
+            return True
+        return r.last_fetch_ms >= 0 and now_ms - r.last_fetch_ms <= window_ms
+
+    def live_voters(self, now_ms: int, window_ms: int) -> list[Replica]:
+        return [v for v in self.voters if self.is_live(v, now_ms, window_ms)]
+
+    def has_live_majority(self, now_ms: int, window_ms: int) -> bool:
+        return self.leader_id >= 0 and len(self.live_voters(now_ms, window_ms)) >= majority(len(self.voters))
+
+
+def _replica(r: Mapping[str, Any]) -> Replica:
+    return Replica(
+        id=int(r["id"]),
+        uuid=str(r["uuid"]) if r.get("uuid") else "",  # "" = not known yet (bootstrap voter)
+        endpoint=r.get("endpoint"),
+        log_end_offset=int(r.get("log_end_offset", -1)),
+        lag=int(r.get("lag", -1)),
+        last_fetch_ms=int(r.get("last_fetch_timestamp", -1)),
+        last_caught_up_ms=int(r.get("last_caught_up_timestamp", -1)),
+    )
+
+
+def majority(n: int) -> int:
+    return n // 2 + 1

@@ -1,0 +1,64 @@
+"""End to end: a shortened ``kraftkeeper demo`` (real node processes under ``operator local``,
+real disk replacements, real local Spark) must finish with a report and an event log that
+records every recovery in order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+ORDER = [
+    "disk_replacement_detected",
+    "replica_caught_up",
+    "add_voter_started",
+    "add_voter_committed",
+    "remove_voter_started",
+    "remove_voter_committed",
+    "recovery_completed",
+]
+
+
+def test_short_demo_end_to_end(tmp_path: Path) -> None:
+    d = tmp_path / "demo"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quorum.cli",
+            "demo",
+            "--dir",
+            str(d),
+            "--recoveries",
+            "2",
+            "--keys",
+            "200",
+            "--stabilization-seconds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    last = p.stdout.strip().splitlines()[-1]
+    assert last == str(d / "report" / "report.html")
+    html = Path(last).read_text()
+    assert "<svg" in html or "data:image/png;base64" in html
+    assert "replacing the disk of node" in p.stdout and "every acknowledged key is there" in p.stdout
+    events = [
+        json.loads(line)
+        for f in sorted((d / "events").rglob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    by_recovery: dict[str, list[str]] = {}
+    for e in events:
+        by_recovery.setdefault(e["recovery_id"], []).append(e["type"])
+    assert len(by_recovery) == 2
+    for types in by_recovery.values():
+        assert [t for t in types if t in ORDER] == ORDER

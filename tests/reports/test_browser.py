@@ -1,0 +1,151 @@
+"""The HTML report opened in real headless Chromium over the DevTools protocol: the page loads
+from the file alone (no network), draws every plot, logs no error, and a screenshot is not
+blank."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.spark]
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+]
+PLOTS = ["distributions", "clusters", "gantt", "daily", "bad-input"]
+
+
+class Cdp:
+    """A minimal DevTools client: one websocket to the browser, flat sessions."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.next_id = 0
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.ws:
+            data = json.loads(msg.data)
+            if "id" in data and data["id"] in self.pending:
+                self.pending.pop(data["id"]).set_result(data)
+            else:
+                self.events.append(data)
+
+    async def call(self, method: str, session: str | None = None, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending[self.next_id] = fut
+        msg: dict[str, Any] = {"id": self.next_id, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = session
+        await self.ws.send_str(json.dumps(msg))
+        res = await asyncio.wait_for(fut, 60)
+        assert "error" not in res, (method, res)
+        return dict(res["result"])
+
+    async def wait_event(self, method: str, timeout: float = 60) -> dict[str, Any]:
+        async def poll() -> dict[str, Any]:
+            while True:
+                for e in self.events:
+                    if e.get("method") == method:
+                        return e
+                await asyncio.sleep(0.05)
+
+        return await asyncio.wait_for(poll(), timeout)
+
+
+async def wait_for_port(profile: Path, proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    f = profile / "DevToolsActivePort"
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise AssertionError(f"chromium exited with {proc.returncode}")
+        if f.exists():
+            lines = f.read_text().splitlines()
+            if len(lines) >= 2:
+                return int(lines[0]), lines[1]
+        await asyncio.sleep(0.05)
+    raise AssertionError("chromium did not open its DevTools port within 60 s")
+
+
+async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("needs Debian's chromium (scripts/install-system.sh install)")
+    report = (report_run[0] / "report.html").resolve()
+    profile = tmp_path / "profile"
+    proc = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port, path = await wait_for_port(profile, proc)
+        async with aiohttp.ClientSession() as http, http.ws_connect(
+            f"ws://127.0.0.1:{port}{path}", max_msg_size=0
+        ) as ws:
+            cdp = Cdp(ws)
+            target = await cdp.call("Target.createTarget", url="about:blank")
+            sid = (await cdp.call("Target.attachToTarget", targetId=target["targetId"], flatten=True))["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                await cdp.call(f"{domain}.enable", sid)
+            await cdp.call("Emulation.setDeviceMetricsOverride", sid, width=1300, height=1000,
+                           deviceScaleFactor=1, mobile=False)
+            cdp.events.clear()
+            await cdp.call("Page.navigate", sid, url=report.as_uri())
+            await cdp.wait_event("Page.loadEventFired")
+            probe = """JSON.stringify({
+              plots: [...document.querySelectorAll('figure.plot')].map(f => ({
+                name: f.dataset.plot, svg: !!f.querySelector('svg'),
+                w: f.getBoundingClientRect().width, h: f.getBoundingClientRect().height,
+                shapes: f.querySelectorAll('path, rect, use').length})),
+              headline: document.querySelector('#headline').innerText,
+              title: document.title, height: document.body.scrollHeight})"""
+            res = await cdp.call("Runtime.evaluate", sid, expression=probe, returnByValue=True)
+            page = json.loads(res["result"]["value"])
+            shot = await cdp.call("Page.captureScreenshot", sid, format="png")
+            png = base64.b64decode(shot["data"])
+            (tmp_path / "report.png").write_bytes(png)
+            await cdp.call("Browser.close")
+            cdp.reader.cancel()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    assert page["title"] == "KRaftKeeper recovery report"
+    assert [p["name"] for p in page["plots"]] == PLOTS
+    for p in page["plots"]:
+        assert p["svg"] and p["w"] > 300 and p["h"] > 150 and p["shapes"] > 10, p
+    assert "median time to recover" in page["headline"] and "failed" in page["headline"]
+    errors = [
+        e for e in cdp.events
+        if e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
+    assert errors == []
+    urls = [e["params"]["request"]["url"] for e in cdp.events if e.get("method") == "Network.requestWillBeSent"]
+    assert urls and all(u.startswith(("file:", "data:")) for u in urls), urls  # self-contained
+
+    # The screenshot is a real picture: mostly light background with a good share of ink.
+    import matplotlib.image
+
+    img = matplotlib.image.imread(io.BytesIO(png), format="png")
+    assert img.shape[0] == 1000 and img.shape[1] == 1300
+    rgb = img[..., :3]
+    ink = (rgb.mean(axis=2) < 0.85).mean()
+    assert 0.05 < ink < 0.9 and rgb.std() > 0.1
