@@ -141,8 +141,11 @@ class MembershipMixin(ReplicationMixin):
             return
         if voters.target_voters is not None and key.id not in voters.target_voters:
             # Adding a replica of a target id (e.g. a replaced disk) helps the reassignment.
-            self._reject(request_id, ErrorCode.REASSIGNMENT_IN_PROGRESS,
-                         f"a reassignment to {list(voters.target_voters)} is in progress")
+            self._reject(
+                request_id,
+                ErrorCode.REASSIGNMENT_IN_PROGRESS,
+                f"a reassignment to {list(voters.target_voters)} is in progress",
+            )
             return
         busy = self._busy(ls)
         if busy is not None:

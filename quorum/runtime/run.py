@@ -3,22 +3,47 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import sys
+import time
 
 from quorum.runtime.config import load_config, parse_voters
 from quorum.types import ErrorCode, KraftError
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (``KRAFTKEEPER_LOG_FORMAT=json``): ts, level, logger, node, msg."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+    def format(self, record: logging.LogRecord) -> str:
+        obj = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "node": self.node,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            obj["exc"] = self.formatException(record.exc_info)
+        return json.dumps(obj)
+
+
 def _setup_logging(node_hint: str) -> None:
     level = os.environ.get("KRAFTKEEPER_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s [" + node_hint + "] %(message)s",
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("KRAFTKEEPER_LOG_FORMAT", "text").lower() == "json":
+        fmt: logging.Formatter = JsonFormatter(node_hint)
+        fmt.converter = time.gmtime
+    else:
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s [" + node_hint + "] %(message)s")
+    handler.setFormatter(fmt)
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 

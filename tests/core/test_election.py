@@ -14,10 +14,31 @@ from quorum.types import ErrorCode, ReplicaKey
 from tests.core.util import CLUSTER, UUIDS, elect, key, leader, make, responses
 
 
-def vote(h, cand: int, epoch: int, last_epoch: int = 0, last_offset: int = 0, pre: bool = False,
-         cluster: str = CLUSTER, voter_uuid: str | None = UUIDS[1], cand_uuid: str | None = None) -> VoteResponse:
-    out = h.step(VoteRequest(h.next_corr(), cluster, cand, cand_uuid or UUIDS[cand], epoch, 1, voter_uuid,
-                             last_epoch, last_offset, pre_vote=pre))
+def vote(
+    h,
+    cand: int,
+    epoch: int,
+    last_epoch: int = 0,
+    last_offset: int = 0,
+    pre: bool = False,
+    cluster: str = CLUSTER,
+    voter_uuid: str | None = UUIDS[1],
+    cand_uuid: str | None = None,
+) -> VoteResponse:
+    out = h.step(
+        VoteRequest(
+            h.next_corr(),
+            cluster,
+            cand,
+            cand_uuid or UUIDS[cand],
+            epoch,
+            1,
+            voter_uuid,
+            last_epoch,
+            last_offset,
+            pre_vote=pre,
+        )
+    )
     (resp,) = responses(out, VoteResponse)
     return resp
 
@@ -110,7 +131,9 @@ def test_lost_election_backs_off_and_stays_in_epoch() -> None:
     reqs = responses(out, VoteRequest)
     assert reqs and h.core.role_name == "candidate"
     for m in reqs[:2]:
-        h.step(VoteResponse(m.correlation_id, ErrorCode.NONE, -1, m.candidate_epoch, False, voter_id=m.voter_id))
+        h.step(
+            VoteResponse(m.correlation_id, ErrorCode.NONE, -1, m.candidate_epoch, False, voter_id=m.voter_id)
+        )
     assert h.core.role_name == "candidate"  # waits for the backoff, no new epoch yet
     assert h.core.epoch == 1
 
@@ -132,7 +155,9 @@ def test_begin_quorum_epoch_stale_and_new() -> None:
 
 def test_begin_quorum_epoch_wrong_voter_uuid() -> None:
     h = make()
-    out = h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 2, 1, 1, "00000000-0000-4000-8000-0000000000ff"))
+    out = h.step(
+        BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 2, 1, 1, "00000000-0000-4000-8000-0000000000ff")
+    )
     (r,) = responses(out, BeginQuorumEpochResponse)
     assert r.error_code is ErrorCode.INVALID_REQUEST and h.core.role_name != "follower"
 
@@ -140,8 +165,11 @@ def test_begin_quorum_epoch_wrong_voter_uuid() -> None:
 def test_end_quorum_epoch_preferred_successor_elects_quickly() -> None:
     h = make()
     h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 2, 1, 1, UUIDS[1]))
-    h.step(EndQuorumEpochRequest(h.next_corr(), CLUSTER, 2, 1, 1, UUIDS[1],
-                                 preferred_successors=(key(1), key(3))))
+    h.step(
+        EndQuorumEpochRequest(
+            h.next_corr(), CLUSTER, 2, 1, 1, UUIDS[1], preferred_successors=(key(1), key(3))
+        )
+    )
     assert h.core.role_name == "unattached"
     out = h.tick(100)  # position 0: no waiting for a full election timeout
     assert any(isinstance(o.message, VoteRequest) for o in out)
@@ -165,8 +193,9 @@ def test_leader_with_fetching_majority_stays() -> None:
 
 def test_restarted_leader_resigns_its_epoch() -> None:
     h = leader()
-    from quorum.core.raft import RaftCore
     import random
+
+    from quorum.core.raft import RaftCore
 
     core = RaftCore(h.core.config, key(1), CLUSTER, h.qs, h.log.summary(), h.log, random.Random(1), 0)
     assert core.role_name == "resigned" and core.epoch == h.core.epoch

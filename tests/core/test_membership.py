@@ -17,7 +17,9 @@ def result(h: Harness, rid: int) -> ErrorCode | None:
     return None
 
 
-def catch_up(h: Harness, ids: tuple[int, ...] = (2, 3), extra: tuple[ReplicaKey, ...] = (), rounds: int = 3) -> None:
+def catch_up(
+    h: Harness, ids: tuple[int, ...] = (2, 3), extra: tuple[ReplicaKey, ...] = (), rounds: int = 3
+) -> None:
     for _ in range(rounds):
         for i in ids:
             h.fetch(i)
@@ -232,8 +234,14 @@ def test_describe_shape() -> None:
     d = h.core.describe(h.now)
     assert d["leader_id"] == 1 and d["leader_epoch"] == h.core.epoch and d["high_watermark"] == h.core.hw
     assert [v["id"] for v in d["voters"]] == [1, 2, 3]
-    assert {"uuid", "endpoint", "log_end_offset", "lag", "last_fetch_timestamp",
-            "last_caught_up_timestamp"} <= set(d["voters"][0])
+    assert {
+        "uuid",
+        "endpoint",
+        "log_end_offset",
+        "lag",
+        "last_fetch_timestamp",
+        "last_caught_up_timestamp",
+    } <= set(d["voters"][0])
     assert [(o["id"], o["uuid"]) for o in d["observers"]] == [(3, NEW3)]
     assert d["pending_voter_change"] is None and d["target_voters"] is None
     assert d["leader_recovery_state"] == "RECOVERED"

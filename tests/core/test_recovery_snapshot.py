@@ -14,7 +14,14 @@ from quorum.core.messages import FetchSnapshotRequest, is_request
 from quorum.core.raft import RaftCore
 from quorum.core.recovery import plan_unclean_recovery
 from quorum.records import decode_control, encode_control
-from quorum.types import ErrorCode, KraftError, LeaderRecovery, LeaderRecoveryState, OffsetAndEpoch, QuorumState
+from quorum.types import (
+    ErrorCode,
+    KraftError,
+    LeaderRecovery,
+    LeaderRecoveryState,
+    OffsetAndEpoch,
+    QuorumState,
+)
 from tests.core.util import CLUSTER, Harness, key, leader, make
 
 
@@ -29,8 +36,9 @@ def test_unclean_recovery_plan_and_recovering_leader() -> None:
     assert {k.id for k in plan.removed} == {2, 3}
     h.log.append(plan.batch)
     h.log.flush()
-    core = RaftCore(h.core.config, key(1), CLUSTER, plan.quorum_state, h.log.summary(), h.log,
-                    random.Random(3), 5000)
+    core = RaftCore(
+        h.core.config, key(1), CLUSTER, plan.quorum_state, h.log.summary(), h.log, random.Random(3), 5000
+    )
     r = Harness(core, h.log, plan.quorum_state, now=5000)
     r.drain()
     assert core.voters().recovery is LeaderRecoveryState.RECOVERING
@@ -105,7 +113,7 @@ def _install(h: Harness) -> None:
         for ch in rd.snapshot_chunks:
             if ch.position == 0:
                 h.log.pending_snapshot = bytearray()
-            h.log.pending_snapshot[ch.position: ch.position + len(ch.data)] = ch.data
+            h.log.pending_snapshot[ch.position : ch.position + len(ch.data)] = ch.data
         if rd.install_snapshot is not None:
             sid = rd.install_snapshot
             data = bytes(h.log.pending_snapshot)
@@ -159,8 +167,16 @@ def test_bad_config_and_input_get_clear_errors() -> None:
         h.core.propose([], h.now)
     assert e.value.code is ErrorCode.INVALID_REQUEST
     with pytest.raises(KraftError) as e:
-        RaftCore(h.core.config, key(1), "another-cluster", QuorumState(CLUSTER), h.log.summary(), h.log,
-                 random.Random(1), 0)
+        RaftCore(
+            h.core.config,
+            key(1),
+            "another-cluster",
+            QuorumState(CLUSTER),
+            h.log.summary(),
+            h.log,
+            random.Random(1),
+            0,
+        )
     assert e.value.code is ErrorCode.INCONSISTENT_CLUSTER_ID
     # Nothing committed was lost by the refused calls.
     assert h.core.hw == h.log.durable_end

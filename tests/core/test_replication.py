@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+
 from quorum.core.messages import FetchRequest, FetchResponse
 from quorum.core.ready import RawBatches
 from quorum.records import encode_batch
 from quorum.types import ErrorCode, KraftError, OffsetAndEpoch
 from tests.core.util import CLUSTER, UUIDS, fetch_responses, leader, make
 
-import pytest
-
 
 def test_fetch_stale_epoch_and_wrong_cluster() -> None:
     h = leader()
     (r,) = fetch_responses(h.fetch(2, epoch=h.core.epoch - 1))
-    assert r.error_code is ErrorCode.FENCED_LEADER_EPOCH and r.leader_id == 1 and r.leader_epoch == h.core.epoch
+    assert (
+        r.error_code is ErrorCode.FENCED_LEADER_EPOCH and r.leader_id == 1 and r.leader_epoch == h.core.epoch
+    )
     (r,) = fetch_responses(h.fetch(2, cluster="other"))
     assert r.error_code is ErrorCode.INCONSISTENT_CLUSTER_ID and not r.records
 
@@ -146,7 +148,9 @@ def test_follower_rejects_corrupt_fetch_response_and_appends_nothing() -> None:
     good = encode_batch(0, 1, [b"a", b"b"], 0)
     bad = bytearray(good)
     bad[-1] ^= 0xFF
-    out = h.step(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2, records=bytes(bad)))
+    out = h.step(
+        FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2, records=bytes(bad))
+    )
     assert h.log.end_offset == 0 and h.core.log_end_offset == 0
     errs = [e for r in h.readies for e in r.errors]
     assert any("corrupt" in e.lower() for e in errs)
@@ -158,8 +162,16 @@ def test_follower_rejects_corrupt_fetch_response_and_appends_nothing() -> None:
 
 def test_follower_rejects_batches_that_do_not_start_at_its_log_end() -> None:
     h, fetch = _follower()
-    h.step(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2,
-                         records=encode_batch(5, 1, [b"a"], 0)))
+    h.step(
+        FetchResponse(
+            fetch.correlation_id,
+            ErrorCode.NONE,
+            1,
+            1,
+            high_watermark=2,
+            records=encode_batch(5, 1, [b"a"], 0),
+        )
+    )
     assert h.log.end_offset == 0
     assert any("does not follow" in e for r in h.readies for e in r.errors)
 
@@ -178,13 +190,19 @@ def test_follower_truncates_on_diverging_epoch_but_never_below_hw() -> None:
     data = encode_batch(0, 1, [b"a", b"b"], 0) + encode_batch(2, 1, [b"c"], 0)
     h.step(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2, records=data))
     nxt = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
-    h.step(FetchResponse(nxt.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2,
-                         diverging_epoch=OffsetAndEpoch(0, 0)))
+    h.step(
+        FetchResponse(
+            nxt.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2, diverging_epoch=OffsetAndEpoch(0, 0)
+        )
+    )
     assert h.log.end_offset == 3  # 0 is below the high watermark 2: refused
     assert any("below the high watermark" in e for r in h.readies for e in r.errors)
     h.tick(1100)  # the retry after the refused truncation
     assert h.core.role_name == "follower"
     nxt = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
-    h.step(FetchResponse(nxt.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2,
-                         diverging_epoch=OffsetAndEpoch(2, 1)))
+    h.step(
+        FetchResponse(
+            nxt.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=2, diverging_epoch=OffsetAndEpoch(2, 1)
+        )
+    )
     assert h.log.end_offset == 2

@@ -16,7 +16,7 @@ from quorum.core.messages import (
     VoteResponse,
 )
 from quorum.core.raft import RaftCore
-from quorum.core.ready import AdminResult, Outbound, Ready, ReadResult
+from quorum.core.ready import AdminResult, Outbound, ReadResult, Ready
 from quorum.types import ErrorCode, QuorumState, ReplicaKey
 
 CLUSTER = "test-cluster"
@@ -79,8 +79,16 @@ class Harness:
         self.corr += 1
         return self.corr
 
-    def fetch(self, rid: int, offset: int | None = None, epoch: int | None = None, uuid: str | None = None,
-              last_epoch: int | None = None, max_wait: int = 0, cluster: str = CLUSTER) -> list[Outbound]:
+    def fetch(
+        self,
+        rid: int,
+        offset: int | None = None,
+        epoch: int | None = None,
+        uuid: str | None = None,
+        last_epoch: int | None = None,
+        max_wait: int = 0,
+        cluster: str = CLUSTER,
+    ) -> list[Outbound]:
         """A Fetch from replica ``rid`` at ``offset`` (default: the leader's durable end)."""
         off = self.log.durable_end if offset is None else offset
         le = last_epoch
@@ -89,19 +97,37 @@ class Harness:
             for info in self.log.infos:
                 if info.base_offset < off:
                     le = info.epoch
-        return self.step(FetchRequest(
-            correlation_id=self.next_corr(), cluster_id=cluster, replica_id=rid,
-            replica_uuid=UUIDS[rid] if uuid is None else uuid,
-            current_leader_epoch=self.core.epoch if epoch is None else epoch, fetch_offset=off,
-            last_fetched_epoch=le, max_wait_ms=max_wait, max_bytes=1 << 20, replica_endpoint=f"n{rid}:1"))
+        return self.step(
+            FetchRequest(
+                correlation_id=self.next_corr(),
+                cluster_id=cluster,
+                replica_id=rid,
+                replica_uuid=UUIDS[rid] if uuid is None else uuid,
+                current_leader_epoch=self.core.epoch if epoch is None else epoch,
+                fetch_offset=off,
+                last_fetched_epoch=le,
+                max_wait_ms=max_wait,
+                max_bytes=1 << 20,
+                replica_endpoint=f"n{rid}:1",
+            )
+        )
 
 
-def make(local: int = 1, voters: tuple[int, ...] = (1, 2, 3), pre_vote: bool = True, uuid: str | None = None,
-         **cfg: int) -> Harness:
+def make(
+    local: int = 1,
+    voters: tuple[int, ...] = (1, 2, 3),
+    pre_vote: bool = True,
+    uuid: str | None = None,
+    **cfg: int,
+) -> Harness:
     log = MemoryLog()
     qs = QuorumState(CLUSTER)
-    config = CoreConfig(bootstrap_voters={i: f"n{i}:1" for i in voters}, local_endpoint=f"n{local}:1",
-                        pre_vote=pre_vote, **cfg)  # type: ignore[arg-type]
+    config = CoreConfig(
+        bootstrap_voters={i: f"n{i}:1" for i in voters},
+        local_endpoint=f"n{local}:1",
+        pre_vote=pre_vote,
+        **cfg,
+    )  # type: ignore[arg-type]
     core = RaftCore(config, key(local, uuid), CLUSTER, qs, log.summary(), log, random.Random(7), 0)
     h = Harness(core, log, qs)
     h.drain()
@@ -120,9 +146,18 @@ def elect(h: Harness) -> None:
             m = o.message
             if isinstance(m, VoteRequest) and m.correlation_id not in answered:
                 answered.add(m.correlation_id)
-                h.step(VoteResponse(m.correlation_id, ErrorCode.NONE, -1, m.candidate_epoch if not m.pre_vote
-                                    else h.core.epoch, True, pre_vote=m.pre_vote, voter_id=m.voter_id,
-                                    voter_uuid=UUIDS[m.voter_id]))
+                h.step(
+                    VoteResponse(
+                        m.correlation_id,
+                        ErrorCode.NONE,
+                        -1,
+                        m.candidate_epoch if not m.pre_vote else h.core.epoch,
+                        True,
+                        pre_vote=m.pre_vote,
+                        voter_id=m.voter_id,
+                        voter_uuid=UUIDS[m.voter_id],
+                    )
+                )
         if h.core.role_name == "leader":
             return
         h.tick(10)

@@ -342,3 +342,47 @@ def test_metrics_and_health_endpoints(cluster: LocalCluster) -> None:
     for i in cluster.ports:
         assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/healthz"))[0] == 200
         assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/readyz"))[0] == 200
+
+
+def test_single_node_json_logs(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.engine.cluster import free_ports
+
+    port = free_ports(1)[0]
+    run_cli("format", "--dir", str(tmp_path / "n1"), "--cluster-id", "solo", "--node-id", "1")
+    env = dict(os.environ, KRAFTKEEPER_LOG_FORMAT="json")
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "quorum.cli",
+            "start",
+            "--dir",
+            str(tmp_path / "n1"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--voters",
+            f"1@127.0.0.1:{port}",
+        ],
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+
+        async def put_get() -> bytes | None:
+            async with QuorumClient(f"127.0.0.1:{port}", timeout=30) as c:
+                await c.put("solo", b"yes")
+                return await c.get("solo")
+
+        assert asyncio.run(put_get()) == b"yes"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 0
+    lines = [json.loads(line) for line in err.decode().splitlines() if line.strip()]
+    assert lines and all({"ts", "level", "logger", "node", "msg"} <= set(x) for x in lines)
+    assert any("role leader" in x["msg"] for x in lines)

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from quorum.core.recovery import plan_unclean_recovery
-from quorum.types import ErrorCode, ReplicaKey
+from quorum.types import ReplicaKey
 from tests.sim.chaos import settle
 from tests.sim.harness import Node, Sim
 
@@ -97,8 +97,15 @@ class Interpreter:
         n = self.s.nodes[int(tok)]
         return n.key
 
-    TRANSIENT = frozenset({"NOT_LEADER", "LEADERSHIP_LOST", "REPLICA_NOT_CAUGHT_UP", "REQUEST_TIMED_OUT",
-                           "VOTER_CHANGE_IN_PROGRESS"})
+    TRANSIENT = frozenset(
+        {
+            "NOT_LEADER",
+            "LEADERSHIP_LOST",
+            "REPLICA_NOT_CAUGHT_UP",
+            "REQUEST_TIMED_OUT",
+            "VOTER_CHANGE_IN_PROGRESS",
+        }
+    )
 
     def admin(self, op: str, arg: object, want: str) -> None:
         """Submit an admin call like an operator would: retry transient answers (no leader
@@ -123,8 +130,12 @@ class Interpreter:
         cmd, args = words[0], words[1:]
         if cmd == "cluster":
             kv = dict(a.split("=") for a in args)
-            self.sim = Sim(int(kv.get("seed", 1)), voters=int(kv["voters"]), spares=int(kv.get("spares", 0)),
-                           pre_vote=kv.get("prevote", "on") == "on")
+            self.sim = Sim(
+                int(kv.get("seed", 1)),
+                voters=int(kv["voters"]),
+                spares=int(kv.get("spares", 0)),
+                pre_vote=kv.get("prevote", "on") == "on",
+            )
         elif cmd == "run":
             self.s.run(int(args[0]))
         elif cmd == "write":

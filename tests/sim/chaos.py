@@ -76,7 +76,9 @@ class Operator:
     each replaced replica through AddVoter(new) then RemoveVoter(old), retrying on transient
     answers; also starts KIP-642 reassignments among the configured ids."""
 
-    def __init__(self, sim: Sim, ids: list[int], replace_rate: float = 0.0012, reassign_rate: float = 0.0008) -> None:
+    def __init__(
+        self, sim: Sim, ids: list[int], replace_rate: float = 0.0012, reassign_rate: float = 0.0008
+    ) -> None:
         self.sim = sim
         self.ids = ids
         self.replace_rate = replace_rate
@@ -103,7 +105,9 @@ class Operator:
             r = rng.random()
             ld = sim.leader()
             if r < self.replace_rate and ld is not None and ld.core is not None:
-                voters = [n for n in sim.nodes.values() if ld.core.voters().contains(n.key) and n.core is not None]
+                voters = [
+                    n for n in sim.nodes.values() if ld.core.voters().contains(n.key) and n.core is not None
+                ]
                 if len(voters) >= 3:
                     n = rng.choice(voters)
                     old = n.key
@@ -131,13 +135,17 @@ class Operator:
                 return
             self.waiting = None
             op, arg = self.todo[0]
-            done = {"add": ("NONE", "VOTER_ALREADY_ADDED"), "remove": ("NONE", "VOTER_ALREADY_REMOVED"),
-                    "reassign": ("NONE",)}[op]
+            done = {
+                "add": ("NONE", "VOTER_ALREADY_ADDED"),
+                "remove": ("NONE", "VOTER_ALREADY_REMOVED"),
+                "reassign": ("NONE",),
+            }[op]
             if res.error.value in done:
                 self.todo.pop(0)
                 self.completed += 1
             elif res.error.value == "INVALID_REQUEST" and (
-                (op == "add" and "removed" in res.message) or (op == "remove" and "not a voter" in res.message)
+                (op == "add" and "removed" in res.message)
+                or (op == "remove" and "not a voter" in res.message)
             ):
                 self.todo.pop(0)  # final answers: nothing left to do for this key
             elif res.error.value == "REASSIGNMENT_IN_PROGRESS":

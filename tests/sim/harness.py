@@ -147,8 +147,7 @@ class Sim:
     # ------------------------------------------------------------------ lifecycle
 
     def config_for(self, n: Node) -> CoreConfig:
-        return CoreConfig(local_endpoint=n.endpoint, initial_bootstrap=n.initial,
-                          **self.base_config)  # type: ignore[arg-type]
+        return CoreConfig(local_endpoint=n.endpoint, initial_bootstrap=n.initial, **self.base_config)  # type: ignore[arg-type]
 
     def start(self, n: Node) -> None:
         n.incarnation += 1

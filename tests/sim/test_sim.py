@@ -24,8 +24,14 @@ def seeds(default: int, offset: int) -> list[int]:
 def test_chaos(seed: int) -> None:
     """Crashes (also between append and fsync), partitions, drops, duplicates, snapshots;
     every fourth seed without pre-vote."""
-    sim = Sim(seed, voters=3 if seed % 5 else 5, drop=0.02, duplicate=0.01, pre_vote=seed % 4 != 0,
-              snapshot_every=40 if seed % 3 == 0 else 0)
+    sim = Sim(
+        seed,
+        voters=3 if seed % 5 else 5,
+        drop=0.02,
+        duplicate=0.01,
+        pre_vote=seed % 4 != 0,
+        snapshot_every=40 if seed % 3 == 0 else 0,
+    )
     sim.crash_points = True
     sim.run(6000, chaos_action)
     settle(sim)
@@ -129,4 +135,6 @@ def test_mixed_membership_chaos(seed: int) -> None:
     settle(sim)
     ld = sim.leader()
     assert ld is not None and ld.core is not None
-    assert ld.core.pending_voter_change() is None or sim.until(lambda: ld.core.pending_voter_change() is None, 5000)
+    assert ld.core.pending_voter_change() is None or sim.until(
+        lambda: ld.core.pending_voter_change() is None, 5000
+    )
