@@ -101,7 +101,6 @@ class CoreBase:
         self.shutting_down = False
         self.leader_id_hint = quorum_state.leader_id
         self.abandoned: tuple[int, int] = (-1, -1)  # (epoch, leader) we left on fetch timeout
-        self.metrics_events: list[tuple[str, int]] = []
         # Ready accumulation
         self._truncate_to: int | None = None
         self._chunks: list[SnapshotChunk] = []

@@ -130,7 +130,6 @@ class ElectionMixin(CoreBase):
         self.election_failures = 0
         self.recovery_requested = False
         self.set_role(Leader(epoch, ls), election_latency=self.now - self.lost_leader_ms)
-        self.metrics_events.append(("election_latency_ms", self.now - self.lost_leader_ms))
         voters = tuple(self.voters().sorted_voters())
         self.append_control((LeaderChange(self.local.id, voters, ls.granting),))
         for v in self.other_voters():

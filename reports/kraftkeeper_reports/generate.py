@@ -34,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from kraftkeeper_reports import events as ev
 
@@ -231,9 +232,9 @@ def _generate_day(job: _DayJob) -> GenerateStats:
                 times: list[int] = []
 
                 def add(typ: str, at: int, detail: str = "{}", lead: int | None = leader,
-                        ep: int | None = epoch) -> None:
-                    lines.append((typ, lead, ep, detail))
-                    times.append(at)
+                        ep: int | None = epoch, _lines: list[Any] = lines, _times: list[int] = times) -> None:
+                    _lines.append((typ, lead, ep, detail))
+                    _times.append(at)
 
                 add(ev.DISK_REPLACEMENT_DETECTED, t, f'{{"log_bytes":{log_bytes}}}')
                 failed: str | None = None
@@ -252,7 +253,8 @@ def _generate_day(job: _DayJob) -> GenerateStats:
                     if failed == "replica_fell_behind":
                         t += int(rng.uniform(2_000, 30_000))
                         add(ev.RECOVERY_FAILED, t,
-                            '{"reason":"replica_fell_behind","message":"REPLICA_NOT_CAUGHT_UP after 5 retries"}')
+                            '{"reason":"replica_fell_behind",'
+                            '"message":"REPLICA_NOT_CAUGHT_UP after 5 retries"}')
                     elif failed == "quorum_lost":
                         t += int(rng.uniform(500, 20_000))
                         add(ev.RECOVERY_FAILED, t, '{"reason":"quorum_lost","message":"no leader for 10 s"}',
@@ -365,7 +367,9 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kraftkeeper_reports.generate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m kraftkeeper_reports.generate", description="Write a realistic recovery event log."
+    )
     ap.add_argument("--out", required=True, help="output directory (date=YYYY-MM-DD/ partitions)")
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--clusters", type=int, default=12)

@@ -68,7 +68,8 @@ def _check_inputs(events: list[str]) -> list[str]:
         path = Path(p)
         if not path.exists():
             raise ReportError("INVALID_REQUEST", f"no events found at {p}: no such file or directory")
-        if path.is_dir() and not any(f.is_file() for f in path.rglob("*") if not f.name.startswith((".", "_"))):
+        visible = (f for f in path.rglob("*") if not f.name.startswith((".", "_")))
+        if path.is_dir() and not any(f.is_file() for f in visible):
             raise ReportError("INVALID_REQUEST", f"no events found at {p}: the directory holds no files")
         out.append(str(path.resolve()))
     return out
@@ -104,7 +105,8 @@ def compute(
         n_lines = int(counts["lines"] or 0)
         n_events = int(counts["events"] or 0)
         if n_lines == 0:
-            raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
+            where = ", ".join(paths)
+            raise ReportError("INVALID_REQUEST", f"no events found at {where}: the files are empty")
         recoveries = tf.sessionise(tf.events_of(parsed)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             problems = tf.line_problems(parsed).unionByName(tf.recovery_problems(recoveries))
@@ -215,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", required=True, nargs="+", action="extend", metavar="PATH",
                     help="event log files or directories (date=YYYY-MM-DD/ trees, any Hadoop URL)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (report.html, tables/)")
-    ap.add_argument("--master", default=None, metavar="URL", help="Spark master (default local[*] on loopback)")
-    ap.add_argument("--top", type=int, default=20, metavar="N", help="slowest recoveries to show (default 20)")
+    ap.add_argument("--master", default=None, metavar="URL", 
+                    help="Spark master (default local[*] on loopback)")
+    ap.add_argument("--top", type=int, default=20, metavar="N", 
+                    help="slowest recoveries to show (default 20)")
     a = ap.parse_args(argv)
     if a.top < 1:
         ap.error("--top must be at least 1")

@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Any
 import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.ticker import FuncFormatter
 
 if TYPE_CHECKING:
     from kraftkeeper_reports.job import ReportTables
 
 ALL = "(all)"
+NO_VALUE = "\u2013"  # an en dash where there is no number
 PHASES = ("catch_up", "add_voter", "remove_voter", "under_replicated", "exposure", "total")
 PHASE_TITLES = {
     "catch_up": "Catch-up: detection → caught up",
@@ -60,7 +61,7 @@ plt.rcParams.update(
 def fmt_ms(ms: float | int | None) -> str:
     """A duration for people: 840 ms, 12.3 s, 4.5 min, 1.2 h."""
     if ms is None or (isinstance(ms, float) and math.isnan(ms)):
-        return "–"
+        return NO_VALUE
     v = float(ms)
     if v < 1000:
         return f"{v:.0f} ms"
@@ -201,7 +202,7 @@ def plot_daily(day: pd.DataFrame) -> str:
 
 def plot_bad_input(bad: pd.DataFrame) -> str:
     if bad.empty:
-        return _empty("bad-input", "No bad input: every line was a valid event and every recovery consistent.")
+        return _empty("bad-input", "No bad input: every line is a valid event, every recovery consistent.")
     g = bad.groupby(["level", "reason", "action"], as_index=False)["count"].sum().sort_values("count")
     fig, ax = plt.subplots(figsize=(11, 0.34 * len(g) + 1.4))
     labels = [f"{r.reason} ({r.level})" for r in g.itertuples()]
@@ -245,7 +246,10 @@ def _stats_table(stats: pd.DataFrame, cluster: str) -> pd.DataFrame:
 
 
 def _card(value: str, label: str, tone: str = "") -> str:
-    return f'<div class="card {tone}"><div class="v">{html.escape(value)}</div><div class="l">{html.escape(label)}</div></div>'
+    return (
+        f'<div class="card {tone}"><div class="v">{html.escape(value)}</div>'
+        f'<div class="l">{html.escape(label)}</div></div>'
+    )
 
 
 CSS = """
@@ -260,7 +264,8 @@ main{padding:20px 32px;max-width:1280px}
 section{background:#fff;border-radius:8px;padding:16px 20px;margin:0 0 20px;box-shadow:0 1px 3px #0002}
 section h2{margin:0 0 8px;font-size:18px} section p.note{color:#555;font-size:13px;margin:4px 0 10px}
 figure.plot{margin:0} figure.plot svg{max-width:100%;height:auto}
-table{border-collapse:collapse;font-size:12.5px;margin:8px 0} th,td{padding:4px 9px;border-bottom:1px solid #e3e6ea;text-align:left}
+table{border-collapse:collapse;font-size:12.5px;margin:8px 0}
+th,td{padding:4px 9px;border-bottom:1px solid #e3e6ea;text-align:left}
 th{background:#eef1f5} td.num{text-align:right;font-variant-numeric:tabular-nums}
 td code{font-size:11px;word-break:break-all}
 .ex{font-family:monospace;font-size:11px;word-break:break-all;color:#444}
@@ -273,7 +278,7 @@ def render_html(t: ReportTables) -> str:
     recs = int(s.get("recoveries") or 0)
     failed = int(s.get("failed") or 0)
     finished = failed + int(s.get("completed") or 0)
-    fail_rate = f"{100.0 * failed / finished:.1f} %" if finished else "–"
+    fail_rate = f"{100.0 * failed / finished:.1f} %" if finished else NO_VALUE
     gen = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     days = f"{s.get('first_day')} → {s.get('last_day')}" if s.get("first_day") else "no finished recovery"
     cards = "".join(
@@ -330,7 +335,8 @@ def render_html(t: ReportTables) -> str:
 <style>{CSS}</style></head>
 <body>
 <header><h1>KRaftKeeper disk-failure recovery report</h1>
-<p>{e(days)} · {int(s.get('events') or 0):,} events from {e(str(s.get('inputs')))} · generated {gen}</p></header>
+<p>{e(days)} · {int(s.get('events') or 0):,} events from {e(str(s.get('inputs')))}
+· generated {gen}</p></header>
 <main>
 <div class="cards" id="headline">{cards}</div>
 <section id="phases"><h2>Phase durations</h2>

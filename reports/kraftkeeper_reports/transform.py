@@ -360,7 +360,7 @@ def _stats(df: DataFrame, keys: list[str]) -> DataFrame:
         F.avg("ms").alias("mean_ms"),
     ).select(
         *keys, "recoveries", "min_ms",
-        *[F.col("pct")[i].alias(f"p{int(round(p * 100))}_ms") for i, p in enumerate(PERCENTILES)],
+        *[F.col("pct")[i].alias(f"p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
         "max_ms", "mean_ms",
     )
 

@@ -11,11 +11,11 @@ from quorum.core.messages import (
     VoteResponse,
 )
 from quorum.types import ErrorCode, ReplicaKey
-from tests.core.util import CLUSTER, UUIDS, elect, key, leader, make, responses
+from tests.core.util import CLUSTER, UUIDS, Harness, elect, key, leader, make, responses
 
 
 def vote(
-    h,
+    h: Harness,
     cand: int,
     epoch: int,
     last_epoch: int = 0,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from quorum.core.messages import FetchRequest, FetchResponse
-from quorum.core.ready import RawBatches
+from quorum.core.ready import LeaderBatch, RawBatches
 from quorum.records import encode_batch
 from quorum.types import ErrorCode, KraftError, OffsetAndEpoch
-from tests.core.util import CLUSTER, UUIDS, fetch_responses, leader, make
+from tests.core.util import CLUSTER, UUIDS, Harness, fetch_responses, leader, make
 
 
 def test_fetch_stale_epoch_and_wrong_cluster() -> None:
@@ -122,7 +122,9 @@ def test_group_commit_one_batch_per_ready() -> None:
     h = leader()
     offsets = [h.core.propose([f"r{i}".encode()], h.now) for i in range(128)]
     r = h.core.ready()
-    assert len(r.append) == 1 and r.append[0].count == 128
+    assert len(r.append) == 1
+    batch = r.append[0]
+    assert isinstance(batch, LeaderBatch) and batch.count == 128
     assert offsets == list(range(offsets[0], offsets[0] + 128))
 
 
@@ -134,7 +136,7 @@ def test_hw_never_decreases_and_needs_own_epoch_entry() -> None:
     assert h.core.hw == hw
 
 
-def _follower():
+def _follower() -> tuple[Harness, FetchRequest]:
     h = make(local=2)
     from quorum.core.messages import BeginQuorumEpochRequest
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from quorum.core.config import CoreConfig
 from quorum.core.memlog import MemoryLog
@@ -20,6 +21,7 @@ from quorum.core.ready import AdminResult, Outbound, ReadResult, Ready
 from quorum.types import ErrorCode, QuorumState, ReplicaKey
 
 CLUSTER = "test-cluster"
+M = TypeVar("M")
 UUIDS = {i: f"00000000-0000-4000-8000-00000000000{i}" for i in range(1, 10)}
 
 
@@ -126,15 +128,15 @@ def make(
         bootstrap_voters={i: f"n{i}:1" for i in voters},
         local_endpoint=f"n{local}:1",
         pre_vote=pre_vote,
-        **cfg,
-    )  # type: ignore[arg-type]
+        **cfg,  # type: ignore[arg-type]
+    )
     core = RaftCore(config, key(local, uuid), CLUSTER, qs, log.summary(), log, random.Random(7), 0)
     h = Harness(core, log, qs)
     h.drain()
     return h
 
 
-def responses(out: list[Outbound], typ: type) -> list[Message]:
+def responses(out: list[Outbound], typ: type[M]) -> list[M]:
     return [o.message for o in out if isinstance(o.message, typ)]
 
 
@@ -166,7 +168,7 @@ def elect(h: Harness) -> None:
 
 def leader(voters: tuple[int, ...] = (1, 2, 3), bootstrap: bool = True, **cfg: int) -> Harness:
     """A leader whose followers have fetched everything (voter set bootstrapped, committed)."""
-    h = make(1, voters, **cfg)
+    h = make(1, voters, True, None, **cfg)
     elect(h)
     if bootstrap:
         for _ in range(4):

@@ -276,19 +276,20 @@ def test_bad_input_gets_clear_error_and_node_keeps_serving(
     cluster.leader()
     cluster.call(lambda c: c.put("keep", b"me"))
 
-    async def send() -> tuple[int, Any]:
+    async def send(endpoint: str) -> tuple[int, Any]:
         import aiohttp
 
-        async with aiohttp.ClientSession() as s:
-            # Send to the leader; should leadership move meanwhile (421), ask again.
-            for _ in range(20):
-                leader_ep = cluster.endpoint(cluster.describe()["leader_id"])
-                async with s.request(method, f"http://{leader_ep}{path}", data=body) as r:
-                    if r.status != 421:
-                        return r.status, await r.json()
-            raise AssertionError("no stable leader to send to")
+        async with (
+            aiohttp.ClientSession() as s,
+            s.request(method, f"http://{endpoint}{path}", data=body) as r,
+        ):
+            return r.status, await r.json()
 
-    status, obj = asyncio.run(send())
+    # Send to the leader; should leadership move meanwhile (421), ask again.
+    for _ in range(20):
+        status, obj = asyncio.run(send(cluster.endpoint(cluster.describe()["leader_id"])))
+        if status != 421:
+            break
     assert status >= 400 and obj["error_code"] == code and obj["message"]
     assert cluster.call(lambda c: c.get("keep")) == b"me"
 

@@ -9,7 +9,6 @@ import base64
 import io
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,7 @@ class Cdp:
         assert "error" not in res, (method, res)
         return dict(res["result"])
 
-    async def wait_event(self, method: str, timeout: float = 60) -> dict[str, Any]:
+    async def wait_event(self, method: str, limit_s: float = 60) -> dict[str, Any]:
         async def poll() -> dict[str, Any]:
             while True:
                 for e in self.events:
@@ -64,13 +63,13 @@ class Cdp:
                         return e
                 await asyncio.sleep(0.05)
 
-        return await asyncio.wait_for(poll(), timeout)
+        return await asyncio.wait_for(poll(), limit_s)
 
 
-async def wait_for_port(profile: Path, proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+async def wait_for_port(profile: Path, proc: asyncio.subprocess.Process) -> tuple[int, str]:
     f = profile / "DevToolsActivePort"
     for _ in range(1200):
-        if proc.poll() is not None:
+        if proc.returncode is not None:
             raise AssertionError(f"chromium exited with {proc.returncode}")
         if f.exists():
             lines = f.read_text().splitlines()
@@ -86,8 +85,10 @@ async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path
         pytest.skip("needs Debian's chromium (scripts/install-system.sh install)")
     report = (report_run[0] / "report.html").resolve()
     profile = tmp_path / "profile"
-    proc = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         port, path = await wait_for_port(profile, proc)
         async with aiohttp.ClientSession() as http, http.ws_connect(
@@ -95,7 +96,8 @@ async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path
         ) as ws:
             cdp = Cdp(ws)
             target = await cdp.call("Target.createTarget", url="about:blank")
-            sid = (await cdp.call("Target.attachToTarget", targetId=target["targetId"], flatten=True))["sessionId"]
+            attached = await cdp.call("Target.attachToTarget", targetId=target["targetId"], flatten=True)
+            sid = attached["sessionId"]
             for domain in ("Page", "Runtime", "Log", "Network"):
                 await cdp.call(f"{domain}.enable", sid)
             await cdp.call("Emulation.setDeviceMetricsOverride", sid, width=1300, height=1000,
@@ -118,13 +120,13 @@ async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path
             await cdp.call("Browser.close")
             cdp.reader.cancel()
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.terminate()
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
             proc.kill()
-            proc.wait()
+            await proc.wait()
 
     assert page["title"] == "KRaftKeeper recovery report"
     assert [p["name"] for p in page["plots"]] == PLOTS
@@ -138,7 +140,8 @@ async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path
         or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
     ]
     assert errors == []
-    urls = [e["params"]["request"]["url"] for e in cdp.events if e.get("method") == "Network.requestWillBeSent"]
+    requests = [e for e in cdp.events if e.get("method") == "Network.requestWillBeSent"]
+    urls = [e["params"]["request"]["url"] for e in requests]
     assert urls and all(u.startswith(("file:", "data:")) for u in urls), urls  # self-contained
 
     # The screenshot is a real picture: mostly light background with a good share of ink.

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kraftkeeper_reports import events as ev
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "recovery-event.schema.json"
@@ -131,7 +130,7 @@ def test_writer_rejects_invalid_event_and_keeps_what_was_written(tmp_path: Path)
     w = ev.EventLogWriter(f, "c")
     w.emit(ev.DISK_REPLACEMENT_DETECTED, "r-1", 1, "o", "n", 2, 3, ts=1000)
     before = f.read_bytes()
-    with pytest.raises(ValueError, match="detail.reason"):
+    with pytest.raises(ValueError, match=r"detail\.reason"):
         w.emit(ev.RECOVERY_FAILED, "r-1", 1, "o", "n", 2, 3, {})
     with pytest.raises(ValueError, match="replica_id"):
         w.emit(ev.REPLICA_CAUGHT_UP, "r-1", -4, "o", "n", 2, 3)

@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.generate import generate, main
 

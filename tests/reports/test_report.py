@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-
 from kraftkeeper_reports.job import main
 
 
@@ -121,7 +120,8 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 def test_missing_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run_main(["--events", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and out == ""
-    assert err.strip() == f"INVALID_REQUEST: no events found at {tmp_path / 'nope'}: no such file or directory"
+    want = f"INVALID_REQUEST: no events found at {tmp_path / 'nope'}: no such file or directory"
+    assert err.strip() == want
     (tmp_path / "empty").mkdir()
     rc, _, err = run_main(["--events", str(tmp_path / "empty"), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and err.startswith("INVALID_REQUEST: no events found at ") and "holds no files" in err
@@ -141,7 +141,9 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 @pytest.mark.spark
-def test_empty_files_are_a_clear_error(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_files_are_a_clear_error(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_text("")
     rc, out, err = run_main(["--events", str(tmp_path / "in"), "--out", str(tmp_path / "o")], capsys)

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kraftkeeper_reports import events as ev
 
 pytestmark = pytest.mark.spark
@@ -44,15 +43,15 @@ def write_logs(root: Path) -> dict[str, int]:
     a += recovery("r-ok", 0)
     a[1] = line(ev.REPLICA_CAUGHT_UP, "r-ok", 10_000, host="n1")  # extra field: kept
     a += recovery("r-ok2", 50_000, cluster="ns/b")
-    a += recovery("r-fail", 100_000, STEPS[:3] + [(ev.RECOVERY_FAILED, 25_000)])
+    a += recovery("r-fail", 100_000, [*STEPS[:3], (ev.RECOVERY_FAILED, 25000)])
     order = [(t, o) for t, o in STEPS]
     order[3] = (ev.ADD_VOTER_COMMITTED, 10_050)  # committed before started (10_100)
     a += recovery("r-order", 200_000, order)
-    a += recovery("r-after", 300_000) + [line(ev.REPLICA_CAUGHT_UP, "r-after", 300_000 + 20_000)]
+    a += [*recovery("r-after", 300000), line(ev.REPLICA_CAUGHT_UP, "r-after", 300000 + 20000)]
     a += recovery("r-nodet", 400_000, STEPS[1:])
-    a += recovery("r-dup", 500_000, STEPS[:3] + [(ev.ADD_VOTER_STARTED, 10_105)] + STEPS[3:])
-    a += recovery("r-conflict", 600_000, STEPS + [(ev.RECOVERY_FAILED, 10_180)])
-    a += recovery("r-incomplete", 700_000, STEPS[:2] + [(ev.RECOVERY_COMPLETED, 10_500)])
+    a += recovery("r-dup", 500_000, [*STEPS[:3], (ev.ADD_VOTER_STARTED, 10105), *STEPS[3:]])
+    a += recovery("r-conflict", 600_000, [*STEPS, (ev.RECOVERY_FAILED, 10180)])
+    a += recovery("r-incomplete", 700_000, [*STEPS[:2], (ev.RECOVERY_COMPLETED, 10500)])
     mixed = recovery("r-replica", 800_000)
     mixed[4] = line(ev.REMOVE_VOTER_STARTED, "r-replica", 800_000 + 10_150, replica=3)
     a += mixed

@@ -3,6 +3,8 @@ membership changes), all drawn from the simulation's seeded RNG."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from tests.sim.harness import Node, Sim
 
 
@@ -18,13 +20,13 @@ def chaos_action(sim: Sim, crash_rate: float = 0.0015, partition_rate: float = 0
     if r < crash_rate and live:
         n = rng.choice(live)
         sim.crash(n)
-        sim.at(rng.randint(100, 2000), lambda n=n: restart(sim, n))
+        sim.at(rng.randint(100, 2000), partial(restart, sim, n))
     elif r < crash_rate + partition_rate:
         a = rng.choice(list(sim.nodes))
         pairs = [frozenset((a, b)) for b in sim.nodes if b != a]
         sim.note(f"partition node {a}")
         sim.blocked.update(pairs)
-        sim.at(rng.randint(200, 3000), lambda pairs=pairs: unblock(sim, pairs))
+        sim.at(rng.randint(200, 3000), partial(unblock, sim, pairs))
 
 
 def restart(sim: Sim, n: Node) -> None:

@@ -135,6 +135,5 @@ def test_mixed_membership_chaos(seed: int) -> None:
     settle(sim)
     ld = sim.leader()
     assert ld is not None and ld.core is not None
-    assert ld.core.pending_voter_change() is None or sim.until(
-        lambda: ld.core.pending_voter_change() is None, 5000
-    )
+    core = ld.core
+    assert core.pending_voter_change() is None or sim.until(lambda: core.pending_voter_change() is None, 5000)
