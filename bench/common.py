@@ -313,6 +313,9 @@ class LoadResult:
     p99_ms: float
     max_ms: float
     target_rate: float | None = None
+    # Open loop only: p99 of (actual send time - scheduled send time). When the generator itself
+    # is starved of CPU this grows, and it is part of p99_ms: read the two together.
+    send_lag_p99_ms: float | None = None
 
     @property
     def writes_per_s(self) -> float:
@@ -542,6 +545,7 @@ async def _asyncio_load(
     (no coordinated omission)."""
     value = value_bytes(size)
     latencies: list[float] = []
+    lags: list[float] = []
     counts = {"ok": 0, "errors": 0}
     next_index = 0
     start = time.perf_counter() + 0.2  # connections are opened before the clock starts
@@ -568,6 +572,7 @@ async def _asyncio_load(
                     delay = due - time.perf_counter()
                     if delay > 0:
                         await asyncio.sleep(delay)
+                    lags.append(time.perf_counter() - due)
                 else:
                     due = time.perf_counter()
                     if due >= end:
@@ -621,6 +626,7 @@ async def _asyncio_load(
         p99_ms=pct(0.99),
         max_ms=lat[-1] * 1000 if lat else 0.0,
         target_rate=rate,
+        send_lag_p99_ms=sorted(lags)[int(0.99 * len(lags))] * 1000 if lags else None,
     )
 
 

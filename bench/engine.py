@@ -482,6 +482,8 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
             if r.half is not None:
                 achieved = r.half.ok / r.half.duration_s
                 half = f"{r.half.p99_ms:.2f} ms at {achieved:.0f}/s"
+                if r.half.send_lag_p99_ms is not None:
+                    half += f" (send lag p99 {r.half.send_lag_p99_ms:.1f} ms)"
                 if r.half.target_rate and achieved < 0.9 * r.half.target_rate:
                     half += " (below offered)"
             line = f"{r.label:19} |" + "|".join(cells) + f"| {half}"
@@ -509,6 +511,15 @@ def parse_list(text: str, what: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Every process was stopped by the `finally` blocks on the way here.
+        print("interrupted: all benchmark processes stopped", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["pysyncobj-node"]:
         return pysyncobj_node(argv[1:])
@@ -621,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{max(sizes)} B bodies): {res.writes_per_s:.0f} req/s"
             + (f" (offered {res.target_rate:.0f}/s)" if res.target_rate else "")
             + f", p50 {res.p50_ms:.2f} ms, p99 {res.p99_ms:.2f} ms"
+            + (f", send lag p99 {res.send_lag_p99_ms:.2f} ms" if res.send_lag_p99_ms is not None else "")
         )
     print(render(rows, a.clients, sizes))
     if a.json:

@@ -259,6 +259,15 @@ def render(results: list[RecoveryResult]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # The cluster was stopped by run_one's `finally` on the way here.
+        print("interrupted: all benchmark processes stopped", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="10MB,100MB",
                     help="log sizes, comma-separated (e.g. 10MB,100MB,1GB; default 10MB,100MB)")

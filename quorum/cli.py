@@ -54,7 +54,13 @@ def _client(args: argparse.Namespace) -> Any:
 def cmd_format(args: argparse.Namespace) -> int:
     from quorum.storage.meta import format_dir
 
-    meta = format_dir(args.dir, args.cluster_id, args.node_id, ignore_formatted=args.ignore_formatted)
+    meta = format_dir(
+        args.dir,
+        args.cluster_id,
+        args.node_id,
+        ignore_formatted=args.ignore_formatted,
+        initial_bootstrap=not args.no_initial_controllers,
+    )
     print(f"Formatted {args.dir} for cluster {meta.cluster_id} node {meta.node_id}")
     print(meta.storage_uuid)
     return 0
@@ -276,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--cluster-id", required=True)
     f.add_argument("--node-id", required=True, type=int)
     f.add_argument("--ignore-formatted", action="store_true")
+    f.add_argument(
+        "--no-initial-controllers",
+        "--replacement",
+        action="store_true",
+        help="format a replacement disk for an existing cluster: the node joins as an observer and "
+        "never counts itself a bootstrap voter (as Kafka's format --no-initial-controllers)",
+    )
     f.set_defaults(fn=cmd_format)
 
     s = sub.add_parser("start", help="run a node in the foreground")
@@ -374,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(e)
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # noqa: BLE001 - the contract is one CODE: line on stderr
+    except Exception as e:  # the contract is one CODE: line on stderr
         if os.environ.get("KRAFTKEEPER_DEBUG"):
             raise
         sys.stderr.write(f"{ErrorCode.UNKNOWN_SERVER_ERROR.value}: {type(e).__name__}: {e}\n")

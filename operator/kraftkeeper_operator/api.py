@@ -68,6 +68,9 @@ class InMemoryQuorum:
         # The real leader keeps listing a replica it has heard from (e.g. a removed old disk)
         # among the observers, with its last fetch time; the model can do the same.
         self.list_dead_observers = False
+        # Our engine refuses a RemoveVoter that would leave an id without any voter UUID (it wants
+        # a reassignment for that); the model can do the same.
+        self.refuse_removing_last_uuid = False
         self.tick()
 
     # -- faults ---------------------------------------------------------------------------------
@@ -214,6 +217,8 @@ class InMemoryQuorum:
             raise KraftError(ErrorCode.VOTER_CHANGE_IN_PROGRESS, f"pending {self.pending}")
         if key not in self.voters:
             raise KraftError(ErrorCode.VOTER_ALREADY_REMOVED, f"{id}:{uuid} is not a voter")
+        if self.refuse_removing_last_uuid and not any(k[0] == id and k != key for k in self.voters):
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"removing {id}:{uuid} would remove replica id {id}")
         new = [k for k in self.voters if k != key]
         if not new or not self._commit_possible(new):
             self.pending = {"op": "remove", "id": id, "uuid": uuid}

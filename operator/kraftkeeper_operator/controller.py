@@ -233,13 +233,14 @@ class RecoveryController:
         if self.persist is not None:
             await self.persist(self.book.to_status())  # before the call: crash-safe bookkeeping
         code: str | None = None
+        message = ""
         try:
             if action.kind is ActionKind.ADD_VOTER:
                 await self.api.add_voter(action.replica_id, action.uuid)
             else:
                 await self.api.remove_voter(action.replica_id, action.uuid)
         except KraftError as e:
-            code = e.code.value
+            code, message = e.code.value, e.message
             log.warning("%s %s:%s failed: %s", action.kind.value, action.replica_id, action.uuid, e)
         except (TimeoutError, OSError) as e:
             code = "UNAVAILABLE"
@@ -248,7 +249,7 @@ class RecoveryController:
         if code is None and self.metrics is not None:
             op = "add" if action.kind is ActionKind.ADD_VOTER else "remove"
             self.metrics.voter_change_duration.labels(self.cluster, op).observe((done - started) / 1000)
-        self._emit(self.book.finished(action, code, done), view)
+        self._emit(self.book.finished(action, code, done, message), view)
 
     async def _maybe_reassign(self, view: QuorumView, now: int) -> list[int] | None:
         """KIP-642: move the voter ids to ``desired_ids`` once every new id is a caught-up live

@@ -299,7 +299,7 @@ def _now() -> str:
 @kopf.on.resume(GROUP, VERSION, PLURAL, backoff=5)
 @kopf.on.create(GROUP, VERSION, PLURAL, backoff=5)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", backoff=5)
-async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger: Any, **_: Any) -> str:
+async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger: Any, **_: Any) -> None:
     generation = int(meta.get("generation") or 0)
     try:
         q = parse_spec(body)
@@ -336,7 +336,6 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger:
     msg = f"{q.voters} voters desired, StatefulSet at {replicas} replicas"
     kopf.info(body, reason="Reconciled", message=msg)
     logger.info("reconciled %s: %s", q.cluster, msg)
-    return f"voters={q.voters} replicas={replicas}"
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=5)

@@ -367,7 +367,8 @@ async def run_local(
         persist=persist,
         # Membership repair: if the voter ids ever differ from 1..N (after an unclean recovery, or
         # an interrupted RemoveThenAdd whose progress file was lost), reassign back to 1..N.
-        desired_ids=list(range(1, layout.nodes + 1)),
+        # --no-recovery means "never change voters": no repair either.
+        desired_ids=list(range(1, layout.nodes + 1)) if policy.enabled else None,
     )
     last: dict[str, Any] = {"conditions": [], "recoveries": []}
 

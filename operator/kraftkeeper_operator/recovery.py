@@ -107,6 +107,8 @@ class Recovery:
     remove_committed_ms: int | None = None
     finished_ms: int | None = None
     reason: str | None = None
+    attempts: int = 0  # failed voter-change calls with a retryable error, for the back-off
+    retry_at_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -244,6 +246,20 @@ class Action:
 # Error codes as strings, so this module does not depend on the engine's enum.
 _DONE_ADD = {"VOTER_ALREADY_ADDED"}
 _DONE_REMOVE = {"VOTER_ALREADY_REMOVED"}
+# Outcome unknown or the quorum busy: try again later (the next observation shows what happened).
+# Any other error (INVALID_REQUEST, UNSUPPORTED, ...) means the engine refuses the step as asked:
+# retrying cannot help, so the recovery fails with the engine's message instead of looping.
+_RETRYABLE = {
+    "UNAVAILABLE",
+    "REQUEST_TIMED_OUT",
+    "NOT_LEADER",
+    "LEADERSHIP_LOST",
+    "VOTER_CHANGE_IN_PROGRESS",
+    "REASSIGNMENT_IN_PROGRESS",
+    "LEADER_RECOVERING",
+    "UNKNOWN_SERVER_ERROR",
+}
+_BACKOFF_MAX_MS = 30_000
 
 
 class RecoveryBook:
@@ -343,6 +359,8 @@ class RecoveryBook:
                     self.note = f"replica {rid} has two voters and neither is clearly the old one"
                     return events
                 new = next(u for u in voter_uuids if u != old)
+                if self._recently_failed(rid, new, now_ms):
+                    return events
                 rec = self._start(rid, old, new, Phase.ADDED, now_ms)
                 events.append(Event("recovery_resumed", rec, {"phase": Phase.ADDED.value}))
             return events
@@ -499,6 +517,11 @@ class RecoveryBook:
         in_flight = (Phase.ADDING, Phase.ADDED, Phase.REMOVING, Phase.REMOVED)
         active.sort(key=lambda r: (r.phase not in in_flight, r.detected_ms, r.replica_id))
         rec = active[0]
+        if rec.retry_at_ms is not None and now_ms < rec.retry_at_ms:
+            self.blocked = (
+                f"recovery of replica {rec.replica_id}: retrying after an error (attempt {rec.attempts})"
+            )
+            return None
         uuids = view.voter_uuids(rec.replica_id)
         old_in, new_in = rec.old_uuid in uuids, rec.new_uuid in uuids
         if old_in and new_in:
@@ -558,18 +581,43 @@ class RecoveryBook:
         raise KeyError(action.recovery_id)
 
     def started(self, action: Action, now_ms: int) -> list[Event]:
+        """A change is about to be issued. A retry keeps the first start time and logs nothing new,
+        so the event log has one ``*_started`` per step and durations include the retries."""
         rec = self._rec(action)
         if action.kind is ActionKind.ADD_VOTER:
-            rec.phase, rec.add_started_ms = Phase.ADDING, now_ms
+            rec.phase = Phase.ADDING
+            if rec.add_started_ms is not None:
+                return []
+            rec.add_started_ms = now_ms
             return [Event("add_voter_started", rec)]
-        rec.phase, rec.remove_started_ms = Phase.REMOVING, now_ms
+        rec.phase = Phase.REMOVING
+        if rec.remove_started_ms is not None:
+            return []
+        rec.remove_started_ms = now_ms
         return [Event("remove_voter_started", rec)]
 
-    def finished(self, action: Action, error_code: str | None, now_ms: int) -> list[Event]:
-        """Record the outcome of an issued change. ``error_code`` None = committed. Any other
-        unknown outcome leaves the phase for the next observation to settle from the quorum."""
+    def finished(self, action: Action, error_code: str | None, now_ms: int, message: str = "") -> list[Event]:
+        """Record the outcome of an issued change. ``error_code`` None = committed. A retryable
+        error backs off (1 s doubling to 30 s) and leaves the phase for the next observation to
+        settle from the quorum; a refusal fails the recovery with the engine's message."""
         rec = self._rec(action)
         events: list[Event] = []
+        done = _DONE_ADD if action.kind is ActionKind.ADD_VOTER else _DONE_REMOVE
+        if error_code is not None and error_code not in done and error_code != "REPLICA_NOT_CAUGHT_UP":
+            if error_code in _RETRYABLE:
+                rec.attempts += 1
+                rec.retry_at_ms = now_ms + min(_BACKOFF_MAX_MS, 1000 * 2 ** (rec.attempts - 1))
+                return events
+            op = "AddVoter" if action.kind is ActionKind.ADD_VOTER else "RemoveVoter"
+            self._finish(
+                rec,
+                Phase.FAILED,
+                now_ms,
+                f"{op}({action.replica_id}, {action.uuid}) refused: {error_code}: {message}".rstrip(": "),
+            )
+            events.append(Event("recovery_failed", rec, {"reason": rec.reason, "error": error_code}))
+            return events
+        rec.attempts, rec.retry_at_ms = 0, None
         if action.kind is ActionKind.ADD_VOTER:
             if error_code is None or error_code in _DONE_ADD:
                 rec.add_committed_ms = now_ms

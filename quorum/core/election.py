@@ -4,7 +4,8 @@
 Rules implemented here (epoch E is the local epoch):
 
 * Vote: stale epochs get FENCED_LEADER_EPOCH; a wrong ``voter_id`` / ``voter_uuid`` gets
-  INVALID_REQUEST (KIP-856 "Vote" handling). A vote is granted at most once per epoch (the
+  INVALID_REQUEST (KIP-856 "Vote" handling), and so does a Vote addressed to the uuid-less
+  bootstrap key when this replica is a replacement disk (``initial_bootstrap=False``). A vote is granted at most once per epoch (the
   vote, with its UUID, is persisted before the answer leaves) and only to a candidate whose log
   (last epoch, end offset) is at least as up to date as ours. KIP-856 removes the "candidate
   must be a voter" check: membership is not consulted when granting.
@@ -208,6 +209,12 @@ class ElectionMixin(CoreBase):
             )
 
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
+        if err is None and req.voter_uuid is None and not self.config.initial_bootstrap:
+            # The candidate asks "bootstrap voter <id>" (it does not know the UUID): only the
+            # directory formatted with the cluster may answer for that. A replacement disk
+            # voting there would stand in for a log it never had (the simulation found an
+            # election won with such a vote that lost committed data).
+            err = ErrorCode.INVALID_REQUEST
         if err is not None:
             answer(err, False)
             return

@@ -82,7 +82,8 @@ class RaftCore(DescribeMixin, CoreBase):
         snap = log_summary.snapshot
         history = ControlHistory(base, snap.offset - 1 if snap is not None else -1)
         for b in log_summary.control_batches:
-            history.apply_batch(b.base_offset, b.controls)
+            if snap is None or b.base_offset >= snap.offset:  # older ones are in the snapshot
+                history.apply_batch(b.base_offset, b.controls)
         self._init_base(config, local, cluster_id, quorum_state, meta, history, log_reader, rng, now_ms)
         self.hw = max(self.hw, snap.offset if snap is not None else 0)
         for c in (

@@ -46,9 +46,16 @@ class NodeConfig:
     tick_ms: int = 10
     raft: dict[str, Any] = field(default_factory=dict)
 
-    def core_config(self, voters: dict[int, str], local_endpoint: str) -> CoreConfig:
+    def core_config(
+        self, voters: dict[int, str], local_endpoint: str, initial_bootstrap: bool = True
+    ) -> CoreConfig:
         try:
-            return CoreConfig(bootstrap_voters=dict(voters), local_endpoint=local_endpoint, **self.raft)
+            return CoreConfig(
+                bootstrap_voters=dict(voters),
+                local_endpoint=local_endpoint,
+                initial_bootstrap=initial_bootstrap,
+                **self.raft,
+            )
         except (TypeError, ValueError) as e:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"config raft: {e}") from None
 

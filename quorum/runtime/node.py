@@ -106,7 +106,7 @@ class Node:
         self._mono0 = time.monotonic()
         from quorum.core.raft import RaftCore
 
-        self.core_config = cfg.core_config(voters, self.advertise)
+        self.core_config = cfg.core_config(voters, self.advertise, self.meta.initial_bootstrap)
         qstate = self.qstore.load(self.meta.cluster_id)
         self.core = RaftCore(
             self.core_config,

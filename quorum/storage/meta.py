@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 META_FILE = "meta.properties"
 META_VERSION = 1
 UUID_KEY = "directory.id"
+INITIAL_KEY = "bootstrap.initial"  # "false": formatted to replace a disk (not a bootstrap voter)
 UUID_KEY_KIP856 = "storage.id"
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _MAX_NODE_ID = 2**31 - 1  # node ids are int32 on the wire (KIP-595 ReplicaId)
@@ -63,6 +64,13 @@ class MetaProperties:
     storage_uuid: str
     version: int = META_VERSION
     extra: dict[str, str] = field(default_factory=dict, compare=False)  # unknown keys, kept on rewrite
+
+    @property
+    def initial_bootstrap(self) -> bool:
+        """False for a directory formatted to replace a lost disk of an existing cluster
+        (``format --no-initial-controllers``, as Kafka's KIP-853 flag): such a node must learn
+        the voter set from the leader and may never count itself a bootstrap voter."""
+        return self.extra.get(INITIAL_KEY, "true").strip().lower() != "false"
 
     @property
     def replica_key(self) -> ReplicaKey:
@@ -200,6 +208,7 @@ def format_dir(
     *,
     storage_uuid: str | None = None,
     fsync: bool = True,
+    initial_bootstrap: bool = True,
 ) -> MetaProperties:
     """Format ``directory`` (created if missing) for ``node_id`` of ``cluster_id`` with a new
     storage UUID (KIP-856 ``kafka-storage format``).
@@ -232,7 +241,8 @@ def format_dir(
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{os.fspath(directory)} exists and is not a directory")
     ensure_dir(directory, fsync=fsync)
-    meta = MetaProperties(cluster_id=cluster_id, node_id=node_id, storage_uuid=uuid)
+    extra = {} if initial_bootstrap else {INITIAL_KEY: "false"}
+    meta = MetaProperties(cluster_id=cluster_id, node_id=node_id, storage_uuid=uuid, extra=extra)
     atomic_write(path, render_properties(meta.to_properties()), fsync=fsync)
     return meta
 

@@ -217,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", required=True, nargs="+", action="extend", metavar="PATH",
                     help="event log files or directories (date=YYYY-MM-DD/ trees, any Hadoop URL)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (report.html, tables/)")
-    ap.add_argument("--master", default=None, metavar="URL", 
+    ap.add_argument("--master", default=None, metavar="URL",
                     help="Spark master (default local[*] on loopback)")
-    ap.add_argument("--top", type=int, default=20, metavar="N", 
+    ap.add_argument("--top", type=int, default=20, metavar="N",
                     help="slowest recoveries to show (default 20)")
     a = ap.parse_args(argv)
     if a.top < 1:

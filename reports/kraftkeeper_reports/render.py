@@ -77,7 +77,9 @@ _MS_TICKS = FuncFormatter(lambda x, _pos: fmt_ms(x) if x > 0 else "0")
 
 def _svg(fig: Any, label: str) -> str:
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    # No RDF metadata block: it only adds namespace URLs and a date (the page stays reproducible).
+    fig.savefig(buf, format="svg", bbox_inches="tight",
+                metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
     plt.close(fig)
     svg = buf.getvalue()
     svg = svg[svg.index("<svg") :]  # drop the XML prolog and doctype: inline SVG needs neither
@@ -203,7 +205,8 @@ def plot_daily(day: pd.DataFrame) -> str:
 def plot_bad_input(bad: pd.DataFrame) -> str:
     if bad.empty:
         return _empty("bad-input", "No bad input: every line is a valid event, every recovery consistent.")
-    g = bad.groupby(["level", "reason", "action"], as_index=False)["count"].sum().sort_values("count")
+    g = bad.groupby(["level", "reason", "action"], as_index=False).agg(count=("count", "sum"))
+    g = g.sort_values(by="count")
     fig, ax = plt.subplots(figsize=(11, 0.34 * len(g) + 1.4))
     labels = [f"{r.reason} ({r.level})" for r in g.itertuples()]
     ax.barh(labels, g["count"], color=[ACTION_COLORS.get(a, "#888") for a in g["action"]])
@@ -307,12 +310,13 @@ def render_html(t: ReportTables) -> str:
          "p99": per_cluster["p99_ms"].map(fmt_ms), "max": per_cluster["max_ms"].map(fmt_ms)}
     )
     bad_rows = []
-    for r in t.bad_input.itertuples(index=False):
-        exs = "".join(f'<div class="ex">{html.escape(str(x))}</div>' for x in list(r.examples)[:3])
+    for r in t.bad_input.to_dict("records"):
+        exs = "".join(f'<div class="ex">{html.escape(str(x))}</div>' for x in list(r["examples"])[:3])
         bad_rows.append(
-            f"<tr><td>{html.escape(str(r.level))}</td><td><b>{html.escape(str(r.code))}</b>"
-            f"<div class='ex'>{html.escape(str(r.message or ''))}</div></td>"
-            f"<td>{html.escape(str(r.action))}</td><td class='num'>{int(r.count):,}</td><td>{exs}</td></tr>"
+            f"<tr><td>{html.escape(str(r['level']))}</td><td><b>{html.escape(str(r['code']))}</b>"
+            f"<div class='ex'>{html.escape(str(r['message'] or ''))}</div></td>"
+            f"<td>{html.escape(str(r['action']))}</td><td class='num'>{int(r['count']):,}</td>"
+            f"<td>{exs}</td></tr>"
         )
     bad_tbl = (
         "<table><thead><tr><th>level</th><th>reason</th><th>action</th><th>count</th><th>examples</th>"

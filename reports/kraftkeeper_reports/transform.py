@@ -199,20 +199,27 @@ def sessionise(events: DataFrame) -> DataFrame:
     agg = agg.withColumn("t_end", end)
     agg = agg.withColumn("n_after_end", F.size(F.filter("all_ts", lambda x: x > F.col("t_end"))))
 
-    # Ordering: every pair of steps (earlier, later) in protocol order must satisfy
-    # ts(later) >= ts(earlier); the first violated pair names the problem.
+    # Ordering: every step must not be stamped before any step it follows in protocol order
+    # (KIP-856: caught up, then AddVoter, then RemoveVoter). Step j violates it when
+    # ts(j) < max(ts of steps 0..j-1); the message names the first such step and the latest of
+    # its predecessors. Written with array functions, not one CASE per pair: a 21-way nested
+    # expression is too large for Spark's code generation and runs interpreted (much slower).
     steps = list(ev.STEP_TYPES)
-    violation: Column = F.lit(None).cast("string")
-    # Built inside out, so the outermost test is the earliest step whose nearest predecessor
-    # it precedes (the message names the most direct contradiction).
-    for j in range(len(steps) - 1, 0, -1):
-        for i in range(j):
-            a, b = TS_COL[steps[i]], TS_COL[steps[j]]
-            msg = F.format_string(
-                f"{steps[j]} at %s is %d ms before {steps[i]} at %s",
-                _fmt_ts(F.col(b)), F.col(a) - F.col(b), _fmt_ts(F.col(a)),
-            )
-            violation = F.when(F.col(b) < F.col(a), msg).otherwise(violation)
+    names = F.array(*[F.lit(x) for x in steps])
+    tsa = F.array(*[F.col(TS_COL[x]) for x in steps])
+    viol = F.array(*[F.col(TS_COL[steps[j]]) < F.array_max(F.slice(tsa, 1, j)) for j in range(1, len(steps))])
+    p = F.array_position(viol, True)  # 0: none; else the violating step's index (0-based) is p
+    prev = F.array_max(F.slice(tsa, F.lit(1), p.cast("int")))
+    i1 = F.array_position(F.slice(tsa, F.lit(1), p.cast("int")), prev).cast("int")
+    j1 = (p + 1).cast("int")
+    violation: Column = F.when(
+        p > 0,
+        F.format_string(
+            "%s at %s is %d ms before %s at %s",
+            F.element_at(names, j1), _fmt_ts(F.element_at(tsa, j1)), prev - F.element_at(tsa, j1),
+            F.element_at(names, i1), _fmt_ts(prev),
+        ),
+    )
     # The end itself must not precede detection (a negative total).
     violation = F.when(
         F.col("t_end") < F.col("t_detected"),
@@ -350,27 +357,31 @@ def phase_long(recoveries: DataFrame) -> DataFrame:
     )
 
 
-def _stats(df: DataFrame, keys: list[str]) -> DataFrame:
+def phase_stats(recoveries: DataFrame) -> DataFrame:
+    """p50/p90/p99/max per phase, per cluster and over all clusters (cluster = "(all)").
+
+    One aggregation pass: rollup(phase, cluster) yields both levels (its grand total row,
+    with phase null, is dropped)."""
+    long = phase_long(recoveries)
     pct = F.percentile(F.col("ms").cast("double"), F.array(*[F.lit(p) for p in PERCENTILES]))
-    return df.groupBy(*keys).agg(
+    g = long.rollup("phase", "cluster").agg(
+        F.grouping("cluster").alias("g"),
         F.count(F.lit(1)).alias("recoveries"),
         F.min("ms").alias("min_ms"),
         pct.alias("pct"),
         F.max("ms").alias("max_ms"),
         F.avg("ms").alias("mean_ms"),
-    ).select(
-        *keys, "recoveries", "min_ms",
-        *[F.col("pct")[i].alias(f"p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
-        "max_ms", "mean_ms",
     )
-
-
-def phase_stats(recoveries: DataFrame) -> DataFrame:
-    """p50/p90/p99/max per phase, per cluster and over all clusters (cluster = "(all)")."""
-    long = phase_long(recoveries)
-    per = _stats(long, ["cluster", "phase"])
-    overall = _stats(long, ["phase"]).withColumn("cluster", F.lit(ALL_CLUSTERS))
-    return per.unionByName(overall).orderBy("phase", "cluster")
+    return (
+        g.where(F.col("phase").isNotNull())
+        .select(
+            F.when(F.col("g") == 1, F.lit(ALL_CLUSTERS)).otherwise(F.col("cluster")).alias("cluster"),
+            "phase", "recoveries", "min_ms",
+            *[F.col("pct")[i].alias(f"p{int(round(p * 100))}_ms") for i, p in enumerate(PERCENTILES)],
+            "max_ms", "mean_ms",
+        )
+        .orderBy("phase", "cluster")
+    )
 
 
 def phase_histogram(recoveries: DataFrame, bins_per_decade: int = 10) -> DataFrame:

@@ -200,3 +200,18 @@ def test_restarted_leader_resigns_its_epoch() -> None:
     core = RaftCore(h.core.config, key(1), CLUSTER, h.qs, h.log.summary(), h.log, random.Random(1), 0)
     assert core.role_name == "resigned" and core.epoch == h.core.epoch
     assert core.voters().from_log and ReplicaKey(2, UUIDS[2]) in core.voters().voters
+
+
+def test_replacement_disk_does_not_vote_as_the_bootstrap_voter() -> None:
+    """A replica formatted to replace a lost disk must not answer a Vote addressed to the
+    uuid-less bootstrap key of its id: it would stand in for a log it never had."""
+    h = make(local=3, initial_bootstrap=False)
+    assert not h.core.is_voter()  # knows no voter set until it reads one from the log
+    out = h.step(VoteRequest(h.next_corr(), CLUSTER, 2, UUIDS[2], 1, 3, None, 1, 2))
+    (r,) = responses(out, VoteResponse)
+    assert r.error_code is ErrorCode.INVALID_REQUEST and not r.vote_granted
+    assert h.qs.voted_id == -1
+    # Addressed to its own (id, UUID) — a voter set that includes this disk — it votes.
+    out = h.step(VoteRequest(h.next_corr(), CLUSTER, 2, UUIDS[2], 1, 3, UUIDS[3], 1, 2))
+    (r,) = responses(out, VoteResponse)
+    assert r.vote_granted and h.qs.voted_id == 2

@@ -92,9 +92,12 @@ class LocalCluster:
     def data_dir(self, i: int) -> Path:
         return self.root / f"node-{i}"
 
-    def format(self, i: int) -> str:
+    def format(self, i: int, replacement: bool = False) -> str:
+        """Format node i; ``replacement`` for a disk that replaces a lost one (KIP-853 style
+        ``--no-initial-controllers``: the node never counts itself a bootstrap voter)."""
+        extra = ["--no-initial-controllers"] if replacement else []
         out = run_cli(
-            "format", "--dir", str(self.data_dir(i)), "--cluster-id", self.cluster_id, "--node-id", str(i)
+            "format", "--dir", str(self.data_dir(i)), "--cluster-id", self.cluster_id, "--node-id", str(i), *extra
         )
         self.uuids[i] = out.stdout.strip().splitlines()[-1]
         return self.uuids[i]
@@ -102,7 +105,7 @@ class LocalCluster:
     def add_node(self, i: int) -> None:
         """A node outside the bootstrap voters (it joins as an observer), formatted and started."""
         self.ports[i] = free_ports(1)[0]
-        self.format(i)
+        self.format(i, replacement=True)
         self.start(i)
 
     def start(self, i: int) -> None:
@@ -151,7 +154,7 @@ class LocalCluster:
         """Kill node i, delete its directory, format it again (new storage UUID), start it."""
         self.kill(i)
         shutil.rmtree(self.data_dir(i))
-        uuid = self.format(i)
+        uuid = self.format(i, replacement=True)
         self.start(i)
         return uuid
 

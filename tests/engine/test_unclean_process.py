@@ -62,7 +62,7 @@ def test_recover_unclean_survivor_becomes_sole_voter_then_grows(tmp_path: Path) 
 
         assert asyncio.run(use()) == [b"x", b"recovery"]
         # A fresh node 2 joins as an observer and can be added again.
-        c.format(2)
+        c.format(2, replacement=True)
         c.start(2)
 
         def observer() -> str | None:

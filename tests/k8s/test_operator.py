@@ -356,7 +356,10 @@ def test_scale_down_reassigns_before_shrinking(
             sts = get(kube, sts_path) or {}
             return sts if sts.get("spec", {}).get("replicas") == 1 else None
 
-        kube.wait_for("StatefulSet at 1 replica", shrunk, timeout=180)
+        try:
+            kube.wait_for("StatefulSet at 1 replica", shrunk, timeout=180)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; status {status()}; quorum {nodes.describe()}") from None
         # The shrink happened only after the quorum itself had one voter left (reassignment first).
         x = nodes.describe()
         assert x is not None and [v["id"] for v in x["voters"]] == [1]

@@ -430,3 +430,34 @@ async def test_voter_with_unknown_uuid_is_not_replaced() -> None:
     for _ in range(20):
         st = await rig.step()
     assert rig.changes() == [] and st.blocked is not None and "no known storage UUID" in st.blocked
+
+
+async def test_engine_refusal_fails_the_recovery_once_without_a_retry_storm() -> None:
+    policy = RecoveryPolicy(
+        order=Order.REMOVE_THEN_ADD,
+        stabilization_seconds=2,
+        max_lag=10,
+        timeout_seconds=60,
+        live_window_seconds=3,
+    )
+    rig = Rig(policy=policy)
+    rig.q.refuse_removing_last_uuid = True
+    old = rig.q.current(3).uuid
+    rig.q.replace_disk(3, lag=0)
+    await rig.run_until(lambda s: any(r["phase"] == "Failed" for r in s.recoveries))
+    for _ in range(30):  # well inside the retry period (timeoutSeconds)
+        await rig.step()
+    assert rig.changes() == [("remove_voter", (3, old))]
+    assert rig.sink.types().count("remove_voter_started") == 1
+    failed = next(e for e in rig.sink.events if e["type"] == "recovery_failed")
+    assert "INVALID_REQUEST" in failed["detail"]["reason"] and "RemoveVoter" in failed["detail"]["reason"]
+    assert (3, old) in rig.voters()  # nothing lost: the old voter set stands
+
+
+async def test_retryable_error_backs_off_and_logs_one_start() -> None:
+    rig = Rig()
+    rig.q.replace_disk(3, lag=0)
+    rig.q.fail_next("add_voter", ErrorCode.UNAVAILABLE)
+    await rig.run_until(recovered)
+    assert [c[0] for c in rig.changes()] == ["add_voter", "add_voter", "remove_voter"]
+    assert rig.sink.types() == FULL  # the retry logged no second add_voter_started

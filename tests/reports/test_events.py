@@ -143,3 +143,28 @@ def test_events_module_does_not_import_pyspark() -> None:
     code = "import sys, kraftkeeper_reports.events, kraftkeeper_reports; print('pyspark' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_fast_path_accepts_nothing_the_full_check_rejects() -> None:
+    import random
+
+    from kraftkeeper_reports.generate import _damage
+
+    rng = random.Random(4)
+    base = json.dumps(good())
+    samples = [json.loads(base)]
+    for kind in ev.REJECTED + ev.TOLERATED:
+        for _ in range(30):
+            for text in _damage(base, kind, rng):
+                try:
+                    samples.append(json.loads(text))
+                except ValueError:
+                    pass
+    samples += [good(type=ev.RECOVERY_FAILED, detail={"reason": ""}), good(leader_id=False),
+                good(cluster=" ")]
+    for s in samples:
+        fast = ev._fast_valid_ts(s)
+        full = ev.check_event(s)
+        assert (fast is not None) == (full == []), s
+        if fast is not None:
+            assert fast == ev.parse_ts_ms(s["ts"])

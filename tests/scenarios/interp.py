@@ -7,13 +7,14 @@ says what the scenario shows; every other line is one command. Commands:
 ``write N``                        commit N records through the leader (waits for a leader)
 ``read``                           a linearizable read through the leader (must complete)
 ``crash ID|leader`` / ``restart ID`` / ``partition ID|leader|follower`` / ``heal``
+``resign ID|leader`` / ``shutdown ID|leader``  graceful hand-off (EndQuorumEpoch), shutdown also stops it
 ``replace-disk ID``                ID loses its directory and returns with a new storage UUID
 ``add-voter ID old|new -> CODE``   AddVoter for ID's previous or current UUID; expect CODE
 ``remove-voter ID old|new -> CODE``
 ``reassign 1,2,4 -> CODE`` / ``reassign cancel -> CODE``
 ``recover-unclean ID``             offline KIP-704 plan on stopped replica ID, then restart it
 ``verify-recovery ID``             the driver verifies ID's RECOVERING state
-``expect leader [ID|not ID]``      a leader exists (and is / is not ID)
+``expect leader [ID|not ID] [within=MS]``  a leader exists (and is / is not ID), waiting up to MS
 ``expect voters 1 2 3:new ...``    the leader's voter set, ``ID`` = current UUID, ``ID:old`` = previous
 ``expect removed ID:old``          the key is in the removed set
 ``expect pending none|add|remove`` / ``expect target none|1,2,4``
@@ -171,6 +172,18 @@ class Interpreter:
             self.s.blocked.update(frozenset((a, b)) for b in self.s.nodes if b != a)
         elif cmd == "heal":
             self.s.blocked.clear()
+        elif cmd in ("resign", "shutdown"):
+            n = self.node(args[0])
+            assert n.core is not None
+            if cmd == "resign":
+                n.core.resign(self.s.now)
+            else:
+                n.core.shutdown(self.s.now)
+            self.s.pump(n)
+            self.s.note(f"{cmd} node {n.id}")
+            if cmd == "shutdown":
+                self.s.run(50)  # let the EndQuorumEpoch requests leave before the process stops
+                self.s.crash(n)
         elif cmd == "replace-disk":
             n = self.node(args[0])
             self.old[n.id] = n.uuid
@@ -207,6 +220,7 @@ class Interpreter:
     def recover_unclean(self, n: Node) -> None:
         s = self.s
         s.crash(n)
+        s.unclean = True
         cfg = s.config_for(n)
         plan = plan_unclean_recovery(n.log.summary(), n.qs, n.key, s.now, cfg.bootstrap_voters, n.endpoint)
         n.log.append(plan.batch)
@@ -219,8 +233,13 @@ class Interpreter:
         what = args[0]
         s = self.s
         if what == "leader":
-            if not s.until(lambda: s.leader() is not None, 10000):
-                self.fail("no leader")
+            within = 10000
+            for a in list(args):
+                if a.startswith("within="):
+                    within = int(a.split("=")[1])
+                    args.remove(a)
+            if not s.until(lambda: s.leader() is not None, within):
+                self.fail(f"no leader within {within} ms")
             ld = s.leader()
             assert ld is not None
             if len(args) == 2 and ld.id != int(args[1]):

@@ -71,6 +71,14 @@ def settle(sim: Sim, ms: int = 6000) -> None:
             "liveness",
             f"voters did not converge: {[(n.id, n.core and n.core.hw) for n in sim.nodes.values()]}",
         )
+    # State machines that applied the same prefix hold the same data.
+    by_applied: dict[int, dict[str, str]] = {}
+    for n in sim.nodes.values():
+        if n.core is None:
+            continue
+        seen = by_applied.setdefault(n.applied, n.kv)
+        if seen != n.kv:
+            sim.fail("state-machine-agreement", f"node {n.id} applied {n.applied} but its data differs")
 
 
 class Operator:

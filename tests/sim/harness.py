@@ -141,6 +141,7 @@ class Sim:
         self.trace: list[str] = []
         self.scheduled: list[tuple[int, int, Callable[[], None]]] = []
         self.recovery_needed: set[int] = set()
+        self.unclean = False  # set by an unclean recovery: committed data may be lost on purpose
         for n in self.nodes.values():
             self.start(n)
 
@@ -254,6 +255,7 @@ class Sim:
                 if prev is not None and prev != n.key:
                     self.fail("one-leader-per-epoch", f"epoch {rc.epoch}: {prev} and {n.key}")
                 self.leaders[rc.epoch] = n.key
+                self.check_leader_completeness(n)
         for pr in r.proposal_results:
             recs = self.proposals.pop((n.id, n.uuid, pr.last_offset, pr.epoch), None)
             if recs is None:
@@ -540,6 +542,27 @@ class Sim:
         offsets = {c.offset for c in changes}
         if len(offsets) > 1:
             self.fail("one-uncommitted-voter-change", f"node {n.id} hw {core.hw}: {changes}")
+
+    def check_leader_completeness(self, n: Node) -> None:
+        """Raft's Leader Completeness: a new leader's log holds every committed entry (those
+        below its log start are in its snapshot). Unclean recovery is exempt by design."""
+        if self.unclean:
+            return
+        start = n.log.log_start
+        if n.log.snapshot is not None:
+            start = max(start, n.log.snapshot.snapshot_id.offset)
+        end = self.committed_end
+        if n.log.end_offset < end:
+            self.fail(
+                "leader-completeness", f"leader {n.key} log ends at {n.log.end_offset} < committed {end}"
+            )
+        for off, epoch, rec, _base in n.log.records_between(start, end):
+            rep = rec.decode() if isinstance(rec, bytes) else repr(rec)
+            if self.committed.get(off) != (epoch, rep):
+                self.fail(
+                    "leader-completeness",
+                    f"leader {n.key} offset {off}: {(epoch, rep)} vs {self.committed.get(off)}",
+                )
 
     def _is_committed_here(self, n: Node, off: int) -> bool:
         got = self.committed.get(off)

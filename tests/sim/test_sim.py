@@ -20,7 +20,7 @@ def seeds(default: int, offset: int) -> list[int]:
     return list(range(offset, offset + k))
 
 
-@pytest.mark.parametrize("seed", seeds(150, 0))
+@pytest.mark.parametrize("seed", seeds(300, 0))
 def test_chaos(seed: int) -> None:
     """Crashes (also between append and fsync), partitions, drops, duplicates, snapshots;
     every fourth seed without pre-vote."""
@@ -49,7 +49,7 @@ def retry(sim: Sim, attempt: int) -> None:
         sim.run(300)
 
 
-@pytest.mark.parametrize("seed", seeds(60, 1000))
+@pytest.mark.parametrize("seed", seeds(100, 1000))
 def test_disk_replacement(seed: int) -> None:
     """KIP-856 recovery: a voter loses its disk, returns as an observer with a new UUID, is
     added (AddVoter(new)) and its old identity removed (RemoveVoter(old))."""
@@ -86,7 +86,7 @@ def test_disk_replacement(seed: int) -> None:
     assert old in voters.removed
 
 
-@pytest.mark.parametrize("seed", seeds(50, 2000))
+@pytest.mark.parametrize("seed", seeds(80, 2000))
 def test_reassignment(seed: int) -> None:
     """KIP-642: reassign {1,2,3} to a set with a spare replica and without one old id
     (sometimes the leader's, which then removes itself last and resigns)."""
@@ -121,7 +121,7 @@ def test_reassignment(seed: int) -> None:
     assert ld is not None and ld.core is not None and ld.id in target
 
 
-@pytest.mark.parametrize("seed", seeds(60, 3000))
+@pytest.mark.parametrize("seed", seeds(100, 3000))
 def test_mixed_membership_chaos(seed: int) -> None:
     """Crashes, partitions, drops, disk replacements handled by an operator, and reassignments
     among five ids, all interleaved; invariants after every step, convergence at the end."""

@@ -1,0 +1,268 @@
+"""Benchmark of the recovery report: the full Spark job against the same aggregation in pandas
+and in DuckDB, on generated event logs (``kraftkeeper_reports.generate``).
+
+    .venv/bin/python bench/report.py                      # 1 M and 10 M events
+    .venv/bin/python bench/report.py --sizes 100000,1000000
+
+For each size, each engine runs in its own process (so memory is its own), while this script
+samples the process tree with psutil every 0.1 s:
+
+* spark:  ``python -m kraftkeeper_reports.job`` on ``local[2]``: parse and validate every line
+  (per-reason counts), sessionise, phase percentiles per cluster and overall, failures, daily
+  trend, slowest recoveries, Parquet/CSV tables and the HTML report. Wall time includes JVM
+  start. "driver peak" = the driver's Python + its JVM; Python workers are shown apart.
+* pandas: the same per-line classification (``events.classify_line``), then groupby per
+  recovery, exact percentiles per phase (numpy, linear), failures and daily counts; no report.
+* duckdb: ``read_json`` with ``ignore_errors`` (a line DuckDB cannot read is skipped without a
+  reason: less validation than the two others), the same aggregation in SQL (``quantile_cont``,
+  exact), 2 threads.
+
+Events per second = input lines / wall time. Each engine prints the overall p50 of the total
+recovery time, so the table also shows that the three agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PHASES = ("catch_up", "add_voter", "remove_voter", "under_replicated", "exposure", "total")
+
+
+# --- the pandas and DuckDB versions of the aggregation (run in a child process) -------------
+
+
+def run_pandas(root: Path) -> dict[str, Any]:
+    import numpy as np
+    import pandas as pd
+    from kraftkeeper_reports import events as ev
+
+    cols: dict[str, list[Any]] = defaultdict(list)
+    bad: dict[str, int] = defaultdict(int)
+    lines = 0
+    for f in sorted(root.rglob("*.jsonl")):
+        with open(f, encoding="utf-8") as fh:
+            for raw in fh:
+                lines += 1
+                c = ev.classify_line(raw.rstrip("\n"))
+                if c.problem is not None:
+                    bad[c.problem.reason] += 1
+                    continue
+                e = c.event
+                assert e is not None
+                cols["cluster"].append(e["cluster"])
+                cols["rid"].append(e["recovery_id"])
+                cols["type"].append(e["type"])
+                cols["ts"].append(c.ts_ms)
+                cols["reason"].append(e["detail"].get("reason") if e["type"] == ev.RECOVERY_FAILED else None)
+    df = pd.DataFrame(cols)
+    df["type"] = df["type"].astype("category")
+    first = df.pivot_table(index=["cluster", "rid"], columns="type", values="ts", aggfunc="min", observed=True)
+    reasons = df.dropna(subset=["reason"]).groupby("reason").size()
+    det = first[ev.DISK_REPLACEMENT_DETECTED]
+    done = first[first[ev.RECOVERY_COMPLETED].notna() & det.notna()].copy()
+    d = done[ev.DISK_REPLACEMENT_DETECTED]
+    phases = pd.DataFrame({
+        "catch_up": done[ev.REPLICA_CAUGHT_UP] - d,
+        "add_voter": done[ev.ADD_VOTER_COMMITTED] - done[ev.REPLICA_CAUGHT_UP],
+        "remove_voter": done[ev.REMOVE_VOTER_COMMITTED] - done[ev.ADD_VOTER_COMMITTED],
+        "under_replicated": done[ev.ADD_VOTER_COMMITTED] - d,
+        "exposure": done[ev.REMOVE_VOTER_COMMITTED] - d,
+        "total": done[ev.RECOVERY_COMPLETED] - d,
+    }).reset_index()
+    per_cluster = phases.groupby("cluster")[list(PHASES)].quantile([0.5, 0.9, 0.99])
+    daily = pd.to_datetime(det.dropna(), unit="ms").dt.date.value_counts()
+    return {
+        "lines": lines,
+        "bad_lines": sum(bad.values()),
+        "recoveries": len(first),
+        "p50_total_ms": float(np.percentile(phases["total"].dropna(), 50)),
+        "groups": len(per_cluster) + len(reasons) + len(daily),
+    }
+
+
+DUCK_SQL = """
+WITH ev AS (
+  SELECT cluster, recovery_id, type, detail.reason AS reason,
+         epoch_ms(try_strptime(ts, '%Y-%m-%dT%H:%M:%S.%gZ')) AS ts_ms
+  FROM read_json($glob, format = 'newline_delimited', ignore_errors = true, union_by_name = true,
+                 columns = {schema_version: 'BIGINT', ts: 'VARCHAR', cluster: 'VARCHAR',
+                            recovery_id: 'VARCHAR', type: 'VARCHAR', replica_id: 'BIGINT',
+                            detail: 'STRUCT(reason VARCHAR)'})
+  WHERE schema_version = 1 AND cluster IS NOT NULL AND recovery_id IS NOT NULL
+), rec AS (
+  SELECT cluster, recovery_id,
+    min(ts_ms) FILTER (type = 'disk_replacement_detected') AS det,
+    min(ts_ms) FILTER (type = 'replica_caught_up') AS cu,
+    min(ts_ms) FILTER (type = 'add_voter_committed') AS avc,
+    min(ts_ms) FILTER (type = 'remove_voter_committed') AS rvc,
+    min(ts_ms) FILTER (type = 'recovery_completed') AS done,
+    max(reason) FILTER (type = 'recovery_failed') AS reason
+  FROM ev WHERE ts_ms IS NOT NULL GROUP BY ALL
+), ph AS (
+  SELECT cluster, cu - det AS catch_up, avc - cu AS add_voter, rvc - avc AS remove_voter,
+         avc - det AS under_replicated, rvc - det AS exposure, done - det AS total
+  FROM rec WHERE done IS NOT NULL AND det IS NOT NULL
+)
+SELECT cluster,
+  quantile_cont(catch_up, [0.5, 0.9, 0.99]), quantile_cont(add_voter, [0.5, 0.9, 0.99]),
+  quantile_cont(remove_voter, [0.5, 0.9, 0.99]), quantile_cont(under_replicated, [0.5, 0.9, 0.99]),
+  quantile_cont(exposure, [0.5, 0.9, 0.99]), quantile_cont(total, [0.5, 0.9, 0.99])
+FROM ph GROUP BY ROLLUP (cluster)
+"""
+
+
+def run_duckdb(root: Path) -> dict[str, Any]:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads = 2")
+    glob = str(root / "**" / "*.jsonl")
+    rows = con.execute(DUCK_SQL, {"glob": glob}).fetchall()
+    overall = [r for r in rows if r[0] is None][0]
+    fails = con.execute(
+        "SELECT detail.reason, count(*) FROM read_json($glob, format='newline_delimited', ignore_errors=true,"
+        " columns={type: 'VARCHAR', detail: 'STRUCT(reason VARCHAR)'}) WHERE type = 'recovery_failed'"
+        " GROUP BY ALL", {"glob": glob}).fetchall()
+    lines = 0
+    for f in root.rglob("*.jsonl"):
+        with open(f, "rb") as fh:
+            lines += sum(buf.count(b"\n") for buf in iter(lambda fh=fh: fh.read(1 << 20), b""))
+    return {"lines": lines, "p50_total_ms": float(overall[6][0]), "groups": len(rows) + len(fails)}
+
+
+# --- measurement ------------------------------------------------------------------------------
+
+
+class Sampler(threading.Thread):
+    """Peak RSS of a process tree: the root, the JVM children, everything."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.root = psutil.Process(pid)
+        self.stop = threading.Event()
+        self.peak_driver = 0
+        self.peak_total = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+                driver = total = 0
+                for p in procs:
+                    try:
+                        rss = p.memory_info().rss
+                        name = p.name()
+                    except psutil.Error:
+                        continue
+                    total += rss
+                    if p.pid == self.root.pid or name == "java":
+                        driver += rss
+                self.peak_driver = max(self.peak_driver, driver)
+                self.peak_total = max(self.peak_total, total)
+            except psutil.Error:
+                pass
+            self.stop.wait(0.1)
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int, str]:
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    s = Sampler(proc.pid)
+    s.start()
+    out, err = proc.communicate()
+    wall = time.monotonic() - t0
+    s.stop.set()
+    s.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: {' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    return wall, s.peak_driver, s.peak_total, out
+
+
+def ensure_data(base: Path, n: int, seed: int) -> tuple[Path, dict[str, Any]]:
+    from kraftkeeper_reports.generate import generate
+
+    d = base / f"events-{n}-seed{seed}"
+    stamp = d / "_generated.json"  # "_" prefix: Spark and our readers skip it
+    if stamp.exists():
+        return d, json.loads(stamp.read_text())
+    t0 = time.monotonic()
+    stats = generate(d, events=n, clusters=24, days=30, seed=seed, malformed_rate=0.001,
+                     files_per_day=2, workers=2)
+    info = stats.as_dict() | {"generate_s": round(time.monotonic() - t0, 1)}
+    stamp.write_text(json.dumps(info))
+    return d, info
+
+
+def mib(b: int) -> str:
+    return f"{b / 1048576:,.0f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Spark report job vs pandas vs DuckDB")
+    ap.add_argument("--sizes", default="1000000,10000000", help="comma-separated event counts")
+    ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "kk-report-bench"),
+                    help="where generated logs are kept (reused between runs)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--engines", default="spark,pandas,duckdb")
+    ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
+    ap.add_argument("--events", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.engine:
+        fn = {"pandas": run_pandas, "duckdb": run_duckdb}[a.engine]
+        print(json.dumps(fn(Path(a.events))))
+        return 0
+
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+    engines = a.engines.split(",")
+    rows = []
+    for n in (int(x) for x in a.sizes.split(",")):
+        data, info = ensure_data(Path(a.data), n, a.seed)
+        lines = int(info["lines"])
+        print(f"# {n:,} events requested: {lines:,} lines, generated in {info['generate_s']} s", file=sys.stderr)
+        for eng in engines:
+            if eng == "spark":
+                out = Path(a.data) / f"report-{n}"
+                cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(data), "--out", str(out),
+                       "--master", a.master]
+                wall, drv, tot, _ = measure(cmd, env)
+                summary = json.loads((out / "tables" / "summary.json").read_text())
+                p50 = float(summary["p50_total_ms"] or 0.0)
+            else:
+                cmd = [sys.executable, __file__, "--engine", eng, "--events", str(data)]
+                wall, drv, tot, out_s = measure(cmd, env)
+                p50 = float(json.loads(out_s.strip().splitlines()[-1])["p50_total_ms"])
+            rows.append({"events": n, "lines": lines, "engine": eng, "wall_s": wall, "eps": lines / wall,
+                         "driver_peak": drv, "total_peak": tot, "p50_total_ms": p50})
+            print(f"# {eng:7s} {wall:8.1f} s  {lines / wall:12,.0f} lines/s  driver {mib(drv)}  "
+                  f"all {mib(tot)}  p50 {p50:,.0f} ms", file=sys.stderr)
+
+    print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+          f"spark master {a.master}")
+    hdr = (f"| {'events':>11} | {'engine':7} | {'wall s':>8} | {'lines/s':>11} | {'vs spark':>8} | "
+           f"{'peak RSS driver':>15} | {'peak RSS all':>12} | {'p50 total':>10} |")
+    print(hdr)
+    print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for r in rows:
+        base = next((x for x in rows if x["events"] == r["events"] and x["engine"] == "spark"), r)
+        ratio = r["eps"] / base["eps"]
+        print(f"| {r['events']:>11,} | {r['engine']:7} | {r['wall_s']:>8.1f} | {r['eps']:>11,.0f} | "
+              f"{ratio:>7.2f}x | {mib(r['driver_peak']):>15} | {mib(r['total_peak']):>12} | "
+              f"{r['p50_total_ms'] / 1000:>8.1f} s |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
