@@ -97,7 +97,14 @@ class LocalCluster:
         ``--no-initial-controllers``: the node never counts itself a bootstrap voter)."""
         extra = ["--no-initial-controllers"] if replacement else []
         out = run_cli(
-            "format", "--dir", str(self.data_dir(i)), "--cluster-id", self.cluster_id, "--node-id", str(i), *extra
+            "format",
+            "--dir",
+            str(self.data_dir(i)),
+            "--cluster-id",
+            self.cluster_id,
+            "--node-id",
+            str(i),
+            *extra,
         )
         self.uuids[i] = out.stdout.strip().splitlines()[-1]
         return self.uuids[i]

@@ -69,7 +69,16 @@ def test_format_replacement_flag_is_recorded(tmp_path: Path) -> None:
     from quorum.storage import load_meta
 
     run_cli("format", "--dir", str(tmp_path / "a"), "--cluster-id", "c", "--node-id", "1")
-    run_cli("format", "--dir", str(tmp_path / "b"), "--cluster-id", "c", "--node-id", "1", "--no-initial-controllers")
+    run_cli(
+        "format",
+        "--dir",
+        str(tmp_path / "b"),
+        "--cluster-id",
+        "c",
+        "--node-id",
+        "1",
+        "--no-initial-controllers",
+    )
     assert load_meta(tmp_path / "a").initial_bootstrap is True
     assert load_meta(tmp_path / "b").initial_bootstrap is False
     assert "bootstrap.initial=false" in (tmp_path / "b" / "meta.properties").read_text()
