@@ -128,6 +128,15 @@ def parse_spec(body: Mapping[str, Any]) -> QuorumSpec:
     log_path = (spec.get("eventLog") or {}).get("path", "stdout")
     if not isinstance(log_path, str) or not (log_path == "stdout" or log_path.startswith("/")):
         raise SpecError(f"spec.eventLog.path: must be 'stdout' or an absolute path, got {log_path!r}")
+    # The operator writes where a resource tells it to: keep that inside its event-log volume
+    # (KRAFTKEEPER_EVENT_LOG_DIR, set by the Helm chart) so a spec cannot overwrite other files.
+    root = os.environ.get("KRAFTKEEPER_EVENT_LOG_DIR")
+    if root and log_path != "stdout":
+        norm, base = os.path.normpath(log_path), os.path.normpath(root)
+        if norm != base and not norm.startswith(base + os.sep):
+            raise SpecError(
+                f"spec.eventLog.path: {log_path!r} is outside the operator's event-log directory {root}"
+            )
     try:
         policy = RecoveryPolicy.from_spec(spec.get("recovery"), spec.get("uncleanRecovery"))
     except PolicyError as e:

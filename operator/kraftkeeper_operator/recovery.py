@@ -33,11 +33,20 @@ oldest detection. With 3 voters a second replaced disk means no live majority, s
 (QuorumLost) until a node comes back; with 5 voters the second recovery proceeds after the first
 because the majority check passes at each step.
 
-Order trade-off: ``AddThenRemove`` (the default, KIP-856's order) briefly has 2n+2 voters
-(e.g. 4 out of 3 replicas), so committing the addition needs 3 of 4 to be live. ``RemoveThenAdd``
+Order trade-off: ``AddThenRemove`` (the default, KIP-856's order) briefly has n+1 voter entries
+(e.g. 4 for 3 replicas, one of them the dead old UUID), so committing the addition and anything
+after it needs 3 of 4 to be live, the new replica included. ``RemoveThenAdd``
 (Kafka's final KIP-853 order, which rejects duplicate ids) never has the extra voter, but between
 the two steps the voter set is smaller (3 -> 2: no failure tolerated at all) and if the new replica
-then fails the quorum stays one voter short until it returns.
+then fails the quorum stays one voter short until it returns. (Our engine refuses to remove an
+id's only voter UUID, so with it RemoveThenAdd ends in ``recovery_failed``, voters untouched.)
+
+Errors from a voter change: an outcome-unknown or busy answer (timeouts, NOT_LEADER,
+VOTER_CHANGE_IN_PROGRESS, ...) is retried with a back-off after the quorum has been looked at
+again; a refusal (INVALID_REQUEST, ...) fails the recovery with the engine's message, and the same
+(id, new UUID) is tried again only after ``timeoutSeconds``. A UUID retired by a completed recovery
+is never taken for a new disk again, even if the leader still lists it as an observer (a removed
+(id, UUID) stays removed, KAFKA-19850).
 """
 
 from __future__ import annotations

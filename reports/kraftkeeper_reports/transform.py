@@ -193,11 +193,19 @@ def sessionise(events: DataFrame) -> DataFrame:
         F.min_by("old_uuid", "ts_ms").alias("old_uuid"),
         F.max_by("new_uuid", "ts_ms").alias("new_uuid"),
         F.max(F.when(F.col("type") == ev.RECOVERY_FAILED, F.col("failure_reason"))).alias("failure_reason"),
+        F.min("ts_ms").alias("min_ts"),
+        F.max("ts_ms").alias("max_ts"),
         F.collect_list("ts_ms").alias("all_ts"),
     )
     end = F.least(F.col("t_completed"), F.col("t_failed"))
     agg = agg.withColumn("t_end", end)
-    agg = agg.withColumn("n_after_end", F.size(F.filter("all_ts", lambda x: x > F.col("t_end"))))
+    # Plain (code-generated) expressions for every flag; lambdas (interpreted by Spark) only on
+    # the rare rows that need them, since they cost ~10x per row.
+    after_end = F.coalesce(F.col("max_ts") > F.col("t_end"), F.lit(False))
+    agg = agg.withColumn(
+        "n_after_end",
+        F.when(after_end, F.size(F.filter("all_ts", lambda x: x > F.col("t_end")))).otherwise(F.lit(0)),
+    )
 
     # Ordering: every step must not be stamped before any step it follows in protocol order
     # (KIP-856: caught up, then AddVoter, then RemoveVoter). Step j violates it when
@@ -245,15 +253,19 @@ def sessionise(events: DataFrame) -> DataFrame:
     ]
     excluding = {"missing_detection", "impossible_order", "conflicting_outcome", "incomplete_steps",
                  "inconsistent_replica"}
+    for code, cond, _ in problems:
+        agg = agg.withColumn(f"f_{code}", F.coalesce(cond, F.lit(False)))
     agg = agg.withColumn(
-        "problems",
-        F.filter(F.array(*[F.when(c, F.lit(code)) for code, c, _ in problems]), lambda x: x.isNotNull()),
+        "problems", F.array_compact(F.array(*[F.when(F.col(f"f_{c}"), F.lit(c)) for c, _, _ in problems]))
     ).withColumn(
         "problem_messages",
-        F.filter(F.array(*[F.when(c, F.concat(F.lit(code + ": "), m)) for code, c, m in problems]),
-                 lambda x: x.isNotNull()),
+        F.array_compact(
+            F.array(*[F.when(F.col(f"f_{c}"), F.concat(F.lit(c + ": "), m)) for c, _, m in problems])
+        ),
     )
-    invalid = F.exists("problems", lambda x: x.isin(*excluding))
+    invalid = F.lit(False)
+    for code in excluding:
+        invalid = invalid | F.col(f"f_{code}")
     outcome = (
         F.when(invalid, "invalid")
         .when(F.col("t_completed").isNotNull(), "completed")
@@ -270,7 +282,7 @@ def sessionise(events: DataFrame) -> DataFrame:
         "cluster", "recovery_id", "replica_id", "old_uuid", "new_uuid", "outcome",
         F.when(F.col("outcome") == "failed", F.coalesce("failure_reason", F.lit("unspecified")))
         .alias("failure_reason"),
-        F.to_date(F.timestamp_millis(F.coalesce("t_detected", F.array_min("all_ts")))).alias("date"),
+        F.to_date(F.timestamp_millis(F.coalesce("t_detected", "min_ts"))).alias("date"),
         *TS_COL.values(),
         "n_events", "n_after_end",
         dur("t_detected", "t_caught_up").alias("catch_up_ms"),
@@ -377,7 +389,7 @@ def phase_stats(recoveries: DataFrame) -> DataFrame:
         .select(
             F.when(F.col("g") == 1, F.lit(ALL_CLUSTERS)).otherwise(F.col("cluster")).alias("cluster"),
             "phase", "recoveries", "min_ms",
-            *[F.col("pct")[i].alias(f"p{int(round(p * 100))}_ms") for i, p in enumerate(PERCENTILES)],
+            *[F.col("pct")[i].alias(f"p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
             "max_ms", "mean_ms",
         )
         .orderBy("phase", "cluster")

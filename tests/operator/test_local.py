@@ -281,3 +281,49 @@ def test_local_mode_remove_then_add_order(tmp_path: Path) -> None:
             assert seq[-1] == "recovery_failed" and (victim, old) in keys and len(keys) == 3
     finally:
         assert c.stop() == 0, c.tail()
+
+
+@needs_engine
+@pytest.mark.slow
+def test_two_disks_replaced_in_a_five_node_cluster_recover_one_after_the_other(tmp_path: Path) -> None:
+    d = tmp_path / "five"
+    c = LocalCluster(d, 5, extra=["--stabilization-seconds", "1", "--live-window-seconds", "3"])
+    try:
+        first = poll(
+            "a leader and 5 known voters",
+            lambda: (
+                (x := c.describe())
+                and x["leader_id"] > 0
+                and len(x["voters"]) == 5
+                and all(v["uuid"] for v in x["voters"])
+                and x
+            ),
+            timeout=120,
+        )
+        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
+        victims = [v["id"] for v in first["voters"] if v["id"] != first["leader_id"]][:2]
+        news = {}
+        for node in victims:  # the second while the first recovery is still running
+            out = kk("cluster", "replace-disk", "--dir", str(d), "--node", str(node))
+            assert out.returncode == 0, out.stderr
+            news[node] = out.stdout.strip().splitlines()[-1]
+
+        def both_done() -> dict[str, object] | None:
+            x = c.describe()
+            if not x or x["pending_voter_change"] is not None:
+                return None
+            keys = {(v["id"], v["uuid"]) for v in x["voters"]}
+            return x if all((n, u) in keys for n, u in news.items()) and len(keys) == 5 else None
+
+        poll("both replaced disks are voters again", both_done, timeout=180)
+        events = read_events(d)
+        changes = [
+            (e["type"], e["replica_id"]) for e in events if e["type"].endswith(("_started", "_committed"))
+        ]
+        # One change at a time: every start is followed by its own commit before the next start.
+        for (a, ida), (b, idb) in zip(changes[::2], changes[1::2], strict=True):
+            assert a.endswith("_started") and b == a.replace("_started", "_committed") and ida == idb
+        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
+        assert got.returncode == 0 and got.stdout.strip() == "v1"
+    finally:
+        assert c.stop() == 0, c.tail()

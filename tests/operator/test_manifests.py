@@ -75,3 +75,12 @@ def test_endpoint_overrides() -> None:
     assert parse_overrides("") == {}
     with pytest.raises(ValueError, match="ns/name/ordinal=HOST:PORT"):
         parse_overrides("ns/q=127.0.0.1:1")
+
+
+def test_event_log_path_must_stay_inside_the_operator_volume(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KRAFTKEEPER_EVENT_LOG_DIR", "/data/events")
+    assert parse_spec(body(eventLog={"path": "/data/events/q.jsonl"})).event_log == "/data/events/q.jsonl"
+    assert parse_spec(body(eventLog={"path": "stdout"})).event_log == "stdout"
+    for bad in ("/etc/passwd", "/data/events/../../etc/x.jsonl", "/data/eventsX/q.jsonl"):
+        with pytest.raises(SpecError, match=r"spec\.eventLog\.path: .* outside"):
+            parse_spec(body(eventLog={"path": bad}))
