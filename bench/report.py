@@ -68,7 +68,8 @@ def run_pandas(root: Path) -> dict[str, Any]:
                 cols["reason"].append(e["detail"].get("reason") if e["type"] == ev.RECOVERY_FAILED else None)
     df = pd.DataFrame(cols)
     df["type"] = df["type"].astype("category")
-    first = df.pivot_table(index=["cluster", "rid"], columns="type", values="ts", aggfunc="min", observed=True)
+    first = df.pivot_table(index=["cluster", "rid"], columns="type", values="ts", aggfunc="min",
+                           observed=True)
     reasons = df.dropna(subset=["reason"]).groupby("reason").size()
     det = first[ev.DISK_REPLACEMENT_DETECTED]
     done = first[first[ev.RECOVERY_COMPLETED].notna() & det.notna()].copy()
@@ -81,7 +82,7 @@ def run_pandas(root: Path) -> dict[str, Any]:
         "exposure": done[ev.REMOVE_VOTER_COMMITTED] - d,
         "total": done[ev.RECOVERY_COMPLETED] - d,
     }).reset_index()
-    per_cluster = phases.groupby("cluster")[list(PHASES)].quantile([0.5, 0.9, 0.99])
+    per_cluster = phases.groupby("cluster")[list(PHASES)].quantile(np.array([0.5, 0.9, 0.99]))
     daily = pd.to_datetime(det.dropna(), unit="ms").dt.date.value_counts()
     return {
         "lines": lines,
@@ -130,7 +131,7 @@ def run_duckdb(root: Path) -> dict[str, Any]:
     con.execute("SET threads = 2")
     glob = str(root / "**" / "*.jsonl")
     rows = con.execute(DUCK_SQL, {"glob": glob}).fetchall()
-    overall = [r for r in rows if r[0] is None][0]
+    overall = next(r for r in rows if r[0] is None)
     fails = con.execute(
         "SELECT detail.reason, count(*) FROM read_json($glob, format='newline_delimited', ignore_errors=true,"
         " columns={type: 'VARCHAR', detail: 'STRUCT(reason VARCHAR)'}) WHERE type = 'recovery_failed'"
@@ -138,7 +139,8 @@ def run_duckdb(root: Path) -> dict[str, Any]:
     lines = 0
     for f in root.rglob("*.jsonl"):
         with open(f, "rb") as fh:
-            lines += sum(buf.count(b"\n") for buf in iter(lambda fh=fh: fh.read(1 << 20), b""))
+            while buf := fh.read(1 << 20):
+                lines += buf.count(b"\n")
     return {"lines": lines, "p50_total_ms": float(overall[6][0]), "groups": len(rows) + len(fails)}
 
 
@@ -231,12 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in a.sizes.split(",")):
         data, info = ensure_data(Path(a.data), n, a.seed)
         lines = int(info["lines"])
-        print(f"# {n:,} events requested: {lines:,} lines, generated in {info['generate_s']} s", file=sys.stderr)
+        print(f"# {n:,} events requested: {lines:,} lines, generated in {info['generate_s']} s",
+              file=sys.stderr)
         for eng in engines:
             if eng == "spark":
                 out = Path(a.data) / f"report-{n}"
-                cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(data), "--out", str(out),
-                       "--master", a.master]
+                cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(data),
+                       "--out", str(out), "--master", a.master]
                 wall, drv, tot, _ = measure(cmd, env)
                 summary = json.loads((out / "tables" / "summary.json").read_text())
                 p50 = float(summary["p50_total_ms"] or 0.0)

@@ -1,11 +1,15 @@
 """kopf handlers for KRaftQuorum: thin glue between the Kubernetes API and the domain code.
 
 * create / update (spec) / resume -> validate the spec (``manifests.parse_spec``), server-side
-  apply the StatefulSet, the two Services and the PodDisruptionBudget (owned by the resource),
-  and (re)configure the per-resource :class:`RecoveryController`.
+  apply the ``NAME-bootstrap`` ConfigMap (without its key), the StatefulSet, the two Services and
+  the PodDisruptionBudget (owned by the resource), and (re)configure the per-resource
+  :class:`RecoveryController`.
 * a daemon per resource -> every ``KRAFTKEEPER_RECONCILE_INTERVAL`` seconds (default 2) runs one
-  controller pass, writes ``status`` when it changed, and finishes scale-downs: the StatefulSet
-  shrinks only after the quorum's voter set already equals the new ids (reassign first, KIP-642).
+  controller pass, writes ``status`` when it changed, sets ``bootstrapped: "true"`` in the
+  ``NAME-bootstrap`` ConfigMap once every voter has a storage UUID (never unset; from then on a
+  fresh volume is formatted with ``--no-initial-controllers``, see manifests.py), and finishes
+  scale-downs: the StatefulSet shrinks only after the quorum's voter set already equals the new
+  ids (reassign first, KIP-642).
 * delete -> the finalizer (``kraftkeeper.io/cleanup``, added by kopf because a delete handler
   exists) stops the daemon and deletes the owned objects explicitly, without relying on a garbage
   collector; PVCs are retained (see manifests.py for the PVC policy).
@@ -36,25 +40,32 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from .controller import RecoveryController
 from .manifests import (
     BOOTSTRAP_ANNOTATION,
+    BOOTSTRAP_KEY,
     GROUP,
     PLURAL,
     VERSION,
     QuorumSpec,
     SpecError,
+    bootstrap_configmap,
     client_service,
     endpoints,
     headless_service,
     owner_reference,
+    owner_reference_of,
     parse_overrides,
     parse_spec,
     pod_disruption_budget,
     statefulset,
 )
-from .recovery import Recovery
+from .recovery import QuorumView, Recovery
 from .telemetry import CallbackSink, EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink
 
 log = logging.getLogger("kraftkeeper.operator")
 FIELD_MANAGER = "kraftkeeper-operator"
+# Owns only data.bootstrapped of the NAME-bootstrap ConfigMap: the spec reconcile (FIELD_MANAGER)
+# applies that object without the key, and server-side apply removes a field only when the manager
+# that owns it applies without it, so no re-apply can ever unset the flag.
+BOOTSTRAP_FIELD_MANAGER = "kraftkeeper-operator-bootstrap"
 
 
 @dataclass
@@ -66,6 +77,7 @@ class Managed:
     replicas: int
     endpoints: list[str]
     ever_available: bool = False
+    bootstrap_flagged: bool = False  # data.bootstrapped written (re-written once after a restart)
     last_status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,12 +122,12 @@ def _api_error(what: str, e: ApiException) -> Exception:
     return kopf.TemporaryError(f"{what}: HTTP {e.status} {message}", delay=5)
 
 
-async def apply(obj: dict[str, Any]) -> None:
+async def apply(obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> None:
     """Server-side apply (create or update) one owned object."""
     api = await api_client()
     kind, name, ns = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
     kw: dict[str, Any] = {
-        "field_manager": FIELD_MANAGER,
+        "field_manager": field_manager,
         "force": True,
         "_content_type": "application/apply-patch+yaml",
     }
@@ -126,6 +138,8 @@ async def apply(obj: dict[str, Any]) -> None:
             await k8s.CoreV1Api(api).patch_namespaced_service(name, ns, obj, **kw)
         elif kind == "PodDisruptionBudget":
             await k8s.PolicyV1Api(api).patch_namespaced_pod_disruption_budget(name, ns, obj, **kw)
+        elif kind == "ConfigMap":
+            await k8s.CoreV1Api(api).patch_namespaced_config_map(name, ns, obj, **kw)
         else:
             raise ValueError(f"apply: unsupported kind {kind}")
     except ApiException as e:
@@ -319,6 +333,7 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger:
         bootstrap = int(ann) if ann and ann.isdigit() else q.voters
     try:
         for obj in (
+            bootstrap_configmap(q, owner, bootstrapped=False),  # before the pods that mount it
             headless_service(q, owner),
             client_service(q, owner),
             pod_disruption_budget(q, owner),
@@ -354,6 +369,7 @@ async def delete(meta: kopf.Meta, logger: Any, **_: Any) -> None:
         ("PodDisruptionBudget", lambda: policy.delete_namespaced_pod_disruption_budget(name, ns)),
         ("Service", lambda: core.delete_namespaced_service(name, ns)),
         ("Service", lambda: core.delete_namespaced_service(f"{name}-headless", ns)),
+        ("ConfigMap", lambda: core.delete_namespaced_config_map(f"{name}-bootstrap", ns)),
     ):
         try:
             await call()
@@ -376,6 +392,13 @@ async def recovery_daemon(meta: kopf.Meta, stopped: kopf.DaemonStopped, logger: 
         await stopped.wait(STATE.interval)
 
 
+def quorum_bootstrapped(view: QuorumView | None) -> bool:
+    """The leader's view shows every voter with a storage UUID: the uuid-less bootstrap voters
+    have all been replaced by real (id, UUID) voters (KIP-856), so no fresh directory may ever
+    again be formatted as an initial one."""
+    return view is not None and bool(view.voters) and all(v.uuid for v in view.voters)
+
+
 async def _daemon_pass(key: str) -> None:
     m = STATE.managed.get(key)
     if m is None:
@@ -387,6 +410,14 @@ async def _daemon_pass(key: str) -> None:
     if not m.ever_available:
         status["phase"] = "Bootstrapping"
     q = m.spec
+    if not m.bootstrap_flagged and quorum_bootstrapped(st.view):
+        # From now on a fresh volume is a replacement disk (or a new replica): formatted with
+        # --no-initial-controllers by the pods' init container (manifests.py).
+        await apply(bootstrap_configmap(q, owner_reference_of(q), bootstrapped=True), BOOTSTRAP_FIELD_MANAGER)
+        m.bootstrap_flagged = True
+        log.info(
+            "%s: quorum bootstrapped; ConfigMap %s has %s=true", key, q.bootstrap_configmap, BOOTSTRAP_KEY
+        )
     # Scale-down: the voters already are 1..N, so the extra pods hold no voter: shrink now.
     if m.replicas > q.voters and st.view is not None and st.view.target_voters is None:
         if sorted({v.id for v in st.view.voters}) == list(range(1, q.voters + 1)):

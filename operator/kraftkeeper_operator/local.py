@@ -20,6 +20,19 @@ keeps crashing). A node whose data directory has no meta.properties is formatted
 storage UUID (KIP-856 says a node must never invent its identity by itself; here the supervisor
 plays the human who formats a replaced volume).
 
+Initial versus replacement formatting (invariant): only the first formatting of a brand-new
+cluster is *initial*. The supervisor formats every node directory before it starts any node, then
+records ``"bootstrapped": true`` in cluster.json (so the rule survives supervisor restarts; a
+crash in between simply formats the remaining directories initially on the next start, since no
+node has run yet). Every later format - ``cluster replace-disk``, or the supervisor finding a wiped
+directory - runs ``kraftkeeper format --no-initial-controllers`` (meta.properties gets
+``bootstrap.initial=false``). A replacement disk must never count itself as one of the uuid-less
+bootstrap voters: otherwise two replaced disks with empty logs could elect each other and
+overwrite committed records (KIP-856 "storage UUID" motivation; the same flag as Kafka's KIP-853
+``format --no-initial-controllers``). A cluster.json written before this key existed counts as
+bootstrapped when any node directory is formatted. ``cluster replace-disk`` on a cluster that was
+never started is refused: there is no disk to replace yet.
+
 replace-disk handshake (so the supervisor never restarts a node whose directory is being wiped):
 the command creates ``control/node-N.hold`` holding its pid; the supervisor stops node N (SIGTERM,
 SIGKILL after a grace period), writes ``control/node-N.stopped`` and starts nothing for N while the
@@ -101,14 +114,46 @@ class ClusterLayout:
     cluster_id: str
     nodes: int
     base_port: int
+    # True once every node directory got its initial format (see the module docstring).
+    bootstrapped: bool = False
+
+    @classmethod
+    def _from_json(cls, d: Path) -> ClusterLayout:
+        cfg = d / "cluster.json"
+        try:
+            data = json.loads(cfg.read_text())
+            have = cls(d, str(data["cluster_id"]), int(data["nodes"]), int(data["base_port"]))
+            flag = data.get("bootstrapped")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{cfg} is damaged ({type(e).__name__}: {e}); it names the cluster: fix it by hand"
+            ) from None
+        if flag is None:
+            # Written before the flag existed: formatted directories mean nodes may have run.
+            flag = any((have.data_dir(i) / "meta.properties").exists() for i in range(1, have.nodes + 1))
+        have.bootstrapped = bool(flag)
+        return have
+
+    def save(self) -> None:
+        _write_atomic(
+            self.dir / "cluster.json",
+            json.dumps(
+                {
+                    "cluster_id": self.cluster_id,
+                    "nodes": self.nodes,
+                    "base_port": self.base_port,
+                    "bootstrapped": self.bootstrapped,
+                }
+            )
+            + "\n",
+        )
 
     @classmethod
     def load_or_create(cls, d: Path, nodes: int | None, base_port: int | None) -> ClusterLayout:
         d.mkdir(parents=True, exist_ok=True)
         cfg = d / "cluster.json"
         if cfg.exists():
-            data = json.loads(cfg.read_text())
-            have = cls(d, str(data["cluster_id"]), int(data["nodes"]), int(data["base_port"]))
+            have = cls._from_json(d)
             if nodes is not None and nodes != have.nodes:
                 raise ValueError(f"--nodes {nodes}: {d} was created with {have.nodes} nodes")
             if base_port is not None and base_port != have.base_port:
@@ -121,9 +166,7 @@ class ClusterLayout:
         if not 1024 <= port <= 65535 - n:
             raise ValueError(f"--base-port {port}: must leave room for {n} node ports below 65536")
         layout = cls(d, _uuid.uuid4().hex[:22], n, port)
-        _write_atomic(
-            cfg, json.dumps({"cluster_id": layout.cluster_id, "nodes": n, "base_port": port}) + "\n"
-        )
+        layout.save()
         return layout
 
     @classmethod
@@ -133,8 +176,7 @@ class ClusterLayout:
             raise FileNotFoundError(
                 f"{d} is not a cluster run by `kraftkeeper operator local` (no cluster.json)"
             )
-        data = json.loads(cfg.read_text())
-        return cls(d, str(data["cluster_id"]), int(data["nodes"]), int(data["base_port"]))
+        return cls._from_json(d)
 
     @property
     def name(self) -> str:
@@ -160,8 +202,12 @@ class ClusterLayout:
     def stopped_file(self, i: int) -> Path:
         return self.control() / f"node-{i}.stopped"
 
-    def format(self, i: int) -> str:
-        """Format node i's directory (new storage UUID); returns the UUID."""
+    def format(self, i: int, *, initial: bool = False) -> str:
+        """Format node i's directory (new storage UUID); returns the UUID. ``initial`` only for
+        the first formatting of a cluster that was never bootstrapped (:meth:`bootstrap`); any
+        other format is a replacement disk (``--no-initial-controllers``)."""
+        if initial and self.bootstrapped:
+            raise ValueError(f"node {i}: {self.dir} is bootstrapped already; only replacement formats remain")
         out = subprocess.run(
             [
                 *_kraftkeeper_cmd(),
@@ -172,6 +218,7 @@ class ClusterLayout:
                 self.cluster_id,
                 "--node-id",
                 str(i),
+                *([] if initial else ["--no-initial-controllers"]),
             ],
             capture_output=True,
             text=True,
@@ -181,6 +228,29 @@ class ClusterLayout:
         if out.returncode != 0:
             raise RuntimeError(f"format of node {i} failed: {out.stderr.strip() or out.stdout.strip()}")
         return out.stdout.strip().splitlines()[-1].strip()
+
+    def formatted(self, i: int) -> bool:
+        return (self.data_dir(i) / "meta.properties").exists()
+
+    def bootstrap(self) -> None:
+        """Give every unformatted node directory its initial format, then record the cluster as
+        bootstrapped. Must run before any node starts; a no-op once bootstrapped."""
+        if self.bootstrapped:
+            return
+        for i in range(1, self.nodes + 1):
+            if not self.formatted(i):
+                log.info("formatted node %d (initial): storage uuid %s", i, self.format(i, initial=True))
+        self.bootstrapped = True
+        self.save()
+
+    def ensure_formatted(self, i: int) -> str | None:
+        """Format node i's directory as a replacement disk if it has no meta.properties (wiped by
+        hand); returns the new UUID, or None if it was formatted already."""
+        if self.formatted(i):
+            return None
+        if not self.bootstrapped:
+            raise RuntimeError(f"node {i}: {self.dir} was never bootstrapped; refusing to start nodes")
+        return self.format(i)
 
 
 @dataclass
@@ -221,9 +291,9 @@ class Supervisor:
 
     async def _start(self, n: NodeProc) -> None:
         lay = self.layout
-        if not (lay.data_dir(n.index) / "meta.properties").exists():
-            uuid = await asyncio.to_thread(lay.format, n.index)
-            log.info("formatted node %d: storage uuid %s", n.index, uuid)
+        uuid = await asyncio.to_thread(lay.ensure_formatted, n.index)
+        if uuid is not None:
+            log.warning("node %d had no meta.properties: formatted as a replacement, uuid %s", n.index, uuid)
         if n.log_fh is None:
             # Kept open across restarts; opening a local file does not block the loop noticeably.
             n.log_fh = open(lay.dir / f"node-{n.index}.log", "ab")  # noqa: ASYNC230
@@ -349,6 +419,12 @@ async def run_local(
         if other and other != os.getpid() and _pid_alive(other):
             raise RuntimeError(f"{layout.dir} is already supervised by pid {other}")
     _write_atomic(pidfile, f"{os.getpid()}\n")
+    try:
+        # Before any node runs: the one moment an initial format is safe (module docstring).
+        await asyncio.to_thread(layout.bootstrap)
+    except BaseException:
+        pidfile.unlink(missing_ok=True)
+        raise
 
     metrics = OperatorMetrics()
     state_path = layout.dir / "operator-state.json"
@@ -575,6 +651,11 @@ def replace_disk(layout: ClusterLayout, node: int, *, timeout: float = 60.0) -> 
     directory; returns the new storage UUID. Raises ValueError/TimeoutError with a clear message."""
     if not 1 <= node <= layout.nodes:
         raise ValueError(f"--node {node}: the cluster has nodes 1..{layout.nodes}")
+    if not layout.bootstrapped:
+        raise ValueError(
+            f"{layout.dir} has never been started (cluster.json: not bootstrapped), so there is no disk"
+            " to replace yet; run `kraftkeeper operator local` first"
+        )
     hold, stopped = layout.hold_file(node), layout.stopped_file(node)
     try:
         fd = os.open(hold, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

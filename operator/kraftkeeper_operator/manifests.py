@@ -12,6 +12,25 @@ For a KRaftQuorum ``NAME`` in namespace ``NS``:
   leader before they are ready) and Service ``NAME`` (clients, metrics).
 * PodDisruptionBudget ``NAME`` with ``maxUnavailable = (voters - 1) // 2``: a voluntary disruption
   never takes a majority down (a quorum of 1 allows none).
+* ConfigMap ``NAME-bootstrap``, mounted read-only into the format init container at
+  ``/etc/kraftkeeper/bootstrap`` (a volume, so an update reaches new pods without rolling the
+  StatefulSet). The operator sets its key ``bootstrapped: "true"`` once the quorum has bootstrapped
+  (the leader's describe shows every voter with a storage UUID) and never unsets it; the key is
+  written by a field manager of its own (``kraftkeeper-operator-bootstrap``), so re-applying the
+  object on a spec change can never remove it. From then on a fresh, empty volume can only be a
+  replacement disk (or a scale-up replica), and the init container formats it with
+  ``--no-initial-controllers`` (meta.properties ``bootstrap.initial=false``): such a node never
+  counts itself one of the uuid-less bootstrap voters, so two replaced disks with empty logs cannot
+  elect each other and overwrite committed records (KIP-856 storage UUIDs; Kafka KIP-853 has the
+  same format flag). The ConfigMap volume is not optional: without it a pod does not start, rather
+  than risk an initial format. Limitation: a volume replaced after the bootstrap but before the
+  operator's next pass (a few seconds) still gets an initial format.
+
+Pod security: the pods pass the ``restricted`` Pod Security level and run as the image's user
+(uid/gid 10001): ``runAsNonRoot``, ``fsGroup`` 10001 (so a fresh, root-owned volume is writable;
+``fsGroupChangePolicy: OnRootMismatch`` keeps large volumes from being re-chowned on every start),
+``seccompProfile: RuntimeDefault``; every container drops ALL capabilities, forbids privilege
+escalation and has a read-only root filesystem, with an emptyDir at ``/tmp`` (``HOME=/tmp``).
 
 Identity: the cluster id is derived from ``NS/NAME`` (not the object's uid), so deleting and
 re-creating a KRaftQuorum over retained volumes brings the same quorum back.
@@ -43,8 +62,12 @@ GROUP = "kraftkeeper.io"
 VERSION = "v1alpha1"
 PLURAL = "kraftquorums"
 KIND = "KRaftQuorum"
-DATA_DIR = "/data/kraft"  # a sub-directory: a fresh ext4 volume has lost+found at its root
+DATA_MOUNT = "/data"
+DATA_DIR = f"{DATA_MOUNT}/kraft"  # a sub-directory: a fresh ext4 volume has lost+found at its root
 BOOTSTRAP_ANNOTATION = "kraftkeeper.io/bootstrap-voters"
+BOOTSTRAP_MOUNT = "/etc/kraftkeeper/bootstrap"  # the NAME-bootstrap ConfigMap, in the format container
+BOOTSTRAP_KEY = "bootstrapped"  # value "true" once every voter has a storage UUID; never unset
+IMAGE_UID = 10001  # the user the project's image runs as (Dockerfile)
 DEFAULT_IMAGE = "kraftkeeper:latest"
 
 
@@ -73,6 +96,10 @@ class QuorumSpec:
     @property
     def headless(self) -> str:
         return f"{self.name}-headless"
+
+    @property
+    def bootstrap_configmap(self) -> str:
+        return f"{self.name}-bootstrap"
 
     @property
     def cluster(self) -> str:
@@ -172,8 +199,48 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def owner_reference_of(q: QuorumSpec) -> dict[str, Any]:
+    """The owner reference of the resource ``q`` was parsed from (needs its uid)."""
+    return owner_reference({"metadata": {"name": q.name, "uid": q.uid}})
+
+
 def _meta(q: QuorumSpec, name: str, owner: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": name, "namespace": q.namespace, "labels": q.labels(), "ownerReferences": [dict(owner)]}
+
+
+def bootstrap_configmap(q: QuorumSpec, owner: Mapping[str, Any], *, bootstrapped: bool) -> dict[str, Any]:
+    """ConfigMap ``NAME-bootstrap``. Without ``bootstrapped`` it carries no data at all: the spec
+    reconcile applies that form, so it never owns (and never removes) the key the daemon sets."""
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(q, q.bootstrap_configmap, owner),
+    }
+    if bootstrapped:
+        obj["data"] = {BOOTSTRAP_KEY: "true"}
+    return obj
+
+
+def format_command(q: QuorumSpec) -> str:
+    """The format init container's shell command. Replica id = pod ordinal + 1 (ids start at 1 in
+    interfaces.md). ``--ignore-formatted`` keeps a formatted volume's identity; a fresh volume gets
+    a new storage UUID, and ``--no-initial-controllers`` once the mounted ConfigMap says the
+    quorum has bootstrapped (module docstring)."""
+    return (
+        "ID=$(( ${POD_NAME##*-} + 1 )) && set -- && "
+        f'if [ "$(cat {BOOTSTRAP_MOUNT}/{BOOTSTRAP_KEY} 2>/dev/null)" = true ]; '
+        "then set -- --no-initial-controllers; fi && "
+        f"exec kraftkeeper format --dir {DATA_DIR} --cluster-id {q.cluster_id} "
+        '--node-id "$ID" --ignore-formatted "$@"'
+    )
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def statefulset(
@@ -184,17 +251,12 @@ def statefulset(
         f'--advertise "$(POD_NAME).{q.headless}.{q.namespace}.svc:{q.port}" '
         f'--voters "{q.voters_arg(bootstrap_voters)}"'
     )
-    # Replica id = pod ordinal + 1 (ids start at 1 in interfaces.md).
-    fmt = (
-        "ID=$(( ${POD_NAME##*-} + 1 )) && "
-        f"exec kraftkeeper format --dir {DATA_DIR} --cluster-id {q.cluster_id} "
-        '--node-id "$ID" --ignore-formatted'
-    )
     env = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
     ]
-    mounts = [{"name": "data", "mountPath": "/data"}]
+    mounts = [{"name": "data", "mountPath": DATA_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]
     container: dict[str, Any] = {
         "name": "node",
         "image": q.image,
@@ -214,21 +276,39 @@ def statefulset(
             "failureThreshold": 6,
         },
         "volumeMounts": mounts,
+        "securityContext": _container_security(),
     }
     if q.resources:
         container["resources"] = dict(q.resources)
     pod_spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
+            "fsGroup": IMAGE_UID,  # a fresh volume is root-owned: the kubelet hands it to this group
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "initContainers": [
             {
                 "name": "format",
                 "image": q.image,
                 "imagePullPolicy": q.image_pull_policy,
-                "command": ["sh", "-c", fmt],
+                "command": ["sh", "-c", format_command(q)],
                 "env": env,
-                "volumeMounts": mounts,
+                "volumeMounts": [
+                    *mounts,
+                    {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True},
+                ],
+                "securityContext": _container_security(),
             }
         ],
         "containers": [container],
+        "volumes": [
+            # Not optional: a pod without the flag must not start (it could format initially).
+            {"name": "bootstrap", "configMap": {"name": q.bootstrap_configmap}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
         "terminationGracePeriodSeconds": 30,
     }
     sched = q.scheduling

@@ -5,14 +5,16 @@ Rules implemented here (epoch E is the local epoch):
 
 * Vote: stale epochs get FENCED_LEADER_EPOCH; a wrong ``voter_id`` / ``voter_uuid`` gets
   INVALID_REQUEST (KIP-856 "Vote" handling), and so does a Vote addressed to the uuid-less
-  bootstrap key when this replica is a replacement disk (``initial_bootstrap=False``). A vote is granted at most once per epoch (the
-  vote, with its UUID, is persisted before the answer leaves) and only to a candidate whose log
-  (last epoch, end offset) is at least as up to date as ours. KIP-856 removes the "candidate
-  must be a voter" check: membership is not consulted when granting.
+  bootstrap key when this replica is a replacement disk (``initial_bootstrap=False``). A vote
+  is granted at most once per epoch (the vote, with its UUID, is persisted before the answer
+  leaves) and only to a candidate whose log (last epoch, end offset) is at least as up to date
+  as ours. KIP-856 removes the "candidate must be a voter" check: membership is not consulted
+  when granting.
 * Pre-vote: no epoch bump and nothing persisted on either side; refused while the voter has
   heard from a live leader within ``fetch_timeout`` (or is the leader), so a rejoining or
   partitioned replica cannot disrupt a healthy quorum.
-* Only replicas in their own latest voter set ever become prospective / candidate.
+* Only replicas in their own latest voter set ever become prospective / candidate (plus a
+  replica whose own removal is still uncommitted: ``CoreBase.may_campaign``).
 * EndQuorumEpoch: preferred successors (spec 003) are ordered by log progress; the one at
   position i starts its election after about ``i * election_timeout / 2``.
 * Zombie leader: a leader without Fetch from a majority of voters within ``fetch_timeout``

@@ -3,17 +3,30 @@ a real API server) and the endpoint-override test hook."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kraftkeeper_operator.handlers import quorum_bootstrapped
 from kraftkeeper_operator.manifests import (
+    BOOTSTRAP_KEY,
+    BOOTSTRAP_MOUNT,
+    DATA_DIR,
     SpecError,
+    bootstrap_configmap,
     endpoints,
+    owner_reference_of,
     parse_overrides,
     parse_spec,
     pod_disruption_budget,
     statefulset,
 )
+from kraftkeeper_operator.view import QuorumView, Replica
+
+from quorum.storage.meta import load_meta
 
 
 def body(**spec: Any) -> dict[str, Any]:
@@ -84,3 +97,92 @@ def test_event_log_path_must_stay_inside_the_operator_volume(monkeypatch: pytest
     for bad in ("/etc/passwd", "/data/events/../../etc/x.jsonl", "/data/eventsX/q.jsonl"):
         with pytest.raises(SpecError, match=r"spec\.eventLog\.path: .* outside"):
             parse_spec(body(eventLog={"path": bad}))
+
+
+def test_pods_are_hardened_for_the_restricted_pod_security_level() -> None:
+    sts = statefulset(parse_spec(body(voters=3)), OWNER, replicas=3, bootstrap_voters=3)
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,  # a fresh (root-owned) volume becomes writable by the image's user
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+    for c in pod["initContainers"] + pod["containers"]:
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }, c["name"]
+        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+        assert {"name": "HOME", "value": "/tmp"} in c["env"]
+
+
+def test_bootstrap_configmap_is_owned_mounted_and_only_the_flag_form_carries_the_key() -> None:
+    q = parse_spec(body(voters=3))
+    owner = owner_reference_of(q)
+    assert owner["uid"] == "u-1" and owner["kind"] == "KRaftQuorum" and owner["controller"] is True
+    plain = bootstrap_configmap(q, owner, bootstrapped=False)
+    assert plain["metadata"]["name"] == "q-bootstrap" and plain["metadata"]["ownerReferences"] == [owner]
+    assert "data" not in plain  # the spec reconcile never owns (so never removes) the flag
+    assert bootstrap_configmap(q, owner, bootstrapped=True)["data"] == {BOOTSTRAP_KEY: "true"}
+    pod = statefulset(q, owner, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "bootstrap")
+    assert vol["configMap"] == {"name": "q-bootstrap"}  # not optional: no flag, no pod
+    (fmt,) = pod["initContainers"]
+    assert {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True} in fmt["volumeMounts"]
+
+
+def test_quorum_counts_as_bootstrapped_only_when_every_voter_has_a_uuid() -> None:
+    def view(*uuids: str) -> QuorumView:
+        return QuorumView(1, 3, 10, tuple(Replica(i + 1, u) for i, u in enumerate(uuids)))
+
+    assert quorum_bootstrapped(view("a", "b", "c"))
+    assert not quorum_bootstrapped(view("a", "", "c"))  # voter 2 is still a uuid-less bootstrap voter
+    assert not quorum_bootstrapped(view())
+    assert not quorum_bootstrapped(None)
+
+
+def run_format_container(
+    sts: dict[str, Any], ordinal: int, data: Path, flag_dir: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run the StatefulSet's format init container command for pod ``ordinal`` the way the kubelet
+    would (the one part that cannot run here), with its volumes at local paths."""
+    (fmt,) = sts["spec"]["template"]["spec"]["initContainers"]
+    assert fmt["command"][:2] == ["sh", "-c"]
+    script = fmt["command"][2].replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
+    env = {
+        **os.environ,
+        "POD_NAME": f"{sts['metadata']['name']}-{ordinal}",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    return subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_format_container_formats_a_fresh_volume_as_a_replacement_once_bootstrapped(tmp_path: Path) -> None:
+    q = parse_spec(body(voters=3))
+    sts = statefulset(q, OWNER, replicas=3, bootstrap_voters=3)
+    flags = tmp_path / "flags"
+    flags.mkdir()  # a ConfigMap volume without the key: an empty directory
+    out = run_format_container(sts, 2, tmp_path / "before", flags)
+    assert out.returncode == 0, out.stderr
+    first = load_meta(tmp_path / "before")
+    assert first.node_id == 3 and first.cluster_id == q.cluster_id and first.initial_bootstrap is True
+    # The operator flipped the flag (the kubelet projects data keys as files).
+    (flags / BOOTSTRAP_KEY).write_text("true")
+    out = run_format_container(sts, 0, tmp_path / "after", flags)
+    assert out.returncode == 0, out.stderr
+    meta = load_meta(tmp_path / "after")
+    assert meta.node_id == 1 and meta.initial_bootstrap is False
+    # A formatted volume keeps its identity whatever the flag says (--ignore-formatted).
+    again = run_format_container(sts, 2, tmp_path / "before", flags)
+    assert again.returncode == 0, again.stderr
+    kept = load_meta(tmp_path / "before")
+    assert kept.storage_uuid == first.storage_uuid and kept.initial_bootstrap is True
+    assert again.stdout.strip().splitlines()[-1] == first.storage_uuid
