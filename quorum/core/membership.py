@@ -23,7 +23,9 @@ AddVoter, in order (spec 000 "AddVoter Handling" and its error list):
 
 RemoveVoter likewise: VOTER_ALREADY_REMOVED if (id, UUID) was a voter and is no more,
 INVALID_REQUEST if it never was one, INVALID_REQUEST if it would remove the last UUID of an id
-(RemoveVoter removes UUIDs, not ids; only a KIP-642 reassignment removes ids). A leader that
+(RemoveVoter removes UUIDs, not ids; only a KIP-642 reassignment removes ids) unless a
+replacement of that id with a new UUID is already a caught-up observer (the RemoveThenAdd
+recovery order, as Kafka's final KIP-853 procedure does it). A leader that
 removes itself keeps serving Fetch, does not count itself in the high watermark, and resigns
 once the removal is committed (KAFKA-17608).
 """
@@ -175,7 +177,18 @@ class MembershipMixin(ReplicationMixin):
             else:
                 self._reject(request_id, ErrorCode.INVALID_REQUEST, f"{key} is not a voter")
             return
-        if not any(v.id == key.id and v != key for v in voters.voters):
+        # KIP-856 removes UUIDs, not ids. One exception, for the RemoveThenAdd recovery order
+        # (Kafka's final KIP-853 procedure): the id's last UUID may go when a replacement of the
+        # same id (a new storage UUID) is already a caught-up observer, ready to be added back.
+        replacement_ready = any(
+            k.id == key.id
+            and k != key
+            and k not in voters.voters
+            and k not in voters.removed
+            and self.caught_up(ls, k)
+            for k in ls.progress
+        )
+        if not replacement_ready and not any(v.id == key.id and v != key for v in voters.voters):
             self._reject(
                 request_id,
                 ErrorCode.INVALID_REQUEST,

@@ -247,3 +247,25 @@ def test_describe_shape() -> None:
     assert d["leader_recovery_state"] == "RECOVERED"
     m = h.core.metrics()
     assert m["number_of_voters"] == 3 and m["number_of_possible_voters"] == 1 and m["current_leader"] == 1
+
+
+def test_remove_then_add_order_removes_the_last_uuid_when_a_replacement_is_ready() -> None:
+    """RemoveThenAdd (Kafka's KIP-853 procedure): RemoveVoter(3, old) may take id 3's last UUID
+    only while (3, new) is a caught-up observer; then AddVoter(3, new) restores three voters."""
+    h = leader()
+    h.fetch(3, uuid=NEW3, offset=0, last_epoch=0)  # the replacement has not caught up yet
+    for _ in range(200):
+        h.core.propose([b"x"], h.now)
+    h.drain()
+    h.core.remove_voter(1, key(3), h.now)
+    h.drain()
+    assert result(h, 1) is ErrorCode.INVALID_REQUEST
+    catch_up(h, extra=(key(3, NEW3),))  # now it has
+    h.core.remove_voter(2, key(3), h.now)
+    catch_up(h, ids=(2,), extra=(key(3, NEW3),))
+    assert result(h, 2) is ErrorCode.NONE
+    assert {k.id for k in h.core.voters().voters} == {1, 2}
+    h.core.add_voter(3, key(3, NEW3), h.now)
+    catch_up(h, ids=(2,), extra=(key(3, NEW3),))
+    assert result(h, 3) is ErrorCode.NONE
+    assert key(3, NEW3) in h.core.voters().voters and len(h.core.voters().voters) == 3

@@ -1,6 +1,7 @@
 """The kopf operator against a real kube-apiserver (fixtures in conftest.py): owned objects,
-scaling, status, Events, invalid specs, finalizer cleanup and, with real node processes on
-loopback standing in for the pods (no kubelet here), an automatic disk-failure recovery."""
+scaling, status, Events, invalid specs, finalizer cleanup, the quorum pods under the `restricted`
+Pod Security level, the bootstrap ConfigMap and, with real node processes on loopback standing in
+for the pods (no kubelet here), an automatic disk-failure recovery."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ import pytest
 from conftest import KubeEnv, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
-from operator_nodes import LocalCluster, engine_missing, kk
+from kraftkeeper_operator.handlers import BOOTSTRAP_FIELD_MANAGER, FIELD_MANAGER
+from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, bootstrap_configmap, parse_spec
+from operator_nodes import LocalCluster, engine_missing, kk, run_format_container
+
+from quorum.storage.meta import load_meta
 
 pytestmark = pytest.mark.k8s
 
@@ -132,6 +137,16 @@ def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator)
     assert pdb is not None and pdb["spec"]["maxUnavailable"] == 1
     headless = get(kube, f"/api/v1/namespaces/{ns}/services/q1-headless")
     assert headless is not None and headless["spec"]["clusterIP"] == "None"
+    # The bootstrap ConfigMap: owned, mounted into the format container, and without the flag
+    # while the quorum has not bootstrapped (here: unreachable).
+    cm_path = f"/api/v1/namespaces/{ns}/configmaps/q1-bootstrap"
+    cm = get(kube, cm_path)
+    assert cm is not None and cm["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert "bootstrapped" not in (cm.get("data") or {})
+    assert {"name": "bootstrap", "configMap": {"name": "q1-bootstrap", "defaultMode": 420}} in pod["volumes"]
+    assert {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True} in pod["initContainers"][0][
+        "volumeMounts"
+    ]
 
     # The finalizer is on, status written; no pod runs (no kubelet), so the quorum is unreachable:
     # a status, never a crash.
@@ -207,9 +222,82 @@ def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator)
         f"/api/v1/namespaces/{ns}/services/q1",
         f"/api/v1/namespaces/{ns}/services/q1-headless",
         f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/q1",
+        cm_path,
     ):
         assert kube.request("GET", path)[0] == 404, path
     assert operator.proc.poll() is None, operator.tail()
+
+
+def restrict(kube: KubeEnv, ns: str) -> None:
+    """Label namespace ``ns`` so Pod Security admission enforces the `restricted` level."""
+    st, body = kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}",
+        {
+            "metadata": {
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "v1.30",
+                }
+            }
+        },
+        content_type="application/merge-patch+json",
+    )
+    assert st == 200, body
+
+
+def test_quorum_pods_are_admitted_by_restricted_pod_security(
+    kube: KubeEnv, namespace: str, operator: Operator
+) -> None:
+    ns = namespace
+    restrict(kube, ns)
+    create(kube, ns, kq("ps", 3))
+    sts = kube.wait_for(
+        "StatefulSet ps", lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/ps"), timeout=60
+    )
+    # No controller manager runs here: create pod ps-0 (dry run) from the template, with the
+    # claim volume the StatefulSet controller adds for volumeClaimTemplates.
+    tpl = sts["spec"]["template"]
+    spec = json.loads(json.dumps(tpl["spec"]))
+    spec["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "data-ps-0"}})
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "ps-0", "namespace": ns, "labels": tpl["metadata"]["labels"]},
+        "spec": spec,
+    }
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod, {"dryRun": "All"})
+    assert st == 201, body
+    # The image's user owns what it writes on a fresh (root-owned) volume.
+    assert body["spec"]["securityContext"]["fsGroup"] == 10001
+    assert body["spec"]["securityContext"]["runAsUser"] == 10001
+    # The check is real: the pod without the hardening of one container is refused.
+    for container, what in (("initContainers", "allowPrivilegeEscalation"), ("containers", "capabilities")):
+        weak = json.loads(json.dumps(pod))
+        del weak["spec"][container][0]["securityContext"][what]
+        st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", weak, {"dryRun": "All"})
+        assert st == 403, body
+        assert "restricted" in body["message"] and what in body["message"], body["message"]
+    assert kube.request("GET", f"/api/v1/namespaces/{ns}/pods/ps-0")[0] == 404  # dry run stored nothing
+    assert operator.proc.poll() is None, operator.tail()
+
+
+def test_bootstrap_flag_is_never_removed_by_a_reapply(
+    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str
+) -> None:
+    """The server-side apply ownership the operator relies on: the spec reconcile re-applies the
+    ConfigMap without the key under its own field manager, which must leave the flag alone."""
+    q = parse_spec({"metadata": {"name": "f", "namespace": namespace, "uid": "u-1"}, "spec": {"voters": 3}})
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "anchor", "uid": "u-1"}
+    plain, flagged = (bootstrap_configmap(q, owner, bootstrapped=b) for b in (False, True))
+    for obj, manager in ((plain, FIELD_MANAGER), (flagged, BOOTSTRAP_FIELD_MANAGER), (plain, FIELD_MANAGER)):
+        st, body = kube.apply(obj, field_manager=manager)
+        assert st in (200, 201), body
+    cm = get(kube, f"/api/v1/namespaces/{namespace}/configmaps/f-bootstrap")
+    assert cm is not None and cm["data"] == {"bootstrapped": "true"}
+    owners = {m["manager"]: m for m in cm["metadata"]["managedFields"]}
+    assert "f:data" in owners[BOOTSTRAP_FIELD_MANAGER]["fieldsV1"]
+    assert "f:data" not in owners[FIELD_MANAGER]["fieldsV1"]
 
 
 def test_invalid_specs_are_refused_or_reported(kube: KubeEnv, namespace: str, operator: Operator) -> None:
@@ -270,9 +358,33 @@ def test_disk_replacement_is_recovered_without_a_human(
         )
         assert first["leaderId"] > 0 and len(first["voters"]) == 3
         old = next(v["uuid"] for v in first["voters"] if v["id"] == 3)
+
+        # Every voter has its storage UUID: the operator flips the bootstrap flag, and from then
+        # on the pods' format container makes a fresh volume a replacement disk.
+        cm_path = f"/api/v1/namespaces/{ns}/configmaps/q-bootstrap"
+
+        def flagged() -> dict[str, Any] | None:
+            cm = get(kube, cm_path)
+            return cm if cm and (cm.get("data") or {}).get("bootstrapped") == "true" else None
+
+        cm = kube.wait_for("ConfigMap q-bootstrap flipped", flagged, timeout=60)
+        x = nodes.describe()
+        assert x is not None and all(v["uuid"] for v in x["voters"])
+        assert cm["metadata"]["ownerReferences"][0]["kind"] == "KRaftQuorum"
+        sts = get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/q")
+        assert sts is not None
+        projected = tmp_path / "projected"  # the ConfigMap volume as the kubelet would write it
+        projected.mkdir()
+        for k, v in cm["data"].items():
+            (projected / k).write_text(v)
+        out = run_format_container(sts, 2, tmp_path / "fresh-pvc", projected)
+        assert out.returncode == 0, out.stderr
+        assert load_meta(tmp_path / "fresh-pvc").initial_bootstrap is False
+
         out = kk("cluster", "replace-disk", "--dir", str(tmp_path / "nodes"), "--node", "3")
         assert out.returncode == 0, out.stderr
         new = out.stdout.strip().splitlines()[-1]
+        assert load_meta(tmp_path / "nodes" / "node-3").initial_bootstrap is False
 
         def done() -> dict[str, Any] | None:
             s = status()
@@ -314,6 +426,11 @@ def test_disk_replacement_is_recovered_without_a_human(
                 return False
 
         kube.wait_for("a recovery pass of the restarted operator", passed_once, timeout=60)
+        # The restart re-applied the ConfigMap (resume): the flag is still set, owned by its manager.
+        cm = get(kube, cm_path)
+        assert cm is not None and cm["data"] == {"bootstrapped": "true"}
+        owners = {m["manager"]: m for m in cm["metadata"]["managedFields"]}
+        assert "f:data" not in owners["kraftkeeper-operator"]["fieldsV1"]
         after = status()
         assert [r["recoveryId"] for r in after["recoveries"]] == [r["recoveryId"] for r in s["recoveries"]]
         lines2 = [

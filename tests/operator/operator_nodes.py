@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, DATA_DIR
+
 T = TypeVar("T")
 
 
@@ -142,3 +144,21 @@ class LocalCluster:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def run_format_container(
+    sts: dict[str, Any], ordinal: int, data: Path, flag_dir: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run the StatefulSet's format init container command for pod ``ordinal`` the way the kubelet
+    would (the one part that cannot run here), with its volumes at local paths."""
+    (fmt,) = sts["spec"]["template"]["spec"]["initContainers"]
+    assert fmt["command"][:2] == ["sh", "-c"]
+    script = fmt["command"][2].replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
+    env = {
+        **os.environ,
+        "POD_NAME": f"{sts['metadata']['name']}-{ordinal}",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    return subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False
+    )

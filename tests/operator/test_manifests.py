@@ -3,9 +3,6 @@ a real API server) and the endpoint-override test hook."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +11,6 @@ from kraftkeeper_operator.handlers import quorum_bootstrapped
 from kraftkeeper_operator.manifests import (
     BOOTSTRAP_KEY,
     BOOTSTRAP_MOUNT,
-    DATA_DIR,
     SpecError,
     bootstrap_configmap,
     endpoints,
@@ -25,6 +21,7 @@ from kraftkeeper_operator.manifests import (
     statefulset,
 )
 from kraftkeeper_operator.view import QuorumView, Replica
+from operator_nodes import run_format_container
 
 from quorum.storage.meta import load_meta
 
@@ -145,24 +142,6 @@ def test_quorum_counts_as_bootstrapped_only_when_every_voter_has_a_uuid() -> Non
     assert not quorum_bootstrapped(view("a", "", "c"))  # voter 2 is still a uuid-less bootstrap voter
     assert not quorum_bootstrapped(view())
     assert not quorum_bootstrapped(None)
-
-
-def run_format_container(
-    sts: dict[str, Any], ordinal: int, data: Path, flag_dir: Path
-) -> subprocess.CompletedProcess[str]:
-    """Run the StatefulSet's format init container command for pod ``ordinal`` the way the kubelet
-    would (the one part that cannot run here), with its volumes at local paths."""
-    (fmt,) = sts["spec"]["template"]["spec"]["initContainers"]
-    assert fmt["command"][:2] == ["sh", "-c"]
-    script = fmt["command"][2].replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
-    env = {
-        **os.environ,
-        "POD_NAME": f"{sts['metadata']['name']}-{ordinal}",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    return subprocess.run(
-        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 def test_format_container_formats_a_fresh_volume_as_a_replacement_once_bootstrapped(tmp_path: Path) -> None:
