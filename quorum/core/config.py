@@ -37,7 +37,7 @@ class CoreConfig:
     # Fetch
     fetch_max_wait_ms: int = 500  # long-poll time a leader may park a Fetch
     fetch_max_bytes: int = 8 * 1024 * 1024
-    snapshot_chunk_bytes: int = 1024 * 1024
+    snapshot_chunk_bytes: int = 8 * 1024 * 1024
     # KIP-856 AddVoter catch-up rule (step 1): fetch offset within this many records of the
     # leader's log end, and fetched within catch_up_recent_ms.
     catch_up_max_lag: int = 100
