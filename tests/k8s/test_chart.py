@@ -264,6 +264,7 @@ def test_helm_install_against_the_api_server(
         ("", "services", "", "patch"), ("policy", "poddisruptionbudgets", "", "patch"),
         ("", "pods", "", "delete"), ("", "persistentvolumeclaims", "", "delete"),
         ("", "events", "", "create"),
+        ("", "configmaps", "", "create"), ("", "configmaps", "", "patch"),  # the <name>-bootstrap flag
     ]
     denied = [
         ("", "secrets", "", "get"), ("", "pods", "exec", "create"),

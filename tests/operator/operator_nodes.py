@@ -1,6 +1,7 @@
 """Helpers for process-level operator tests: real ``kraftkeeper`` node processes on loopback,
 supervised by ``kraftkeeper operator local`` (optionally with recovery switched off, when the
-Kubernetes operator is the one that must recover)."""
+Kubernetes operator is the one that must recover), and ``run_format_container``, which runs a
+StatefulSet's format init container command locally the way the kubelet would."""
 
 from __future__ import annotations
 

@@ -69,6 +69,11 @@ all namespaces are watched, or by one Role per watched namespace.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, update, patch, delete]
+# The <name>-bootstrap ConfigMap: once the quorum has bootstrapped, fresh volumes are formatted
+# as replacement disks (--no-initial-controllers).
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, update, patch, delete]
 # Pods are read (health, identity) and deleted to restart a replica on a new volume.
 - apiGroups: [""]
   resources: [pods]
