@@ -63,9 +63,21 @@ class ControllerStatus:
     blocked: str | None = None
     live_voter_ids: list[int] = field(default_factory=list)
     records: list[Recovery] = field(default_factory=list)
+    # The last voter set a leader reported, (id, uuid): published as status.voters while no
+    # leader answers (voters cannot change without one), and what unclean recovery picks from.
+    known_voters: list[tuple[int, str]] = field(default_factory=list)
 
     def condition(self, type_: str) -> Condition:
         return next(c for c in self.conditions if c.type == type_)
+
+    def annotate_lost(self, reason: str | None, note: str) -> None:
+        """Add ``note`` (e.g. the unclean-recovery step) to the QuorumLost condition."""
+        c = self.condition("QuorumLost")
+        if not c.status:
+            return
+        c.message = f"{c.message}; {note}" if c.message else note
+        if reason:
+            c.reason = reason
 
     @property
     def voter_ids(self) -> list[int]:
@@ -100,6 +112,16 @@ class ControllerStatus:
                 "endpoint": r.endpoint,
             }
 
+        if v is not None:
+            voters = [rep(r) for r in v.voters]
+        else:
+            # No leader answers: the last voter set one reported (it cannot have changed since),
+            # without progress figures.
+            voters = [
+                {"id": i, "uuid": u, "lag": None, "logEndOffset": None, "endpoint": None}
+                for i, u in self.known_voters
+                if u
+            ]
         conds = []
         for c in self.conditions:
             s = "True" if c.status else "False"
@@ -124,7 +146,7 @@ class ControllerStatus:
             "leaderId": v.leader_id if v else -1,
             "leaderEpoch": v.leader_epoch if v else -1,
             "highWatermark": v.high_watermark if v else -1,
-            "voters": [rep(r) for r in v.voters] if v else [],
+            "voters": voters,
             "observers": [rep(r) for r in v.observers] if v else [],
             "conditions": conds,
             "recoveries": [r.to_crd_status() for r in self.records][-20:],
@@ -183,6 +205,8 @@ class RecoveryController:
         self.desired_ids = desired_ids  # None: do not manage the voter count
         self.unreachable_since_ms: int | None = None
         self.last_good_view: QuorumView | None = None  # the last view with a live majority
+        # (id, uuid) of the voters of the last healthy view; seeded from status after a restart.
+        self.known_voters: list[tuple[int, str]] = []
         self._lock = asyncio.Lock()  # one reconcile at a time per quorum
 
     @property
@@ -213,6 +237,7 @@ class RecoveryController:
             return self._lost(now, "the leader sees fewer live voters than a majority", view)
         self.unreachable_since_ms = None
         self.last_good_view = view
+        self.known_voters = [(v.id, v.uuid) for v in view.voters]
 
         self._emit(self.book.observe(view, now), view)
         action = self.book.next_action(view, now)
@@ -293,13 +318,12 @@ class RecoveryController:
         gone_s = (now - self.unreachable_since_ms) / 1000
         if self.metrics is not None:
             self.metrics.quorum_lost.labels(self.cluster).set(1)
-        # No running duration in the message: the status must not change on every pass.
+            self.metrics.quorum_lost_seconds.labels(self.cluster).set(gone_s)
+        # No running duration in the message: the status must not change on every pass. Unclean
+        # recovery (KIP-704 style) is the caller's: local.py runs it on a stopped node directory,
+        # the kopf daemon asks the survivor's pod (unclean.py); both annotate this status.
         since = datetime.fromtimestamp(self.unreachable_since_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         msg = f"{why} (since {since})"
-        if self.policy.unclean_allowed and gone_s >= self.policy.unclean_after_seconds:
-            # TODO(engine): KIP-704 unclean recovery (`kraftkeeper quorum recover-unclean`) is not in
-            # the engine's API yet; until it is, the operator only reports that it would act.
-            msg += "; unclean recovery allowed and due, but the engine offers no recover-unclean yet"
         conds = [
             Condition("Available", False, "QuorumLost", msg),
             Condition("Degraded", True, "QuorumLost", msg),
@@ -307,7 +331,13 @@ class RecoveryController:
             Condition("QuorumLost", True, "NoLiveMajority", msg),
         ]
         return ControllerStatus(
-            view, conds, self.book.to_status(), error=why, blocked=msg, records=list(self.book.records)
+            view,
+            conds,
+            self.book.to_status(),
+            error=why,
+            blocked=msg,
+            records=list(self.book.records),
+            known_voters=list(self.known_voters),
         )
 
     def _status(
@@ -345,6 +375,7 @@ class RecoveryController:
         ]
         if self.metrics is not None:
             self.metrics.quorum_lost.labels(self.cluster).set(0)
+            self.metrics.quorum_lost_seconds.labels(self.cluster).set(0)
         return ControllerStatus(
             view,
             conds,
@@ -354,6 +385,7 @@ class RecoveryController:
             blocked=blocked,
             live_voter_ids=sorted({v.id for v in live}),
             records=list(self.book.records),
+            known_voters=list(self.known_voters),
         )
 
     def _publish_gauges(self, view: QuorumView, now: int) -> None:

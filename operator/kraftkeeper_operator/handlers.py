@@ -10,6 +10,10 @@
   fresh volume is formatted with ``--no-initial-controllers``, see manifests.py), and finishes
   scale-downs: the StatefulSet shrinks only after the quorum's voter set already equals the new
   ids (reassign first, KIP-642).
+* the same daemon, while the quorum is lost -> KIP-704 style unclean recovery when the resource
+  allows it (unclean.py): the request goes into the ``NAME-bootstrap`` ConfigMap (field manager
+  ``kraftkeeper-operator-unclean``) and the survivor's pod is deleted so that its init container
+  runs ``kraftkeeper quorum recover-unclean`` once.
 * delete -> the finalizer (``kraftkeeper.io/cleanup``, added by kopf because a delete handler
   exists) stops the daemon and deletes the owned objects explicitly, without relying on a garbage
   collector; PVCs are retained (see manifests.py for the PVC policy).
@@ -56,9 +60,19 @@ from .manifests import (
     parse_spec,
     pod_disruption_budget,
     statefulset,
+    unclean_configmap,
 )
 from .recovery import QuorumView, Recovery
 from .telemetry import CallbackSink, EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink
+from .unclean import (
+    STATUS_PREFIX,
+    UNCLEAN_DETAIL_KEY,
+    UNCLEAN_KEY,
+    UncleanCoordinator,
+    UncleanRequest,
+    http_probe,
+    request_from_configmap,
+)
 
 log = logging.getLogger("kraftkeeper.operator")
 FIELD_MANAGER = "kraftkeeper-operator"
@@ -66,6 +80,8 @@ FIELD_MANAGER = "kraftkeeper-operator"
 # applies that object without the key, and server-side apply removes a field only when the manager
 # that owns it applies without it, so no re-apply can ever unset the flag.
 BOOTSTRAP_FIELD_MANAGER = "kraftkeeper-operator-bootstrap"
+# Owns only the unclean-recovery keys of the same ConfigMap, for the same reason.
+UNCLEAN_FIELD_MANAGER = "kraftkeeper-operator-unclean"
 
 
 @dataclass
@@ -74,6 +90,7 @@ class Managed:
 
     spec: QuorumSpec
     controller: RecoveryController
+    unclean: UncleanCoordinator
     replicas: int
     endpoints: list[str]
     ever_available: bool = False
@@ -189,6 +206,9 @@ def _event_sink(q: QuorumSpec, body: Mapping[str, Any]) -> EventSink:
         reason = "".join(p.capitalize() for p in type_.split("_"))  # recovery_failed -> RecoveryFailed
         if type_ == "recovery_failed":
             kopf.warn(ref, reason=reason, message=f"{message}: {detail.get('reason', '')}")
+        elif type_ == "unclean_recovery":
+            text = f"UNCLEAN RECOVERY {message}: {detail.get('reason', '')}; {detail.get('warning', '')}"
+            kopf.warn(ref, reason=reason, message=text)
         else:
             kopf.info(ref, reason=reason, message=message)
 
@@ -198,6 +218,50 @@ def _event_sink(q: QuorumSpec, body: Mapping[str, Any]) -> EventSink:
     else:
         log_sink = EventLogSink(q.event_log, q.cluster)
     return FanOut(log_sink, CallbackSink(k8s_event))
+
+
+class ConfigMapRequestStore:
+    """The unclean-recovery request in the ``NAME-bootstrap`` ConfigMap; restart = delete the pod
+    (the StatefulSet re-creates it, and its init container reads the request)."""
+
+    def __init__(self, q: QuorumSpec) -> None:
+        self.q = q
+
+    async def load(self) -> UncleanRequest | None:
+        api = await api_client()
+        try:
+            core = k8s.CoreV1Api(api)
+            cm = await core.read_namespaced_config_map(self.q.bootstrap_configmap, self.q.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _api_error(f"ConfigMap {self.q.namespace}/{self.q.bootstrap_configmap}", e) from e
+        return request_from_configmap(cm.data)
+
+    async def save(self, request: UncleanRequest) -> None:
+        data = {UNCLEAN_KEY: request.pod_line(), UNCLEAN_DETAIL_KEY: request.to_json()}
+        await apply(unclean_configmap(self.q, owner_reference_of(self.q), data), UNCLEAN_FIELD_MANAGER)
+
+    async def restart(self, ordinal: int) -> None:
+        api = await api_client()
+        pod = f"{self.q.name}-{ordinal}"
+        try:
+            await k8s.CoreV1Api(api).delete_namespaced_pod(pod, self.q.namespace)
+        except ApiException as e:
+            if e.status != 404:  # no pod: the StatefulSet creates it, with the request mounted
+                raise _api_error(f"deleting Pod {self.q.namespace}/{pod}", e) from e
+        log.warning("%s: deleted pod %s to run the unclean recovery", self.q.cluster, pod)
+
+
+def _known_voters(status: Mapping[str, Any]) -> list[tuple[int, str]]:
+    out = []
+    for v in status.get("voters") or []:
+        try:
+            if v.get("uuid"):
+                out.append((int(v["id"]), str(v["uuid"])))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out
 
 
 async def configure(q: QuorumSpec, body: Mapping[str, Any], replicas: int) -> Managed:
@@ -211,6 +275,8 @@ async def configure(q: QuorumSpec, body: Mapping[str, Any], replicas: int) -> Ma
     if m is None:
         records = []
         for d in (body.get("status") or {}).get("recoveries") or []:
+            if str(d.get("recoveryId", "")).startswith(STATUS_PREFIX):
+                continue  # an unclean recovery: its record lives in the ConfigMap
             try:
                 records.append(Recovery.from_crd_status(d))
             except (KeyError, ValueError, TypeError) as e:
@@ -224,9 +290,19 @@ async def configure(q: QuorumSpec, body: Mapping[str, Any], replicas: int) -> Ma
             records=records,
             desired_ids=desired,
         )
-        m = Managed(q, ctl, replicas, eps, last_status=dict(body.get("status") or {}))
+        # The voter set survives an operator restart in status (published while no leader answers).
+        ctl.known_voters = _known_voters(body.get("status") or {})
+        unclean = UncleanCoordinator(
+            ConfigMapRequestStore(q),
+            ctl.sink,
+            cluster=key,
+            probe=lambda k, ep: http_probe(k, ep, STATE.quorum_timeout),
+            metrics=STATE.metrics,
+        )
+        m = Managed(q, ctl, unclean, replicas, eps, last_status=dict(body.get("status") or {}))
         STATE.managed[key] = m
         return m
+    old_log = m.spec.event_log
     m.spec, m.replicas = q, replicas
     m.controller.set_policy(q.policy)
     m.controller.desired_ids = desired
@@ -237,8 +313,9 @@ async def configure(q: QuorumSpec, body: Mapping[str, Any], replicas: int) -> Ma
         close = getattr(old, "close", None)
         if close is not None:
             await close()
-    if q.event_log != m.spec.event_log:
-        m.controller.sink = _event_sink(q, body)
+    if q.event_log != old_log:
+        m.controller.sink = m.unclean.sink = _event_sink(q, body)
+    m.unclean.store = ConfigMapRequestStore(q)
     return m
 
 
@@ -404,9 +481,19 @@ async def _daemon_pass(key: str) -> None:
     if m is None:
         return  # not configured (yet) or invalid spec
     st = await m.controller.reconcile()
-    if st.view is not None and not st.condition("QuorumLost").status:
+    lost = st.condition("QuorumLost").status
+    if st.view is not None and not lost:
         m.ever_available = True
+    try:
+        note = await m.unclean.step(m.controller, lost, m.endpoints)
+    except Exception as e:  # the API or a pod unreachable: report, retry on the next pass
+        log.exception("%s: unclean recovery step failed", key)
+        note = f"unclean recovery step failed: {e}"
+    if note:
+        st.annotate_lost("UncleanRecoveryRequested" if m.unclean.outstanding() else None, note)
     status = st.to_crd_status(m.last_status, m.spec.generation)
+    if m.unclean.request is not None:  # newest last, within the CRD's 20 items
+        status["recoveries"] = [*status["recoveries"][-19:], m.unclean.request.to_crd_status()]
     if not m.ever_available:
         status["phase"] = "Bootstrapping"
     q = m.spec

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .recovery import PolicyError, RecoveryPolicy
+from .unclean import MARKER_PREFIX, UNCLEAN_KEY
 
 GROUP = "kraftkeeper.io"
 VERSION = "v1alpha1"
@@ -221,17 +222,53 @@ def bootstrap_configmap(q: QuorumSpec, owner: Mapping[str, Any], *, bootstrapped
     return obj
 
 
+def unclean_configmap(q: QuorumSpec, owner: Mapping[str, Any], data: Mapping[str, str]) -> dict[str, Any]:
+    """ConfigMap ``NAME-bootstrap`` carrying only the unclean-recovery keys (unclean.py), applied
+    under their own field manager so neither the spec reconcile nor the bootstrap flag's manager
+    can remove them."""
+    obj = bootstrap_configmap(q, owner, bootstrapped=False)
+    obj["data"] = dict(data)
+    return obj
+
+
 def format_command(q: QuorumSpec) -> str:
     """The format init container's shell command. Replica id = pod ordinal + 1 (ids start at 1 in
     interfaces.md). ``--ignore-formatted`` keeps a formatted volume's identity; a fresh volume gets
     a new storage UUID, and ``--no-initial-controllers`` once the mounted ConfigMap says the
-    quorum has bootstrapped (module docstring)."""
+    quorum has bootstrapped (module docstring).
+
+    Then the KIP-704 style unclean recovery step (unclean.py): if the ConfigMap's
+    ``unclean-recovery`` key (``"<id> <token> <uuid>..."``) names this replica id and the storage
+    UUID in this volume's meta.properties, and the volume has no marker for the token yet, run
+    ``kraftkeeper quorum recover-unclean`` on the (not yet started) data directory and write the
+    marker, so that no restart ever repeats it. A failed recover-unclean fails the init container
+    (the pod does not start half-recovered; its log says why). A request for another id or another
+    UUID (e.g. this volume was replaced since) changes nothing."""
+    d, b = DATA_DIR, BOOTSTRAP_MOUNT
+    done = f'"{d}/{MARKER_PREFIX}$RTOKEN.done"'
     return (
         "ID=$(( ${POD_NAME##*-} + 1 )) && set -- && "
-        f'if [ "$(cat {BOOTSTRAP_MOUNT}/{BOOTSTRAP_KEY} 2>/dev/null)" = true ]; '
+        f'if [ "$(cat {b}/{BOOTSTRAP_KEY} 2>/dev/null)" = true ]; '
         "then set -- --no-initial-controllers; fi && "
-        f"exec kraftkeeper format --dir {DATA_DIR} --cluster-id {q.cluster_id} "
-        '--node-id "$ID" --ignore-formatted "$@"'
+        f"kraftkeeper format --dir {d} --cluster-id {q.cluster_id} "
+        '--node-id "$ID" --ignore-formatted "$@" || exit 1; '
+        f"if [ -s {b}/{UNCLEAN_KEY} ]; then "
+        f"read -r RID RTOKEN RUUIDS < {b}/{UNCLEAN_KEY}; "
+        "MINE=$(sed -n -e 's/^directory[.]id=//p' -e 's/^storage[.]id=//p' "
+        f"{d}/meta.properties | head -n 1); "
+        # The token names a file: only what the operator writes (hex) is accepted.
+        'if [ "$RID" != "$ID" ] || [ -z "$RTOKEN" ] || [ -z "$MINE" ] || '
+        '[ -n "$(printf %s "$RTOKEN" | tr -d 0-9a-f)" ]; then :; '
+        f"elif [ -e {done} ]; then "
+        'echo "unclean recovery $RTOKEN was done on this volume already; starting normally"; '
+        'else case " $RUUIDS " in *" $MINE "*) '
+        'echo "UNCLEAN RECOVERY $RTOKEN: replica $ID ($MINE) becomes the sole voter;'
+        ' records committed only on the lost replicas are lost" && '
+        f"kraftkeeper quorum recover-unclean --dir {d} || exit 1; "
+        f"date -u +%Y-%m-%dT%H:%M:%SZ > {done}.tmp && mv {done}.tmp {done} && sync || exit 1 ;; "
+        '*) echo "unclean recovery $RTOKEN names replica $ID with storage UUID(s) $RUUIDS,'
+        ' but this volume is $MINE: not recovering" ;; '
+        "esac; fi; fi"
     )
 
 

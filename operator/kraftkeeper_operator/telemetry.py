@@ -222,9 +222,30 @@ class OperatorMetrics:
             "kraftkeeper_operator_quorum_lost", "1 while no live majority is seen", ["quorum"], registry=r
         )
 
+        self.quorum_lost_seconds = Gauge(
+            "kraftkeeper_operator_quorum_lost_seconds",
+            "How long no live majority has been seen (0 while one is); unclean recovery waits for "
+            "spec.uncleanRecovery.afterSeconds of it",
+            ["quorum"],
+            registry=r,
+        )
+        self.unclean_recoveries = Counter(
+            "kraftkeeper_operator_unclean_recoveries",
+            "KIP-704 style unclean recoveries requested (records only on lost replicas are lost)",
+            ["quorum"],
+            registry=r,
+        )
+
     def forget(self, quorum: str) -> None:
         """Drop the per-quorum series of a deleted quorum."""
-        for g in (self.voters, self.observers, self.live_voters, self.quorum_lost):
+        for g in (
+            self.voters,
+            self.observers,
+            self.live_voters,
+            self.quorum_lost,
+            self.quorum_lost_seconds,
+            self.unclean_recoveries,
+        ):
             try:
                 g.remove(quorum)
             except KeyError:

@@ -234,7 +234,17 @@ class ElectionMixin(CoreBase):
             answer(ErrorCode.FENCED_LEADER_EPOCH, False)
             return
         if req.candidate_epoch > self.epoch:
-            self.become_unattached(req.candidate_epoch)
+            # Raft (5.2): only hearing from a leader or granting a vote resets the election
+            # timer. Adopting a higher epoch from a candidate we may reject must not, or a
+            # candidate with a stale log that retries faster than the others' timeouts keeps
+            # them from ever campaigning (a livelock the simulation found).
+            role = self.role
+            keep = (
+                role.fetch_deadline
+                if isinstance(role, Follower)
+                else getattr(role, "election_deadline", None)
+            )
+            self.become_unattached(req.candidate_epoch, deadline=keep)
         q = self.quorum
         granted = False
         if q.leader_epoch == self.epoch and q.voted_id >= 0:

@@ -1,12 +1,12 @@
 """Small metadata about the local log: start/end offsets and the epoch cache.
 
 The core never holds record data (docs/design.md): it keeps the log end offset (including
-batches handed to the driver but maybe not yet durable), the durable end reported by
-``advance``, the log start offset, the latest snapshot id and the leader-epoch cache
+batches handed to the driver but maybe not yet durable), the written end reported by
+``appended`` (in the log file, maybe not yet fsynced), the durable end reported by ``advance``, the log start offset, the latest snapshot id and the leader-epoch cache
 (epoch -> first offset), which is what KIP-595's DivergingEpoch computation needs.
 
 Invariants: ``epochs`` is ascending in both epoch and start offset; every start offset is in
-``[log_start, end)``; ``durable_end <= end``.
+``[log_start, end)``; ``durable_end <= written_end <= end``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class LogMeta:
         self.log_start = summary.log_start_offset
         self.end = summary.end_offset
         self.durable_end = summary.end_offset  # what the storage layer recovered is durable
+        self.written_end = summary.end_offset
         self.snapshot: OffsetAndEpoch | None = summary.snapshot
         self.epochs: list[tuple[int, int]] = sorted(summary.epoch_starts, key=lambda e: e[1])
         if summary.snapshot is not None and self.log_start < summary.snapshot.offset:
@@ -47,6 +48,7 @@ class LogMeta:
             return
         self.end = end_offset
         self.durable_end = min(self.durable_end, end_offset)
+        self.written_end = min(self.written_end, end_offset)
         while self.epochs and self.epochs[-1][1] >= end_offset:
             self.epochs.pop()
 
@@ -55,6 +57,7 @@ class LogMeta:
         self.log_start = snapshot.offset
         self.end = snapshot.offset
         self.durable_end = snapshot.offset
+        self.written_end = snapshot.offset
         self.epochs = []
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch | None:

@@ -110,15 +110,18 @@ class MemoryLog:
     # ------------------------------------------------------------------ LogReader
 
     def read(self, offset: int, max_bytes: int) -> bytes:
-        i = bisect.bisect_left(self.bases, offset, 0, self.durable)
-        if i >= self.durable:
+        # Everything written, flushed or not, like the real log (the leader serves unflushed
+        # batches to followers; a crash can still take them back from the leader).
+        n = len(self.infos)
+        i = bisect.bisect_left(self.bases, offset, 0, n)
+        if i >= n:
             return b""
         if self.bases[i] != offset:
             raise KraftError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is not a batch boundary")
         out = [self.datas[i]]
         size = len(self.datas[i])
         i += 1
-        while i < self.durable and size + len(self.datas[i]) <= max_bytes:
+        while i < n and size + len(self.datas[i]) <= max_bytes:
             out.append(self.datas[i])
             size += len(self.datas[i])
             i += 1

@@ -43,7 +43,7 @@ from quorum.core.messages import (
     VoteResponse,
 )
 from quorum.core.progress import LeaderState
-from quorum.core.ready import LogReader, ProposalResult, ReadResult, Ready
+from quorum.core.ready import LogReader, Outbound, ProposalResult, ReadResult, Ready
 from quorum.core.roles import Follower, Leader, Resigned, Unattached, Voted
 from quorum.core.voters import ControlHistory, ControlState
 from quorum.types import (
@@ -309,6 +309,7 @@ class RaftCore(DescribeMixin, CoreBase):
         ``ready`` itself (the driver handles them next), unless a quorum-state write is
         pending, in which case they wait for the next ``Ready``."""
         self.meta.durable_end = min(persisted_end_offset, self.meta.end)
+        self.meta.written_end = max(self.meta.written_end, self.meta.durable_end)
         ls = self.leader_state()
         if ls is not None:
             self.update_leader_hw()
@@ -327,6 +328,26 @@ class RaftCore(DescribeMixin, CoreBase):
         self._reads = []
         ready.admin_results.extend(self._admin_results)
         self._admin_results = []
+
+    def appended(self, written_end_offset: int, now_ms: int) -> list[Outbound]:
+        """Optional fast path: the driver has written ``ready.append`` to the log file and is
+        about to fsync it. A leader answers the parked fetches that can now get records and
+        returns those responses for the driver to send at once, before its own fsync, so the
+        followers' fsyncs run in parallel with the leader's. Only Fetch responses come back
+        here (nothing whose promise needs the fsync); everything else waits for ``advance``.
+        Returns nothing while a quorum-state write is pending."""
+        self.now = max(self.now, now_ms)
+        self.meta.written_end = max(self.meta.written_end, min(written_end_offset, self.meta.end))
+        ls = self.leader_state()
+        if ls is None or self._state_dirty or not ls.parked:
+            return []
+        kept, self._messages = self._messages, []
+        try:
+            self.release_parked(ls, everything=False)
+            out = self._messages
+        finally:
+            self._messages = kept
+        return out
 
     def has_ready(self) -> bool:
         """True if ``ready()`` would return something to do."""

@@ -260,6 +260,10 @@ class Node:
         if rd.quorum_state is not None:
             qs = rd.quorum_state
             await loop.run_in_executor(None, self.qstore.save, qs)
+        if appended:
+            # Fetch responses for what was just written go out before the leader's own fsync.
+            for out in core.appended(self.log.end_offset, self.now_ms()):
+                self._dispatch(out)
         if rd.flush or appended:
             await loop.run_in_executor(None, self.log.flush)
         core.advance(rd, self.log.end_offset)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -47,6 +48,9 @@ def build_session(master: str | None = None, app_name: str = "kraftkeeper-report
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", os.environ.get("KK_SPARK_DRIVER_MEMORY", "2g"))
     )
+    log4j = os.environ.get("KK_SPARK_LOG4J", str(Path(__file__).with_name("log4j2.properties")))
+    if Path(log4j).is_file():
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
     if is_local(master):
         builder = builder.config("spark.driver.host", LOOPBACK).config("spark.driver.bindAddress", LOOPBACK)
     spark = builder.getOrCreate()

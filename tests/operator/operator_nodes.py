@@ -81,10 +81,19 @@ def kk(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
 class LocalCluster:
     """``kraftkeeper operator local`` in a subprocess."""
 
-    def __init__(self, d: Path, nodes: int = 3, *, extra: list[str] | None = None) -> None:
+    def __init__(
+        self, d: Path, nodes: int = 3, *, extra: list[str] | None = None, cluster_id: str | None = None
+    ) -> None:
         self.dir = d
         self.nodes = nodes
         self.base = free_base_port(nodes)
+        if cluster_id is not None:
+            # Stand-in for pods: the cluster id the StatefulSet's format command uses, so that the
+            # pod's real init container accepts these node directories (--ignore-formatted checks it).
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "cluster.json").write_text(
+                json.dumps({"cluster_id": cluster_id, "nodes": nodes, "base_port": self.base}) + "\n"
+            )
         self.log = d.parent / f"{d.name}-operator.log"
         self.proc = subprocess.Popen(
             [
@@ -147,11 +156,22 @@ class LocalCluster:
             return ""
 
 
+def hold(d: Path, node: int) -> Path:
+    """Keep node ``node`` of the local cluster in ``d`` stopped (the replace-disk handshake: the
+    supervisor stops a held node and starts nothing for it while the holder, this test process,
+    lives). Returns the hold file; delete it to let the supervisor start the node again."""
+    f = d / "control" / f"node-{node}.hold"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(f"{os.getpid()}\n")
+    return f
+
+
 def run_format_container(
     sts: dict[str, Any], ordinal: int, data: Path, flag_dir: Path
 ) -> subprocess.CompletedProcess[str]:
     """Run the StatefulSet's format init container command for pod ``ordinal`` the way the kubelet
-    would (the one part that cannot run here), with its volumes at local paths."""
+    would (the one part that cannot run here), with its volumes at local paths. The same command
+    performs a requested unclean recovery (manifests.format_command)."""
     (fmt,) = sts["spec"]["template"]["spec"]["initContainers"]
     assert fmt["command"][:2] == ["sh", "-c"]
     script = fmt["command"][2].replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))

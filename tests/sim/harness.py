@@ -235,11 +235,19 @@ class Sim:
             core.snapshot_installed(r.install_snapshot, controls)
         for b in r.append:
             log.append(b)
-        if crash_point and r.append and self.rng.random() < 0.003:
+        if crash_point and r.append and self.rng.random() < 0.0015:
             self.crash(n)  # before fsync: the appended batches are lost
             return
         if r.quorum_state is not None:
             n.qs = replace(r.quorum_state)
+        if r.append:
+            # The driver's fast path: Fetch responses for what was just written leave before
+            # the leader's own fsync, so a crash below can take back records a follower has.
+            for ob in core.appended(log.end_offset, self.now):
+                self.send(n, ob.destination_id, ob.message)
+            if crash_point and self.rng.random() < 0.0015:
+                self.crash(n)
+                return
         if r.flush:
             log.flush()
         core.advance(r, log.durable_end)

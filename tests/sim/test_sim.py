@@ -12,12 +12,18 @@ from tests.sim.chaos import Operator, chaos_action, settle
 from tests.sim.harness import Sim
 
 
+# Seeds that once failed, kept in the default run as regressions: 736 (chaos, no pre-vote) found
+# the livelock of a candidate with a stale log resetting the others' election timers.
+REGRESSIONS: dict[int, list[int]] = {0: [736]}
+
+
 def seeds(default: int, offset: int) -> list[int]:
     one = os.environ.get("SIM_SEED")
     if one is not None:
         return [int(one)]
     k = int(os.environ.get("SIM_SEEDS", default))
-    return list(range(offset, offset + k))
+    picked = list(range(offset, offset + k))
+    return picked + [s for s in REGRESSIONS.get(offset, []) if s not in picked]
 
 
 @pytest.mark.parametrize("seed", seeds(300, 0))

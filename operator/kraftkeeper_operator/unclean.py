@@ -1,0 +1,430 @@
+"""KIP-704 style unclean recovery in Kubernetes mode: the last resort when a majority of voters is
+gone for good and the quorum cannot commit anything.
+
+**Data loss, on purpose.** The survivor becomes the sole voter with whatever its log holds:
+records committed only on the lost replicas (acknowledged to clients, but never replicated to
+the survivor) are lost. That is why it is off by default (``spec.uncleanRecovery.enabled``) and
+waits ``afterSeconds`` of QuorumLost first (KIP-704 "unclean leader election" is likewise an
+explicit opt-in trading durability for availability).
+
+The flow (one :meth:`UncleanCoordinator.step` per daemon pass, after the recovery controller's):
+
+1. Due: the policy allows it and the controller has seen no live majority for ``afterSeconds``
+   (``RecoveryController.unreachable_since_ms``; an operator restart starts that clock again,
+   which only delays the step).
+2. Survivor: without a leader there is no describe, so every replica's own ``/healthz``
+   (``node_id``) and ``/metrics`` (``kraftkeeper_log_end_offset``) are read. Among the reachable
+   replicas whose id was a voter in the last voter set a leader reported
+   (``RecoveryController.known_voters``), the one with the highest log end offset wins (then the
+   lower id). Its storage UUID(s) come from that voter set: the operator cannot read a disk.
+3. Request: the operator writes two keys into the ``NAME-bootstrap`` ConfigMap (its own field
+   manager, like the bootstrap flag): ``unclean-recovery`` = ``"<id> <token> <uuid>..."`` for the
+   pod's init container, and ``unclean-recovery.json`` (the full record, read back after an
+   operator restart), then reports the step (event log and Kubernetes Event ``unclean_recovery``,
+   a Warning) and deletes the survivor's pod so that it restarts with the new ConfigMap content.
+4. The pod (manifests.py ``format_command``): when the key names its own replica id and the
+   storage UUID in its ``meta.properties``, and its volume holds no marker for the token, the init
+   container runs ``kraftkeeper quorum recover-unclean`` on the stopped directory and then writes
+   the marker ``unclean-recovery.<token>.done`` next to ``meta.properties``: a pod restart never
+   repeats it, and a replaced (re-formatted) volume has another UUID, so it never matches.
+5. Done: the first pass that sees a live majority again records ``completedAt`` (event
+   ``unclean_recovery_completed``); status shows the step in ``recoveries`` (id ``unclean-<token>``)
+   and, meanwhile, in the QuorumLost condition.
+
+Invariant "never twice for the same outage": a request without ``completedAt`` blocks any new
+request; it is persisted in the ConfigMap *before* the pod is deleted, and a request whose pod
+deletion was not recorded (operator crash in between) only gets its pod deleted, never a new
+token. A new request needs a live majority to have been seen after the previous one (a new outage).
+
+Known risk (inherent to unclean recovery): if the lost replicas come back between the request
+and the survivor's restart, the survivor still turns itself into a sole voter at a newer epoch.
+``afterSeconds`` (minimum 30 in the CRD) is what makes "gone for good" likely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid as _uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from .telemetry import EventSink, OperatorMetrics
+
+log = logging.getLogger(__name__)
+
+UNCLEAN_KEY = "unclean-recovery"  # "<id> <token> <uuid> [<uuid>...]\n", read by the init container
+UNCLEAN_DETAIL_KEY = "unclean-recovery.json"  # the full UncleanRequest, read by the operator
+MARKER_PREFIX = "unclean-recovery."  # + token + ".done", in the data directory
+STATUS_PREFIX = "unclean-"  # status.recoveries ids of unclean recoveries (not disk replacements)
+LOSS_WARNING = "records committed only on the lost replicas are lost"
+
+
+# ---------------------------------------------------------------------------------------------
+# Probing replicas without a leader
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one replica says about itself (``/healthz`` and ``/metrics``)."""
+
+    ordinal: int
+    endpoint: str
+    node_id: int | None = None
+    log_end_offset: int | None = None
+    state: str | None = None  # kraftkeeper_current_state{state=...}
+    error: str | None = None
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None and self.node_id is not None and self.log_end_offset is not None
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$")
+
+
+def parse_metrics(text: str) -> tuple[dict[str, float], dict[str, str]]:
+    """Prometheus text into (unlabelled samples by name, enum gauges' ``state`` label by name)."""
+    values: dict[str, float] = {}
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, labels, raw = m.groups()
+        if labels:
+            st = re.search(r'state="([^"]*)"', labels)
+            if st:
+                states[name] = st.group(1)
+            continue
+        try:
+            values[name] = float(raw)
+        except ValueError:
+            continue
+    return values, states
+
+
+async def http_probe(ordinal: int, endpoint: str, limit_s: float = 3.0) -> Probe:
+    """Ask one node for its id and log end offset; never raises (``error`` says what failed)."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit_s)) as s:
+            async with s.get(f"http://{endpoint}/healthz") as r:
+                health = await r.json(content_type=None)
+            async with s.get(f"http://{endpoint}/metrics") as r:
+                text = await r.text()
+        values, states = parse_metrics(text)
+        leo = values.get("kraftkeeper_log_end_offset")
+        return Probe(
+            ordinal,
+            endpoint,
+            node_id=int(health["node_id"]),
+            log_end_offset=int(leo) if leo is not None else None,
+            state=states.get("kraftkeeper_current_state"),
+            error=None if leo is not None else "no kraftkeeper_log_end_offset in /metrics",
+        )
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError) as e:
+        return Probe(ordinal, endpoint, error=f"{type(e).__name__}: {e}".rstrip(": "))
+
+
+ProbeFn = Callable[[int, str], Awaitable[Probe]]
+
+
+def choose_survivor(
+    known_voters: Sequence[tuple[int, str]], probes: Sequence[Probe]
+) -> tuple[Probe, tuple[str, ...]] | None:
+    """The reachable former voter with the highest log end offset (then the lower id), with its
+    voter UUID(s), or None. A probe whose node id is not ``ordinal + 1`` is ignored (a pod
+    answering for another replica is a misconfiguration, not a survivor)."""
+    uuids: dict[int, list[str]] = {}
+    for rid, u in known_voters:
+        if u:
+            uuids.setdefault(rid, []).append(u)
+    cands = [p for p in probes if p.reachable and p.node_id == p.ordinal + 1 and p.node_id in uuids]
+    if not cands:
+        return None
+    best = max(cands, key=lambda p: (p.log_end_offset or 0, -(p.node_id or 0)))
+    assert best.node_id is not None
+    return best, tuple(uuids[best.node_id])
+
+
+# ---------------------------------------------------------------------------------------------
+# The request and where it is kept
+
+
+def _rfc3339(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class UncleanRequest:
+    token: str
+    replica_id: int
+    ordinal: int
+    uuids: tuple[str, ...]
+    log_end_offset: int
+    outage_since_ms: int
+    requested_ms: int
+    candidates: dict[str, int] = field(default_factory=dict)  # replica id -> log end offset
+    pod_deleted_ms: int | None = None
+    completed_ms: int | None = None
+    outcome: str | None = None  # what the first healthy view showed
+
+    def pod_line(self) -> str:
+        """The ``unclean-recovery`` key as the init container reads it (``read RID RTOKEN RUUIDS``)."""
+        return f"{self.replica_id} {self.token} {' '.join(self.uuids)}\n"
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["uuids"] = list(self.uuids)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> UncleanRequest:
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
+        d["uuids"] = tuple(str(u) for u in d["uuids"])
+        d["candidates"] = {str(k): int(v) for k, v in (d.get("candidates") or {}).items()}
+        return cls(**d)
+
+    def to_crd_status(self) -> dict[str, Any]:
+        """A ``status.recoveries`` item (CRD schema); the id prefix keeps it apart from disk
+        replacements when the operator reads status back."""
+        phases: dict[str, float] = {"quorumLost": round((self.requested_ms - self.outage_since_ms) / 1000, 3)}
+        if self.completed_ms is not None:
+            phases["restart"] = round((self.completed_ms - self.requested_ms) / 1000, 3)
+        done = self.completed_ms is not None
+        reason = (
+            f"UncleanRecovery: replica {self.replica_id} ({', '.join(self.uuids)}) made sole voter at "
+            f"log end offset {self.log_end_offset}; {LOSS_WARNING}"
+        )
+        if self.outcome:
+            reason += f"; {self.outcome}"
+        return {
+            "recoveryId": STATUS_PREFIX + self.token,
+            "replicaId": self.replica_id,
+            "oldUuid": None,
+            "newUuid": self.uuids[0] if self.uuids else None,
+            "startedAt": _rfc3339(self.requested_ms),
+            "completedAt": _rfc3339(self.completed_ms),
+            "phaseSeconds": phases,
+            "result": "Succeeded" if done else "InProgress",
+            "reason": reason,
+        }
+
+
+class RequestStore(Protocol):
+    """Where the request lives (the ``NAME-bootstrap`` ConfigMap in Kubernetes) and how the
+    survivor is restarted (its pod deleted)."""
+
+    async def load(self) -> UncleanRequest | None: ...
+
+    async def save(self, request: UncleanRequest) -> None: ...
+
+    async def restart(self, ordinal: int) -> None: ...
+
+
+@dataclass
+class MemoryRequestStore:
+    """In-memory twin of the ConfigMap store (tests)."""
+
+    data: dict[str, str] = field(default_factory=dict)
+    restarts: list[int] = field(default_factory=list)
+    fail_restart: bool = False
+
+    async def load(self) -> UncleanRequest | None:
+        raw = self.data.get(UNCLEAN_DETAIL_KEY)
+        return UncleanRequest.from_json(raw) if raw else None
+
+    async def save(self, request: UncleanRequest) -> None:
+        self.data[UNCLEAN_KEY] = request.pod_line()
+        self.data[UNCLEAN_DETAIL_KEY] = request.to_json()
+
+    async def restart(self, ordinal: int) -> None:
+        if self.fail_restart:
+            raise OSError("API unreachable")
+        self.restarts.append(ordinal)
+
+
+def request_from_configmap(data: Mapping[str, str] | None) -> UncleanRequest | None:
+    raw = (data or {}).get(UNCLEAN_DETAIL_KEY)
+    if not raw:
+        return None
+    return UncleanRequest.from_json(raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# The coordinator
+
+
+class ControllerLike(Protocol):
+    """The parts of :class:`~.controller.RecoveryController` the coordinator reads."""
+
+    unreachable_since_ms: int | None
+    known_voters: list[tuple[int, str]]
+
+    @property
+    def policy(self) -> Any: ...
+
+
+class UncleanCoordinator:
+    """One quorum's unclean-recovery state machine (module docstring)."""
+
+    def __init__(
+        self,
+        store: RequestStore,
+        sink: EventSink,
+        *,
+        cluster: str,
+        probe: ProbeFn,
+        metrics: OperatorMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.sink = sink
+        self.cluster = cluster
+        self.probe = probe
+        self.metrics = metrics
+        self.clock = clock
+        self.request: UncleanRequest | None = None
+        self._loaded = False
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def outstanding(self) -> UncleanRequest | None:
+        r = self.request
+        return r if r is not None and r.completed_ms is None else None
+
+    async def step(self, ctl: ControllerLike, lost: bool, endpoints: Sequence[str]) -> str | None:
+        """One pass; returns a note for the QuorumLost condition (None: nothing to say)."""
+        if not self._loaded:
+            try:
+                self.request = await self.store.load()
+            except (ValueError, TypeError, KeyError) as e:
+                # Unreadable: treat as outstanding, so nothing is ever done twice.
+                log.error(
+                    "%s: unreadable %s (%s): no unclean recovery until fixed",
+                    self.cluster,
+                    UNCLEAN_DETAIL_KEY,
+                    e,
+                )
+                return f"unreadable {UNCLEAN_DETAIL_KEY} in the bootstrap ConfigMap ({e}): fix or delete it"
+            self._loaded = True
+        now = self.now_ms()
+        req = self.outstanding()
+        if not lost:
+            if req is not None:
+                await self._complete(req, ctl, now)
+            return None
+        if req is not None:
+            if req.pod_deleted_ms is None:  # the operator died between the two writes
+                await self._restart(req, now)
+            return (
+                f"unclean recovery {req.token} of replica {req.replica_id} requested at "
+                f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
+            )
+        policy = ctl.policy
+        if not policy.unclean_allowed or ctl.unreachable_since_ms is None:
+            return None
+        due_ms = ctl.unreachable_since_ms + int(policy.unclean_after_seconds * 1000)
+        if now < due_ms:
+            return f"unclean recovery allowed, due at {_rfc3339(due_ms)} if no majority returns"
+        if not ctl.known_voters:
+            return "unclean recovery due, but no voter set was ever seen: not guessing"
+        probes = await asyncio.gather(*(self.probe(k, ep) for k, ep in enumerate(endpoints)))
+        chosen = choose_survivor(ctl.known_voters, probes)
+        if chosen is None:
+            return "unclean recovery due, but no former voter is reachable"
+        survivor, uuids = chosen
+        assert survivor.node_id is not None and survivor.log_end_offset is not None
+        req = UncleanRequest(
+            token=_uuid.uuid4().hex[:16],
+            replica_id=survivor.node_id,
+            ordinal=survivor.ordinal,
+            uuids=uuids,
+            log_end_offset=survivor.log_end_offset,
+            outage_since_ms=ctl.unreachable_since_ms,
+            requested_ms=now,
+            candidates={
+                str(p.node_id): int(p.log_end_offset)
+                for p in probes
+                if p.reachable and p.node_id is not None and p.log_end_offset is not None
+            },
+        )
+        await self.store.save(req)  # persisted before anything acts on it
+        self.request = req
+        gone_s = (now - req.outage_since_ms) / 1000
+        self.sink.emit(
+            "unclean_recovery",
+            req.token,
+            req.replica_id,
+            None,
+            uuids[0],
+            None,
+            None,
+            {
+                "reason": f"no live majority for {gone_s:.0f}s",
+                "log_end_offset": req.log_end_offset,
+                "candidates": req.candidates,
+                "uuids": list(uuids),
+                "warning": LOSS_WARNING,
+            },
+        )
+        log.warning(
+            "%s: UNCLEAN RECOVERY requested: replica %d (%s) at log end offset %d becomes the sole voter; %s",
+            self.cluster,
+            req.replica_id,
+            ", ".join(uuids),
+            req.log_end_offset,
+            LOSS_WARNING,
+        )
+        if self.metrics is not None:
+            self.metrics.unclean_recoveries.labels(self.cluster).inc()
+        await self._restart(req, now)
+        return (
+            f"unclean recovery {req.token} of replica {req.replica_id} requested at "
+            f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
+        )
+
+    async def _restart(self, req: UncleanRequest, now: int) -> None:
+        try:
+            await self.store.restart(req.ordinal)
+        except Exception as e:  # retried on the next pass (pod_deleted_ms stays None)
+            log.warning(
+                "%s: restarting replica %d for unclean recovery failed: %s", self.cluster, req.replica_id, e
+            )
+            return
+        req.pod_deleted_ms = now  # in memory first: a failed save below must not delete it again
+        try:
+            await self.store.save(req)
+        except Exception as e:  # only an operator restart would delete the pod once more (harmless)
+            log.warning("%s: recording the pod restart of %s failed: %s", self.cluster, req.token, e)
+
+    async def _complete(self, req: UncleanRequest, ctl: ControllerLike, now: int) -> None:
+        voters = sorted({i for i, _ in ctl.known_voters})
+        done = replace(req, completed_ms=now, outcome=f"quorum back with voters {voters}")
+        await self.store.save(done)  # on failure the next healthy pass tries again
+        self.request = req = done
+        self.sink.emit(
+            "unclean_recovery_completed",
+            req.token,
+            req.replica_id,
+            None,
+            req.uuids[0] if req.uuids else None,
+            None,
+            None,
+            {"voters": voters, "seconds": (now - req.requested_ms) / 1000},
+        )
+        log.warning("%s: unclean recovery %s done: %s", self.cluster, req.token, req.outcome)

@@ -1,0 +1,340 @@
+"""KIP-704 style unclean recovery in Kubernetes mode (kraftkeeper_operator/unclean.py): choosing
+the survivor, the "exactly once per outage" bookkeeping over the in-memory quorum model and the
+in-memory request store, and the real init-container script running the real
+``kraftkeeper quorum recover-unclean`` on a real data directory (the kubelet's part, played
+locally). The same flow against a real kube-apiserver is in tests/k8s/test_operator.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kraftkeeper_operator.api import InMemoryQuorum
+from kraftkeeper_operator.controller import RecoveryController
+from kraftkeeper_operator.manifests import BOOTSTRAP_KEY, parse_spec, statefulset
+from kraftkeeper_operator.recovery import RecoveryPolicy
+from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
+from kraftkeeper_operator.unclean import (
+    UNCLEAN_DETAIL_KEY,
+    UNCLEAN_KEY,
+    MemoryRequestStore,
+    Probe,
+    UncleanCoordinator,
+    UncleanRequest,
+    choose_survivor,
+    parse_metrics,
+    request_from_configmap,
+)
+from operator_nodes import engine_missing, run_format_container
+from prometheus_client import generate_latest
+
+from quorum.runtime.metrics import Registry
+from quorum.storage.meta import load_meta
+
+OWNER = {"apiVersion": "kraftkeeper.io/v1alpha1", "kind": "KRaftQuorum", "name": "q", "uid": "u-1"}
+
+
+def probe(ordinal: int, node_id: int | None, leo: int | None) -> Probe:
+    if node_id is None:
+        return Probe(ordinal, f"ep{ordinal}", error="ClientConnectorError: refused")
+    return Probe(ordinal, f"ep{ordinal}", node_id=node_id, log_end_offset=leo, state="candidate")
+
+
+def test_survivor_is_the_reachable_former_voter_with_the_highest_log_end_offset() -> None:
+    known = [(1, "u1"), (2, "u2"), (3, "u3"), (4, "u4"), (5, "u5")]
+    probes = [probe(0, 1, 40), probe(1, 2, 55), probe(2, None, None), probe(3, 4, 55), probe(4, 5, 12)]
+    got = choose_survivor(known, probes)
+    assert got is not None and got[0].node_id == 2 and got[1] == ("u2",)  # tie 2/4: the lower id
+    # Not a former voter (a scale-up replica), a pod answering for another id, no offset: ignored.
+    assert choose_survivor([(1, "u1")], [probe(1, 2, 99), probe(0, 3, 99), probe(0, None, None)]) is None
+    assert choose_survivor([(1, "u1"), (2, "")], [probe(1, 2, 99)]) is None  # no UUID known for 2
+    # Mid-recovery voter set (AddThenRemove): both UUIDs of the id go into the request.
+    got = choose_survivor([(1, "old"), (1, "new"), (2, "u2")], [probe(0, 1, 7)])
+    assert got is not None and got[1] == ("old", "new")
+    assert choose_survivor([], [probe(0, 1, 7)]) is None
+
+
+def test_metrics_text_of_a_real_node_registry_is_parsed() -> None:
+    r = Registry()
+    r.set("log_end_offset", 1234, help="log end")
+    r.set("high_watermark", 1200)
+    r.set_state("current_state", "candidate")
+    r.inc("append_records", 5)
+    values, states = parse_metrics(r.render())
+    assert values["kraftkeeper_log_end_offset"] == 1234
+    assert states["kraftkeeper_current_state"] == "candidate"
+    assert values["kraftkeeper_append_records_total"] == 5
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def ms(self) -> int:
+        return int(self.t * 1000)
+
+
+class Rig:
+    """The real controller over the in-memory quorum, plus the coordinator over the in-memory
+    store; ``probe`` answers like each replica's /healthz + /metrics would."""
+
+    def __init__(
+        self, *, allowed: bool, after: float = 30.0, store: MemoryRequestStore | None = None
+    ) -> None:
+        self.clock = Clock()
+        self.q = InMemoryQuorum(3, self.clock.ms)
+        self.q.append(50)
+        self.sink = MemorySink()
+        self.metrics = OperatorMetrics()
+        policy = RecoveryPolicy(live_window_seconds=3, unclean_allowed=allowed, unclean_after_seconds=after)
+        self.ctl = RecoveryController(
+            self.q, policy, cluster="ns/q", sink=self.sink, metrics=self.metrics, clock=self.clock
+        )
+        self.store = store if store is not None else MemoryRequestStore()
+        self.coord = self.coordinator()
+
+    def coordinator(self) -> UncleanCoordinator:
+        return UncleanCoordinator(
+            self.store, self.sink, cluster="ns/q", probe=self.probe, metrics=self.metrics, clock=self.clock
+        )
+
+    async def probe(self, ordinal: int, endpoint: str) -> Probe:
+        rid = ordinal + 1
+        try:
+            r = self.q.current(rid)
+        except KeyError:
+            return Probe(ordinal, endpoint, error="refused")
+        return Probe(ordinal, endpoint, node_id=rid, log_end_offset=self.q.log_end - r.lag)
+
+    async def step(self, seconds: float = 1.0) -> tuple[bool, str | None]:
+        self.clock.t += seconds
+        self.q.tick()
+        st = await self.ctl.reconcile()
+        lost = st.condition("QuorumLost").status
+        note = await self.coord.step(self.ctl, lost, ["ep0", "ep1", "ep2"])
+        return lost, note
+
+    def recover_survivor(self) -> None:
+        """What the survivor's pod does after the restart: sole voter at a new epoch."""
+        req = request_from_configmap(self.store.data)
+        assert req is not None
+        self.q.voters = [(req.replica_id, req.uuids[0])]
+        self.q.tick()
+
+
+async def test_disabled_never_acts_whatever_the_outage_length() -> None:
+    rig = Rig(allowed=False, after=30)
+    await rig.step()
+    rig.q.kill(1)
+    rig.q.kill(3)
+    for _ in range(20):
+        lost, note = await rig.step(5)
+        assert lost and note is None
+    assert rig.store.data == {} and rig.store.restarts == []
+    assert not [e for e in rig.sink.events if e["type"].startswith("unclean")]
+    text = generate_latest(rig.metrics.registry).decode()
+    assert 'kraftkeeper_operator_quorum_lost_seconds{quorum="ns/q"} 100.0' in text
+
+
+async def test_once_per_outage_then_again_only_after_the_quorum_came_back() -> None:
+    rig = Rig(allowed=True, after=30)
+    await rig.step()
+    survivor_uuid = rig.q.current(2).uuid
+    rig.q.kill(1)
+    rig.q.kill(3)
+    lost, note = await rig.step()
+    assert lost and note is not None and "due at" in note
+    for _ in range(5):
+        lost, note = await rig.step(5)
+        assert rig.store.data == {}, "acted before afterSeconds"
+    lost, note = await rig.step(10)
+    assert note is not None and "requested" in note
+    req = request_from_configmap(rig.store.data)
+    assert req is not None and req.replica_id == 2 and req.uuids == (survivor_uuid,) and req.ordinal == 1
+    assert rig.store.data[UNCLEAN_KEY] == f"2 {req.token} {survivor_uuid}\n"
+    assert rig.store.restarts == [1] and req.pod_deleted_ms is not None
+    assert req.candidates == {"2": rig.q.log_end}
+    # Still lost for a long time: no second token, no second restart, one event.
+    for _ in range(20):
+        lost, note = await rig.step(10)
+        assert lost and note is not None and req.token in note
+    assert rig.store.restarts == [1]
+    assert request_from_configmap(rig.store.data) == req
+    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery"]
+    ev = rig.sink.events[0]
+    assert ev["replica_id"] == 2 and ev["new_uuid"] == survivor_uuid and ev["recovery_id"] == req.token
+    assert "lost" in ev["detail"]["warning"]
+    item = req.to_crd_status()
+    assert item["recoveryId"] == f"unclean-{req.token}" and item["result"] == "InProgress"
+
+    rig.recover_survivor()
+    lost, note = await rig.step()
+    assert not lost and note is None
+    done = request_from_configmap(rig.store.data)
+    assert done is not None and done.token == req.token and done.completed_ms is not None
+    assert done.outcome == "quorum back with voters [2]"
+    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery", "unclean_recovery_completed"]
+    assert done.to_crd_status()["result"] == "Succeeded"
+    assert (
+        'kraftkeeper_operator_unclean_recoveries_total{quorum="ns/q"} 1.0'
+        in generate_latest(rig.metrics.registry).decode()
+    )
+
+    # Replicas 1 and 3 return and are voters again (the reassignment to 1..3); then a new outage
+    # takes 2 and 3: a new request, with a new token, for replica 1.
+    rig.q.revive(1)
+    rig.q.revive(3)
+    rig.q.voters = [(2, survivor_uuid), (1, rig.q.current(1).uuid), (3, rig.q.current(3).uuid)]
+    lost, _ = await rig.step()
+    assert not lost
+    rig.q.kill(2)
+    rig.q.kill(3)
+    for _ in range(8):
+        await rig.step(5)
+    again = request_from_configmap(rig.store.data)
+    assert again is not None and again.token != req.token and again.replica_id == 1
+    assert rig.store.restarts == [1, 0]
+
+
+async def test_operator_restart_between_request_and_pod_deletion_only_deletes_the_pod() -> None:
+    store = MemoryRequestStore(fail_restart=True)
+    rig = Rig(allowed=True, after=30, store=store)
+    await rig.step()
+    rig.q.kill(2)
+    rig.q.kill(3)
+    for _ in range(10):
+        await rig.step(5)
+    req = request_from_configmap(store.data)
+    assert req is not None and req.replica_id == 1 and req.pod_deleted_ms is None and store.restarts == []
+    # A new operator process (same store), the API reachable again: same token, pod deleted once.
+    store.fail_restart = False
+    rig.coord = rig.coordinator()
+    rig.ctl.unreachable_since_ms = rig.clock.ms()  # a restarted operator starts the clock again
+    for _ in range(5):
+        await rig.step(5)
+    after = request_from_configmap(store.data)
+    assert after is not None and after.token == req.token and after.pod_deleted_ms is not None
+    assert store.restarts == [0]
+    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery"]
+
+
+async def test_an_unreadable_request_blocks_instead_of_guessing() -> None:
+    store = MemoryRequestStore(data={UNCLEAN_DETAIL_KEY: "{not json"})
+    rig = Rig(allowed=True, after=30, store=store)
+    await rig.step()
+    rig.q.kill(2)
+    rig.q.kill(3)
+    for _ in range(10):
+        _, note = await rig.step(5)
+        assert note is not None and UNCLEAN_DETAIL_KEY in note
+    assert store.restarts == [] and store.data == {UNCLEAN_DETAIL_KEY: "{not json"}
+
+
+async def test_lost_status_keeps_the_last_voter_set_for_a_restarted_operator() -> None:
+    rig = Rig(allowed=True)
+    await rig.step()
+    uuids = {i: rig.q.current(i).uuid for i in (1, 2, 3)}
+    rig.q.kill(1)
+    rig.q.kill(2)
+    rig.q.kill(3)
+    st = await rig.ctl.reconcile()
+    assert st.view is None
+    crd = st.to_crd_status()
+    assert crd["phase"] == "QuorumLost"
+    assert [(v["id"], v["uuid"], v["logEndOffset"]) for v in crd["voters"]] == [
+        (i, uuids[i], None) for i in (1, 2, 3)
+    ]
+    st.annotate_lost("UncleanRecoveryRequested", "unclean recovery abc requested")
+    cond = next(c for c in st.to_crd_status()["conditions"] if c["type"] == "QuorumLost")
+    assert cond["reason"] == "UncleanRecoveryRequested" and cond["message"].endswith("abc requested")
+
+
+def test_request_round_trips_and_refuses_garbage() -> None:
+    req = UncleanRequest("0a1b", 3, 2, ("u-3",), 77, 1_000, 31_000, {"3": 77})
+    assert UncleanRequest.from_json(req.to_json()) == req
+    with pytest.raises(ValueError):
+        UncleanRequest.from_json("[1, 2]")
+    with pytest.raises((KeyError, TypeError)):
+        UncleanRequest.from_json(json.dumps({"token": "x"}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The init container, run locally with the real CLI
+
+
+def body() -> dict[str, Any]:
+    return {"metadata": {"name": "q", "namespace": "ns", "uid": "u-1"}, "spec": {"voters": 3}}
+
+
+def _state_epoch(d: Path) -> int:
+    raw = json.loads((d / "__cluster_metadata-0" / "quorum-state").read_text())
+    return int(raw.get("leader_epoch", raw.get("leaderEpoch", -1)))
+
+
+@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+def test_init_container_runs_recover_unclean_once_for_its_own_id_and_uuid(tmp_path: Path) -> None:
+    q = parse_spec(body())
+    sts = statefulset(q, OWNER, replicas=3, bootstrap_voters=3)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (flags / BOOTSTRAP_KEY).write_text("true")
+    data = tmp_path / "pvc-1"
+    out = run_format_container(sts, 1, data, flags)
+    assert out.returncode == 0, out.stderr
+    mine = load_meta(data).storage_uuid
+    # A request for another replica, for this id with another UUID, or with a token that is not
+    # what the operator writes: nothing happens, and the node starts normally.
+    for line, said in (
+        (f"3 0a1b {mine}\n", ""),
+        ("2 0a1b 11111111-2222-3333-4444-555555555555\n", "not recovering"),
+        (f"2 ../x {mine}\n", ""),
+    ):
+        (flags / UNCLEAN_KEY).write_text(line)
+        out = run_format_container(sts, 1, data, flags)
+        assert out.returncode == 0, out.stderr
+        assert "UNCLEAN RECOVERY" not in out.stdout and said in out.stdout
+        assert not list(data.glob("unclean-recovery.*"))
+
+    (flags / UNCLEAN_KEY).write_text(f"2 0a1b {mine}\n")
+    out = run_format_container(sts, 1, data, flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "UNCLEAN RECOVERY 0a1b" in out.stdout and "sole voter" in out.stdout
+    assert (data / "unclean-recovery.0a1b.done").exists()
+    epoch = _state_epoch(data)
+    assert epoch >= 1
+    # A pod restart (the init container runs again): never a second recovery.
+    out = run_format_container(sts, 1, data, flags)
+    assert out.returncode == 0, out.stderr
+    assert "was done on this volume already" in out.stdout
+    assert _state_epoch(data) == epoch
+    # Same request, but the volume was replaced (new UUID): the fresh disk is never recovered.
+    fresh = tmp_path / "pvc-1-new"
+    out = run_format_container(sts, 1, fresh, flags)
+    assert out.returncode == 0, out.stderr
+    assert "not recovering" in out.stdout and not (fresh / "__cluster_metadata-0" / "quorum-state").exists()
+
+
+@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+def test_init_container_fails_loudly_when_recover_unclean_fails(tmp_path: Path) -> None:
+    q = parse_spec(body())
+    sts = statefulset(q, OWNER, replicas=3, bootstrap_voters=3)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    data = tmp_path / "pvc-0"
+    assert run_format_container(sts, 0, data, flags).returncode == 0
+    mine = load_meta(data).storage_uuid
+    # Damage the log so recover-unclean cannot verify it (a torn tail is repaired; garbage is not).
+    logs = sorted((data / "__cluster_metadata-0").glob("*.log"))
+    if not logs:
+        pytest.skip("a freshly formatted directory has no log segment to damage")
+    logs[0].write_bytes(b"\x00garbage" * 64 + logs[0].read_bytes())
+    (flags / UNCLEAN_KEY).write_text(f"1 c0ffee {mine}\n")
+    out = run_format_container(sts, 0, data, flags)
+    assert out.returncode != 0
+    assert not (data / "unclean-recovery.c0ffee.done").exists()
+    assert "UNCLEAN RECOVERY c0ffee" in out.stdout  # it tried, and says so in the pod's log
