@@ -25,6 +25,9 @@ For a KRaftQuorum ``NAME`` in namespace ``NS``:
   same format flag). The ConfigMap volume is not optional: without it a pod does not start, rather
   than risk an initial format. Limitation: a volume replaced after the bootstrap but before the
   operator's next pass (a few seconds) still gets an initial format.
+  The same ConfigMap carries the KIP-704 style unclean-recovery request (keys ``unclean-recovery``
+  and ``unclean-recovery.json``, field manager ``kraftkeeper-operator-unclean``, see unclean.py);
+  the same init container acts on it (``format_command``), so the pods need no other mount.
 
 Pod security: the pods pass the ``restricted`` Pod Security level and run as the image's user
 (uid/gid 10001): ``runAsNonRoot``, ``fsGroup`` 10001 (so a fresh, root-owned volume is writable;

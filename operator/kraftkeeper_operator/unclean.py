@@ -299,6 +299,7 @@ class UncleanCoordinator:
         self.clock = clock
         self.request: UncleanRequest | None = None
         self._loaded = False
+        self._unreadable: str | None = None  # logged once per distinct error
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -314,6 +315,11 @@ class UncleanCoordinator:
                 self.request = await self.store.load()
             except (ValueError, TypeError, KeyError) as e:
                 # Unreadable: treat as outstanding, so nothing is ever done twice.
+                if self._unreadable == str(e):
+                    return (
+                        f"unreadable {UNCLEAN_DETAIL_KEY} in the bootstrap ConfigMap ({e}): fix or delete it"
+                    )
+                self._unreadable = str(e)
                 log.error(
                     "%s: unreadable %s (%s): no unclean recovery until fixed",
                     self.cluster,
@@ -329,6 +335,13 @@ class UncleanCoordinator:
                 await self._complete(req, ctl, now)
             return None
         if req is not None:
+            # An administrator may withdraw the request (delete both keys) to give up or retry;
+            # re-read it while it is outstanding. Same token: keep ours (it may know more).
+            stored = await self.store.load()
+            if stored is None or stored.token != req.token:
+                log.warning("%s: unclean recovery %s withdrawn from the ConfigMap", self.cluster, req.token)
+                self.request = stored
+                return await self.step(ctl, lost, endpoints) if stored is None else None
             if req.pod_deleted_ms is None:  # the operator died between the two writes
                 await self._restart(req, now)
             return (

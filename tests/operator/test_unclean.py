@@ -138,7 +138,7 @@ async def test_disabled_never_acts_whatever_the_outage_length() -> None:
     assert rig.store.data == {} and rig.store.restarts == []
     assert not [e for e in rig.sink.events if e["type"].startswith("unclean")]
     text = generate_latest(rig.metrics.registry).decode()
-    assert 'kraftkeeper_operator_quorum_lost_seconds{quorum="ns/q"} 100.0' in text
+    assert 'kraftkeeper_operator_quorum_lost_seconds{quorum="ns/q"} 95.0' in text
 
 
 async def test_once_per_outage_then_again_only_after_the_quorum_came_back() -> None:
@@ -221,6 +221,31 @@ async def test_operator_restart_between_request_and_pod_deletion_only_deletes_th
     assert after is not None and after.token == req.token and after.pod_deleted_ms is not None
     assert store.restarts == [0]
     assert [e["type"] for e in rig.sink.events] == ["unclean_recovery"]
+
+
+async def test_an_administrator_can_withdraw_a_request() -> None:
+    """Deleting both keys withdraws an outstanding request (e.g. the survivor's pod refused it
+    because its volume was replaced): with the policy still on, the operator asks again, with a
+    new token; turned off, it does nothing more."""
+    rig = Rig(allowed=True, after=30)
+    await rig.step()
+    rig.q.kill(2)
+    rig.q.kill(3)
+    for _ in range(8):
+        await rig.step(5)
+    first = request_from_configmap(rig.store.data)
+    assert first is not None and rig.store.restarts == [0]
+    rig.store.data.clear()
+    await rig.step()
+    second = request_from_configmap(rig.store.data)
+    assert second is not None and second.token != first.token and rig.store.restarts == [0, 0]
+    rig.ctl.set_policy(RecoveryPolicy(live_window_seconds=3, unclean_allowed=False))
+    rig.store.data.clear()
+    for _ in range(5):
+        _, note = await rig.step(5)
+        assert note is None
+    assert rig.store.data == {} and rig.store.restarts == [0, 0]
+    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery", "unclean_recovery"]
 
 
 async def test_an_unreadable_request_blocks_instead_of_guessing() -> None:
@@ -328,13 +353,15 @@ def test_init_container_fails_loudly_when_recover_unclean_fails(tmp_path: Path) 
     data = tmp_path / "pvc-0"
     assert run_format_container(sts, 0, data, flags).returncode == 0
     mine = load_meta(data).storage_uuid
-    # Damage the log so recover-unclean cannot verify it (a torn tail is repaired; garbage is not).
-    logs = sorted((data / "__cluster_metadata-0").glob("*.log"))
-    if not logs:
-        pytest.skip("a freshly formatted directory has no log segment to damage")
-    logs[0].write_bytes(b"\x00garbage" * 64 + logs[0].read_bytes())
+    # A damaged quorum-state: recover-unclean refuses (CORRUPT_LOG) and must not be papered over.
+    (data / "__cluster_metadata-0").mkdir()
+    (data / "__cluster_metadata-0" / "quorum-state").write_text("garbage\n")
     (flags / UNCLEAN_KEY).write_text(f"1 c0ffee {mine}\n")
     out = run_format_container(sts, 0, data, flags)
     assert out.returncode != 0
     assert not (data / "unclean-recovery.c0ffee.done").exists()
     assert "UNCLEAN RECOVERY c0ffee" in out.stdout  # it tried, and says so in the pod's log
+    assert "CORRUPT_LOG" in out.stderr and "quorum-state" in out.stderr
+    # The next attempt (the kubelet restarts a failed init container) tries again, still no marker.
+    assert run_format_container(sts, 0, data, flags).returncode != 0
+    assert not (data / "unclean-recovery.c0ffee.done").exists()
