@@ -2,8 +2,9 @@
 
 The core never holds record data (docs/design.md): it keeps the log end offset (including
 batches handed to the driver but maybe not yet durable), the written end reported by
-``appended`` (in the log file, maybe not yet fsynced), the durable end reported by ``advance``, the log start offset, the latest snapshot id and the leader-epoch cache
-(epoch -> first offset), which is what KIP-595's DivergingEpoch computation needs.
+``appended`` (in the log file, maybe not yet fsynced), the durable end reported by
+``advance``, the log start offset, the latest snapshot id and the leader-epoch cache (epoch ->
+first offset), which is what KIP-595's DivergingEpoch computation needs.
 
 Invariants: ``epochs`` is ascending in both epoch and start offset; every start offset is in
 ``[log_start, end)``; ``durable_end <= written_end <= end``.

@@ -17,6 +17,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -129,6 +130,7 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._recovering = False  # a KIP-704 verification task is running
+        self._applied = asyncio.Event()  # set whenever the KV store applied more records
         self._busy_s = 0.0  # seconds the loop spent handling Ready (poll-idle-ratio)
         self._busy_mark = 0.0
         self._idle_since = time.monotonic()
@@ -361,6 +363,7 @@ class Node:
             else:
                 continue
             break
+        self._applied.set()
         if self._read_waiting:
             still = []
             for index, fut in self._read_waiting:
@@ -408,7 +411,9 @@ class Node:
             # The sole voter commits its whole log on its own; apply it all before verifying.
             deadline = time.monotonic() + 30
             while self.applied_end < self.log.end_offset and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+                self._applied.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._applied.wait(), max(0.0, deadline - time.monotonic()))
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, verify_local_state, self.log)
             lost_after = self.log.end_offset

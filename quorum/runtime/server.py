@@ -169,7 +169,7 @@ def build_app(node: Node, *, max_body: int) -> web.Application:
         return web.Response(text=node.metrics_text(), content_type="text/plain", charset="utf-8")
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "node_id": node.node_id})
+        return web.json_response({"status": "ok", "node_id": node.node_id, "storage_uuid": node.local.uuid})
 
     async def readyz(request: web.Request) -> web.Response:
         ok, info = node.readiness()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -341,7 +342,8 @@ def test_metrics_and_health_endpoints(cluster: LocalCluster) -> None:
     ):
         assert name in text, name
     for i in cluster.ports:
-        assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/healthz"))[0] == 200
+        status, body = cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/healthz"))
+        assert status == 200 and json.loads(body)["storage_uuid"] == cluster.uuids[i]
         assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/readyz"))[0] == 200
 
 

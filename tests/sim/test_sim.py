@@ -11,7 +11,6 @@ from quorum.types import ErrorCode
 from tests.sim.chaos import Operator, chaos_action, settle
 from tests.sim.harness import Sim
 
-
 # Seeds that once failed, kept in the default run as regressions: 736 (chaos, no pre-vote) found
 # the livelock of a candidate with a stale log resetting the others' election timers.
 REGRESSIONS: dict[int, list[int]] = {0: [736]}
