@@ -320,9 +320,11 @@ class MemorySnapshotStore:
     def controls(self, snapshot_id: OffsetAndEpoch) -> tuple[ControlRecord, ...]:
         return header_controls(self._get(snapshot_id), snapshot_id, self.path(snapshot_id))
 
-    def load(self, snapshot_id: OffsetAndEpoch) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
+    def load(
+        self, snapshot_id: OffsetAndEpoch, *, verify_crc: bool = True
+    ) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
         return parse_snapshot(
-            self._get(snapshot_id), snapshot_id, self.path(snapshot_id), ErrorCode.CORRUPT_LOG
+            self._get(snapshot_id), snapshot_id, self.path(snapshot_id), ErrorCode.CORRUPT_LOG, verify_crc
         )
 
     def delete_older_than(self, snapshot_id: OffsetAndEpoch) -> None:

@@ -91,6 +91,7 @@ def parse_snapshot(
     snapshot_id: OffsetAndEpoch,
     where: str,
     code: ErrorCode = ErrorCode.CORRUPT_RECORD,
+    verify_crc: bool = True,
 ) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
     """Validate a whole snapshot (every CRC, the header/footer framing, offsets, epochs) and
     return (voter-set controls, state chunks). Any defect raises ``code`` naming ``where``."""
@@ -99,7 +100,7 @@ def parse_snapshot(
         return KraftError(code, f"{where}: {msg}", file=where)
 
     try:
-        batches, _ = records.decode_batches(buf, verify_crc=True, allow_torn_tail=False)
+        batches, _ = records.decode_batches(buf, verify_crc=verify_crc, allow_torn_tail=False)
     except records.CorruptRecordError as e:
         raise bad(e.message) from None
     if len(batches) < 2:
@@ -332,13 +333,16 @@ class SnapshotStore:
                 head = os.pread(fd, size, 0)
         return header_controls(head, snapshot_id, where)
 
-    def load(self, snapshot_id: OffsetAndEpoch) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
+    def load(
+        self, snapshot_id: OffsetAndEpoch, *, verify_crc: bool = True
+    ) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
         """(voter-set controls, state chunks) of a stored snapshot; a damaged file raises
-        CORRUPT_LOG naming it."""
+        CORRUPT_LOG naming it. ``verify_crc=False`` skips the CRCs (not the framing checks)
+        for a snapshot ``finish_download`` has just verified."""
         fd = self._read_fd(snapshot_id)
         size = os.fstat(fd).st_size
         buf = os.pread(fd, size, 0)
-        return parse_snapshot(buf, snapshot_id, self.path(snapshot_id), ErrorCode.CORRUPT_LOG)
+        return parse_snapshot(buf, snapshot_id, self.path(snapshot_id), ErrorCode.CORRUPT_LOG, verify_crc)
 
     def delete_older_than(self, snapshot_id: OffsetAndEpoch) -> None:
         """Delete snapshots older than ``snapshot_id``; the latest snapshot is always kept."""
