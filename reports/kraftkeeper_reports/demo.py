@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -247,10 +248,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("INVALID_REQUEST: --recoveries must be >= 0 and --keys >= 1\n")
         return 2
     d = Path(a.dir).resolve()
+    marker = d / ".kraftkeeper-demo"
     if (d / "cluster.json").exists():
-        sys.stderr.write(f"INVALID_REQUEST: {d} already holds a cluster; pass a new --dir or delete it\n")
-        return 2
+        if not marker.exists():
+            sys.stderr.write(f"INVALID_REQUEST: {d} already holds a cluster; pass a new --dir or delete it\n")
+            return 2
+        # A previous demo run (the marker says the demo made it): start over, so running the
+        # README's first command twice just works.
+        _say(f"removing the previous demo run in {d}")
+        shutil.rmtree(d)
     d.mkdir(parents=True, exist_ok=True)
+    marker.write_text("created by kraftkeeper demo; the next demo run in this directory replaces it\n")
     try:
         asyncio.run(_run_cluster(d, a.recoveries, a.keys, a.stabilization_seconds))
     except DemoError as e:

@@ -50,6 +50,7 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert last == str(d / "report" / "report.html")
     html = Path(last).read_text()
     assert "<svg" in html or "data:image/png;base64" in html
+    assert (d / ".kraftkeeper-demo").exists()  # a second demo run here may replace this one
     assert "replacing the disk of node" in p.stdout and "every acknowledged key is there" in p.stdout
     events = [
         json.loads(line)
@@ -62,3 +63,19 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert len(by_recovery) == 2
     for types in by_recovery.values():
         assert [t for t in types if t in ORDER] == ORDER
+
+
+def test_demo_refuses_a_directory_holding_someone_elses_cluster(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text("{}")
+    p = subprocess.run(
+        [sys.executable, "-m", "quorum.cli", "demo", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        p.returncode == 2
+        and p.stderr.startswith("INVALID_REQUEST:")
+        and "already holds a cluster" in p.stderr
+    )
+    assert (tmp_path / "cluster.json").read_text() == "{}"
