@@ -50,17 +50,23 @@ def test_disk_replacement_of_node_3_with_10000_keys(tmp_path: Path, replace_lead
     with LocalCluster(tmp_path, 3).up() as c:
         leader = c.leader()
         if replace_leader and leader != 3:
-            # Make node 3 the leader: stop the current one gracefully until 3 wins.
+            # Make node 3 the leader: with the third node down, the leader resigns gracefully
+            # (EndQuorumEpoch names node 3 as the only live successor) and comes back as a
+            # voter for node 3; then the third node returns.
             def three_leads() -> bool:
                 cur = c.describe()["leader_id"]
                 if cur == 3:
                     return True
                 if cur > 0:
+                    other = next(i for i in (1, 2) if i != cur)
+                    c.kill(other)
                     c.kill(cur, 15)
                     c.start(cur)
+                    poll(lambda: c.describe()["leader_id"] > 0, 30, "a leader of nodes 3 and " + str(cur))
+                    c.start(other)
                 return False
 
-            poll(three_leads, 60, "node 3 to become leader", interval=1.0)
+            poll(three_leads, 90, "node 3 to become leader", interval=0.5)
         asyncio.run(_write_keys(c.bootstrap, 10_000))
         old = c.uuids[3]
         new = c.replace_disk(3)
