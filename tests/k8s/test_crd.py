@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 if TYPE_CHECKING:
-    from conftest import KubeEnv
+    from tests.k8s.conftest import KubeEnv
 
 REPO = Path(__file__).resolve().parents[2]
 

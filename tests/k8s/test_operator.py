@@ -16,14 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KubeEnv, free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from kraftkeeper_operator.handlers import BOOTSTRAP_FIELD_MANAGER, FIELD_MANAGER
 from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, bootstrap_configmap, parse_spec
-from operator_nodes import LocalCluster, engine_missing, hold, kk, run_format_container
 
 from quorum.storage.meta import load_meta
+from tests.k8s.conftest import KubeEnv, free_port
+from tests.operator.operator_nodes import LocalCluster, engine_missing, hold, kk, run_format_container
 
 pytestmark = pytest.mark.k8s
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from kraftkeeper_operator.local import ClusterLayout, local_main, replace_disk_main
-from operator_nodes import LocalCluster, engine_missing, kk, poll
 
 from quorum.storage.meta import load_meta
+from tests.operator.operator_nodes import LocalCluster, engine_missing, kk, poll
 
 FULL = [
     "disk_replacement_detected",

@@ -21,9 +21,9 @@ from kraftkeeper_operator.manifests import (
     statefulset,
 )
 from kraftkeeper_operator.view import QuorumView, Replica
-from operator_nodes import run_format_container
 
 from quorum.storage.meta import load_meta
+from tests.operator.operator_nodes import run_format_container
 
 
 def body(**spec: Any) -> dict[str, Any]:

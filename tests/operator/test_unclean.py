@@ -27,11 +27,11 @@ from kraftkeeper_operator.unclean import (
     parse_metrics,
     request_from_configmap,
 )
-from operator_nodes import engine_missing, run_format_container
 from prometheus_client import generate_latest
 
 from quorum.runtime.metrics import Registry
 from quorum.storage.meta import load_meta
+from tests.operator.operator_nodes import engine_missing, run_format_container
 
 OWNER = {"apiVersion": "kraftkeeper.io/v1alpha1", "kind": "KRaftQuorum", "name": "q", "uid": "u-1"}
 
