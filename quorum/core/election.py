@@ -281,26 +281,35 @@ class ElectionMixin(CoreBase):
 
     # ------------------------------------------------------------------ BeginQuorumEpoch
 
+    def answer_leader_notice(
+        self, req: BeginQuorumEpochRequest | EndQuorumEpochRequest, code: ErrorCode
+    ) -> None:
+        """Answer BeginQuorumEpoch / EndQuorumEpoch with this replica's view of the leader."""
+        cls = BeginQuorumEpochResponse if isinstance(req, BeginQuorumEpochRequest) else EndQuorumEpochResponse
+        self.respond(
+            req.leader_id,
+            cls(
+                req.correlation_id, code, self.leader_id(), self.epoch, self.leader_endpoint(), self.local.id
+            ),
+        )
+
+    def leader_notice_rejected(self, req: BeginQuorumEpochRequest | EndQuorumEpochRequest) -> bool:
+        """The checks BeginQuorumEpoch and EndQuorumEpoch share (KIP-595, KIP-856): cluster id,
+        the addressed voter's (id, UUID), and a stale epoch. Answers and returns True if the
+        request is refused."""
+        err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
+        if err is None and req.leader_epoch < self.epoch:
+            err = ErrorCode.FENCED_LEADER_EPOCH
+        if err is None:
+            return False
+        self.answer_leader_notice(req, err)
+        return True
+
     def handle_begin_request(self, req: BeginQuorumEpochRequest) -> None:
         def answer(code: ErrorCode) -> None:
-            self.respond(
-                req.leader_id,
-                BeginQuorumEpochResponse(
-                    req.correlation_id,
-                    code,
-                    self.leader_id(),
-                    self.epoch,
-                    self.leader_endpoint(),
-                    self.local.id,
-                ),
-            )
+            self.answer_leader_notice(req, code)
 
-        err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
-        if err is not None:
-            answer(err)
-            return
-        if req.leader_epoch < self.epoch:
-            answer(ErrorCode.FENCED_LEADER_EPOCH)
+        if self.leader_notice_rejected(req):
             return
         self.learn_endpoint(req.leader_id, req.leader_endpoint, req.leader_uuid)
         if req.leader_id == self.local.id:
@@ -338,24 +347,9 @@ class ElectionMixin(CoreBase):
 
     def handle_end_request(self, req: EndQuorumEpochRequest) -> None:
         def answer(code: ErrorCode) -> None:
-            self.respond(
-                req.leader_id,
-                EndQuorumEpochResponse(
-                    req.correlation_id,
-                    code,
-                    self.leader_id(),
-                    self.epoch,
-                    self.leader_endpoint(),
-                    self.local.id,
-                ),
-            )
+            self.answer_leader_notice(req, code)
 
-        err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
-        if err is not None:
-            answer(err)
-            return
-        if req.leader_epoch < self.epoch:
-            answer(ErrorCode.FENCED_LEADER_EPOCH)
+        if self.leader_notice_rejected(req):
             return
         position = -1
         for i, k in enumerate(req.preferred_successors):
