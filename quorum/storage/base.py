@@ -32,6 +32,7 @@ __all__ = [
     "LogStorage",
     "QuorumStateStorage",
     "SnapshotStorage",
+    "append_items",
     "encode_items",
     "validate_append",
 ]
@@ -121,6 +122,26 @@ class QuorumStateStorage(Protocol):
 
     def load(self, cluster_id: str | None = None) -> QuorumState: ...
     def save(self, state: QuorumState) -> None: ...
+
+
+def append_items(
+    log: LogStorage,
+    base_offset: int,
+    epoch: int,
+    items: Sequence[bytes] | Sequence[ControlRecord],
+    append_time_ms: int | None,
+) -> BatchInfo:
+    """The leader path of every ``LogStorage.append``: check the offset, encode one batch of
+    data records or of control records, and append it through ``append_batches``."""
+    if base_offset != log.end_offset:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, f"append at offset {base_offset} but the log ends at {log.end_offset}"
+        )
+    data = encode_items(base_offset, epoch, items, append_time_ms)
+    controls = tuple(i for i in items if not isinstance(i, bytes | bytearray | memoryview))
+    info = BatchInfo(base_offset, epoch, len(items), len(data), controls)
+    log.append_batches(data, [info])
+    return info
 
 
 def encode_items(

@@ -45,7 +45,7 @@ from types import TracebackType
 
 from quorum import records
 from quorum.storage.atomic import ensure_dir, fsync_dir
-from quorum.storage.base import LogBookkeeping, encode_items, validate_append
+from quorum.storage.base import LogBookkeeping, append_items, validate_append
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "SegmentedLog", "segment_name"]
@@ -350,16 +350,7 @@ class SegmentedLog:
         """Encode and append one batch (the leader path). ``items`` are all data records
         (bytes) or all control records."""
         self._check_open()
-        if base_offset != self.end_offset:
-            raise KraftError(
-                ErrorCode.INVALID_REQUEST,
-                f"append at offset {base_offset} but the log ends at {self.end_offset}",
-            )
-        data = encode_items(base_offset, epoch, items, append_time_ms)
-        controls = tuple(i for i in items if not isinstance(i, bytes | bytearray | memoryview))
-        info = BatchInfo(base_offset, epoch, len(items), len(data), controls)
-        self.append_batches(data, [info])
-        return info
+        return append_items(self, base_offset, epoch, items, append_time_ms)
 
     def flush(self) -> None:
         """fsync every segment written since the last flush (one fsync each, however many

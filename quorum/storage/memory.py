@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 
-from quorum.storage.base import LogBookkeeping, encode_items, validate_append
+from quorum.storage.base import LogBookkeeping, append_items, validate_append
 from quorum.storage.quorum_state import decode_quorum_state, encode_quorum_state
 from quorum.storage.snapshot import (
     check_snapshot_id,
@@ -89,16 +89,7 @@ class MemoryLog:
         append_time_ms: int | None = None,
     ) -> BatchInfo:
         self._check_open()
-        if base_offset != self.end_offset:
-            raise KraftError(
-                ErrorCode.INVALID_REQUEST,
-                f"append at offset {base_offset} but the log ends at {self.end_offset}",
-            )
-        data = encode_items(base_offset, epoch, items, append_time_ms)
-        controls = tuple(i for i in items if not isinstance(i, bytes | bytearray | memoryview))
-        info = BatchInfo(base_offset, epoch, len(items), len(data), controls)
-        self.append_batches(data, [info])
-        return info
+        return append_items(self, base_offset, epoch, items, append_time_ms)
 
     def flush(self) -> None:
         self._check_open()
