@@ -28,7 +28,7 @@ import json
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -314,6 +314,31 @@ def classify_line(line: str) -> Classified:
     if unknown:
         return Classified(None, None, unknown[0], tuple(p for p in problems if p is not unknown[0]))
     return Classified(obj, parse_ts_ms(obj["ts"]), None, tuple(problems))
+
+
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """One step of a recovery, as the operator reports it (everything but ``cluster`` and ``ts``,
+    which the sink that writes it adds). Sinks take this one value instead of eight arguments.
+
+    ``type`` is one of :data:`KNOWN_TYPES` (readers tolerate others); ``detail`` must be a JSON
+    object (for ``recovery_failed`` it carries ``reason``)."""
+
+    type: str
+    recovery_id: str
+    replica_id: int
+    old_uuid: str | None = None
+    new_uuid: str | None = None
+    leader_id: int | None = None
+    leader_epoch: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_record(self, cluster: str, ts: datetime | int | str | None = None) -> dict[str, Any]:
+        """The full event-log record (interface field order) for ``cluster`` at ``ts``."""
+        return make_event(
+            self.type, cluster, self.recovery_id, self.replica_id, self.old_uuid, self.new_uuid,
+            self.leader_id, self.leader_epoch, self.detail, ts,
+        )
 
 
 def make_event(
