@@ -414,28 +414,17 @@ class EventLogWriter:
             return self.root
         return self.root / f"date={ts[:10]}" / f"{self._file_stem}.jsonl"
 
-    def emit(
-        self,
-        type: str,
-        recovery_id: str,
-        replica_id: int,
-        old_uuid: str | None,
-        new_uuid: str | None,
-        leader_id: int | None,
-        leader_epoch: int | None,
-        detail: dict[str, Any] | None = None,
-        ts: datetime | int | str | None = None,
-    ) -> dict[str, Any]:
-        """Validate, append and fsync one event; returns the event written."""
-        event = make_event(
-            type, self.cluster, recovery_id, replica_id, old_uuid, new_uuid, leader_id, leader_epoch,
-            detail, ts,
-        )
-        problems = validate_event(event)
+    def emit(self, event: RecoveryEvent, ts: datetime | int | str | None = None) -> dict[str, Any]:
+        """Validate, append and fsync one event of this writer's cluster at ``ts`` (None: now);
+        returns the record written."""
+        if not isinstance(event, RecoveryEvent):
+            raise TypeError(f"EventLogWriter.emit takes a RecoveryEvent, got {type(event).__name__}")
+        record = event.to_record(self.cluster, ts)
+        problems = validate_event(record)
         if problems:
-            raise ValueError(f"invalid recovery event {type!r}: " + "; ".join(problems))
-        data = (json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
-        path = self.path_for(event["ts"])
+            raise ValueError(f"invalid recovery event {event.type!r}: " + "; ".join(problems))
+        data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+        path = self.path_for(record["ts"])
         with self._lock:
             new_dir = not path.parent.exists()
             new_file = new_dir or not path.exists()
@@ -454,7 +443,7 @@ class EventLogWriter:
                 _fsync_dir(path.parent)
             if new_dir:
                 _fsync_dir(path.parent.parent)
-        return event
+        return record
 
 
 def _fsync_dir(path: Path) -> None:

@@ -15,8 +15,8 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "recovery-event.schem
 
 
 def good(**over: Any) -> dict[str, Any]:
-    e = ev.make_event(ev.ADD_VOTER_COMMITTED, "ns/kraft", "r-1", 3, "old-uuid", "new-uuid", 1, 7,
-                      {"voters": 4}, ts="2026-11-22T00:44:53.123Z")
+    e = ev.RecoveryEvent(ev.ADD_VOTER_COMMITTED, "r-1", 3, "old-uuid", "new-uuid", 1, 7,
+                         {"voters": 4}).to_record("ns/kraft", ts="2026-11-22T00:44:53.123Z")
     e.update(over)
     return e
 
@@ -106,8 +106,9 @@ def test_json_schema_agrees_with_validator() -> None:
 
 def test_writer_appends_fsynced_lines_by_day(tmp_path: Path) -> None:
     w = ev.EventLogWriter(tmp_path / "events", "ns/kraft")
-    w.emit(ev.DISK_REPLACEMENT_DETECTED, "r-1", 2, "old", "new", 1, 5, ts="2026-11-21T23:59:59.999Z")
-    w.emit(ev.REPLICA_CAUGHT_UP, "r-1", 2, "old", "new", 1, 5, {"lag": 0}, ts=1795305600000)
+    w.emit(ev.RecoveryEvent(ev.DISK_REPLACEMENT_DETECTED, "r-1", 2, "old", "new", 1, 5),
+           ts="2026-11-21T23:59:59.999Z")
+    w.emit(ev.RecoveryEvent(ev.REPLICA_CAUGHT_UP, "r-1", 2, "old", "new", 1, 5, {"lag": 0}), ts=1795305600000)
     day1 = tmp_path / "events" / "date=2026-11-21" / "events-ns_kraft.jsonl"
     day2 = tmp_path / "events" / "date=2026-11-22" / "events-ns_kraft.jsonl"
     lines = day1.read_text().splitlines() + day2.read_text().splitlines()
@@ -120,7 +121,7 @@ def test_writer_appends_fsynced_lines_by_day(tmp_path: Path) -> None:
 def test_writer_to_a_file_and_now_timestamp(tmp_path: Path) -> None:
     f = tmp_path / "sub" / "log.jsonl"
     w = ev.EventLogWriter(f, "local")
-    e = w.emit(ev.RECOVERY_FAILED, "r-9", 1, "o", None, None, None, {"reason": "quorum_lost"})
+    e = w.emit(ev.RecoveryEvent(ev.RECOVERY_FAILED, "r-9", 1, "o", detail={"reason": "quorum_lost"}))
     assert ev.parse_ts_ms(e["ts"]) is not None
     assert json.loads(f.read_text()) == e
 
@@ -128,12 +129,14 @@ def test_writer_to_a_file_and_now_timestamp(tmp_path: Path) -> None:
 def test_writer_rejects_invalid_event_and_keeps_what_was_written(tmp_path: Path) -> None:
     f = tmp_path / "log.jsonl"
     w = ev.EventLogWriter(f, "c")
-    w.emit(ev.DISK_REPLACEMENT_DETECTED, "r-1", 1, "o", "n", 2, 3, ts=1000)
+    w.emit(ev.RecoveryEvent(ev.DISK_REPLACEMENT_DETECTED, "r-1", 1, "o", "n", 2, 3), ts=1000)
     before = f.read_bytes()
     with pytest.raises(ValueError, match=r"detail\.reason"):
-        w.emit(ev.RECOVERY_FAILED, "r-1", 1, "o", "n", 2, 3, {})
+        w.emit(ev.RecoveryEvent(ev.RECOVERY_FAILED, "r-1", 1, "o", "n", 2, 3, {}))
     with pytest.raises(ValueError, match="replica_id"):
-        w.emit(ev.REPLICA_CAUGHT_UP, "r-1", -4, "o", "n", 2, 3)
+        w.emit(ev.RecoveryEvent(ev.REPLICA_CAUGHT_UP, "r-1", -4, "o", "n", 2, 3))
+    with pytest.raises(TypeError, match="RecoveryEvent"):
+        w.emit(ev.REPLICA_CAUGHT_UP, "r-1")  # type: ignore[arg-type,call-arg]
     assert f.read_bytes() == before
     with pytest.raises(ValueError, match="cluster"):
         ev.EventLogWriter(tmp_path, " ")

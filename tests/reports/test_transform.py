@@ -26,7 +26,7 @@ STEPS = [  # offsets (ms) of a clean recovery
 
 def line(typ: str, rid: str, at: int, cluster: str = "ns/a", replica: int = 2, **over: Any) -> str:
     detail = {"reason": "quorum_lost"} if typ == ev.RECOVERY_FAILED else {}
-    e = ev.make_event(typ, cluster, rid, replica, "old", "new", 1, 4, detail, ts=T0 + at)
+    e = ev.RecoveryEvent(typ, rid, replica, "old", "new", 1, 4, detail).to_record(cluster, ts=T0 + at)
     e.update(over)
     return json.dumps(e)
 
