@@ -620,6 +620,20 @@ class Node:
         ok = self.leader_id >= 0 and self.role in ("leader", "follower")
         return ok, {"ready": ok, "role": self.role, "leader_id": self.leader_id, "epoch": self.epoch}
 
+    def log_state(self) -> dict[str, Any]:
+        """What Raft's election compares, for choosing an unclean-recovery survivor (issue 12):
+        the local log's last batch epoch and end offset, plus this node's view. No storage
+        UUID (issue 8: nothing that helps impersonation is served unauthenticated)."""
+        return {
+            "node_id": self.node_id,
+            "last_epoch": self.log.last_epoch,
+            "end_offset": self.log.end_offset,
+            "high_watermark": self.high_watermark,
+            "role": self.role,
+            "leader_id": self.leader_id,
+            "epoch": self.epoch,
+        }
+
     def metrics_text(self) -> str:
         r = self.metrics
         for name, value in self.core.metrics().items():

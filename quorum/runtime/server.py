@@ -183,6 +183,10 @@ def build_app(node: Node, *, max_body: int) -> web.Application:
     app.router.add_post("/v1/quorum/voters", add_voter)
     app.router.add_delete("/v1/quorum/voters/{id}/{uuid}", remove_voter)
     app.router.add_post("/v1/quorum/reassign", reassign)
+    async def log_state(request: web.Request) -> web.Response:
+        return web.json_response(node.log_state())
+
+    app.router.add_get("/v1/node/log-state", log_state)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
