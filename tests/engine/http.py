@@ -9,7 +9,9 @@ import urllib.request
 from typing import Any
 
 
-def call(endpoint: str, method: str, path: str, body: bytes | None = None, timeout: float = 10) -> tuple[int, Any]:
+def call(
+    endpoint: str, method: str, path: str, body: bytes | None = None, timeout: float = 10
+) -> tuple[int, Any]:
     """``method path`` on ``endpoint`` (HOST:PORT); returns (status, JSON body or raw bytes)."""
     req = urllib.request.Request(f"http://{endpoint}{path}", data=body, method=method)
     try:
