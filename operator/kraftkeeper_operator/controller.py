@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kraftkeeper_reports.events import RecoveryEvent
+
 from quorum.types import KraftError
 
 from .api import QuorumApi
@@ -403,14 +405,16 @@ class RecoveryController:
             if ev.type == "recovery_failed":
                 detail.setdefault("reason", r.reason or "unknown")
             self.sink.emit(
-                ev.type,
-                r.recovery_id,
-                r.replica_id,
-                r.old_uuid,
-                r.new_uuid,
-                view.leader_id,
-                view.leader_epoch,
-                detail,
+                RecoveryEvent(
+                    ev.type,
+                    r.recovery_id,
+                    r.replica_id,
+                    r.old_uuid,
+                    r.new_uuid,
+                    view.leader_id,
+                    view.leader_epoch,
+                    detail,
+                )
             )
             log.info("recovery %s replica %s: %s %s", r.recovery_id, r.replica_id, ev.type, detail or "")
             if self.metrics is None:

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from kraftkeeper_reports.events import RecoveryEvent
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .controller import ControllerStatus, RecoveryController
@@ -553,14 +554,14 @@ async def _unclean_recovery(
         "output": (out.stdout or out.stderr).strip()[-500:],
     }
     ctl.sink.emit(
-        "unclean_recovery",
-        str(_uuid.uuid4()),
-        survivor,
-        None,
-        _meta_uuid(layout.data_dir(survivor)),
-        None,
-        None,
-        detail,
+        RecoveryEvent(
+            "unclean_recovery",
+            str(_uuid.uuid4()),
+            survivor,
+            None,
+            _meta_uuid(layout.data_dir(survivor)),
+            detail=detail,
+        )
     )
     log.warning("unclean recovery of node %d: %s", survivor, detail["output"])
     return True

@@ -1,102 +1,70 @@
 """Where recovery steps are reported: the event log (interfaces.md "Recovery event log"),
 Kubernetes Events (through a callback the kopf layer supplies) and Prometheus metrics.
 
-``EventSink`` is the narrow interface; :class:`MemorySink` is its in-memory twin for tests, and
+Every sink takes one :class:`kraftkeeper_reports.events.RecoveryEvent` (the event schema lives in
+the reports package, which both the operator and the report job import). ``EventSink`` is the
+narrow interface; :class:`MemorySink` is its in-memory twin for tests, and
 :class:`EventLogSink` appends validated JSON lines through the reports package's
 ``EventLogWriter`` (which fsyncs each line, so a reported step survives an operator crash).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from kraftkeeper_reports.events import EventLogWriter, RecoveryEvent, validate_event
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 
 
 class EventSink(Protocol):
-    def emit(
-        self,
-        type: str,
-        recovery_id: str,
-        replica_id: int,
-        old_uuid: str | None,
-        new_uuid: str | None,
-        leader_id: int | None,
-        leader_epoch: int | None,
-        detail: dict[str, Any] | None = None,
-    ) -> None: ...
+    """Where a recovery step goes. ``event`` carries everything but the cluster and the time,
+    which the sink adds (``RecoveryEvent.to_record``)."""
+
+    def emit(self, event: RecoveryEvent) -> None: ...
+
+
+def _for_log(event: RecoveryEvent) -> RecoveryEvent:
+    """The log is the report's input: an unknown leader (negative, as the engine says it) is
+    written as null (interfaces.md, "Recovery event log")."""
+    lid, lep = event.leader_id, event.leader_epoch
+    if (lid is None or lid >= 0) and (lep is None or lep >= 0):
+        return event
+    return replace(
+        event,
+        leader_id=lid if lid is not None and lid >= 0 else None,
+        leader_epoch=lep if lep is not None and lep >= 0 else None,
+    )
 
 
 @dataclass
 class MemorySink:
-    """Keeps emitted events as dicts (tests, bench)."""
+    """Keeps emitted events (tests, bench)."""
 
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[RecoveryEvent] = field(default_factory=list)
 
-    def emit(
-        self,
-        type: str,
-        recovery_id: str,
-        replica_id: int,
-        old_uuid: str | None,
-        new_uuid: str | None,
-        leader_id: int | None,
-        leader_epoch: int | None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        self.events.append(
-            {
-                "type": type,
-                "recovery_id": recovery_id,
-                "replica_id": replica_id,
-                "old_uuid": old_uuid,
-                "new_uuid": new_uuid,
-                "leader_id": leader_id,
-                "leader_epoch": leader_epoch,
-                "detail": dict(detail or {}),
-            }
-        )
+    def emit(self, event: RecoveryEvent) -> None:
+        self.events.append(event)
 
     def types(self, recovery_id: str | None = None) -> list[str]:
-        return [e["type"] for e in self.events if recovery_id is None or e["recovery_id"] == recovery_id]
+        return [e.type for e in self.events if recovery_id is None or e.recovery_id == recovery_id]
 
 
 class EventLogSink:
     """JSON-lines event log under ``directory`` (date-partitioned, see ``EventLogWriter``)."""
 
     def __init__(self, directory: str | Path, cluster: str) -> None:
-        from kraftkeeper_reports.events import EventLogWriter
-
         self.writer = EventLogWriter(directory, cluster)
 
-    def emit(
-        self,
-        type: str,
-        recovery_id: str,
-        replica_id: int,
-        old_uuid: str | None,
-        new_uuid: str | None,
-        leader_id: int | None,
-        leader_epoch: int | None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        # The log is the report's input: a negative leader (unknown) is written as null.
-        self.writer.emit(
-            type,
-            recovery_id,
-            replica_id,
-            old_uuid,
-            new_uuid,
-            leader_id if leader_id is not None and leader_id >= 0 else None,
-            leader_epoch if leader_epoch is not None and leader_epoch >= 0 else None,
-            detail or {},
-        )
+    def emit(self, event: RecoveryEvent) -> None:
+        self.writer.emit(_for_log(event))
 
 
 class StdoutEventSink:
@@ -105,37 +73,12 @@ class StdoutEventSink:
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
 
-    def emit(
-        self,
-        type: str,
-        recovery_id: str,
-        replica_id: int,
-        old_uuid: str | None,
-        new_uuid: str | None,
-        leader_id: int | None,
-        leader_epoch: int | None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        import json
-        import sys
-
-        from kraftkeeper_reports.events import make_event, validate_event
-
-        event = make_event(
-            type,
-            self.cluster,
-            recovery_id,
-            replica_id,
-            old_uuid,
-            new_uuid,
-            leader_id if leader_id is not None and leader_id >= 0 else None,
-            leader_epoch if leader_epoch is not None and leader_epoch >= 0 else None,
-            detail or {},
-        )
-        problems = validate_event(event)
+    def emit(self, event: RecoveryEvent) -> None:
+        record = _for_log(event).to_record(self.cluster)
+        problems = validate_event(record)
         if problems:
-            raise ValueError(f"invalid recovery event {type!r}: " + "; ".join(problems))
-        sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
+            raise ValueError(f"invalid recovery event {event.type!r}: " + "; ".join(problems))
+        sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
         sys.stdout.flush()
 
 
@@ -145,22 +88,12 @@ class FanOut:
     def __init__(self, *sinks: EventSink) -> None:
         self.sinks = list(sinks)
 
-    def emit(
-        self,
-        type: str,
-        recovery_id: str,
-        replica_id: int,
-        old_uuid: str | None,
-        new_uuid: str | None,
-        leader_id: int | None,
-        leader_epoch: int | None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
+    def emit(self, event: RecoveryEvent) -> None:
         for s in self.sinks:
             try:
-                s.emit(type, recovery_id, replica_id, old_uuid, new_uuid, leader_id, leader_epoch, detail)
+                s.emit(event)
             except Exception:  # a full disk must not stop the recovery itself
-                log.exception("event sink %r failed for %s", s, type)
+                log.exception("event sink %r failed for %s", s, event.type)
 
 
 class CallbackSink:
@@ -169,19 +102,13 @@ class CallbackSink:
     def __init__(self, fn: Callable[[str, str, dict[str, Any]], None]) -> None:
         self.fn = fn
 
-    def emit(
-        self,
-        type: str,
-        recovery_id: str,
-        replica_id: int,
-        old_uuid: str | None,
-        new_uuid: str | None,
-        leader_id: int | None,
-        leader_epoch: int | None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        msg = f"replica {replica_id}: {old_uuid} -> {new_uuid} (recovery {recovery_id}, leader {leader_id})"
-        self.fn(type, msg, dict(detail or {}))
+    def emit(self, event: RecoveryEvent) -> None:
+        e = event
+        msg = (
+            f"replica {e.replica_id}: {e.old_uuid} -> {e.new_uuid} "
+            f"(recovery {e.recovery_id}, leader {e.leader_id})"
+        )
+        self.fn(e.type, msg, dict(e.detail))
 
 
 class OperatorMetrics:

@@ -54,6 +54,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kraftkeeper_reports.events import RecoveryEvent
+
 from .telemetry import EventSink, OperatorMetrics
 
 log = logging.getLogger(__name__)
@@ -380,20 +382,20 @@ class UncleanCoordinator:
         self.request = req
         gone_s = (now - req.outage_since_ms) / 1000
         self.sink.emit(
-            "unclean_recovery",
-            req.token,
-            req.replica_id,
-            None,
-            uuids[0],
-            None,
-            None,
-            {
-                "reason": f"no live majority for {gone_s:.0f}s",
-                "log_end_offset": req.log_end_offset,
-                "candidates": req.candidates,
-                "uuids": list(uuids),
-                "warning": LOSS_WARNING,
-            },
+            RecoveryEvent(
+                "unclean_recovery",
+                req.token,
+                req.replica_id,
+                None,
+                uuids[0],
+                detail={
+                    "reason": f"no live majority for {gone_s:.0f}s",
+                    "log_end_offset": req.log_end_offset,
+                    "candidates": req.candidates,
+                    "uuids": list(uuids),
+                    "warning": LOSS_WARNING,
+                },
+            )
         )
         log.warning(
             "%s: UNCLEAN RECOVERY requested: replica %d (%s) at log end offset %d becomes the sole voter; %s",
@@ -431,13 +433,13 @@ class UncleanCoordinator:
         await self.store.save(done)  # on failure the next healthy pass tries again
         self.request = req = done
         self.sink.emit(
-            "unclean_recovery_completed",
-            req.token,
-            req.replica_id,
-            None,
-            req.uuids[0] if req.uuids else None,
-            None,
-            None,
-            {"voters": voters, "seconds": (now - req.requested_ms) / 1000},
+            RecoveryEvent(
+                "unclean_recovery_completed",
+                req.token,
+                req.replica_id,
+                None,
+                req.uuids[0] if req.uuids else None,
+                detail={"voters": voters, "seconds": (now - req.requested_ms) / 1000},
+            )
         )
         log.warning("%s: unclean recovery %s done: %s", self.cluster, req.token, req.outcome)

@@ -154,7 +154,7 @@ async def test_replaced_node_was_the_leader() -> None:
     assert rig.changes() == [("add_voter", (1, new)), ("remove_voter", (1, old))]
     assert rig.sink.types() == FULL
     # Every event names the leader that was in charge when it happened.
-    assert {e["leader_id"] for e in rig.sink.events} == {2}
+    assert {e.leader_id for e in rig.sink.events} == {2}
 
 
 async def test_two_disks_replaced_with_five_voters_run_one_after_the_other() -> None:
@@ -169,7 +169,7 @@ async def test_two_disks_replaced_with_five_voters_run_one_after_the_other() -> 
     assert {k for k in rig.voters() if k[0] in (3, 4)} == {(3, new3), (4, new4)}
     assert len(rig.voters()) == 5 and not st.condition("Recovering").status
     # Never more than one extra voter (one change at a time).
-    ids = [e["replica_id"] for e in rig.sink.events if e["type"].endswith("_started")]
+    ids = [e.replica_id for e in rig.sink.events if e.type.endswith("_started")]
     assert ids == [3, 3, 4, 4]
 
 
@@ -306,8 +306,8 @@ async def test_timeout_gives_up_with_reason() -> None:
     rig = Rig(policy=policy)
     rig.q.replace_disk(3, lag=10_000)
     await rig.run_until(lambda s: any(r["phase"] == "Failed" for r in s.recoveries), limit=40)
-    failed = [e for e in rig.sink.events if e["type"] == "recovery_failed"]
-    assert failed and failed[0]["detail"]["reason"].startswith("timeout")
+    failed = [e for e in rig.sink.events if e.type == "recovery_failed"]
+    assert failed and failed[0].detail["reason"].startswith("timeout")
     assert rig.changes() == []
     assert 'result="failed"} 1.0' in generate_latest(rig.metrics.registry).decode()
 
@@ -449,8 +449,8 @@ async def test_engine_refusal_fails_the_recovery_once_without_a_retry_storm() ->
         await rig.step()
     assert rig.changes() == [("remove_voter", (3, old))]
     assert rig.sink.types().count("remove_voter_started") == 1
-    failed = next(e for e in rig.sink.events if e["type"] == "recovery_failed")
-    assert "INVALID_REQUEST" in failed["detail"]["reason"] and "RemoveVoter" in failed["detail"]["reason"]
+    failed = next(e for e in rig.sink.events if e.type == "recovery_failed")
+    assert "INVALID_REQUEST" in failed.detail["reason"] and "RemoveVoter" in failed.detail["reason"]
     assert (3, old) in rig.voters()  # nothing lost: the old voter set stands
 
 

@@ -136,7 +136,7 @@ async def test_disabled_never_acts_whatever_the_outage_length() -> None:
         lost, note = await rig.step(5)
         assert lost and note is None
     assert rig.store.data == {} and rig.store.restarts == []
-    assert not [e for e in rig.sink.events if e["type"].startswith("unclean")]
+    assert not [e for e in rig.sink.events if e.type.startswith("unclean")]
     text = generate_latest(rig.metrics.registry).decode()
     assert 'kraftkeeper_operator_quorum_lost_seconds{quorum="ns/q"} 95.0' in text
 
@@ -165,10 +165,10 @@ async def test_once_per_outage_then_again_only_after_the_quorum_came_back() -> N
         assert lost and note is not None and req.token in note
     assert rig.store.restarts == [1]
     assert request_from_configmap(rig.store.data) == req
-    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery"]
+    assert [e.type for e in rig.sink.events] == ["unclean_recovery"]
     ev = rig.sink.events[0]
-    assert ev["replica_id"] == 2 and ev["new_uuid"] == survivor_uuid and ev["recovery_id"] == req.token
-    assert "lost" in ev["detail"]["warning"]
+    assert ev.replica_id == 2 and ev.new_uuid == survivor_uuid and ev.recovery_id == req.token
+    assert "lost" in ev.detail["warning"]
     item = req.to_crd_status()
     assert item["recoveryId"] == f"unclean-{req.token}" and item["result"] == "InProgress"
 
@@ -178,7 +178,7 @@ async def test_once_per_outage_then_again_only_after_the_quorum_came_back() -> N
     done = request_from_configmap(rig.store.data)
     assert done is not None and done.token == req.token and done.completed_ms is not None
     assert done.outcome == "quorum back with voters [2]"
-    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery", "unclean_recovery_completed"]
+    assert [e.type for e in rig.sink.events] == ["unclean_recovery", "unclean_recovery_completed"]
     assert done.to_crd_status()["result"] == "Succeeded"
     assert (
         'kraftkeeper_operator_unclean_recoveries_total{quorum="ns/q"} 1.0'
@@ -220,7 +220,7 @@ async def test_operator_restart_between_request_and_pod_deletion_only_deletes_th
     after = request_from_configmap(store.data)
     assert after is not None and after.token == req.token and after.pod_deleted_ms is not None
     assert store.restarts == [0]
-    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery"]
+    assert [e.type for e in rig.sink.events] == ["unclean_recovery"]
 
 
 async def test_an_administrator_can_withdraw_a_request() -> None:
@@ -245,7 +245,7 @@ async def test_an_administrator_can_withdraw_a_request() -> None:
         _, note = await rig.step(5)
         assert note is None
     assert rig.store.data == {} and rig.store.restarts == [0, 0]
-    assert [e["type"] for e in rig.sink.events] == ["unclean_recovery", "unclean_recovery"]
+    assert [e.type for e in rig.sink.events] == ["unclean_recovery", "unclean_recovery"]
 
 
 async def test_an_unreadable_request_blocks_instead_of_guessing() -> None:
