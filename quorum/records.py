@@ -14,6 +14,7 @@ count and records; any single-byte change in a batch makes ``decode_batches`` ra
 from __future__ import annotations
 
 import json
+import re
 import struct
 import time
 import zlib
@@ -46,6 +47,19 @@ _PREFIX = 12  # base_offset + batch_length: the bytes not covered by batch_lengt
 _CRC_START = 16  # the CRC covers bytes [16, end)
 ATTR_CONTROL = 0x01
 MAX_BATCH_BYTES = 64 * 1024 * 1024
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+_MAX_LIST = 4096  # voters in one control record: far more than any real quorum
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_CONTROL_FIELDS: dict[ControlType, frozenset[str]] = {
+    ControlType.LEADER_CHANGE: frozenset({"leader_id", "voters", "granting_voters"}),
+    ControlType.ADD_VOTER: frozenset({"voter", "endpoint"}),
+    ControlType.REMOVE_VOTER: frozenset({"voter"}),
+    ControlType.TARGET_VOTERS: frozenset({"ids"}),
+    ControlType.LEADER_RECOVERY: frozenset({"state", "lost_after"}),
+    ControlType.SNAPSHOT_HEADER: frozenset({"last_contained_log_timestamp"}),
+    ControlType.SNAPSHOT_FOOTER: frozenset(),
+}
 
 
 class CorruptRecordError(KraftError):
@@ -107,13 +121,28 @@ def _key(k: ReplicaKey) -> dict[str, Any]:
     return {"id": k.id, "uuid": k.uuid}
 
 
+def _strict_int(d: dict[str, Any], name: str, lo: int, hi: int) -> int:
+    v = d.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"field {name} must be an integer {lo}..{hi}, got {v!r:.60}")
+    return v
+
+
 def _unkey(d: Any) -> ReplicaKey:
-    if not isinstance(d, dict) or not isinstance(d.get("id"), int):
-        raise ValueError(f"bad replica key {d!r}")
+    if not isinstance(d, dict) or not set(d) <= {"id", "uuid"}:
+        raise ValueError(f"bad replica key {d!r:.80}")
+    rid = _strict_int(d, "id", 0, _INT32_MAX)
     u = d.get("uuid")
-    if u is not None and not isinstance(u, str):
-        raise ValueError(f"bad replica uuid {u!r}")
-    return ReplicaKey(d["id"], u)
+    if u is not None and (not isinstance(u, str) or not _UUID.match(u)):
+        raise ValueError(f"bad replica uuid {u!r:.60}")
+    return ReplicaKey(rid, u)
+
+
+def _keys(d: dict[str, Any], name: str) -> tuple[ReplicaKey, ...]:
+    v = d.get(name)
+    if not isinstance(v, list) or len(v) > _MAX_LIST:
+        raise ValueError(f"field {name} must be a list of at most {_MAX_LIST} replica keys")
+    return tuple(_unkey(x) for x in v)
 
 
 def encode_control(c: ControlRecord) -> bytes:
@@ -143,30 +172,76 @@ def encode_control(c: ControlRecord) -> bytes:
 
 
 def decode_control(raw: bytes | memoryview) -> ControlRecord:
-    """Parse one control record; raises ``ValueError`` naming what is wrong."""
-    d = json.loads(bytes(raw))
+    """Parse one control record strictly (integers are integers in range, UUIDs canonical,
+    lists bounded, no unknown fields); raises ``ValueError`` naming what is wrong."""
+    data = bytes(raw)
+    if data.count(b"[") + data.count(b"{") > 2 * _MAX_LIST + 4 and _depth(data) > 4:
+        raise ValueError("control record nested too deeply")
+    try:
+        d = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("control record nested too deeply") from None
     if not isinstance(d, dict) or "type" not in d:
         raise ValueError("control record without a type")
-    t = ControlType(d["type"])
+    t = ControlType(_strict_int(d, "type", 0, 255))
+    allowed = _CONTROL_FIELDS[t]
+    unknown = sorted(set(d) - allowed - {"type"})
+    if unknown:
+        raise ValueError(f"control record {t.name}: unknown field(s) {', '.join(unknown)[:100]}")
     if t is ControlType.LEADER_CHANGE:
         return LeaderChange(
-            leader_id=int(d["leader_id"]),
-            voters=tuple(_unkey(v) for v in d["voters"]),
-            granting_voters=tuple(_unkey(v) for v in d["granting_voters"]),
+            leader_id=_strict_int(d, "leader_id", -1, _INT32_MAX),
+            voters=_keys(d, "voters"),
+            granting_voters=_keys(d, "granting_voters"),
         )
     if t is ControlType.ADD_VOTER:
         ep = d.get("endpoint")
-        return AddVoter(_unkey(d["voter"]), endpoint=ep if isinstance(ep, str) else None)
+        if ep is not None and (not isinstance(ep, str) or len(ep) > 262):
+            raise ValueError(f"field endpoint must be HOST:PORT, got {ep!r:.60}")
+        return AddVoter(_unkey(d.get("voter")), endpoint=ep)
     if t is ControlType.REMOVE_VOTER:
-        return RemoveVoter(_unkey(d["voter"]))
+        return RemoveVoter(_unkey(d.get("voter")))
     if t is ControlType.TARGET_VOTERS:
         ids = d.get("ids")
-        return TargetVoters(None if ids is None else tuple(int(i) for i in ids))
+        if ids is None:
+            return TargetVoters(None)
+        if not isinstance(ids, list) or len(ids) > _MAX_LIST:
+            raise ValueError("field ids must be a list of replica ids")
+        return TargetVoters(tuple(_strict_int({"id": i}, "id", 0, _INT32_MAX) for i in ids))
     if t is ControlType.LEADER_RECOVERY:
-        return LeaderRecovery(LeaderRecoveryState(d["state"]), int(d.get("lost_after", -1)))
+        return LeaderRecovery(
+            LeaderRecoveryState(d.get("state")),
+            _strict_int(d, "lost_after", -1, _INT64_MAX) if "lost_after" in d else -1,
+        )
     if t is ControlType.SNAPSHOT_HEADER:
-        return SnapshotHeader(int(d["last_contained_log_timestamp"]))
+        return SnapshotHeader(_strict_int(d, "last_contained_log_timestamp", -1, _INT64_MAX))
     return SnapshotFooter()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _depth(data: bytes) -> int:
+    """Maximum bracket nesting of JSON text (strings skipped)."""
+    depth = best = 0
+    in_str = esc = False
+    for b in data:
+        if in_str:
+            if esc:
+                esc = False
+            elif b == 0x5C:
+                esc = True
+            elif b == 0x22:
+                in_str = False
+        elif b == 0x22:
+            in_str = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            best = max(best, depth)
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return best
 
 
 def _iter_records(view: memoryview, count: int, pos: int) -> Iterator[memoryview]:
@@ -207,11 +282,21 @@ def decode_batches(
             )
         base, blen, crc, epoch, attrs, count, _t = _HEADER.unpack_from(view, pos)
         total = _PREFIX + blen
-        if blen < HEADER_SIZE - _PREFIX or total > MAX_BATCH_BYTES or count < 1 or epoch < 0 or base < 0:
+        if (
+            blen < HEADER_SIZE - _PREFIX
+            or total > MAX_BATCH_BYTES
+            or count < 1
+            or epoch < 0
+            or base < 0
+            or base + count > _INT64_MAX  # the batch's offsets must stay int64
+            or attrs & ~ATTR_CONTROL  # no attribute bits we do not know
+        ):
             if allow_torn_tail and _rest_is_tail(view, pos):
                 break
             raise CorruptRecordError(
-                f"invalid batch header at position {pos} (length {blen}, count {count}, epoch {epoch})", pos
+                f"invalid batch header at position {pos} (length {blen}, count {count}, epoch {epoch}, "
+                f"base offset {base}, attributes {attrs:#x})",
+                pos,
             )
         if pos + total > n:
             if allow_torn_tail:
@@ -226,8 +311,10 @@ def decode_batches(
         if attrs & ATTR_CONTROL:
             try:
                 controls = tuple(decode_control(r) for r in _iter_records(data, count, HEADER_SIZE))
+            except CorruptRecordError:
+                raise
             except (ValueError, KeyError, TypeError) as e:
-                raise CorruptRecordError(f"bad control record in batch at offset {base}: {e}", pos) from e
+                raise CorruptRecordError(f"bad control record in batch at offset {base}: {e}", pos) from None
         info = BatchInfo(base_offset=base, epoch=epoch, count=count, size_bytes=total, controls=controls)
         out.append(DecodedBatch(info, pos, data))
         pos += total

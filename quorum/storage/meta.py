@@ -36,9 +36,11 @@ from quorum.types import ErrorCode, KraftError, ReplicaKey, canonical_uuid, new_
 __all__ = [
     "META_FILE",
     "MetaProperties",
+    "decode_meta",
     "format_dir",
     "load_meta",
     "parse_properties",
+    "parse_property_pairs",
     "render_properties",
     "validate_cluster_id",
     "validate_node_id",
@@ -159,8 +161,13 @@ def _split_key(line: str) -> tuple[str, str]:
 
 def parse_properties(text: str) -> dict[str, str]:
     """Parse Java ``.properties`` text: ``#``/``!`` comments, ``=``/``:``/space separators,
-    backslash escapes and continuation lines."""
-    props: dict[str, str] = {}
+    backslash escapes and continuation lines. A repeated key keeps its last value (Java's rule)."""
+    return dict(parse_property_pairs(text))
+
+
+def parse_property_pairs(text: str) -> list[tuple[str, str]]:
+    """Like :func:`parse_properties`, but every (key, value) in file order, repeats included."""
+    props: list[tuple[str, str]] = []
     lines = text.splitlines()
     i = 0
     while i < len(lines):
@@ -173,7 +180,7 @@ def parse_properties(text: str) -> dict[str, str]:
             line = line[:-1] + lines[i].lstrip(" \t\f")
             i += 1
         key, value = _split_key(line)
-        props[_unescape(key)] = _unescape(value)
+        props.append((_unescape(key), _unescape(value)))
     return props
 
 
@@ -272,50 +279,9 @@ def load_meta(directory: str | os.PathLike[str], *, fsync: bool = True) -> MetaP
     except NotADirectoryError:
         raise KraftError(ErrorCode.NOT_FORMATTED, f"{os.fspath(directory)} is not a directory") from None
 
-    def bad(msg: str) -> KraftError:
-        return KraftError(ErrorCode.CORRUPT_LOG, f"{path}: {msg}", file=path)
-
-    try:
-        props = parse_properties(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise bad(f"not UTF-8 text ({e})") from None
-    if "version" not in props:
-        raise bad("missing field 'version'")
-    if props["version"].strip() != str(META_VERSION):
-        raise bad(f"unsupported field 'version'={props['version']!r} (expected {META_VERSION})")
-    if "cluster.id" not in props:
-        raise bad("missing field 'cluster.id'")
-    cluster_id = props["cluster.id"].strip()
-    if not _CLUSTER_ID.match(cluster_id):
-        raise bad(f"invalid field 'cluster.id'={cluster_id!r}")
-    if "node.id" not in props:
-        raise bad("missing field 'node.id'")
-    try:
-        node_id = int(props["node.id"].strip())
-        validate_node_id(node_id)
-    except (ValueError, KraftError):
-        raise bad(
-            f"invalid field 'node.id'={props['node.id']!r} (expected an integer 0..{_MAX_NODE_ID})"
-        ) from None
-    uuids: dict[str, str] = {}
-    for key in (UUID_KEY, UUID_KEY_KIP856):
-        if key in props and props[key].strip():
-            try:
-                uuids[key] = canonical_uuid(props[key].strip())
-            except ValueError:
-                raise bad(f"invalid field {key!r}={props[key]!r} (expected a UUID)") from None
-    if len(set(uuids.values())) > 1:
-        raise bad(
-            f"fields {UUID_KEY!r} and {UUID_KEY_KIP856!r} disagree "
-            f"({uuids[UUID_KEY]} vs {uuids[UUID_KEY_KIP856]})"
-        )
-    extra = {
-        k: v
-        for k, v in props.items()
-        if k not in ("version", "cluster.id", "node.id", UUID_KEY, UUID_KEY_KIP856)
-    }
-    if uuids:
-        return MetaProperties(cluster_id, node_id, next(iter(uuids.values())), extra=extra)
+    cluster_id, node_id, uuid, extra = decode_meta(raw, path)
+    if uuid is not None:
+        return MetaProperties(cluster_id, node_id, uuid, extra=extra)
     # KIP-856: "If the meta.properties file exist but it doesn't contain this property a new one
     # will be generated and the meta.properties files will be atomically replaced."
     meta = MetaProperties(cluster_id, node_id, new_storage_uuid(), extra=extra)
@@ -324,3 +290,71 @@ def load_meta(directory: str | os.PathLike[str], *, fsync: bool = True) -> MetaP
         "%s had no storage UUID; generated %s and replaced the file (KIP-856)", path, meta.storage_uuid
     )
     return meta
+
+
+_DIGITS = re.compile(r"^[0-9]{1,10}$")
+MAX_META_BYTES = 64 * 1024
+
+
+def decode_meta(raw: bytes, path: str) -> tuple[str, int, str | None, dict[str, str]]:
+    """Parse ``meta.properties`` bytes strictly: (cluster id, node id, storage UUID or None,
+    other keys). Anything malformed raises CORRUPT_LOG naming ``path`` and the field; a known
+    key given twice is refused (two readers could otherwise disagree on a node's identity)."""
+
+    def bad(msg: str) -> KraftError:
+        return KraftError(ErrorCode.CORRUPT_LOG, f"{path}: {msg}", file=path)
+
+    if len(raw) > MAX_META_BYTES:
+        raise bad(f"larger than {MAX_META_BYTES} bytes")
+    try:
+        pairs = parse_property_pairs(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad(f"not UTF-8 text ({e})") from None
+    props: dict[str, str] = {}
+    for k, v in pairs:
+        if k in props and k in _KNOWN:
+            raise bad(f"field {k!r} is given twice")
+        if not _encodable(k) or not _encodable(v):
+            raise bad(f"field {k!r:.60} holds an invalid character escape")
+        props[k] = v
+    if "version" not in props:
+        raise bad("missing field 'version'")
+    if props["version"].strip() != str(META_VERSION):
+        raise bad(f"unsupported field 'version'={props['version']!r:.60} (expected {META_VERSION})")
+    if "cluster.id" not in props:
+        raise bad("missing field 'cluster.id'")
+    cluster_id = props["cluster.id"].strip()
+    if not _CLUSTER_ID.match(cluster_id):
+        raise bad(f"invalid field 'cluster.id'={cluster_id!r:.60}")
+    if "node.id" not in props:
+        raise bad("missing field 'node.id'")
+    text = props["node.id"].strip()
+    if not _DIGITS.match(text) or int(text) > _MAX_NODE_ID:
+        raise bad(f"invalid field 'node.id'={props['node.id']!r:.60} (expected an integer 0..{_MAX_NODE_ID})")
+    node_id = int(text)
+    uuids: dict[str, str] = {}
+    for key in (UUID_KEY, UUID_KEY_KIP856):
+        if key in props and props[key].strip():
+            try:
+                uuids[key] = canonical_uuid(props[key].strip())
+            except ValueError:
+                raise bad(f"invalid field {key!r}={props[key]!r:.60} (expected a UUID)") from None
+    if len(set(uuids.values())) > 1:
+        raise bad(
+            f"fields {UUID_KEY!r} and {UUID_KEY_KIP856!r} disagree "
+            f"({uuids[UUID_KEY]} vs {uuids[UUID_KEY_KIP856]})"
+        )
+    extra = {k: v for k, v in props.items() if k not in _KNOWN}
+    return cluster_id, node_id, next(iter(uuids.values()), None), extra
+
+
+_KNOWN = frozenset({"version", "cluster.id", "node.id", UUID_KEY, UUID_KEY_KIP856})
+
+
+def _encodable(text: str) -> bool:
+    """False for text holding lone surrogates (a ``\\uD800`` escape), which cannot be written back."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -19,6 +19,7 @@ import json
 import os
 from typing import Any
 
+from quorum.security.strictjson import loads_strict
 from quorum.storage.atomic import atomic_write, ensure_dir
 from quorum.types import ErrorCode, KraftError, QuorumState, canonical_uuid
 
@@ -34,6 +35,10 @@ QUORUM_STATE_FILE = "quorum-state"
 DATA_VERSION = 1
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
+MAX_FILE_BYTES = 64 * 1024
+_FIELDS = frozenset(
+    {"cluster_id", "leader_id", "leader_epoch", "voted_id", "voted_uuid", "applied_offset", "data_version"}
+)
 
 
 def encode_quorum_state(state: QuorumState) -> bytes:
@@ -79,15 +84,24 @@ def _validate(state: QuorumState, where: str) -> None:
 
 def decode_quorum_state(raw: bytes, where: str = QUORUM_STATE_FILE) -> QuorumState:
     """Parse file bytes; anything malformed raises CORRUPT_LOG naming ``where`` and the field."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise KraftError(ErrorCode.CORRUPT_LOG, f"{where}: larger than {MAX_FILE_BYTES} bytes", file=where)
     try:
-        d: Any = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KraftError(ErrorCode.CORRUPT_LOG, f"{where}: not valid JSON ({e})", file=where) from None
+        d: Any = loads_strict(raw, where, code=ErrorCode.CORRUPT_LOG)
+    except KraftError as e:
+        raise KraftError(ErrorCode.CORRUPT_LOG, e.message, file=where) from None
     if not isinstance(d, dict):
         raise KraftError(ErrorCode.CORRUPT_LOG, f"{where}: expected a JSON object", file=where)
+    unknown = sorted(set(d) - _FIELDS)
+    if unknown:
+        raise KraftError(
+            ErrorCode.CORRUPT_LOG, f"{where}: unknown field(s) {', '.join(unknown)[:200]}", file=where
+        )
     version = d.get("data_version", 0)
-    if version not in (0, DATA_VERSION):
-        raise KraftError(ErrorCode.CORRUPT_LOG, f"{where}: unsupported data_version {version!r}", file=where)
+    if isinstance(version, bool) or version not in (0, DATA_VERSION):
+        raise KraftError(
+            ErrorCode.CORRUPT_LOG, f"{where}: unsupported data_version {version!r:.60}", file=where
+        )
     if not isinstance(d.get("cluster_id"), str):
         raise KraftError(
             ErrorCode.CORRUPT_LOG, f"{where}: field 'cluster_id' missing or not a string", file=where

@@ -1,0 +1,1 @@
+"""Property-based fuzzing of every decoder of untrusted bytes (Hypothesis)."""
