@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from quorum.core import messages as m
-from quorum.records import CorruptRecordError, decode_batches, encode_batch, encode_control_batch
+from quorum.records import (
+    CorruptRecordError,
+    _encode,
+    decode_batches,
+    encode_batch,
+    encode_control_batch,
+)
 from quorum.runtime import wire
 from quorum.security.strictjson import loads_strict
 from quorum.storage.meta import decode_meta
@@ -103,7 +109,7 @@ def test_framing_and_json_errors(body: bytes, words: str) -> None:
 def test_missing_field_and_trailing_bytes() -> None:
     h = _fetch_header()
     del h["fetch_offset"]
-    with pytest.raises(KraftError, match="missing field.*fetch_offset"):
+    with pytest.raises(KraftError, match=r"missing field.*fetch_offset"):
         wire.decode(m.FetchRequest, _body(h))
     vote = wire.encode(m.VoteRequest(1, "c1", 1, U1, 3, 2, None, 2, 10))
     with pytest.raises(KraftError, match="unexpected bytes"):
@@ -111,7 +117,8 @@ def test_missing_field_and_trailing_bytes() -> None:
 
 
 def test_strict_json_refuses_duplicates_and_constants() -> None:
-    for raw, words in ((b'{"a": 1, "a": 2}', "duplicate"), (b'{"a": NaN}', "NaN"), (b"[Infinity]", "Infinity")):
+    cases = ((b'{"a": 1, "a": 2}', "duplicate"), (b'{"a": NaN}', "NaN"), (b"[Infinity]", "Infinity"))
+    for raw, words in cases:
         with pytest.raises(KraftError) as e:
             loads_strict(raw, "thing")
         assert words in e.value.message and e.value.message.startswith("thing:")
@@ -120,9 +127,7 @@ def test_strict_json_refuses_duplicates_and_constants() -> None:
 def test_control_record_fields_are_strict() -> None:
     good = encode_control_batch(0, 1, [AddVoter(ReplicaKey(1, U1), "h:1")], append_time_ms=1)
     assert decode_batches(good)[0][0].info.controls[0] == AddVoter(ReplicaKey(1, U1), "h:1")
-    # same batch with the voter id as a string: rebuilt with a valid CRC so only the field is wrong
-    from quorum.records import _encode
-
+    # batches built with a valid CRC so that only the control record's field is wrong
     for rec, words in (
         (b'{"type":10,"voter":{"id":"1","uuid":null}}', "id"),
         (b'{"type":10,"voter":{"id":1,"uuid":"ABC"}}', "uuid"),
