@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from quorum.core.config import CoreConfig
 from quorum.core.logmeta import LogMeta
@@ -40,6 +41,8 @@ from quorum.types import ControlRecord, ErrorCode, OffsetAndEpoch, QuorumState, 
 
 NO_DEADLINE = 1 << 62
 
+RequestKind = Literal["vote", "prevote", "begin", "end", "fetch", "fetch_snapshot"]
+
 
 @dataclass
 class InFlight:
@@ -47,7 +50,7 @@ class InFlight:
 
     correlation_id: int
     destination: ReplicaKey
-    kind: str  # vote | prevote | begin | end | fetch | fetch_snapshot
+    kind: RequestKind
     epoch: int
     deadline: int
 
@@ -99,7 +102,6 @@ class CoreBase:
         self.election_failures = 0
         self.recovery_requested = False
         self.shutting_down = False
-        self.leader_id_hint = quorum_state.leader_id
         self.abandoned: tuple[int, int] = (-1, -1)  # (epoch, leader) we left on fetch timeout
         # Ready accumulation
         self._truncate_to: int | None = None
@@ -116,6 +118,9 @@ class CoreBase:
         self._errors: list[str] = []
         self._pending_records: list[bytes] = []
         self._pending_base = 0
+        # Lowest truncation point since the last ``ready()``: that truncation is not on disk
+        # yet, so ``advance`` must not count log beyond it as durable.
+        self._truncated_since_ready: int | None = None
         self.role: Role = Unattached(quorum_state.leader_epoch, NO_DEADLINE)
 
     # ------------------------------------------------------------------ small queries
@@ -171,7 +176,7 @@ class CoreBase:
         self._next_corr += 1
         return self._next_corr
 
-    def send_request(self, dest: ReplicaKey, kind: str, msg: Message, extra_timeout: int = 0) -> None:
+    def send_request(self, dest: ReplicaKey, kind: RequestKind, msg: Message, extra_timeout: int = 0) -> None:
         corr = msg.correlation_id
         self.inflight[corr] = InFlight(
             corr, dest, kind, self.epoch, self.now + self.config.request_timeout_ms + extra_timeout
@@ -229,10 +234,13 @@ class CoreBase:
         self.role = role
         if isinstance(old, Leader) and not isinstance(role, Leader):
             self.on_leadership_lost(old.state)
-        self.leader_id_hint = self.leader_id()
-        self._role_change = RoleChange(
-            role=role.name,
-            epoch=role.epoch,
+        self._role_change = self.role_view(election_latency)
+
+    def role_view(self, election_latency: int | None = None) -> RoleChange:
+        """The current role as the driver publishes it."""
+        return RoleChange(
+            role=self.role.name,
+            epoch=self.role.epoch,
             leader_id=self.leader_id(),
             leader_endpoint=self.leader_endpoint(),
             is_voter=self.is_voter(),
@@ -335,6 +343,8 @@ class CoreBase:
             self._errors.append(f"refusing to truncate to {to} below the high watermark {self.hw}")
             return
         self.meta.truncate(to)
+        if self._truncated_since_ready is None or to < self._truncated_since_ready:
+            self._truncated_since_ready = to
         before = self.voters()
         self.history.truncate(to)
         # Batches not yet handed to the driver that the truncation removes are dropped or cut,
@@ -368,6 +378,3 @@ class CoreBase:
 
     def on_hw_advanced(self) -> None:
         """Hook for the leader's completions."""
-
-    def snapshot_id_for(self, state: ControlState) -> tuple[ControlRecord, ...]:
-        return state.to_controls(self.key_endpoints)

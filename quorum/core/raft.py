@@ -110,7 +110,9 @@ class RaftCore(DescribeMixin, CoreBase):
             self.role = Voted(epoch, ReplicaKey(qs.voted_id, qs.voted_uuid), deadline)
         else:
             self.role = Unattached(epoch, deadline)
-        self.leader_id_hint = self.leader_id()
+        # The first Ready publishes the restored role: a restarted follower must not report
+        # "unattached, leader -1" until its next transition (issue 12).
+        self._role_change = self.role_view()
 
     # ------------------------------------------------------------------ driver entry points
 
@@ -301,33 +303,27 @@ class RaftCore(DescribeMixin, CoreBase):
         self._admin_results = []
         self._role_change = None
         self._errors = []
+        self._truncated_since_ready = None
         return r
 
     def advance(self, ready: Ready, persisted_end_offset: int) -> None:
-        """The driver wrote (and flushed) ``ready``'s log changes: the durable log now ends at
-        ``persisted_end_offset``. Messages, commit and results this enables are added to
-        ``ready`` itself (the driver handles them next), unless a quorum-state write is
-        pending, in which case they wait for the next ``Ready``."""
-        self.meta.durable_end = min(persisted_end_offset, self.meta.end)
-        self.meta.written_end = max(self.meta.written_end, self.meta.durable_end)
+        """The driver carried out ``ready`` up to its persist step: the durable (fsynced) log
+        now ends at ``persisted_end_offset``. Nothing is added to ``ready``: the messages,
+        commit and results this enables (a leader's high watermark counting its own fsync, a
+        follower's next Fetch) are queued for the next ``Ready``, like everything stepped in
+        since ``ready()`` (see :mod:`quorum.core.ready`)."""
+        durable = min(persisted_end_offset, self.meta.end)
+        if self._truncated_since_ready is not None:
+            # A truncation queued after ready() is not on disk yet: what lies above it on disk
+            # is the old, diverging data, not the log the core now describes.
+            durable = min(durable, self._truncated_since_ready)
+        self.meta.durable_end = durable
+        self.meta.written_end = max(self.meta.written_end, durable)
         ls = self.leader_state()
         if ls is not None:
             self.update_leader_hw()
             self.release_parked(ls, everything=False)
-            self._pump()
-        if self._state_dirty:
-            return
-        ready.messages.extend(self._messages)
-        self._messages = []
-        if self._commit_dirty:
-            ready.commit = self.hw
-            self._commit_dirty = False
-        ready.proposal_results.extend(self._proposal_results)
-        self._proposal_results = []
-        ready.reads.extend(self._reads)
-        self._reads = []
-        ready.admin_results.extend(self._admin_results)
-        self._admin_results = []
+        self._pump()
 
     def appended(self, written_end_offset: int, now_ms: int) -> list[Outbound]:
         """Optional fast path: the driver has written ``ready.append`` to the log file and is
@@ -348,42 +344,6 @@ class RaftCore(DescribeMixin, CoreBase):
         finally:
             self._messages = kept
         return out
-
-    def has_ready(self) -> bool:
-        """True if ``ready()`` would return something to do."""
-        return bool(
-            self._pending_records
-            or self._truncate_to is not None
-            or self._chunks
-            or self._install is not None
-            or self._append
-            or self._state_dirty
-            or self._messages
-            or self._commit_dirty
-            or self._proposal_results
-            or self._reads
-            or self._admin_results
-            or self._role_change is not None
-            or self._errors
-            or (self.recovery_requested and self.recovering() and isinstance(self.role, Leader))
-        )
-
-    def next_deadline(self) -> int:
-        """The earliest time at which ``tick`` has something to do (a hint for the driver's
-        timer; calling ``tick`` more often is harmless)."""
-        times = [inf.deadline for inf in self.inflight.values()]
-        role = self.role
-        if isinstance(role, Follower):
-            times.append(role.fetch_deadline)
-            if self.fetch_corr is None:
-                times.append(self.fetch_retry_at)
-        elif isinstance(role, Leader):
-            times.extend(pf.deadline for pf in role.state.parked.values())
-            times.append(self.now + 50)
-        else:
-            times.append(getattr(role, "election_deadline", self.now + 50))
-            times.append(self.discovery_at)
-        return max(self.now, min(times))
 
     # ------------------------------------------------------------------ snapshots
 

@@ -1,27 +1,43 @@
-"""What the core asks the driver to do: :class:`Ready` and its parts.
+"""What the core asks the driver to do: :class:`Ready` and its parts. THE core contract.
 
-The driver handles a ``Ready`` **in field order** (docs/design.md, "The core contract"):
+This docstring is the one statement of the contract (docs/design.md points here);
+``quorum.driver`` carries it out for the node, the simulation and the core tests alike.
 
-1. ``truncate_to`` — truncate the log to this end offset (KIP-595 DivergingEpoch).
-2. ``snapshot_chunks`` then ``install_snapshot`` — write FetchSnapshot chunks into the pending
+The driver loop is ``ready = core.ready()``, carry it out, ``core.advance(ready, durable_end)``,
+repeat. Inbound requests, responses and ticks may be stepped into the core at ANY time, also
+while a ``Ready`` is being carried out (the node steps RPCs while its fsync runs in an
+executor). Whatever the core queues after ``ready()`` returned belongs to the NEXT ``Ready``;
+``advance`` never adds to the ``Ready`` being carried out. A ``Ready`` is carried out in this
+order:
+
+1. ``truncate_to``: truncate the log to this end offset (KIP-595 DivergingEpoch).
+2. ``snapshot_chunks`` then ``install_snapshot``: write FetchSnapshot chunks into the pending
    snapshot at their positions; when ``install_snapshot`` is set the snapshot is complete:
-   verify it, install it (log reset so that log start = end = ``install_snapshot.offset``) and
-   call ``core.snapshot_installed(id, controls)`` with the control records it carries (or
-   ``core.snapshot_rejected(id, reason)`` if it does not verify), before ``advance``.
-3. ``append`` — batches to write: :class:`LeaderBatch` (records; ``encode()`` gives bytes) or
-   :class:`RawBatches` (already-encoded bytes a follower fetched, CRC-checked by the core).
-4. ``quorum_state`` — write the quorum-state file atomically.
-5. If ``flush``: fsync the log. Then call ``core.advance(ready, persisted_end_offset)``: the
-   leader counts its own log end toward the high watermark only after this.
-6. ``messages`` — send requests / answer inbound requests (nothing promised leaves before it
-   is durable).
-7. ``commit`` — the new high watermark; apply records up to it to the state machine.
-8. ``proposal_results``, ``reads``, ``admin_results``, ``role_change`` — complete client waits.
-   ``recovery_needed`` (KIP-704): the local leader's log is RECOVERING; the operator-level
-   driver verifies the state, snapshots, then calls ``core.recovery_verified(lost_after)``.
+   verify it, install it (log reset so that log start = end = ``install_snapshot.offset``),
+   load it into the state machine and call ``core.snapshot_installed(id, controls)`` with the
+   control records it carries (or ``core.snapshot_rejected(id, reason)`` if it does not verify).
+3. ``append``: batches to write: :class:`LeaderBatch` (records or control records the leader
+   appends, encoded by the log's leader path ``LogStorage.append``) or :class:`RawBatches`
+   (already-encoded bytes a follower fetched, CRC-checked by the core). Optional fast path,
+   leader only: once written (not yet fsynced) call ``core.appended(written_end, now)`` and send
+   the Fetch responses it returns at once (KIP-595 leaders serve unflushed data; the high
+   watermark still counts the leader's own log only up to its durable end).
+4. Persist: save ``quorum_state`` (atomically) if set, and if ``flush`` fsync the log.
+5. ``core.advance(ready, durable_end)`` with the log's durable (fsynced) end offset.
+6. ``messages``: send requests / answer inbound requests. Persist-before-send: nothing in
+   ``messages`` leaves before step 4 completed (a vote, an epoch, an offset a Fetch claims).
+7. ``commit``: the new high watermark; apply records up to it to the state machine.
+8. ``proposal_results``, ``reads``, ``admin_results``: complete client waits (after the
+   records they name are applied); ``role_change``: publish the role (the first ``Ready`` of a
+   core carries its restored role); ``recovery_needed`` (KIP-704): the local leader's log is
+   RECOVERING: verify the state, snapshot, then call ``core.recovery_verified(lost_after)``;
+   ``errors``: log these human-readable notes of rejected input (nothing was applied from them).
 
-``errors`` are human-readable notes of rejected input (e.g. a corrupt Fetch response) for the
-log; nothing was applied from them.
+Durability rule for followers (the reason for "queued after ``ready()`` waits"): a Fetch's
+``fetch_offset`` tells the leader "I hold everything below this durably", and the leader counts
+it toward the high watermark. A follower therefore sends its next Fetch only once its whole
+log is durable (``durable_end == end``), and the Fetch sits in the Ready after the one whose
+fsync made it so.
 """
 
 from __future__ import annotations
@@ -30,16 +46,18 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quorum.core.messages import Message, is_request
+from quorum.core.roles import RoleName
 from quorum.records import encode_batch, encode_control_batch
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, OffsetAndEpoch, QuorumState
 
 
 class LogReader(Protocol):
-    """Read access to the DURABLE (flushed) log and snapshots, given to the core.
+    """Read access to the WRITTEN log (flushed or not) and the snapshots, given to the core.
 
     ``read(offset, max_bytes)``: whole batches starting exactly at batch boundary ``offset``;
     at least one batch even if it is larger than ``max_bytes``; ``b""`` at the end of the
-    durable log. ``read_snapshot(id, position, max_bytes)``: ``(chunk, total_size)``; raises
+    written log. Serving unflushed batches is safe: see ``ReplicationMixin.serve_fetch``.
+    ``read_snapshot(id, position, max_bytes)``: ``(chunk, total_size)``; raises
     ``KraftError(SNAPSHOT_NOT_FOUND)`` if there is no such snapshot."""
 
     def read(self, offset: int, max_bytes: int) -> bytes: ...
@@ -65,7 +83,12 @@ class LeaderBatch:
     def next_offset(self) -> int:
         return self.base_offset + self.count
 
+    def items(self) -> tuple[bytes, ...] | tuple[ControlRecord, ...]:
+        """What ``LogStorage.append`` encodes: the data records or the control records."""
+        return self.controls if self.controls else self.records
+
     def encode(self) -> bytes:
+        """The batch's bytes (for tools that write a batch without a ``LogStorage``)."""
         if self.controls:
             return encode_control_batch(self.base_offset, self.epoch, self.controls, self.append_time_ms)
         return encode_batch(self.base_offset, self.epoch, self.records, self.append_time_ms)
@@ -147,10 +170,11 @@ class AdminResult:
 
 @dataclass(frozen=True)
 class RoleChange:
-    """The role changed. ``election_latency_ms``: for a new leader, time since the replica
+    """The role to publish: a transition, or (in a core's first ``Ready``) the role it restored
+    from its quorum state. ``election_latency_ms``: for a new leader, time since the replica
     last lost contact with a leader (KIP-595 election-latency metric); else None."""
 
-    role: str  # unattached | voted | prospective | candidate | leader | follower | resigned
+    role: RoleName
     epoch: int
     leader_id: int
     leader_endpoint: str | None

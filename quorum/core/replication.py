@@ -208,6 +208,7 @@ class ReplicationMixin(ElectionMixin):
     # ================================================================== follower side
 
     def send_fetch(self, dest: ReplicaKey) -> None:
+        assert self.meta.durable_end == self.meta.end, "a Fetch may claim only the durable log"
         req = FetchRequest(
             correlation_id=self.new_corr(),
             cluster_id=self.cluster_id,
@@ -243,6 +244,10 @@ class ReplicationMixin(ElectionMixin):
     def tick_fetch(self) -> None:
         """Keep one Fetch in flight to the leader, or a discovery Fetch when leaderless."""
         if self.fetch_corr is not None or self.snap_installing is not None:
+            return
+        if self.meta.durable_end < self.meta.end:
+            # A Fetch's offset claims "durable below here" and the leader counts it toward the
+            # high watermark: wait until the appended batches are fsynced (``advance``).
             return
         role = self.role
         if isinstance(role, Leader):

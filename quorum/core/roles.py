@@ -41,16 +41,19 @@ Nothing leads back to a lower epoch: epochs are monotonic (persisted in the quor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from quorum.core.progress import LeaderState
 from quorum.types import ReplicaKey
+
+RoleName = Literal["unattached", "voted", "prospective", "candidate", "leader", "follower", "resigned"]
 
 
 @dataclass
 class Unattached:
     epoch: int
     election_deadline: int
-    name: str = field(default="unattached", init=False)
+    name: RoleName = field(default="unattached", init=False)
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Voted:
     epoch: int
     voted: ReplicaKey
     election_deadline: int
-    name: str = field(default="voted", init=False)
+    name: RoleName = field(default="voted", init=False)
 
 
 @dataclass
@@ -69,7 +72,7 @@ class Prospective:
     election_deadline: int
     granted: set[ReplicaKey] = field(default_factory=set)
     rejected: set[ReplicaKey] = field(default_factory=set)
-    name: str = field(default="prospective", init=False)
+    name: RoleName = field(default="prospective", init=False)
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Candidate:
     election_deadline: int
     granted: set[ReplicaKey] = field(default_factory=set)
     rejected: set[ReplicaKey] = field(default_factory=set)
-    name: str = field(default="candidate", init=False)
+    name: RoleName = field(default="candidate", init=False)
 
 
 @dataclass
@@ -86,21 +89,21 @@ class Follower:
     epoch: int
     leader_id: int
     fetch_deadline: int  # no successful Fetch by then -> election / rediscovery
-    name: str = field(default="follower", init=False)
+    name: RoleName = field(default="follower", init=False)
 
 
 @dataclass
 class Leader:
     epoch: int
     state: LeaderState
-    name: str = field(default="leader", init=False)
+    name: RoleName = field(default="leader", init=False)
 
 
 @dataclass
 class Resigned:
     epoch: int
     election_deadline: int
-    name: str = field(default="resigned", init=False)
+    name: RoleName = field(default="resigned", init=False)
 
 
 Role = Unattached | Voted | Prospective | Candidate | Follower | Leader | Resigned

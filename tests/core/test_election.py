@@ -72,7 +72,7 @@ def test_vote_wrong_cluster_and_wrong_voter_uuid() -> None:
 
 def test_vote_refused_for_a_log_that_is_behind() -> None:
     h = leader()
-    end = h.log.durable_end
+    end = h.durable_end
     epoch = h.core.epoch
     # A candidate in a later epoch whose log is shorter than ours.
     r = vote(h, 2, epoch + 1, last_epoch=epoch, last_offset=end - 1)
@@ -197,7 +197,9 @@ def test_restarted_leader_resigns_its_epoch() -> None:
 
     from quorum.core.raft import RaftCore
 
-    core = RaftCore(h.core.config, key(1), CLUSTER, h.qs, h.log.summary(), h.log, random.Random(1), 0)
+    core = RaftCore(
+        h.core.config, key(1), CLUSTER, h.qs, h.store.summary(), h.store.reader(), random.Random(1), 0
+    )
     assert core.role_name == "resigned" and core.epoch == h.core.epoch
     assert core.voters().from_log and ReplicaKey(2, UUIDS[2]) in core.voters().voters
 

@@ -176,7 +176,7 @@ def test_reassignment_adds_first_and_the_leader_removes_itself_last() -> None:
             break
     assert result(h, 1) is ErrorCode.NONE
     # The leader appended AddVoter(4) before RemoveVoter(1) and resigned once it committed.
-    recs = [r for _o, _e, r, _b in h.log.records_between(0, h.log.end_offset)]
+    recs = h.records()
     i_add = recs.index(AddVoter(four, "n4:1"))
     i_remove = recs.index(RemoveVoter(key(1)))
     assert i_add < i_remove

@@ -13,7 +13,7 @@ from quorum.core.config import CoreConfig
 from quorum.core.messages import FetchSnapshotRequest, is_request
 from quorum.core.raft import RaftCore
 from quorum.core.recovery import plan_unclean_recovery
-from quorum.records import decode_control, encode_control
+from quorum.driver.memory import ManualClock
 from quorum.types import (
     ErrorCode,
     KraftError,
@@ -31,15 +31,19 @@ def test_unclean_recovery_plan_and_recovering_leader() -> None:
     h.drain()
     h.fetch(2)
     committed = h.core.hw
-    plan = plan_unclean_recovery(h.log.summary(), h.qs, key(1), 5000, h.core.config.bootstrap_voters, "n1:1")
+    plan = plan_unclean_recovery(
+        h.store.summary(), h.qs, key(1), 5000, h.core.config.bootstrap_voters, "n1:1"
+    )
     assert plan.epoch == h.core.epoch + 1
     assert {k.id for k in plan.removed} == {2, 3}
-    h.log.append(plan.batch)
+    b = plan.batch
+    h.log.append(b.base_offset, b.epoch, b.items(), b.append_time_ms)
     h.log.flush()
+    h.store.qstore.save(plan.quorum_state)
     core = RaftCore(
-        h.core.config, key(1), CLUSTER, plan.quorum_state, h.log.summary(), h.log, random.Random(3), 5000
+        h.core.config, key(1), CLUSTER, h.qs, h.store.summary(), h.store.reader(), random.Random(3), 5000
     )
-    r = Harness(core, h.log, plan.quorum_state, now=5000)
+    r = Harness(core, h.store, clock=ManualClock(5000))
     r.drain()
     assert core.voters().recovery is LeaderRecoveryState.RECOVERING
     assert [v.id for v in core.voters().voters] == [1]
@@ -104,24 +108,6 @@ def _wire(a: Harness, b: Harness, rounds: int = 200) -> None:
                 continue
             out = dest.step(dataclasses.replace(msg, correlation_id=back[1]))
         inbox += [(dest.core.local.id, x) for x in out]
-        for h in (a, b):
-            _install(h)
-
-
-def _install(h: Harness) -> None:
-    for rd in h.readies:
-        for ch in rd.snapshot_chunks:
-            if ch.position == 0:
-                h.log.pending_snapshot = bytearray()
-            h.log.pending_snapshot[ch.position : ch.position + len(ch.data)] = ch.data
-        if rd.install_snapshot is not None:
-            sid = rd.install_snapshot
-            data = bytes(h.log.pending_snapshot)
-            controls = tuple(decode_control(bytes.fromhex(x)) for x in json.loads(data)["controls"])
-            h.log.install_snapshot(sid, data, controls)
-            h.core.snapshot_installed(sid, controls)
-            h.drain()
-    h.readies.clear()
 
 
 def test_snapshot_transfer_between_cores() -> None:
@@ -133,13 +119,15 @@ def test_snapshot_transfer_between_cores() -> None:
     hw = h.core.hw
     sid = OffsetAndEpoch(hw, h.core.epoch_at(hw - 1))
     controls = h.core.controls_at(hw)
-    data = json.dumps({"controls": [encode_control(c).hex() for c in controls], "pad": "z" * 300}).encode()
-    start = h.log.take_snapshot(sid, data, controls)
-    h.core.snapshot_taken(sid, min(start, hw))
+    h.store.snapshots.write(sid, controls, [json.dumps({"pad": "z" * 300}).encode()])
+    h.log.delete_before(hw)
+    h.core.snapshot_taken(sid, min(h.log.log_start_offset, hw))
+    data = h.store.snapshots.read_chunk(sid, 0, 1 << 20)[0]
     f = make(local=2, snapshot_chunk_bytes=64)
     f.now = h.now
     _wire(h, f)
-    assert f.log.snapshot is not None and f.log.snapshot.snapshot_id == sid
+    # The follower's driver verified and installed it, and loaded it into its state machine.
+    assert f.store.snapshots.latest() == sid and f.sm.data == {"pad": "z" * 300}
     assert f.core.hw >= sid.offset and f.core.log_end_offset >= sid.offset
     assert f.core.voters().from_log and f.core.voters() == h.core.voters()
     chunks = [m for m in h.sent if isinstance(m.message, FetchSnapshotRequest)]
@@ -172,14 +160,14 @@ def test_bad_config_and_input_get_clear_errors() -> None:
             key(1),
             "another-cluster",
             QuorumState(CLUSTER),
-            h.log.summary(),
-            h.log,
+            h.store.summary(),
+            h.store.reader(),
             random.Random(1),
             0,
         )
     assert e.value.code is ErrorCode.INCONSISTENT_CLUSTER_ID
     # Nothing committed was lost by the refused calls.
-    assert h.core.hw == h.log.durable_end
+    assert h.core.hw == h.durable_end
 
 
 def test_recovery_record_round_trips_in_snapshot_controls() -> None:

@@ -1,14 +1,14 @@
-"""Helpers for the focused core tests: one real ``RaftCore`` on a ``MemoryLog``, driven by
-hand-made messages, so each RPC handler and error path is exercised directly."""
+"""Helpers for the focused core tests: one real ``RaftCore`` carried out by the real driver
+(``quorum.driver``) over the in-memory storage of ``quorum.storage.memory``, fed hand-made
+messages, so each RPC handler and error path is exercised directly."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from quorum.core.config import CoreConfig
-from quorum.core.memlog import MemoryLog
 from quorum.core.messages import (
     FetchRequest,
     FetchResponse,
@@ -18,7 +18,11 @@ from quorum.core.messages import (
 )
 from quorum.core.raft import RaftCore
 from quorum.core.ready import AdminResult, Outbound, ReadResult, Ready
-from quorum.types import ErrorCode, QuorumState, ReplicaKey
+from quorum.driver import Driver, Ports, StorageReader
+from quorum.driver.memory import DictStateMachine, ManualClock, QueueTransport, RecordingSink, read_records
+from quorum.storage import recover_log
+from quorum.storage.memory import MemoryLog, MemoryQuorumStateStore, MemorySnapshotStore
+from quorum.types import ControlRecord, ErrorCode, LogSummary, QuorumState, ReplicaKey
 
 CLUSTER = "test-cluster"
 M = TypeVar("M")
@@ -30,39 +34,94 @@ def key(i: int, u: str | None = None) -> ReplicaKey:
 
 
 @dataclass
+class Storage:
+    log: MemoryLog = field(default_factory=MemoryLog)
+    qstore: MemoryQuorumStateStore = field(default_factory=lambda: MemoryQuorumStateStore(CLUSTER))
+    snapshots: MemorySnapshotStore = field(default_factory=MemorySnapshotStore)
+
+    def summary(self) -> LogSummary:
+        return recover_log(self.log, self.snapshots)
+
+    def reader(self) -> StorageReader:
+        return StorageReader(self.log, self.snapshots)
+
+
+@dataclass
 class Harness:
     core: RaftCore
-    log: MemoryLog
-    qs: QuorumState
-    now: int = 0
-    sent: list[Outbound] = field(default_factory=list)
-    reads: list[ReadResult] = field(default_factory=list)
-    admin: list[AdminResult] = field(default_factory=list)
+    store: Storage
+    clock: ManualClock = field(default_factory=ManualClock)
+    transport: QueueTransport = field(default_factory=QueueTransport)
+    sink: RecordingSink = field(default_factory=RecordingSink)
+    sm: DictStateMachine = field(default_factory=DictStateMachine)
     readies: list[Ready] = field(default_factory=list)
     corr: int = 1000
+    driver: Driver = field(init=False)
+
+    def __post_init__(self) -> None:
+        ports = Ports(
+            self.store.log,
+            self.store.qstore,
+            self.store.snapshots,
+            self.transport,
+            self.clock,
+            self.sm,
+            self.sink,
+        )
+        self.driver = Driver(self.core, ports, self.store.log.log_start_offset)
+
+    @property
+    def now(self) -> int:
+        return self.clock.now
+
+    @now.setter
+    def now(self, value: int) -> None:
+        self.clock.now = value
+
+    @property
+    def log(self) -> MemoryLog:
+        return self.store.log
+
+    @property
+    def qs(self) -> QuorumState:
+        return self.store.qstore.load()
+
+    @property
+    def durable_end(self) -> int:
+        return self.store.log.flushed_end_offset
+
+    @property
+    def sent(self) -> list[Outbound]:
+        return self.transport.sent
+
+    @property
+    def reads(self) -> list[ReadResult]:
+        return self.sink.reads
+
+    @property
+    def admin(self) -> list[AdminResult]:
+        return self.sink.admin
+
+    def records(self, start: int = 0, end: int | None = None) -> list[bytes | ControlRecord]:
+        stop = self.log.end_offset if end is None else end
+        return [r for _o, _e, r, _b in read_records(self.log, start, stop)]
+
+    def last_epoch_below(self, offset: int) -> int:
+        le = 0
+        for _o, e, _r, _b in read_records(self.log, self.log.log_start_offset, offset):
+            le = e
+        return le
 
     def drain(self) -> list[Outbound]:
-        """Handle every Ready (in the documented order) and return the messages sent."""
-        out: list[Outbound] = []
-        while True:
+        """Carry out every Ready (through the driver) and return the messages sent."""
+        first = len(self.transport.sent)
+        for _ in range(1000):
             r = self.core.ready()
             if r.is_empty():
-                break
+                return self.transport.sent[first:]
             self.readies.append(r)
-            if r.truncate_to is not None:
-                self.log.truncate(r.truncate_to)
-            for b in r.append:
-                self.log.append(b)
-            if r.quorum_state is not None:
-                self.qs = replace(r.quorum_state)
-            if r.flush:
-                self.log.flush()
-            self.core.advance(r, self.log.durable_end)
-            out.extend(r.messages)
-            self.reads.extend(r.reads)
-            self.admin.extend(r.admin_results)
-        self.sent.extend(out)
-        return out
+            self.driver.carry_out(r)
+        raise AssertionError("the core never went idle")
 
     def step(self, msg: Message) -> list[Outbound]:
         self.core.step(msg, self.now)
@@ -92,13 +151,8 @@ class Harness:
         cluster: str = CLUSTER,
     ) -> list[Outbound]:
         """A Fetch from replica ``rid`` at ``offset`` (default: the leader's durable end)."""
-        off = self.log.durable_end if offset is None else offset
-        le = last_epoch
-        if le is None:
-            le = 0
-            for info in self.log.infos:
-                if info.base_offset < off:
-                    le = info.epoch
+        off = self.durable_end if offset is None else offset
+        le = self.last_epoch_below(off) if last_epoch is None else last_epoch
         return self.step(
             FetchRequest(
                 correlation_id=self.next_corr(),
@@ -122,16 +176,24 @@ def make(
     uuid: str | None = None,
     **cfg: int,
 ) -> Harness:
-    log = MemoryLog()
-    qs = QuorumState(CLUSTER)
+    store = Storage()
     config = CoreConfig(
         bootstrap_voters={i: f"n{i}:1" for i in voters},
         local_endpoint=f"n{local}:1",
         pre_vote=pre_vote,
         **cfg,  # type: ignore[arg-type]
     )
-    core = RaftCore(config, key(local, uuid), CLUSTER, qs, log.summary(), log, random.Random(7), 0)
-    h = Harness(core, log, qs)
+    core = RaftCore(
+        config,
+        key(local, uuid),
+        CLUSTER,
+        store.qstore.load(),
+        store.summary(),
+        store.reader(),
+        random.Random(7),
+        0,
+    )
+    h = Harness(core, store)
     h.drain()
     return h
 
@@ -176,7 +238,7 @@ def leader(voters: tuple[int, ...] = (1, 2, 3), bootstrap: bool = True, **cfg: i
                 h.fetch(v)
             h.tick(10)
         assert h.core.voters().from_log, h.core.voters()
-        assert h.core.hw == h.log.durable_end
+        assert h.core.hw == h.durable_end
     return h
 
 

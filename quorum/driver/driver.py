@@ -1,0 +1,230 @@
+"""The one driver of the core: carries out a :class:`~quorum.core.ready.Ready` through the ports.
+
+The contract itself is written once, in :mod:`quorum.core.ready`; this module is where it is
+enforced, for the node (through :class:`quorum.driver.runner.AsyncRunner`), the simulation
+and the core tests alike. A Ready is carried out in three synchronous phases so that an
+asyncio node and a deterministic simulation can interleave other work between them:
+
+``begin(ready)``
+    page-cache work: truncate, snapshot chunks / install, append; the leader's fast path
+    (Fetch responses for what was just written leave before the fsync). Returns a
+    :class:`Pending` saying what must be persisted.
+``persist(pending)``
+    blocking: save the quorum state, fsync the log. The node runs it in an executor while
+    inbound RPCs keep stepping the core; the simulation completes it later, or crashes first.
+``finish(pending)``
+    ``core.advance``, send the messages, apply the commit, complete client waits, publish the
+    role. Refuses to run before ``persist`` when something needed persisting: this is the one
+    place persist-before-send is enforced.
+
+Only one Ready is in flight at a time; whatever the core queues meanwhile waits for the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quorum.core.raft import RaftCore
+from quorum.core.ready import LeaderBatch, Ready
+from quorum.driver.ports import Clock, LogPort, QuorumStatePort, Sink, SnapshotPort, StateMachine, Transport
+from quorum.records import data_records, decode_batches
+from quorum.types import ErrorCode, KraftError, LogSummary, OffsetAndEpoch, QuorumState
+
+APPLY_READ_BYTES = 16 * 1024 * 1024
+
+
+class StorageReader:
+    """The core's ``LogReader`` over the log and snapshot ports: the WRITTEN log (flushed or
+    not; see ``ReplicationMixin.serve_fetch`` for why that is safe) and snapshot chunks."""
+
+    def __init__(self, log: LogPort, snapshots: SnapshotPort) -> None:
+        self.log = log
+        self.snapshots = snapshots
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        if offset >= self.log.end_offset:
+            return b""
+        return self.log.read(offset, max_bytes)
+
+    def read_snapshot(self, snapshot: OffsetAndEpoch, position: int, max_bytes: int) -> tuple[bytes, int]:
+        return self.snapshots.read_chunk(snapshot, position, max_bytes)
+
+
+@dataclass
+class Pending:
+    """A Ready between ``begin`` and ``finish``: what ``persist`` must do, and whether it did."""
+
+    ready: Ready
+    quorum_state: QuorumState | None
+    flush: bool
+    persisted: bool = False
+    durable_end: int = -1
+
+    @property
+    def needs_persist(self) -> bool:
+        return self.quorum_state is not None or self.flush
+
+
+@dataclass
+class Ports:
+    """Everything the driver talks to (grouped so the constructor stays readable)."""
+
+    log: LogPort
+    quorum_state: QuorumStatePort
+    snapshots: SnapshotPort
+    transport: Transport
+    clock: Clock
+    state_machine: StateMachine
+    sink: Sink
+
+
+class Driver:
+    """Carries out the core's Readies. ``applied_end`` / ``applied_epoch``: what the state
+    machine holds at start (the loaded snapshot's end, see :func:`load_latest_snapshot`)."""
+
+    def __init__(self, core: RaftCore, ports: Ports, applied_end: int = 0, applied_epoch: int = 0) -> None:
+        self.core = core
+        self.ports = ports
+        self.applied_end = applied_end
+        self.applied_epoch = applied_epoch
+        self.in_flight: Pending | None = None
+        self.published = core.role_view()  # replaced by the first Ready's role_change
+
+    # ------------------------------------------------------------------ phases
+
+    def begin(self, ready: Ready) -> Pending:
+        """Phase 1 (in-memory / page-cache writes). Raises if a Ready is already in flight."""
+        if self.in_flight is not None:
+            raise RuntimeError("driver: begin() while another Ready is in flight")
+        log = self.ports.log
+        if ready.truncate_to is not None:
+            if self.applied_end > ready.truncate_to:
+                raise KraftError(
+                    ErrorCode.CORRUPT_LOG,
+                    f"truncation to {ready.truncate_to} below the applied offset {self.applied_end}",
+                )
+            log.truncate_to(ready.truncate_to)
+        for ch in ready.snapshot_chunks:
+            if ch.position == 0:
+                self.ports.snapshots.begin_download(ch.snapshot_id)
+            self.ports.snapshots.write_chunk(ch.snapshot_id, ch.position, ch.data)
+        if ready.install_snapshot is not None:
+            self._install_snapshot(ready.install_snapshot)
+        for b in ready.append:
+            if isinstance(b, LeaderBatch):
+                log.append(b.base_offset, b.epoch, b.items(), b.append_time_ms)
+            else:
+                log.append_batches(b.data, b.infos)
+        if ready.append and ready.quorum_state is None:
+            # Fast path (leader): parked Fetches get what was just written before our fsync.
+            # Not while this Ready's epoch change is unsaved: responses carry the epoch.
+            for out in self.core.appended(log.end_offset, self.ports.clock.now_ms()):
+                self.ports.transport.send(out)
+        self.in_flight = Pending(ready, ready.quorum_state, ready.flush)
+        return self.in_flight
+
+    def persist(self, pending: Pending) -> int:
+        """Phase 2 (blocking; safe to run in an executor: touches storage only). Returns the
+        durable log end."""
+        if pending.quorum_state is not None:
+            self.ports.quorum_state.save(pending.quorum_state)
+        if pending.flush:
+            self.ports.log.flush()
+        pending.durable_end = self.ports.log.flushed_end_offset
+        pending.persisted = True
+        return pending.durable_end
+
+    def finish(self, pending: Pending) -> None:
+        """Phase 3: advance the core, then send, apply and complete."""
+        if pending is not self.in_flight:
+            raise RuntimeError("driver: finish() of a Ready that is not the one in flight")
+        if pending.needs_persist and not pending.persisted:
+            raise RuntimeError("driver: finish() before persist(): messages would promise unsaved state")
+        self.in_flight = None
+        durable = pending.durable_end if pending.persisted else self.ports.log.flushed_end_offset
+        ready = pending.ready
+        self.core.advance(ready, durable)
+        for out in ready.messages:
+            self.ports.transport.send(out)
+        sink = self.ports.sink
+        if ready.commit is not None:
+            self.apply_to(ready.commit)
+        for pr in ready.proposal_results:
+            sink.proposal_done(pr)
+        for rr in ready.reads:
+            sink.read_done(rr)
+        for ar in ready.admin_results:
+            sink.admin_done(ar)
+        if ready.role_change is not None:
+            self.published = ready.role_change
+            sink.role_changed(ready.role_change)
+        if ready.recovery_needed:
+            sink.recovery_needed()
+        for e in ready.errors:
+            sink.note(e)
+
+    def carry_out(self, ready: Ready) -> None:
+        """All three phases at once (tests, tools)."""
+        pending = self.begin(ready)
+        if pending.needs_persist:
+            self.persist(pending)
+        self.finish(pending)
+
+    def run_until_idle(self, limit: int = 1000) -> int:
+        """Carry out Readies until the core has nothing to do; returns how many. Raises if the
+        core never goes idle (a bug: a Ready that always asks for another)."""
+        for n in range(limit):
+            ready = self.core.ready()
+            if ready.is_empty():
+                return n
+            self.carry_out(ready)
+        raise RuntimeError(f"driver: the core produced {limit} Readies without going idle")
+
+    # ------------------------------------------------------------------ state machine
+
+    def apply_to(self, commit: int) -> None:
+        """Apply committed data batches below ``commit`` (control batches only advance the
+        applied offset; the core applied them when they were appended, KIP-856)."""
+        log, sm = self.ports.log, self.ports.state_machine
+        start = self.applied_end
+        while self.applied_end < commit:
+            data = log.read(self.applied_end, APPLY_READ_BYTES, commit)
+            if not data:
+                break
+            batches, _used = decode_batches(data, verify_crc=False)
+            for b in batches:
+                if b.info.next_offset > commit:
+                    break
+                if not b.info.is_control:
+                    sm.apply_batch(b.info.base_offset, data_records(b))
+                self.applied_end = b.info.next_offset
+                self.applied_epoch = b.info.epoch
+            else:
+                continue
+            break
+        if self.applied_end != start:
+            self.ports.sink.applied(self.applied_end, self.applied_epoch)
+
+    def _install_snapshot(self, sid: OffsetAndEpoch) -> None:
+        try:
+            self.ports.snapshots.finish_download(sid)  # verifies every CRC before it counts
+            controls, chunks = self.ports.snapshots.load(sid, verify_crc=False)
+            self.ports.state_machine.load_snapshot(chunks, sid.offset - 1)
+        except KraftError as e:
+            self.ports.sink.note(f"fetched snapshot {sid} rejected: {e}")
+            self.core.snapshot_rejected(sid, str(e))
+            return
+        self.ports.log.reset_to_snapshot(sid)
+        self.applied_end = sid.offset
+        self.applied_epoch = sid.epoch
+        self.core.snapshot_installed(sid, tuple(controls))
+
+
+def load_latest_snapshot(snapshots: SnapshotPort, summary: LogSummary, sm: StateMachine) -> tuple[int, int]:
+    """At start: load the snapshot the log summary names into the state machine; returns the
+    ``(applied_end, applied_epoch)`` to construct the :class:`Driver` with."""
+    if summary.snapshot is None:
+        return summary.log_start_offset, 0
+    _controls, chunks = snapshots.load(summary.snapshot)
+    sm.load_snapshot(chunks, summary.snapshot.offset - 1)
+    return summary.snapshot.offset, summary.snapshot.epoch
