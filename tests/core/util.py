@@ -174,6 +174,7 @@ def make(
     voters: tuple[int, ...] = (1, 2, 3),
     pre_vote: bool = True,
     uuid: str | None = None,
+    core_cls: type[RaftCore] = RaftCore,
     **cfg: int,
 ) -> Harness:
     store = Storage()
@@ -183,7 +184,7 @@ def make(
         pre_vote=pre_vote,
         **cfg,  # type: ignore[arg-type]
     )
-    core = RaftCore(
+    core = core_cls(
         config,
         key(local, uuid),
         CLUSTER,
