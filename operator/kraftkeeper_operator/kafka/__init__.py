@@ -1,0 +1,1 @@
+"""Apache Kafka controller quorums: the membership backend, its wire connection and a local runner."""

@@ -1,0 +1,398 @@
+"""The Kafka membership backend: :class:`KafkaQuorum` implements the operator's ``QuorumApi``
+(describe / add_voter / remove_voter) against an Apache Kafka 4.x controller quorum.
+
+It talks to the controllers directly (``bootstrap.controllers``, KIP-919): DescribeQuorum
+(kafka-python's message classes) to the raft leader, found by asking each bootstrap controller in
+turn (a non-leader answers NOT_LEADER_OR_FOLLOWER) and remembered; AddRaftVoter and
+RemoveRaftVoter (KIP-853, classes generated from Kafka's published schemas, schemas.py) to the same
+leader. The answer of DescribeQuorum v2 is turned into the operator's describe object
+(interfaces.md, ``quorum describe --json``):
+
+* directory ids: Kafka's ``ReplicaDirectoryId`` becomes the canonical 8-4-4-4-12 UUID (the same
+  128 bits that Kafka prints in base64url); Kafka's zero Uuid ("not known") becomes "";
+* timestamps are the leader's wall clock: they are shifted by (our clock - the leader's own
+  ``LastFetchTimestamp``, which Kafka sets to its "now"), so liveness windows do not depend on
+  clock skew between the operator and the controllers;
+* ``lag`` is the leader's log end offset minus the replica's (as Kafka's own tool computes it);
+* ``endpoint`` comes from the v2 ``Nodes`` list; AddRaftVoter sends that node's listeners
+  (KIP-853: the new voter's endpoints are part of the voter record).
+
+Kafka's errors map onto the engine's codes so the controller's retry / refuse rules apply
+unchanged (table ``_ERRORS``). Two need the quorum to interpret them: Kafka answers
+DUPLICATE_VOTER for *any* second directory id of a voter id (it keeps one per id, unlike KIP-856),
+so it means "already added" only when this very (id, directory id) is the voter, and otherwise a
+refusal (the reason the default order for Kafka is RemoveThenAdd); VOTER_NOT_FOUND on removal
+means the (id, directory id) is not a voter: already removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+import uuid as _uuid
+from typing import Any
+
+from kafka.protocol.admin import (  # type: ignore[import-untyped]
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
+)
+
+from quorum.types import ErrorCode, KraftError
+
+from .schemas import SchemaJarMissing, membership_messages
+from .wire import ClientSettings, KafkaConnection, KafkaWireError, register_response
+
+log = logging.getLogger(__name__)
+
+register_response(DescribeQuorumRequest, DescribeQuorumResponse)
+register_response(DescribeClusterRequest, DescribeClusterResponse)
+
+METADATA_TOPIC = "__cluster_metadata"
+API_DESCRIBE_QUORUM = 55
+API_DESCRIBE_CLUSTER = 60
+API_ADD_RAFT_VOTER = 80
+API_REMOVE_RAFT_VOTER = 81
+
+# Kafka error code -> (Kafka's name, our code). Retryable on our side: NOT_LEADER,
+# REQUEST_TIMED_OUT, UNAVAILABLE, UNKNOWN_SERVER_ERROR; the rest refuse the step.
+_ERRORS: dict[int, tuple[str, ErrorCode]] = {
+    -1: ("UNKNOWN_SERVER_ERROR", ErrorCode.UNKNOWN_SERVER_ERROR),
+    6: ("NOT_LEADER_OR_FOLLOWER", ErrorCode.NOT_LEADER),
+    7: ("REQUEST_TIMED_OUT", ErrorCode.REQUEST_TIMED_OUT),
+    # A broker / controller shutting down or not yet ready: the outcome is "try again".
+    15: ("COORDINATOR_NOT_AVAILABLE", ErrorCode.UNAVAILABLE),
+    31: ("CLUSTER_AUTHORIZATION_FAILED", ErrorCode.INVALID_REQUEST),
+    35: ("UNSUPPORTED_VERSION", ErrorCode.UNSUPPORTED),
+    41: ("NOT_CONTROLLER", ErrorCode.NOT_LEADER),
+    42: ("INVALID_REQUEST", ErrorCode.INVALID_REQUEST),
+    74: ("FENCED_LEADER_EPOCH", ErrorCode.NOT_LEADER),
+    75: ("UNKNOWN_LEADER_EPOCH", ErrorCode.NOT_LEADER),
+    104: ("INCONSISTENT_CLUSTER_ID", ErrorCode.INCONSISTENT_CLUSTER_ID),
+    125: ("INVALID_VOTER_KEY", ErrorCode.INVALID_REQUEST),
+    126: ("DUPLICATE_VOTER", ErrorCode.VOTER_ALREADY_ADDED),  # refined in add_voter
+    127: ("VOTER_NOT_FOUND", ErrorCode.VOTER_ALREADY_REMOVED),
+}
+
+
+def kafka_error(code: int, message: str | None, what: str) -> KraftError:
+    name, ours = _ERRORS.get(code, (f"KAFKA_ERROR_{code}", ErrorCode.UNKNOWN_SERVER_ERROR))
+    text = f"{what}: Kafka {name}" + (f": {message}" if message else "")
+    return KraftError(ours, text, kafka_error=name, kafka_code=code)
+
+
+def dir_id_to_uuid(value: Any) -> str:
+    """kafka-python's decoded ``uuid`` field (a ``uuid.UUID``, or base64url text) -> canonical
+    form; Kafka's zero Uuid (unknown) -> ""."""
+    if isinstance(value, _uuid.UUID):
+        u = value
+    elif isinstance(value, str):
+        u = base64_to_uuid(value) if len(value) == 22 else _uuid.UUID(value)
+    elif isinstance(value, bytes | bytearray) and len(value) == 16:
+        u = _uuid.UUID(bytes=bytes(value))
+    else:
+        return ""
+    return "" if u.int == 0 else str(u)
+
+
+def base64_to_uuid(text: str) -> _uuid.UUID:
+    """Kafka's printed Uuid (22 chars of base64url, no padding) -> uuid.UUID."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "==")
+    except ValueError:
+        raise ValueError(f"{text!r} is not a Kafka directory id (base64url)") from None
+    if len(raw) != 16:
+        raise ValueError(f"{text!r} is not a Kafka directory id (16 bytes of base64url)")
+    return _uuid.UUID(bytes=raw)
+
+
+def uuid_to_base64(value: str) -> str:
+    """Canonical UUID -> Kafka's base64url form (what ``kafka-metadata-quorum`` prints)."""
+    return base64.urlsafe_b64encode(_uuid.UUID(value).bytes).decode().rstrip("=")
+
+
+def parse_bootstrap(text: str) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--kafka-bootstrap-controllers: {item!r} is not HOST:PORT")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise ValueError("--kafka-bootstrap-controllers: no HOST:PORT given")
+    return out
+
+
+class KafkaQuorum:
+    """``QuorumApi`` over a Kafka controller quorum. ``reassign`` is refused (UNSUPPORTED): Kafka
+    has no KIP-642 reassignment; voter ids change only through single Add/RemoveRaftVoter calls."""
+
+    def __init__(
+        self,
+        bootstrap: list[tuple[str, int]] | str,
+        settings: ClientSettings | None = None,
+        *,
+        timeout: float = 10.0,
+        change_timeout_ms: int = 15000,
+    ) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
+        self.settings = settings or ClientSettings()
+        self.timeout = timeout
+        self.change_timeout_ms = change_timeout_ms
+        self.cluster_id: str | None = None
+        self._conns: dict[tuple[str, int], KafkaConnection] = {}
+        self._leader: tuple[str, int] | None = None
+        # node id -> [(listener name, host, port)]; persisted by the watcher across restarts.
+        self.listeners: dict[int, list[tuple[str, str, int]]] = {}
+        self.clock = time.time
+
+    # -- connections ---------------------------------------------------------------------------
+
+    async def _conn(self, addr: tuple[str, int]) -> KafkaConnection:
+        c = self._conns.get(addr)
+        if c is not None and not c.closed:
+            return c
+        c = await KafkaConnection.open(addr[0], addr[1], self.settings, within=self.timeout)
+        self._conns[addr] = c
+        return c
+
+    async def _drop(self, addr: tuple[str, int]) -> None:
+        c = self._conns.pop(addr, None)
+        if c is not None:
+            await c.close()
+
+    async def _cluster_id(self, c: KafkaConnection) -> str | None:
+        """KIP-919: DescribeCluster v1+ with EndpointType 2 (controller) is answered by controllers."""
+        if API_DESCRIBE_CLUSTER not in c.api_versions:
+            return None
+        v = c.version_for(API_DESCRIBE_CLUSTER, 1, 2)
+        req = DescribeClusterRequest(include_cluster_authorized_operations=False, endpoint_type=2)
+        resp = await c.request(req, v, self.timeout)
+        return str(resp.cluster_id) if resp.error_code == 0 and resp.cluster_id else None
+
+    async def close(self) -> None:
+        for addr in list(self._conns):
+            await self._drop(addr)
+
+    # -- describe ------------------------------------------------------------------------------
+
+    async def _describe_at(self, addr: tuple[str, int]) -> tuple[Any | None, str]:
+        """(response, "") from a leader, or (None, why not)."""
+        try:
+            c = await self._conn(addr)
+            v = c.version_for(API_DESCRIBE_QUORUM, 0, 2)
+            topic = DescribeQuorumRequest.TopicData
+            req = DescribeQuorumRequest(
+                topics=[topic(topic_name=METADATA_TOPIC, partitions=[topic.PartitionData(partition_index=0)])]
+            )
+            resp = await c.request(req, v, self.timeout)
+        except (KafkaWireError, OSError, TimeoutError) as e:
+            await self._drop(addr)
+            return None, f"{addr[0]}:{addr[1]}: {e or type(e).__name__}"
+        if resp.error_code != 0:
+            return None, str(
+                kafka_error(resp.error_code, getattr(resp, "error_message", None), "DescribeQuorum")
+            )
+        part = resp.topics[0].partitions[0]
+        if part.error_code != 0:
+            return None, f"{addr[0]}:{addr[1]}: " + str(
+                kafka_error(part.error_code, getattr(part, "error_message", None), "DescribeQuorum")
+            )
+        return resp, ""
+
+    async def _leader_describe(self) -> tuple[tuple[str, int], Any]:
+        order = ([self._leader] if self._leader else []) + [a for a in self.bootstrap if a != self._leader]
+        why: list[str] = []
+        for addr in order:
+            resp, err = await self._describe_at(addr)
+            if resp is not None:
+                self._leader = addr
+                if self.cluster_id is None:  # learned once, from the first leader that answers
+                    with contextlib.suppress(KafkaWireError, TimeoutError, OSError):
+                        self.cluster_id = await self._cluster_id(await self._conn(addr))
+                return addr, resp
+            why.append(err)
+        self._leader = None
+        raise KraftError(
+            ErrorCode.UNAVAILABLE, "no Kafka controller answered as raft leader: " + "; ".join(why)
+        )
+
+    async def describe(self) -> dict[str, Any]:
+        _, resp = await self._leader_describe()
+        return self._to_describe(resp)
+
+    def _to_describe(self, resp: Any) -> dict[str, Any]:
+        part = resp.topics[0].partitions[0]
+        # Kafka lists only the voters' endpoints (a removed node's vanish, observers never carry
+        # theirs), so remember every node's listeners: AddRaftVoter after RemoveRaftVoter needs them.
+        for n in getattr(resp, "nodes", None) or []:
+            self.listeners[int(n.node_id)] = [(str(x.name), str(x.host), int(x.port)) for x in n.listeners]
+        leader_id = int(part.leader_id)
+        voters = list(part.current_voters)
+        leader_entry = next((r for r in voters if r.replica_id == leader_id), None)
+        leader_leo = (
+            int(leader_entry.log_end_offset) if leader_entry is not None else int(part.high_watermark)
+        )
+        skew = 0
+        leader_now = (
+            int(getattr(leader_entry, "last_fetch_timestamp", -1)) if leader_entry is not None else -1
+        )
+        if leader_now > 0:
+            skew = int(self.clock() * 1000) - leader_now
+
+        def entry(r: Any) -> dict[str, Any]:
+            leo = int(r.log_end_offset)
+            fetch = int(getattr(r, "last_fetch_timestamp", -1))
+            caught = int(getattr(r, "last_caught_up_timestamp", -1))
+            lst = self.listeners.get(int(r.replica_id))
+            return {
+                "id": int(r.replica_id),
+                "uuid": dir_id_to_uuid(getattr(r, "replica_directory_id", None)),
+                "endpoint": f"{lst[0][1]}:{lst[0][2]}" if lst else None,
+                "log_end_offset": leo,
+                "lag": max(0, leader_leo - leo) if leo >= 0 else -1,
+                "last_fetch_timestamp": fetch + skew if fetch >= 0 else -1,
+                "last_caught_up_timestamp": caught + skew if caught >= 0 else -1,
+            }
+
+        return {
+            "cluster_id": self.cluster_id or "",
+            "leader_id": leader_id,
+            "leader_epoch": int(part.leader_epoch),
+            "high_watermark": int(part.high_watermark),
+            "voters": [entry(r) for r in voters],
+            "observers": [entry(r) for r in part.observers],
+            # Kafka does not expose an uncommitted voter change; it refuses a second one with
+            # REQUEST_TIMED_OUT (KIP-853), which the controller retries.
+            "pending_voter_change": None,
+            "target_voters": None,
+            "leader_recovery_state": "RECOVERED",
+        }
+
+    # -- membership ----------------------------------------------------------------------------
+
+    async def _change(self, what: str, build: Any, api_key: int, max_v: int) -> Any:
+        """Send a voter change to the leader; one retry after NOT_LEADER / a dropped connection."""
+        last: KraftError | None = None
+        for _ in range(2):
+            addr, _resp = await self._leader_describe()
+            try:
+                c = await self._conn(addr)
+                v = c.version_for(api_key, 0, max_v)
+                resp = await c.request(build(), v, self.change_timeout_ms / 1000 + self.timeout)
+            except (KafkaWireError, OSError) as e:
+                await self._drop(addr)
+                last = KraftError(ErrorCode.UNAVAILABLE, f"{what}: {e}")
+                continue
+            except TimeoutError:
+                await self._drop(addr)
+                # The change may have been appended: outcome unknown (the controller re-describes).
+                raise KraftError(
+                    ErrorCode.REQUEST_TIMED_OUT, f"{what}: no answer from {addr[0]}:{addr[1]}"
+                ) from None
+            if resp.error_code == 0:
+                return resp
+            err = kafka_error(resp.error_code, resp.error_message, what)
+            if err.code is ErrorCode.NOT_LEADER:
+                self._leader = None
+                last = err
+                continue
+            raise err
+        assert last is not None
+        raise last
+
+    async def add_voter(self, id: int, uuid: str) -> dict[str, Any]:
+        what = f"AddRaftVoter({id}, {uuid})"
+        try:
+            msgs = membership_messages()
+        except SchemaJarMissing as e:
+            raise KraftError(ErrorCode.UNSUPPORTED, f"{what}: {e}") from None
+        req_cls = msgs["AddRaftVoterRequest"]
+        d = await self.describe()  # refreshes the known listeners (DescribeQuorum v2 Nodes)
+        listeners = self.listeners.get(id) or self._guess_listeners(d, id)
+        if not listeners:
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"{what}: the endpoints of controller {id} are unknown (Kafka lists only voters' "
+                "endpoints); list every controller in --kafka-bootstrap-controllers",
+            )
+
+        def build() -> Any:
+            return req_cls(
+                cluster_id=self.cluster_id,
+                timeout_ms=self.change_timeout_ms,
+                voter_id=id,
+                voter_directory_id=_uuid.UUID(uuid),
+                listeners=[req_cls.Listener(name=n, host=h, port=p) for n, h, p in listeners],
+                ack_when_committed=True,
+            )
+
+        try:
+            await self._change(what, build, API_ADD_RAFT_VOTER, 1)
+        except KraftError as e:
+            if e.extra.get("kafka_error") == "DUPLICATE_VOTER":
+                d = await self.describe()
+                if not any(v["id"] == id and v["uuid"] == uuid for v in d["voters"]):
+                    # Kafka keeps one directory id per voter id: this is a refusal, not "done".
+                    raise KraftError(
+                        ErrorCode.INVALID_REQUEST,
+                        f"{e.message} (Kafka allows one directory id per voter id: remove the old one "
+                        "first, order RemoveThenAdd)",
+                        kafka_error="DUPLICATE_VOTER",
+                    ) from None
+            raise
+        return {"id": id, "uuid": uuid}
+
+    def _guess_listeners(self, d: dict[str, Any], id: int) -> list[tuple[str, str, int]] | None:
+        """Endpoints of a controller whose listeners we never saw (e.g. the watcher restarted
+        between RemoveRaftVoter and AddRaftVoter): the one bootstrap controller that is no current
+        voter's endpoint, under the voters' listener name. None when that is ambiguous."""
+        used = {v["endpoint"] for v in d["voters"] if v["endpoint"]}
+        free = [a for a in self.bootstrap if f"{a[0]}:{a[1]}" not in used]
+        names = {lst[0][0] for lst in self.listeners.values() if lst}
+        if len(free) != 1 or len(names) != 1:
+            return None
+        return [(names.pop(), free[0][0], free[0][1])]
+
+    async def remove_voter(self, id: int, uuid: str) -> dict[str, Any]:
+        what = f"RemoveRaftVoter({id}, {uuid})"
+        try:
+            req_cls = membership_messages()["RemoveRaftVoterRequest"]
+        except SchemaJarMissing as e:
+            raise KraftError(ErrorCode.UNSUPPORTED, f"{what}: {e}") from None
+
+        def build() -> Any:
+            return req_cls(cluster_id=self.cluster_id, voter_id=id, voter_directory_id=_uuid.UUID(uuid))
+
+        await self._change(what, build, API_REMOVE_RAFT_VOTER, 0)
+        return {"id": id, "uuid": uuid}
+
+    async def reassign(self, voters: list[int] | None) -> dict[str, Any]:
+        raise KraftError(
+            ErrorCode.UNSUPPORTED,
+            "Kafka has no voter-set reassignment (KIP-642); change voters one at a time "
+            "(kafka-metadata-quorum add-controller / remove-controller)",
+        )
+
+
+async def wait_for(cond: Any, within: float, interval: float = 0.2) -> Any:
+    """Poll the async ``cond()`` until it returns something truthy (tests and the bench)."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await cond()
+        except (KraftError, KafkaWireError, OSError, TimeoutError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        await asyncio.sleep(interval)
+    raise TimeoutError(f"condition not met within {within:g}s (last: {last!r})")

@@ -1,0 +1,284 @@
+"""Real Apache Kafka controllers on loopback, for the Kafka tests, the bench and trials.
+
+``KafkaControllers`` formats and runs N controller-only Kafka 4.x processes from the jars that
+``scripts/kafka.sh`` caches (``java -cp 'libs/*' kafka.Kafka server.properties``), as a KIP-853
+dynamic quorum: ``controller.quorum.bootstrap.servers`` instead of a static voter list, the first
+disks formatted with ``--initial-controllers`` (each voter named with its directory id), and a
+replaced disk formatted with ``--no-initial-controllers`` so it comes back as an observer with a
+new directory id (KIP-853 "controller disk failure"). It only starts and stops processes it
+created itself, by PID, and never touches a Kafka it did not start.
+
+Each JVM gets ``-Xmx256m`` and the serial collector: three controllers on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid as _uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KAFKA_VERSION = "4.4.0"
+JVM_OPTS = ["-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KK_CACHE") or Path.home() / ".cache" / "kraftkeeper")
+
+
+def kafka_libs(version: str = KAFKA_VERSION) -> Path | None:
+    """The server jar directory scripts/kafka.sh filled, or None when it is not (completely) there.
+    ``KRAFTKEEPER_KAFKA_LIBS`` overrides the cache location."""
+    env = os.environ.get("KRAFTKEEPER_KAFKA_LIBS")
+    d = Path(env) if env else cache_dir() / f"kafka-{version}" / "libs"
+    return d if (d / ".complete").exists() or (env and d.is_dir()) else None
+
+
+def kafka_tools_libs(version: str = KAFKA_VERSION) -> Path | None:
+    """The kafka-tools jar directory (kafka-metadata-quorum), or None."""
+    d = cache_dir() / f"kafka-{version}" / "tools-libs"
+    return d if (d / ".complete").exists() else None
+
+
+def random_kafka_uuid() -> str:
+    """A random Kafka Uuid in its base64url form. Kafka's own generator re-draws ids whose text
+    starts with '-' (they read as command-line options); so do we."""
+    while True:
+        text = base64.urlsafe_b64encode(_uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def read_meta(data_dir: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    path = data_dir / "meta.properties"
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.raft.name = org.apache.kafka.raft
+logger.raft.level = INFO
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+"""
+
+
+@dataclass
+class ControllerProc:
+    node_id: int
+    port: int
+    dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def directory_id(self) -> str | None:
+        return read_meta(self.data_dir).get("directory.id")
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class KafkaControllers:
+    """N Kafka controllers under ``root`` (``node-<i>/{server.properties,data,out.log}``)."""
+
+    root: Path
+    libs: Path
+    n: int = 3
+    auto_join: bool = False
+    cluster_id: str = field(default_factory=random_kafka_uuid)
+    java: str = "java"
+    controllers: dict[int, ControllerProc] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "log4j2.properties").write_text(_LOG4J2)
+        for i in range(1, self.n + 1):
+            d = self.root / f"node-{i}"
+            d.mkdir(exist_ok=True)
+            self.controllers[i] = ControllerProc(i, free_port(), d)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(c.endpoint for c in self.controllers.values())
+
+    def _classpath(self) -> str:
+        return str(self.libs / "*")
+
+    def _write_config(self, c: ControllerProc) -> Path:
+        cfg = c.dir / "server.properties"
+        props = {
+            "process.roles": "controller",
+            "node.id": str(c.node_id),
+            "controller.listener.names": "CONTROLLER",
+            "listeners": f"CONTROLLER://{c.endpoint}",
+            "advertised.listeners": f"CONTROLLER://{c.endpoint}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT",
+            "controller.quorum.bootstrap.servers": self.bootstrap,
+            "controller.quorum.auto.join.enable": "true" if self.auto_join else "false",
+            "log.dirs": str(c.data_dir),
+            "metadata.log.dir": str(c.data_dir),
+            # Quick elections on loopback; Kafka's defaults (1 s / 2 s) are fine too.
+            "controller.quorum.election.timeout.ms": "1000",
+            "controller.quorum.fetch.timeout.ms": "2000",
+        }
+        cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return cfg
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        return [
+            self.java,
+            *JVM_OPTS,
+            f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+            "-cp",
+            self._classpath(),
+            main,
+            *args,
+        ]
+
+    def _storage_format(self, c: ControllerProc, *extra: str) -> None:
+        cfg = self._write_config(c)
+        out = subprocess.run(
+            self._java(
+                "kafka.tools.StorageTool",
+                "format",
+                "--config",
+                str(cfg),
+                "--cluster-id",
+                self.cluster_id,
+                *extra,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"kafka-storage format of node {c.node_id} failed: {out.stdout}{out.stderr}")
+
+    def format_all(self) -> None:
+        """The initial format: every controller a voter of the bootstrap set (id@host:port:dirid)."""
+        ids = {i: random_kafka_uuid() for i in self.controllers}
+        initial = ",".join(f"{i}@{c.endpoint}:{ids[i]}" for i, c in self.controllers.items())
+        for i, c in self.controllers.items():
+            shutil.rmtree(c.data_dir, ignore_errors=True)
+            self._storage_format(c, "--initial-controllers", initial)
+            got = c.directory_id()
+            if got != ids[i]:
+                raise RuntimeError(f"node {i} formatted with directory id {got}, expected {ids[i]}")
+
+    def start(self, i: int) -> None:
+        c = self.controllers[i]
+        if c.running():
+            return
+        self._write_config(c)
+        log = open(c.dir / "out.log", "ab")
+        try:
+            c.proc = subprocess.Popen(
+                self._java("kafka.Kafka", str(c.dir / "server.properties")),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        c.starts += 1
+
+    def start_all(self) -> None:
+        for i in self.controllers:
+            self.start(i)
+
+    def stop(self, i: int, *, kill: bool = False, grace: float = 20.0) -> None:
+        """Stop controller ``i`` (SIGTERM, SIGKILL after ``grace``; SIGKILL at once with ``kill``)."""
+        c = self.controllers[i]
+        p = c.proc
+        if p is None or p.poll() is not None:
+            c.proc = None
+            return
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait(timeout=30)
+        c.proc = None
+
+    def stop_all(self, *, kill: bool = False) -> None:
+        for i in self.controllers:
+            self.stop(i, kill=kill)
+
+    def wipe_and_format(self, i: int) -> str:
+        """A replaced volume: empty data directory formatted with ``--no-initial-controllers``;
+        returns the new directory id (base64url). The controller must be stopped."""
+        c = self.controllers[i]
+        if c.running():
+            raise RuntimeError(f"controller {i} is running: stop it before replacing its disk")
+        shutil.rmtree(c.data_dir, ignore_errors=True)
+        self._storage_format(c, "--no-initial-controllers")
+        new = c.directory_id()
+        if new is None:
+            raise RuntimeError(f"controller {i}: no directory.id after format")
+        return new
+
+    def replace_disk(self, i: int, *, start: bool = True) -> str:
+        """Stop controller ``i``, wipe and re-format its disk, start it again; the new directory id."""
+        self.stop(i, kill=True)
+        new = self.wipe_and_format(i)
+        if start:
+            self.start(i)
+        return new
+
+    def wait_port(self, i: int, timeout: float = 90.0) -> None:
+        c = self.controllers[i]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not c.running():
+                raise RuntimeError(f"controller {i} exited: see {c.dir / 'out.log'}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", c.port), timeout=1):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"controller {i} did not listen on {c.endpoint} within {timeout:g}s")
+
+    def log_tail(self, i: int, lines: int = 40) -> str:
+        path = self.controllers[i].dir / "out.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,106 @@
+"""Kafka message classes built from Apache Kafka's own published JSON message schemas.
+
+kafka-python generates its message classes from Kafka's JSON schemas (``kafka.protocol``), but
+ships none for AddRaftVoter (API key 80) or RemoveRaftVoter (81), the KIP-853 membership calls.
+Rather than hand-write a codec, we hand kafka-python's generator the schemas exactly as Kafka
+publishes them: ``common/message/*.json`` inside the ``kafka-clients`` jar that scripts/kafka.sh
+caches. The jar is read in place (a zip file), through a small package whose resource reader
+serves ``zipfile.Path`` entries, so kafka-python's ``load_json`` finds them as it finds its own.
+
+The jar is looked up, in order: ``KRAFTKEEPER_KAFKA_CLIENTS_JAR``; a ``kafka-clients-*.jar`` in
+``KRAFTKEEPER_KAFKA_LIBS``; the newest cached ``kafka-*/libs``. Without one the membership calls
+fail with a clear error naming the missing jar and the script that fetches it; DescribeQuorum
+(from kafka-python's own schemas) still works.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import os
+import sys
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from kafka.protocol.api_message import ApiMessage  # type: ignore[import-untyped]
+
+from .cluster import cache_dir
+from .wire import register_response
+
+_PACKAGE = "kraftkeeper_operator.kafka._jar_schemas"
+
+
+class SchemaJarMissing(RuntimeError):
+    pass
+
+
+def find_clients_jar() -> Path:
+    env = os.environ.get("KRAFTKEEPER_KAFKA_CLIENTS_JAR")
+    if env:
+        if not Path(env).is_file():
+            raise SchemaJarMissing(f"KRAFTKEEPER_KAFKA_CLIENTS_JAR={env}: no such file")
+        return Path(env)
+    dirs: list[Path] = []
+    if os.environ.get("KRAFTKEEPER_KAFKA_LIBS"):
+        dirs.append(Path(os.environ["KRAFTKEEPER_KAFKA_LIBS"]))
+    dirs += sorted(cache_dir().glob("kafka-*/libs"), reverse=True)
+    for d in dirs:
+        jars = sorted(d.glob("kafka-clients-*.jar"), reverse=True)
+        if jars:
+            return jars[0]
+    raise SchemaJarMissing(
+        "no kafka-clients jar found (it carries Kafka's message schemas for AddRaftVoter / "
+        "RemoveRaftVoter): run scripts/kafka.sh install, or set KRAFTKEEPER_KAFKA_CLIENTS_JAR"
+    )
+
+
+class _ZipReader:
+    def __init__(self, root: zipfile.Path) -> None:
+        self.root = root
+
+    def files(self) -> zipfile.Path:
+        return self.root
+
+
+class _ZipLoader:
+    """Just enough of a loader for ``importlib.resources`` to read files from a jar folder."""
+
+    def __init__(self, root: zipfile.Path) -> None:
+        self.root = root
+
+    def get_resource_reader(self, name: str) -> _ZipReader:
+        return _ZipReader(self.root)
+
+
+def _install_package(jar: Path) -> str:
+    root = zipfile.Path(str(jar), at="common/message/")
+    if not (root / "AddRaftVoterRequest.json").exists():
+        raise SchemaJarMissing(
+            f"{jar} has no common/message/AddRaftVoterRequest.json (Kafka older than 3.9?)"
+        )
+    mod = types.ModuleType(_PACKAGE)
+    mod.__spec__ = importlib.machinery.ModuleSpec(_PACKAGE, _ZipLoader(root), is_package=True)  # type: ignore[arg-type]
+    mod.__path__ = []
+    mod.__package__ = _PACKAGE
+    sys.modules[_PACKAGE] = mod
+    return _PACKAGE
+
+
+@functools.cache
+def membership_messages() -> dict[str, Any]:
+    """``{"AddRaftVoterRequest": cls, ...}``, generated once from the jar's schemas."""
+    pkg = _install_package(find_clients_jar())
+    out: dict[str, Any] = {}
+    for name in (
+        "AddRaftVoterRequest",
+        "AddRaftVoterResponse",
+        "RemoveRaftVoterRequest",
+        "RemoveRaftVoterResponse",
+    ):
+        # The class name selects the schema file (kafka-python's convention).
+        out[name] = types.new_class(name, (ApiMessage,), {"load_json": pkg})
+    register_response(out["AddRaftVoterRequest"], out["AddRaftVoterResponse"])
+    register_response(out["RemoveRaftVoterRequest"], out["RemoveRaftVoterResponse"])
+    return out

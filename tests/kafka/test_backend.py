@@ -1,0 +1,79 @@
+"""The Kafka membership backend against real Kafka 4.x controllers: DescribeQuorum mapped onto our
+describe object, and a disk replacement healed by hand through AddRaftVoter / RemoveRaftVoter
+(the messages generated from the schemas in Kafka's own jar)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid, uuid_to_base64, wait_for
+from kraftkeeper_operator.kafka.cluster import KafkaControllers
+
+from quorum.types import ErrorCode, KraftError
+
+pytestmark = pytest.mark.slow
+
+
+def _uuid(k: KafkaControllers, i: int) -> str:
+    d = k.controllers[i].directory_id()
+    assert d is not None
+    return str(base64_to_uuid(d))
+
+
+async def _healthy(q: KafkaQuorum) -> dict[str, Any] | None:
+    d = await q.describe()
+    return d if len(d["voters"]) == 3 and all(v["lag"] == 0 for v in d["voters"]) else None
+
+
+async def test_describe_maps_kafka_quorum(kafka_controllers: KafkaControllers) -> None:
+    k = kafka_controllers
+    q = KafkaQuorum(k.bootstrap)
+    try:
+        d = await wait_for(lambda: _healthy(q), 90)
+        assert d["cluster_id"] == k.cluster_id
+        assert d["leader_id"] in (1, 2, 3) and d["leader_epoch"] >= 1 and d["high_watermark"] > 0
+        got = {(v["id"], v["uuid"], v["endpoint"]) for v in d["voters"]}
+        assert got == {(i, _uuid(k, i), c.endpoint) for i, c in k.controllers.items()}
+        for v in d["voters"]:
+            assert uuid_to_base64(v["uuid"]) == k.controllers[v["id"]].directory_id()
+            assert v["last_fetch_timestamp"] > 0
+        with pytest.raises(KraftError) as e:
+            await q.reassign([1, 2, 3])
+        assert e.value.code is ErrorCode.UNSUPPORTED
+    finally:
+        await q.close()
+
+
+async def test_manual_replacement_through_backend(kafka_controllers: KafkaControllers) -> None:
+    k = kafka_controllers
+    q = KafkaQuorum(k.bootstrap)
+    try:
+        d = await wait_for(lambda: _healthy(q), 90)
+        victim = next(i for i in (1, 2, 3) if i != d["leader_id"])
+        old = _uuid(k, victim)
+        new = str(base64_to_uuid(k.replace_disk(victim)))
+        assert new != old
+
+        async def observer() -> bool:
+            d = await q.describe()
+            return any(o["id"] == victim and o["uuid"] == new and o["lag"] == 0 for o in d["observers"])
+
+        await wait_for(observer, 90)
+        # Kafka keeps one directory id per voter id: AddThenRemove is refused (DUPLICATE_VOTER).
+        with pytest.raises(KraftError) as e:
+            await q.add_voter(victim, new)
+        assert e.value.code is ErrorCode.INVALID_REQUEST and "DUPLICATE_VOTER" in e.value.message
+        await q.remove_voter(victim, old)
+        with pytest.raises(KraftError) as e:
+            await q.remove_voter(victim, old)
+        assert e.value.code is ErrorCode.VOTER_ALREADY_REMOVED
+        await q.add_voter(victim, new)
+        with pytest.raises(KraftError) as e:
+            await q.add_voter(victim, new)
+        assert e.value.code is ErrorCode.VOTER_ALREADY_ADDED
+        d = await wait_for(lambda: _healthy(q), 60)
+        assert {(v["id"], v["uuid"]) for v in d["voters"]} == {(i, _uuid(k, i)) for i in k.controllers}
+        assert (victim, new) in {(v["id"], v["uuid"]) for v in d["voters"]}
+    finally:
+        await q.close()
