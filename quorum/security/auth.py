@@ -1,0 +1,157 @@
+"""Authentication and authorization: pure functions, no I/O (issue 8).
+
+Who may do what (the model a platform team audits; ``docs/operator.md`` repeats it):
+
+=====================  ===========================================================
+route                  allowed
+=====================  ===========================================================
+``/healthz``,          anyone, no credential (Kubernetes probes, Prometheus); these
+``/readyz``,           endpoints must not reveal anything that helps impersonation
+``/metrics``
+``/raft/v1/*``         peers only (a node certificate of *this* cluster), and only as
+                       the replica id the certificate names: the sender id the request
+                       claims (Fetch / FetchSnapshot ``replica_id``, Vote
+                       ``candidate_id``, Begin/EndQuorumEpoch ``leader_id``) must be
+                       the certificate's (Kafka's controller listener and etcd's peer
+                       TLS make the same binding)
+``GET /v1/kv/*``       roles read, readwrite, admin
+``PUT|DELETE /v1/kv``  roles readwrite, admin
+``/v1/quorum/*``       role admin (describe, AddVoter, RemoveVoter, reassign; KIP-856
+                       asks for ALTER on the cluster as Kafka's AddRaftVoter does)
+anything else          role admin (deny by default)
+=====================  ===========================================================
+
+A credential is a client or node certificate verified by the TLS handshake against the
+cluster CA (its identity is the ``kraftkeeper://`` URI SAN, see :mod:`quorum.security.pki`),
+or ``Authorization: Bearer TOKEN`` checked against the hashed token store. When a bearer token
+is present it is the credential, whatever certificate the connection carries. Missing or
+invalid credentials are ``UNAUTHENTICATED`` (401); valid ones without the permission are
+``PERMISSION_DENIED`` (403).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from quorum.core import messages as m
+from quorum.security.pki import identity_from_peercert
+from quorum.security.tokens import MAX_TOKEN, TokenStore
+from quorum.types import ErrorCode, KraftError
+
+__all__ = [
+    "OPEN_PATHS",
+    "Principal",
+    "authenticate",
+    "authorize",
+    "required_permission",
+    "rpc_sender",
+]
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+RAFT_PREFIX = "/raft/v1/"
+PEER = "peer"
+_RANK = {"read": 1, "readwrite": 2, "admin": 3}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: a peer (``replica_id``) or a client (``name``, ``role``)."""
+
+    kind: str  # "peer" | "client"
+    cluster_id: str
+    replica_id: int | None = None
+    name: str | None = None
+    role: str | None = None
+    via: str = "certificate"  # or "token"
+
+    def __str__(self) -> str:
+        if self.kind == PEER:
+            return f"replica {self.replica_id} (certificate)"
+        return f"client {self.name} with role {self.role} ({self.via})"
+
+
+def unauthenticated(msg: str) -> KraftError:
+    return KraftError(ErrorCode.UNAUTHENTICATED, msg)
+
+
+def denied(msg: str) -> KraftError:
+    return KraftError(ErrorCode.PERMISSION_DENIED, msg)
+
+
+def authenticate(
+    peercert: dict[str, Any] | None,
+    authorization: str | None,
+    *,
+    cluster_id: str,
+    tokens: TokenStore | None,
+    now: dt.datetime | None = None,
+) -> Principal:
+    """The caller behind a request, from the verified peer certificate (``getpeercert()``'s
+    dictionary, None without one) and the ``Authorization`` header. Raises
+    ``KraftError(UNAUTHENTICATED)`` saying what is missing or wrong."""
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise unauthenticated("Authorization header must be 'Bearer TOKEN'")
+        token = token.strip()
+        if len(token) > MAX_TOKEN:
+            raise unauthenticated("bearer token is too long")
+        entry = tokens.lookup(token) if tokens is not None else None
+        if entry is None:
+            raise unauthenticated("bearer token is not valid for this cluster")
+        return Principal("client", cluster_id, name=entry.name, role=entry.role, via="token")
+    if not peercert:
+        raise unauthenticated("no credential: present a client certificate or a bearer token")
+    ident = identity_from_peercert(peercert, now)
+    if ident.cluster_id != cluster_id:
+        raise unauthenticated(f"certificate is for cluster {ident.cluster_id!r}, this is {cluster_id!r}")
+    if ident.replica_id is not None:
+        return Principal(PEER, cluster_id, replica_id=ident.replica_id)
+    return Principal("client", cluster_id, name=ident.name, role=ident.role)
+
+
+def required_permission(method: str, path: str) -> str | None:
+    """None for the open endpoints, ``"peer"`` for node-to-node RPCs, else the least role."""
+    if path in OPEN_PATHS and method in ("GET", "HEAD"):
+        return None
+    if path.startswith(RAFT_PREFIX):
+        return PEER
+    if path.startswith("/v1/kv/"):
+        return "read" if method in ("GET", "HEAD") else "readwrite"
+    return "admin"
+
+
+def authorize(
+    principal: Principal | None, method: str, path: str, claimed_replica_id: int | None = None
+) -> None:
+    """Raise UNAUTHENTICATED (no principal on a protected route) or PERMISSION_DENIED; return
+    None when allowed. For ``/raft/v1/*`` pass the sender id the request claims
+    (:func:`rpc_sender`); None there is refused, as is any id but the certificate's."""
+    need = required_permission(method, path)
+    if need is None:
+        return
+    if principal is None:
+        raise unauthenticated(f"{method} {path} needs a credential")
+    if need == PEER:
+        if principal.kind != PEER:
+            raise denied(f"{principal} may not call node-to-node RPCs")
+        if claimed_replica_id is None or claimed_replica_id != principal.replica_id:
+            raise denied(f"{principal} may not send a request as replica {claimed_replica_id}")
+        return
+    if principal.kind == PEER:
+        raise denied(f"{principal} may call node-to-node RPCs only")
+    if _RANK.get(principal.role or "", 0) < _RANK[need]:
+        raise denied(f"{principal} may not {method} {path} (needs role {need})")
+
+
+def rpc_sender(msg: Any) -> int:
+    """The replica id a node-to-node request claims to come from."""
+    if isinstance(msg, m.VoteRequest):
+        return msg.candidate_id
+    if isinstance(msg, m.BeginQuorumEpochRequest | m.EndQuorumEpochRequest):
+        return msg.leader_id
+    if isinstance(msg, m.FetchRequest | m.FetchSnapshotRequest):
+        return msg.replica_id
+    raise TypeError(f"not a node-to-node request: {type(msg).__name__}")
