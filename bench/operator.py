@@ -167,7 +167,7 @@ def ts_ms(e: dict[str, Any]) -> int:
 
 
 def bench_recovery(k: int, stabilization: float, workdir: Path) -> dict[str, list[float]]:
-    from kraftkeeper_operator.local import ClusterLayout, replace_disk
+    from kraftkeeper_operator.localcluster import ClusterLayout, replace_disk
 
     d = workdir / "bench-local"
     rows: dict[str, list[float]] = {n: [] for n in ("detection", "stabilisation", "add", "remove", "total")}

@@ -20,7 +20,20 @@ from quorum.types import ErrorCode, KraftError
 
 
 class QuorumApi(Protocol):
-    """What the operator asks of a quorum. Errors: :class:`quorum.types.KraftError`."""
+    """What the operator asks of a quorum: the whole contract an engine adapter implements (our
+    engine's ``QuorumClient``, the in-memory model below, a Kafka controller quorum).
+
+    Errors are :class:`quorum.types.KraftError` with the engine's code (interfaces.md error
+    codes); ``TimeoutError`` / ``OSError`` mean the quorum was not reached (outcome unknown).
+
+    * ``describe()``: the leader's view, the ``quorum describe --json`` object of interfaces.md
+      (leader_id, leader_epoch, high_watermark, voters / observers with id, uuid, endpoint,
+      log_end_offset, lag, last_fetch_timestamp, pending_voter_change, target_voters, ...);
+    * ``add_voter(id, uuid)`` / ``remove_voter(id, uuid)``: one KIP-856 voter change; returns only
+      once the change is *committed* (the controller starts the next step right away);
+    * ``reassign(voters)``: KIP-642 reassignment of the voter ids (None cancels);
+    * ``close()``: release connections; the object is not used afterwards.
+    """
 
     async def describe(self) -> dict[str, Any]: ...
 
@@ -29,6 +42,8 @@ class QuorumApi(Protocol):
     async def remove_voter(self, id: int, uuid: str) -> dict[str, Any]: ...
 
     async def reassign(self, voters: list[int] | None) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -71,6 +86,7 @@ class InMemoryQuorum:
         # Our engine refuses a RemoveVoter that would leave an id without any voter UUID (it wants
         # a reassignment for that); the model can do the same.
         self.refuse_removing_last_uuid = False
+        self.closed = False
         self.tick()
 
     # -- faults ---------------------------------------------------------------------------------
@@ -228,6 +244,11 @@ class InMemoryQuorum:
         if failure:
             raise KraftError(failure[0], "injected failure after the change committed")
         return {"id": id, "uuid": uuid}
+
+    async def close(self) -> None:
+        """Nothing to release; recorded so tests can check the operator closed it."""
+        self.calls.append(("close", None))
+        self.closed = True
 
     async def reassign(self, voters: list[int] | None) -> dict[str, Any]:
         """Completes at once (the engine does it as single changes, KIP-642)."""

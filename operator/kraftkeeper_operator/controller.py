@@ -2,10 +2,13 @@
 operator and the local supervisor.
 
 ``RecoveryController.reconcile()`` describes the quorum through a :class:`QuorumApi`, folds the
-answer into the :class:`RecoveryBook` (recovery.py), issues at most one voter change (or one
-KIP-642 reassignment when the desired voter ids differ), reports every step (event log,
+answer into the :class:`RecoveryBook` (recovery.py), issues the voter change that is safe now (and,
+when it commits, looks again and issues the next one at once), or one KIP-642 reassignment when the
+desired voter ids differ, reports every step (event log,
 Kubernetes Events, metrics) and returns the status to publish. It never raises for an unreachable
-or leaderless quorum: that is a status (QuorumLost), and the caller retries on its next tick.
+or leaderless quorum: that is a status (QuorumLost), and the caller retries on its next pass.
+``wake_in()`` says when that next pass is due: at the polling interval, or as soon as a recorded
+deadline (stabilisation, an old voter counting as gone, a back-off) falls due.
 
 Progress is persisted *before* a change is issued (``persist`` callback), so an operator that dies
 mid-call knows on restart which UUID was the old one; the quorum still decides what is done.
@@ -60,6 +63,7 @@ class ControllerStatus:
     conditions: list[Condition]
     recoveries: list[dict[str, Any]]
     action: Action | None = None
+    committed: bool = False  # the action (if any) committed
     reassigned: list[int] | None = None
     error: str | None = None
     blocked: str | None = None
@@ -207,6 +211,7 @@ class RecoveryController:
         self.desired_ids = desired_ids  # None: do not manage the voter count
         self.unreachable_since_ms: int | None = None
         self.last_good_view: QuorumView | None = None  # the last view with a live majority
+        self.last_view: QuorumView | None = None  # what the last pass saw (for wake_in)
         # (id, uuid) of the voters of the last healthy view; seeded from status after a restart.
         self.known_voters: list[tuple[int, str]] = []
         self._lock = asyncio.Lock()  # one reconcile at a time per quorum
@@ -224,15 +229,37 @@ class RecoveryController:
     # ------------------------------------------------------------------------------------------
 
     async def reconcile(self) -> ControllerStatus:
+        """Observe, decide, act; when a voter change commits, observe and decide again at once
+        (AddVoter returns after commit, so RemoveVoter starts right after it: issue 10, no idle
+        waits). At most :data:`MAX_STEPS` changes per call."""
         async with self._lock:
-            return await self._reconcile()
+            st = await self._pass()
+            for _ in range(self.MAX_STEPS - 1):
+                if st.action is None or not st.committed:
+                    break
+                st = await self._pass()
+            return st
 
-    async def _reconcile(self) -> ControllerStatus:
+    MAX_STEPS = 4
+
+    def wake_in(self, interval: float) -> float:
+        """Seconds until the next pass should run: the polling ``interval`` (which only serves to
+        notice what the quorum does on its own, e.g. a new replica appearing), or earlier when a
+        deadline of the recorded recoveries falls due (:meth:`RecoveryBook.wake_at_ms`)."""
+        now = self.now_ms()
+        at = self.book.wake_at_ms(self.last_view, now)
+        if at is None:
+            return interval
+        return max(0.0, min(interval, (at - now + 1) / 1000))
+
+    async def _pass(self) -> ControllerStatus:
         now = self.now_ms()
         try:
             view = QuorumView.from_describe(await self.api.describe())
         except (TimeoutError, KraftError, DescribeError, OSError) as e:
+            self.last_view = None
             return self._lost(now, f"{e}")
+        self.last_view = view
         window = int(self.policy.live_window_seconds * 1000)
         if not view.has_live_majority(now, window):
             self._publish_gauges(view, now)
@@ -245,16 +272,20 @@ class RecoveryController:
         action = self.book.next_action(view, now)
         blocked = self.book.blocked
         reassigned: list[int] | None = None
+        committed = False
         if action is not None:
-            await self._execute(action, view)
+            committed = await self._execute(action, view)
         elif not self.book.active():
             reassigned = await self._maybe_reassign(view, now)
         if self.persist is not None:
             await self.persist(self.book.to_status())
         self._publish_gauges(view, now)
-        return self._status(view, now, action=action, blocked=blocked, reassigned=reassigned)
+        st = self._status(view, now, action=action, blocked=blocked, reassigned=reassigned)
+        st.committed = committed
+        return st
 
-    async def _execute(self, action: Action, view: QuorumView) -> None:
+    async def _execute(self, action: Action, view: QuorumView) -> bool:
+        """Issue one voter change; True if it committed."""
         started = self.now_ms()
         self._emit(self.book.started(action, started), view)
         if self.persist is not None:
@@ -277,6 +308,7 @@ class RecoveryController:
             op = "add" if action.kind is ActionKind.ADD_VOTER else "remove"
             self.metrics.voter_change_duration.labels(self.cluster, op).observe((done - started) / 1000)
         self._emit(self.book.finished(action, code, done, message), view)
+        return code is None
 
     async def _maybe_reassign(self, view: QuorumView, now: int) -> list[int] | None:
         """KIP-642: move the voter ids to ``desired_ids`` once every new id is a caught-up live

@@ -51,16 +51,14 @@ is never taken for a new disk again, even if the leader still lists it as an obs
 
 from __future__ import annotations
 
-import enum
 import uuid as _uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from collections.abc import Iterable
 from typing import Any
 
-# Policy and view live in their own modules; re-exported here because callers think of them as
-# part of the recovery vocabulary.
+# Policy, view and records live in their own modules; re-exported here because callers think of
+# them as part of the recovery vocabulary.
 from .policy import Order, PolicyError, RecoveryPolicy
+from .records import TERMINAL, Action, ActionKind, Event, Phase, Recovery
 from .view import DescribeError, PendingChange, QuorumView, Replica, majority
 
 __all__ = [
@@ -80,178 +78,6 @@ __all__ = [
     "majority",
 ]
 
-# ---------------------------------------------------------------------------------------------
-# Recorded progress
-
-
-class Phase(enum.StrEnum):
-    STABILIZING = "Stabilizing"  # new replica seen, waiting for it to stay caught up
-    CAUGHT_UP = "CaughtUp"  # stable for stabilization_seconds, next step may start
-    ADDING = "Adding"  # AddVoter(new) issued
-    ADDED = "Added"  # (id, old) and (id, new) both voters
-    REMOVING = "Removing"  # RemoveVoter(old) issued
-    REMOVED = "Removed"  # RemoveThenAdd: old gone, new not yet a voter
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-
-
-TERMINAL = (Phase.COMPLETED, Phase.FAILED)
-
-
-@dataclass
-class Recovery:
-    """One recovery, serialisable into ``status.recoveries`` (camelCase keys there)."""
-
-    recovery_id: str
-    replica_id: int
-    old_uuid: str
-    new_uuid: str
-    phase: Phase
-    detected_ms: int
-    caught_up_since_ms: int | None = None
-    caught_up_ms: int | None = None
-    add_started_ms: int | None = None
-    add_committed_ms: int | None = None
-    remove_started_ms: int | None = None
-    remove_committed_ms: int | None = None
-    finished_ms: int | None = None
-    reason: str | None = None
-    attempts: int = 0  # failed voter-change calls with a retryable error, for the back-off
-    retry_at_ms: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in asdict(self).items():
-            out[_camel(k)] = v.value if isinstance(v, Phase) else v
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Recovery:
-        kw: dict[str, Any] = {}
-        for f in fields(cls):
-            if _camel(f.name) in d:
-                kw[f.name] = d[_camel(f.name)]
-        kw["phase"] = Phase(kw["phase"])
-        return cls(**kw)
-
-    # ``status.recoveries`` items follow the CRD schema (recoveryId, replicaId, oldUuid, newUuid,
-    # startedAt, completedAt, phaseSeconds, result, reason). Our instants are kept in phaseSeconds
-    # as "at<Step>" offsets from startedAt, so a restarted operator gets them back exactly.
-    _AT = {
-        "caught_up_since_ms": "atCaughtUpSince",
-        "caught_up_ms": "atCaughtUp",
-        "add_started_ms": "atAddStarted",
-        "add_committed_ms": "atAddCommitted",
-        "remove_started_ms": "atRemoveStarted",
-        "remove_committed_ms": "atRemoveCommitted",
-    }
-
-    def to_crd_status(self) -> dict[str, Any]:
-        def span(a: int | None, b: int | None) -> float | None:
-            return round((b - a) / 1000, 3) if a is not None and b is not None else None
-
-        phases: dict[str, float] = {}
-        for key, value in (
-            ("catchUp", span(self.detected_ms, self.caught_up_ms)),
-            ("addVoter", span(self.add_started_ms, self.add_committed_ms)),
-            ("removeVoter", span(self.remove_started_ms, self.remove_committed_ms)),
-            ("total", span(self.detected_ms, self.finished_ms)),
-        ):
-            if value is not None:
-                phases[key] = value
-        for attr, key in self._AT.items():
-            v = getattr(self, attr)
-            if v is not None:
-                phases[key] = round((v - self.detected_ms) / 1000, 3)
-        result = {Phase.COMPLETED: "Succeeded", Phase.FAILED: "Failed"}.get(self.phase, "InProgress")
-        return {
-            "recoveryId": self.recovery_id,
-            "replicaId": self.replica_id,
-            "oldUuid": self.old_uuid,
-            "newUuid": self.new_uuid,
-            "startedAt": _rfc3339(self.detected_ms),
-            "completedAt": _rfc3339(self.finished_ms) if self.finished_ms is not None else None,
-            "phaseSeconds": phases,
-            "result": result,
-            "reason": self.reason if self.reason else (None if result != "InProgress" else self.phase.value),
-        }
-
-    @classmethod
-    def from_crd_status(cls, d: Mapping[str, Any]) -> Recovery:
-        """Inverse of :meth:`to_crd_status`. The phase is rebuilt from the recorded instants;
-        the next observation corrects it from the quorum anyway."""
-        detected = _parse_rfc3339(str(d["startedAt"]))
-        phases = d.get("phaseSeconds") or {}
-        kw: dict[str, Any] = {}
-        for attr, key in cls._AT.items():
-            if key in phases:
-                kw[attr] = detected + round(float(phases[key]) * 1000)
-        result = d.get("result", "InProgress")
-        finished = _parse_rfc3339(str(d["completedAt"])) if d.get("completedAt") else None
-        if result == "Succeeded":
-            phase = Phase.COMPLETED
-        elif result == "Failed":
-            phase = Phase.FAILED
-        elif "atRemoveCommitted" in phases:
-            phase = Phase.REMOVED
-        elif "atAddCommitted" in phases:
-            phase = Phase.ADDED
-        elif "atCaughtUp" in phases:
-            phase = Phase.CAUGHT_UP
-        else:
-            phase = Phase.STABILIZING
-        reason = d.get("reason") if phase in TERMINAL else None
-        return cls(
-            str(d["recoveryId"]),
-            int(d["replicaId"]),
-            str(d.get("oldUuid") or ""),
-            str(d.get("newUuid") or ""),
-            phase,
-            detected,
-            finished_ms=finished,
-            reason=reason,
-            **kw,
-        )
-
-
-def _rfc3339(ms: int) -> str:
-    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
-
-
-def _parse_rfc3339(s: str) -> int:
-    dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    return round(dt.timestamp() * 1000)
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p.capitalize() for p in rest)
-
-
-@dataclass(frozen=True)
-class Event:
-    """An event-log line to emit (types from interfaces.md; ``replica_fell_behind`` and
-    ``recovery_resumed`` are our additions, which readers skip if unknown)."""
-
-    type: str
-    recovery: Recovery
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-class ActionKind(enum.StrEnum):
-    ADD_VOTER = "add_voter"
-    REMOVE_VOTER = "remove_voter"
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: ActionKind
-    replica_id: int
-    uuid: str
-    recovery_id: str
-
-
 # Error codes as strings, so this module does not depend on the engine's enum.
 _DONE_ADD = {"VOTER_ALREADY_ADDED"}
 _DONE_REMOVE = {"VOTER_ALREADY_REMOVED"}
@@ -269,6 +95,9 @@ _RETRYABLE = {
     "UNKNOWN_SERVER_ERROR",
 }
 _BACKOFF_MAX_MS = 30_000
+# Silence of an old (id, UUID) that, while its replacement fetches, means the old process is gone
+# (RecoveryBook._old_gone): twice the engine's default fetch_max_wait_ms.
+SUPERSEDED_SILENCE_MS = 1_000
 
 
 class RecoveryBook:
@@ -341,40 +170,53 @@ class RecoveryBook:
         return max(cands, key=lambda o: o.last_fetch_ms) if cands else None
 
     def _observe_id(self, view: QuorumView, rid: int, now_ms: int) -> list[Event]:
-        events: list[Event] = []
         voter_uuids = view.voter_uuids(rid)
         new_obs = self._new_observer(view, rid, voter_uuids, now_ms)
         rec = self.active_for(rid)
-        pending_here = view.pending is not None and view.pending.id == rid
-
         if rec is None:
-            if not self.policy.enabled:
-                return events
-            if len(voter_uuids) == 1 and new_obs is not None:
-                if not voter_uuids[0]:
-                    # The leader has not learned the voter's UUID yet: we cannot name the old one.
-                    self.note = f"voter {rid} has no known storage UUID yet; waiting"
-                    return events
-                if not view.is_live(new_obs, now_ms, self._window_ms):
-                    return events  # a stale observer entry, not a replica that is running now
-                if self._recently_failed(rid, new_obs.uuid, now_ms):
-                    return events
-                rec = self._start(rid, voter_uuids[0], new_obs.uuid, Phase.STABILIZING, now_ms)
-                events.append(Event("disk_replacement_detected", rec, {"endpoint": new_obs.endpoint}))
-            elif len(voter_uuids) == 2 and not pending_here:
-                # Restarted operator, AddVoter already committed: the quorum tells us the state.
-                old = self._guess_old(view, rid, voter_uuids, now_ms)
-                if old is None:
-                    self.note = f"replica {rid} has two voters and neither is clearly the old one"
-                    return events
-                new = next(u for u in voter_uuids if u != old)
-                if self._recently_failed(rid, new, now_ms):
-                    return events
-                rec = self._start(rid, old, new, Phase.ADDED, now_ms)
-                events.append(Event("recovery_resumed", rec, {"phase": Phase.ADDED.value}))
-            return events
+            return self._detect(view, rid, voter_uuids, new_obs, now_ms)
+        return self._follow(view, rec, voter_uuids, new_obs, now_ms)
 
-        # An active record exists: re-derive its phase from the quorum.
+    def _detect(
+        self, view: QuorumView, rid: int, voter_uuids: list[str], new_obs: Replica | None, now_ms: int
+    ) -> list[Event]:
+        """No active recovery for ``rid``: start one if the quorum shows a replaced disk (or a
+        recovery a previous operator run left half done)."""
+        events: list[Event] = []
+        pending_here = view.pending is not None and view.pending.id == rid
+        if not self.policy.enabled:
+            return events
+        if len(voter_uuids) == 1 and new_obs is not None:
+            if not voter_uuids[0]:
+                # The leader has not learned the voter's UUID yet: we cannot name the old one.
+                self.note = f"voter {rid} has no known storage UUID yet; waiting"
+                return events
+            if not view.is_live(new_obs, now_ms, self._window_ms):
+                return events  # a stale observer entry, not a replica that is running now
+            if self._recently_failed(rid, new_obs.uuid, now_ms):
+                return events
+            rec = self._start(rid, voter_uuids[0], new_obs.uuid, Phase.STABILIZING, now_ms)
+            events.append(Event("disk_replacement_detected", rec, {"endpoint": new_obs.endpoint}))
+        elif len(voter_uuids) == 2 and not pending_here:
+            # Restarted operator, AddVoter already committed: the quorum tells us the state.
+            old = self._guess_old(view, rid, voter_uuids, now_ms)
+            if old is None:
+                self.note = f"replica {rid} has two voters and neither is clearly the old one"
+                return events
+            new = next(u for u in voter_uuids if u != old)
+            if self._recently_failed(rid, new, now_ms):
+                return events
+            rec = self._start(rid, old, new, Phase.ADDED, now_ms)
+            events.append(Event("recovery_resumed", rec, {"phase": Phase.ADDED.value}))
+        return events
+
+    def _follow(
+        self, view: QuorumView, rec: Recovery, voter_uuids: list[str], new_obs: Replica | None, now_ms: int
+    ) -> list[Event]:
+        """An active record exists: re-derive its phase from the quorum."""
+        events: list[Event] = []
+        rid = rec.replica_id
+        pending_here = view.pending is not None and view.pending.id == rid
         if new_obs is not None and new_obs.uuid != rec.new_uuid and rec.new_uuid not in voter_uuids:
             # The new disk was itself replaced before promotion: that attempt is moot.
             self._finish(rec, Phase.FAILED, now_ms, f"superseded by a newer storage UUID {new_obs.uuid}")
@@ -425,8 +267,7 @@ class RecoveryBook:
                     f"{self.policy.stabilization_seconds:g}s "
                     f"within {self.policy.timeout_seconds:g}s",
                 )
-                events.append(Event("recovery_failed", rec, {"reason": rec.reason}))
-                return events
+                return [*events, Event("recovery_failed", rec, {"reason": rec.reason})]
             events.extend(self._stabilise(view, rec, new_obs, now_ms))
         elif rec.phase is Phase.REMOVED and new_obs is not None and new_obs.uuid == rec.new_uuid:
             # RemoveThenAdd between the steps: keep tracking catch-up for the AddVoter.
@@ -456,7 +297,9 @@ class RecoveryBook:
         ):
             rec.phase = Phase.CAUGHT_UP
             rec.caught_up_ms = now_ms
-            return [Event("replica_caught_up", rec, {"lag": obs.lag if obs else None})]
+            # When the stabilisation clock started: the bench measures from its deadline.
+            detail = {"lag": obs.lag if obs else None, "stable_since_ms": rec.caught_up_since_ms}
+            return [Event("replica_caught_up", rec, detail)]
         return []
 
     def _guess_old(self, view: QuorumView, rid: int, uuids: list[str], now_ms: int) -> str | None:
@@ -555,7 +398,7 @@ class RecoveryBook:
             self.blocked = f"replica {rec.replica_id} still stabilising"
             return None
         old = next((v for v in view.voters if v.id == rec.replica_id and v.uuid == rec.old_uuid), None)
-        if old is not None and view.is_live(old, now_ms, self._window_ms):
+        if old is not None and not self._old_gone(view, rec, old, now_ms):
             self.blocked = (
                 f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: two processes share id"
             )
@@ -571,7 +414,7 @@ class RecoveryBook:
         old = next((v for v in view.voters if v.id == rec.replica_id and v.uuid == rec.old_uuid), None)
         if old is None:
             return None
-        if view.is_live(old, now_ms, self._window_ms):
+        if not self._old_gone(view, rec, old, now_ms):
             self.blocked = f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: not removing it"
             return None
         live = len(view.live_voters(now_ms, self._window_ms))
@@ -580,6 +423,45 @@ class RecoveryBook:
             self.blocked = f"unsafe: RemoveVoter would leave {live} live of {n} voters"
             return None
         return Action(ActionKind.REMOVE_VOTER, rec.replica_id, rec.old_uuid, rec.recovery_id)
+
+    def _old_gone(self, view: QuorumView, rec: Recovery, old: Replica, now_ms: int) -> bool:
+        """The old (id, UUID) of a recovery no longer runs. Either it has not fetched within the
+        live window, or it has been silent since its replacement became caught up, for at least
+        :data:`SUPERSEDED_SILENCE_MS` (a live follower fetches every ``fetch_max_wait_ms``, 500 ms
+        by default, so that much silence while another process of the same id fetches means the
+        old process is gone). The second rule is what lets AddVoter start at the stabilisation
+        deadline instead of a live window later (issue 10: no idle waits); a live old process
+        keeps fetching, so it keeps blocking the change (two processes claiming one id)."""
+        if not view.is_live(old, now_ms, self._window_ms):
+            return True
+        if old.id == view.leader_id and old.uuid == view.leader_uuid():
+            return False
+        since = rec.caught_up_since_ms
+        silence = min(self._window_ms, SUPERSEDED_SILENCE_MS)
+        return since is not None and 0 <= old.last_fetch_ms < since and now_ms - old.last_fetch_ms >= silence
+
+    def wake_at_ms(self, view: QuorumView | None, now_ms: int) -> int | None:
+        """The earliest future instant at which a decision can change with nothing new observed:
+        a stabilisation deadline, the moment an old voter counts as gone, the end of a retry
+        back-off or a recovery timeout. The caller observes again right then, so each step starts
+        as soon as its condition holds instead of on the next polling tick (issue 10)."""
+        if view is None:
+            return None
+        stab_ms = int(self.policy.stabilization_seconds * 1000)
+        silence = min(self._window_ms, SUPERSEDED_SILENCE_MS)
+        times: list[int] = []
+        for rec in self.active():
+            if rec.retry_at_ms is not None:
+                times.append(rec.retry_at_ms)
+            if rec.phase in (Phase.STABILIZING, Phase.CAUGHT_UP):
+                times.append(rec.detected_ms + int(self.policy.timeout_seconds * 1000) + 1)
+                if rec.caught_up_since_ms is not None:
+                    times.append(rec.caught_up_since_ms + stab_ms)
+            for v in view.voters:
+                if v.id == rec.replica_id and v.uuid == rec.old_uuid and v.last_fetch_ms >= 0:
+                    times += [v.last_fetch_ms + silence, v.last_fetch_ms + self._window_ms + 1]
+        future = [t for t in times if t > now_ms]
+        return min(future) if future else None
 
     # -- execution bookkeeping -------------------------------------------------------------------
 

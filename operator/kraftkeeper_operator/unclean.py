@@ -12,11 +12,12 @@ The flow (one :meth:`UncleanCoordinator.step` per daemon pass, after the recover
 1. Due: the policy allows it and the controller has seen no live majority for ``afterSeconds``
    (``RecoveryController.unreachable_since_ms``; an operator restart starts that clock again,
    which only delays the step).
-2. Survivor: without a leader there is no describe, so every replica's own ``/healthz``
-   (``node_id``) and ``/metrics`` (``kraftkeeper_log_end_offset``) are read. Among the reachable
-   replicas whose id was a voter in the last voter set a leader reported
-   (``RecoveryController.known_voters``), the one with the highest log end offset wins (then the
-   lower id). Its storage UUID(s) come from that voter set: the operator cannot read a disk.
+2. Survivor: without a leader there is no describe, so every replica is asked for its log state
+   (``GET /v1/node/log-state``: node id, last epoch, end offset). Among the answering replicas
+   whose id was a voter in the last voter set a leader reported
+   (``RecoveryController.known_voters``), the one a Raft election would prefer wins: highest
+   (last epoch, end offset), then the lower id (survivor.py, the same rule as local mode). Its
+   storage UUID(s) come from that voter set: the operator cannot read a disk.
 3. Request: the operator writes two keys into the ``NAME-bootstrap`` ConfigMap (its own field
    manager, like the bootstrap flag): ``unclean-recovery`` = ``"<id> <token> <uuid>..."`` for the
    pod's init container, and ``unclean-recovery.json`` (the full record, read back after an
@@ -46,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -56,6 +56,7 @@ from typing import Any, Protocol
 
 from kraftkeeper_reports.events import RecoveryEvent
 
+from .survivor import Probe, choose_survivor
 from .telemetry import EventSink, OperatorMetrics
 
 log = logging.getLogger(__name__)
@@ -68,94 +69,31 @@ LOSS_WARNING = "records committed only on the lost replicas are lost"
 
 
 # ---------------------------------------------------------------------------------------------
-# Probing replicas without a leader
-
-
-@dataclass(frozen=True)
-class Probe:
-    """What one replica says about itself (``/healthz`` and ``/metrics``)."""
-
-    ordinal: int
-    endpoint: str
-    node_id: int | None = None
-    log_end_offset: int | None = None
-    state: str | None = None  # kraftkeeper_current_state{state=...}
-    error: str | None = None
-
-    @property
-    def reachable(self) -> bool:
-        return self.error is None and self.node_id is not None and self.log_end_offset is not None
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$")
-
-
-def parse_metrics(text: str) -> tuple[dict[str, float], dict[str, str]]:
-    """Prometheus text into (unlabelled samples by name, enum gauges' ``state`` label by name)."""
-    values: dict[str, float] = {}
-    states: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        name, labels, raw = m.groups()
-        if labels:
-            st = re.search(r'state="([^"]*)"', labels)
-            if st:
-                states[name] = st.group(1)
-            continue
-        try:
-            values[name] = float(raw)
-        except ValueError:
-            continue
-    return values, states
-
-
-async def http_probe(ordinal: int, endpoint: str, limit_s: float = 3.0) -> Probe:
-    """Ask one node for its id and log end offset; never raises (``error`` says what failed)."""
-    import aiohttp
-
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit_s)) as s:
-            async with s.get(f"http://{endpoint}/healthz") as r:
-                health = await r.json(content_type=None)
-            async with s.get(f"http://{endpoint}/metrics") as r:
-                text = await r.text()
-        values, states = parse_metrics(text)
-        leo = values.get("kraftkeeper_log_end_offset")
-        return Probe(
-            ordinal,
-            endpoint,
-            node_id=int(health["node_id"]),
-            log_end_offset=int(leo) if leo is not None else None,
-            state=states.get("kraftkeeper_current_state"),
-            error=None if leo is not None else "no kraftkeeper_log_end_offset in /metrics",
-        )
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError) as e:
-        return Probe(ordinal, endpoint, error=f"{type(e).__name__}: {e}".rstrip(": "))
-
+# Picking the survivor without a leader
 
 ProbeFn = Callable[[int, str], Awaitable[Probe]]
 
 
-def choose_survivor(
+def pick_survivor(
     known_voters: Sequence[tuple[int, str]], probes: Sequence[Probe]
 ) -> tuple[Probe, tuple[str, ...]] | None:
-    """The reachable former voter with the highest log end offset (then the lower id), with its
-    voter UUID(s), or None. A probe whose node id is not ``ordinal + 1`` is ignored (a pod
-    answering for another replica is a misconfiguration, not a survivor)."""
+    """Among the answering former voters, the survivor by Raft's election order
+    (:func:`~.survivor.choose_survivor`), with its voter UUID(s); None if no former voter answered.
+    A probe whose node id is not ``ordinal + 1`` is ignored (a pod answering for another replica is
+    a misconfiguration, not a survivor)."""
     uuids: dict[int, list[str]] = {}
     for rid, u in known_voters:
         if u:
             uuids.setdefault(rid, []).append(u)
-    cands = [p for p in probes if p.reachable and p.node_id == p.ordinal + 1 and p.node_id in uuids]
-    if not cands:
+    eligible = {
+        p.state.node_id: p
+        for p in probes
+        if p.state is not None and p.state.node_id == p.ordinal + 1 and p.state.node_id in uuids
+    }
+    best = choose_survivor([p.state for p in eligible.values() if p.state is not None])
+    if best is None:
         return None
-    best = max(cands, key=lambda p: (p.log_end_offset or 0, -(p.node_id or 0)))
-    assert best.node_id is not None
-    return best, tuple(uuids[best.node_id])
+    return eligible[best.node_id], tuple(uuids[best.node_id])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +115,9 @@ class UncleanRequest:
     log_end_offset: int
     outage_since_ms: int
     requested_ms: int
-    candidates: dict[str, int] = field(default_factory=dict)  # replica id -> log end offset
+    # replica id -> [last epoch, log end offset] of every answering former voter
+    candidates: dict[str, list[int]] = field(default_factory=dict)
+    last_epoch: int = -1  # of the survivor's log (-1 in requests written before it was recorded)
     pod_deleted_ms: int | None = None
     completed_ms: int | None = None
     outcome: str | None = None  # what the first healthy view showed
@@ -197,7 +137,7 @@ class UncleanRequest:
         if not isinstance(d, dict):
             raise ValueError("not a JSON object")
         d["uuids"] = tuple(str(u) for u in d["uuids"])
-        d["candidates"] = {str(k): int(v) for k, v in (d.get("candidates") or {}).items()}
+        d["candidates"] = {str(k): _candidate(v) for k, v in (d.get("candidates") or {}).items()}
         return cls(**d)
 
     def to_crd_status(self) -> dict[str, Any]:
@@ -208,8 +148,9 @@ class UncleanRequest:
             phases["restart"] = round((self.completed_ms - self.requested_ms) / 1000, 3)
         done = self.completed_ms is not None
         reason = (
-            f"UncleanRecovery: replica {self.replica_id} ({', '.join(self.uuids)}) made sole voter at "
-            f"log end offset {self.log_end_offset}; {LOSS_WARNING}"
+            f"UncleanRecovery: replica {self.replica_id} ({', '.join(self.uuids)}) made sole voter, "
+            f"the most up-to-date log (last epoch {self.last_epoch}, end offset {self.log_end_offset}); "
+            f"{LOSS_WARNING}"
         )
         if self.outcome:
             reason += f"; {self.outcome}"
@@ -224,6 +165,13 @@ class UncleanRequest:
             "result": "Succeeded" if done else "InProgress",
             "reason": reason,
         }
+
+
+def _candidate(v: Any) -> list[int]:
+    """[last epoch, end offset]; a bare offset is from a request written before epochs were."""
+    if isinstance(v, list):
+        return [int(x) for x in v]
+    return [-1, int(v)]
 
 
 class RequestStore(Protocol):
@@ -359,23 +307,27 @@ class UncleanCoordinator:
         if not ctl.known_voters:
             return "unclean recovery due, but no voter set was ever seen: not guessing"
         probes = await asyncio.gather(*(self.probe(k, ep) for k, ep in enumerate(endpoints)))
-        chosen = choose_survivor(ctl.known_voters, probes)
+        chosen = pick_survivor(ctl.known_voters, probes)
         if chosen is None:
+            # The errors go to the log, not the status: they differ on every pass.
+            why = "; ".join(f"{p.endpoint}: {p.error}" for p in probes if p.error)
+            log.warning("%s: unclean recovery due, no former voter answered: %s", self.cluster, why)
             return "unclean recovery due, but no former voter is reachable"
         survivor, uuids = chosen
-        assert survivor.node_id is not None and survivor.log_end_offset is not None
+        assert survivor.state is not None
         req = UncleanRequest(
             token=_uuid.uuid4().hex[:16],
-            replica_id=survivor.node_id,
+            replica_id=survivor.state.node_id,
             ordinal=survivor.ordinal,
             uuids=uuids,
-            log_end_offset=survivor.log_end_offset,
+            log_end_offset=survivor.state.end_offset,
+            last_epoch=survivor.state.last_epoch,
             outage_since_ms=ctl.unreachable_since_ms,
             requested_ms=now,
             candidates={
-                str(p.node_id): int(p.log_end_offset)
+                str(p.state.node_id): [p.state.last_epoch, p.state.end_offset]
                 for p in probes
-                if p.reachable and p.node_id is not None and p.log_end_offset is not None
+                if p.state is not None
             },
         )
         await self.store.save(req)  # persisted before anything acts on it
@@ -391,6 +343,7 @@ class UncleanCoordinator:
                 detail={
                     "reason": f"no live majority for {gone_s:.0f}s",
                     "log_end_offset": req.log_end_offset,
+                    "last_epoch": req.last_epoch,
                     "candidates": req.candidates,
                     "uuids": list(uuids),
                     "warning": LOSS_WARNING,
@@ -398,10 +351,12 @@ class UncleanCoordinator:
             )
         )
         log.warning(
-            "%s: UNCLEAN RECOVERY requested: replica %d (%s) at log end offset %d becomes the sole voter; %s",
+            "%s: UNCLEAN RECOVERY requested: replica %d (%s), last epoch %d, log end offset %d, "
+            "becomes the sole voter; %s",
             self.cluster,
             req.replica_id,
             ", ".join(uuids),
+            req.last_epoch,
             req.log_end_offset,
             LOSS_WARNING,
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.handlers import BOOTSTRAP_FIELD_MANAGER, FIELD_MANAGER
+from kraftkeeper_operator.kube import BOOTSTRAP_FIELD_MANAGER, FIELD_MANAGER
 from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, bootstrap_configmap, parse_spec
 
 from quorum.storage.meta import load_meta

@@ -10,7 +10,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from kraftkeeper_operator.local import ClusterLayout, local_main, replace_disk_main
+from kraftkeeper_operator.local import local_main, replace_disk_main
+from kraftkeeper_operator.localcluster import ClusterLayout
 
 from quorum.storage.meta import load_meta
 from tests.operator.operator_nodes import LocalCluster, engine_missing, kk, poll

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.handlers import quorum_bootstrapped
 from kraftkeeper_operator.manifests import (
     BOOTSTRAP_KEY,
     BOOTSTRAP_MOUNT,
@@ -20,6 +19,7 @@ from kraftkeeper_operator.manifests import (
     pod_disruption_budget,
     statefulset,
 )
+from kraftkeeper_operator.quorums import quorum_bootstrapped
 from kraftkeeper_operator.view import QuorumView, Replica
 
 from quorum.storage.meta import load_meta

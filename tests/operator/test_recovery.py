@@ -49,6 +49,10 @@ class Clock:
 POLICY = RecoveryPolicy(stabilization_seconds=10, max_lag=10, timeout_seconds=300, live_window_seconds=3)
 
 
+class OperatorCrash(BaseException):
+    """Raised where the operator process dies (nothing in the operator may catch it)."""
+
+
 class Rig:
     def __init__(self, n: int = 3, policy: RecoveryPolicy = POLICY, records: Iterable[Recovery] = ()) -> None:
         self.clock = Clock()
@@ -86,6 +90,25 @@ class Rig:
             if cond(st):
                 return st
         raise AssertionError(f"condition not reached; events {self.sink.types()}")
+
+    def crash_on(self, op: str) -> None:
+        """The operator process dies when it next calls ``op`` on the quorum (before the call
+        reaches it): a step was recorded as started, never issued."""
+        real = getattr(self.q, op)
+
+        async def crash(*args: Any) -> Any:
+            setattr(self.q, op, real)  # once
+            raise OperatorCrash(op)
+
+        setattr(self.q, op, crash)
+
+    async def run_until_crash(self, limit: int = 200) -> None:
+        for _ in range(limit):
+            try:
+                await self.step()
+            except OperatorCrash:
+                return
+        raise AssertionError(f"the operator never reached the crash point; events {self.sink.types()}")
 
     def voters(self) -> set[tuple[int, str]]:
         return set(self.q.voters)
@@ -190,7 +213,8 @@ async def test_operator_killed_between_add_and_remove_resumes_from_status() -> N
     rig = Rig()
     old = rig.q.current(3).uuid
     new = rig.q.replace_disk(3, lag=0)
-    await rig.run_until(lambda s: any(r["phase"] == "Added" for r in s.recoveries))
+    rig.crash_on("remove_voter")
+    await rig.run_until_crash()
     assert (3, old) in rig.voters() and (3, new) in rig.voters()
     saved = [Recovery.from_dict(d) for d in rig.saved]
     rig.ctl = rig.controller(records=saved)  # a new operator process, status restored
@@ -204,7 +228,8 @@ async def test_operator_killed_between_add_and_remove_with_status_lost() -> None
     rig = Rig()
     old = rig.q.current(3).uuid
     new = rig.q.replace_disk(3, lag=0)
-    await rig.run_until(lambda s: any(r["phase"] == "Added" for r in s.recoveries))
+    rig.crash_on("remove_voter")
+    await rig.run_until_crash()
     for _ in range(5):  # the old voter stops looking live
         rig.clock.t += 1
         rig.q.tick()
@@ -392,8 +417,9 @@ async def test_operator_restart_from_crd_status_between_add_and_remove() -> None
     rig = Rig()
     old = rig.q.current(3).uuid
     rig.q.replace_disk(3, lag=0)
-    await rig.run_until(lambda s: any(r["phase"] == "Added" for r in s.recoveries))
-    crd = [r.to_crd_status() for r in rig.ctl.book.records]
+    rig.crash_on("remove_voter")
+    await rig.run_until_crash()
+    crd = [Recovery.from_dict(d).to_crd_status() for d in rig.saved]  # what had been persisted
     rig.ctl = rig.controller(records=[Recovery.from_crd_status(d) for d in crd])
     await rig.run_until(recovered)
     assert rig.changes()[-1] == ("remove_voter", (3, old))

@@ -15,57 +15,47 @@ from kraftkeeper_operator.api import InMemoryQuorum
 from kraftkeeper_operator.controller import RecoveryController
 from kraftkeeper_operator.manifests import BOOTSTRAP_KEY, parse_spec, statefulset
 from kraftkeeper_operator.recovery import RecoveryPolicy
+from kraftkeeper_operator.survivor import LogState, Probe
 from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
 from kraftkeeper_operator.unclean import (
     UNCLEAN_DETAIL_KEY,
     UNCLEAN_KEY,
     MemoryRequestStore,
-    Probe,
     UncleanCoordinator,
     UncleanRequest,
-    choose_survivor,
-    parse_metrics,
+    pick_survivor,
     request_from_configmap,
 )
 from prometheus_client import generate_latest
 
-from quorum.runtime.metrics import Registry
 from quorum.storage.meta import load_meta
 from tests.operator.operator_nodes import engine_missing, run_format_container
 
 OWNER = {"apiVersion": "kraftkeeper.io/v1alpha1", "kind": "KRaftQuorum", "name": "q", "uid": "u-1"}
 
 
-def probe(ordinal: int, node_id: int | None, leo: int | None) -> Probe:
-    if node_id is None:
+def probe(ordinal: int, node_id: int | None, leo: int | None, epoch: int = 3) -> Probe:
+    if node_id is None or leo is None:
         return Probe(ordinal, f"ep{ordinal}", error="ClientConnectorError: refused")
-    return Probe(ordinal, f"ep{ordinal}", node_id=node_id, log_end_offset=leo, state="candidate")
+    return Probe(ordinal, f"ep{ordinal}", state=LogState(node_id, epoch, leo))
 
 
-def test_survivor_is_the_reachable_former_voter_with_the_highest_log_end_offset() -> None:
+def test_survivor_is_the_answering_former_voter_a_raft_election_would_prefer() -> None:
     known = [(1, "u1"), (2, "u2"), (3, "u3"), (4, "u4"), (5, "u5")]
     probes = [probe(0, 1, 40), probe(1, 2, 55), probe(2, None, None), probe(3, 4, 55), probe(4, 5, 12)]
-    got = choose_survivor(known, probes)
+    got = pick_survivor(known, probes)
     assert got is not None and got[0].node_id == 2 and got[1] == ("u2",)  # tie 2/4: the lower id
-    # Not a former voter (a scale-up replica), a pod answering for another id, no offset: ignored.
-    assert choose_survivor([(1, "u1")], [probe(1, 2, 99), probe(0, 3, 99), probe(0, None, None)]) is None
-    assert choose_survivor([(1, "u1"), (2, "")], [probe(1, 2, 99)]) is None  # no UUID known for 2
+    # The longest log is a stale one (last epoch 2): replica 5's newer epoch wins.
+    stale = [probe(0, 1, 900, epoch=2), probe(4, 5, 12, epoch=3)]
+    got = pick_survivor(known, stale)
+    assert got is not None and got[0].node_id == 5
+    # Not a former voter (a scale-up replica), a pod answering for another id, no answer: ignored.
+    assert pick_survivor([(1, "u1")], [probe(1, 2, 99), probe(0, 3, 99), probe(0, None, None)]) is None
+    assert pick_survivor([(1, "u1"), (2, "")], [probe(1, 2, 99)]) is None  # no UUID known for 2
     # Mid-recovery voter set (AddThenRemove): both UUIDs of the id go into the request.
-    got = choose_survivor([(1, "old"), (1, "new"), (2, "u2")], [probe(0, 1, 7)])
+    got = pick_survivor([(1, "old"), (1, "new"), (2, "u2")], [probe(0, 1, 7)])
     assert got is not None and got[1] == ("old", "new")
-    assert choose_survivor([], [probe(0, 1, 7)]) is None
-
-
-def test_metrics_text_of_a_real_node_registry_is_parsed() -> None:
-    r = Registry()
-    r.set("log_end_offset", 1234, help="log end")
-    r.set("high_watermark", 1200)
-    r.set_state("current_state", "candidate")
-    r.inc("append_records", 5)
-    values, states = parse_metrics(r.render())
-    assert values["kraftkeeper_log_end_offset"] == 1234
-    assert states["kraftkeeper_current_state"] == "candidate"
-    assert values["kraftkeeper_append_records_total"] == 5
+    assert pick_survivor([], [probe(0, 1, 7)]) is None
 
 
 class Clock:
@@ -81,7 +71,7 @@ class Clock:
 
 class Rig:
     """The real controller over the in-memory quorum, plus the coordinator over the in-memory
-    store; ``probe`` answers like each replica's /healthz + /metrics would."""
+    store; ``probe`` answers like each replica's ``/v1/node/log-state`` would."""
 
     def __init__(
         self, *, allowed: bool, after: float = 30.0, store: MemoryRequestStore | None = None
@@ -109,7 +99,7 @@ class Rig:
             r = self.q.current(rid)
         except KeyError:
             return Probe(ordinal, endpoint, error="refused")
-        return Probe(ordinal, endpoint, node_id=rid, log_end_offset=self.q.log_end - r.lag)
+        return Probe(ordinal, endpoint, state=LogState(rid, self.q.epoch, self.q.log_end - r.lag))
 
     async def step(self, seconds: float = 1.0) -> tuple[bool, str | None]:
         self.clock.t += seconds
@@ -158,7 +148,7 @@ async def test_once_per_outage_then_again_only_after_the_quorum_came_back() -> N
     assert req is not None and req.replica_id == 2 and req.uuids == (survivor_uuid,) and req.ordinal == 1
     assert rig.store.data[UNCLEAN_KEY] == f"2 {req.token} {survivor_uuid}\n"
     assert rig.store.restarts == [1] and req.pod_deleted_ms is not None
-    assert req.candidates == {"2": rig.q.log_end}
+    assert req.candidates == {"2": [rig.q.epoch, rig.q.log_end]} and req.last_epoch == rig.q.epoch
     # Still lost for a long time: no second token, no second restart, one event.
     for _ in range(20):
         lost, note = await rig.step(10)
@@ -280,8 +270,13 @@ async def test_lost_status_keeps_the_last_voter_set_for_a_restarted_operator() -
 
 
 def test_request_round_trips_and_refuses_garbage() -> None:
-    req = UncleanRequest("0a1b", 3, 2, ("u-3",), 77, 1_000, 31_000, {"3": 77})
+    req = UncleanRequest("0a1b", 3, 2, ("u-3",), 77, 1_000, 31_000, {"3": [4, 77]}, last_epoch=4)
     assert UncleanRequest.from_json(req.to_json()) == req
+    # A request written by an operator before epochs were recorded still reads.
+    old = json.loads(req.to_json())
+    old["candidates"], _ = {"3": 77}, old.pop("last_epoch")
+    back = UncleanRequest.from_json(json.dumps(old))
+    assert back.candidates == {"3": [-1, 77]} and back.last_epoch == -1
     with pytest.raises(ValueError):
         UncleanRequest.from_json("[1, 2]")
     with pytest.raises((KeyError, TypeError)):

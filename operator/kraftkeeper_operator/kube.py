@@ -1,0 +1,199 @@
+"""Every Kubernetes API call the operator makes, in one place (handlers.py and quorums.py decide,
+this module only talks to the API server).
+
+:class:`KubeApi` wraps one ``kubernetes_asyncio`` client: server-side apply of owned objects,
+reading and scaling the StatefulSet, writing ``status``, deleting the owned objects and pods, and
+reading the ``NAME-bootstrap`` ConfigMap. :class:`ConfigMapRequestStore` keeps an unclean-recovery
+request in that ConfigMap (unclean.py's ``RequestStore``), and :func:`kube_event_sink` turns
+recovery events into Kubernetes Events on the KRaftQuorum.
+
+Error policy, on purpose (:func:`api_error`): the API server refusing an object as invalid
+(HTTP 400/422, or 500 "failed to create typed patch object" for a field the schema does not know)
+is the spec's fault: ``kopf.PermanentError``, retrying cannot help. Anything else (unreachable,
+409 conflict, 5xx) is ``kopf.TemporaryError``: kopf retries it after a delay.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, owner_reference_of, unclean_configmap
+from .telemetry import CallbackSink
+from .unclean import UNCLEAN_DETAIL_KEY, UNCLEAN_KEY, UncleanRequest, request_from_configmap
+
+log = logging.getLogger("kraftkeeper.operator")
+
+FIELD_MANAGER = "kraftkeeper-operator"
+# Owns only data.bootstrapped of the NAME-bootstrap ConfigMap: the spec reconcile (FIELD_MANAGER)
+# applies that object without the key, and server-side apply removes a field only when the manager
+# that owns it applies without it, so no re-apply can ever unset the flag.
+BOOTSTRAP_FIELD_MANAGER = "kraftkeeper-operator-bootstrap"
+# Owns only the unclean-recovery keys of the same ConfigMap, for the same reason.
+UNCLEAN_FIELD_MANAGER = "kraftkeeper-operator-unclean"
+
+_RETRY_DELAY_S = 5
+
+
+def api_error(what: str, e: ApiException) -> kopf.PermanentError | kopf.TemporaryError:
+    """The kopf error for an API server answer (module docstring: permanent vs temporary)."""
+    body = e.body.decode() if isinstance(e.body, bytes) else str(e.body)
+    try:
+        message = json.loads(body).get("message", body)
+    except (ValueError, AttributeError):
+        message = body
+    if e.status in (400, 422) or (e.status == 500 and "typed patch" in str(message)):
+        return kopf.PermanentError(f"{what} refused by the API server: {message}")
+    return kopf.TemporaryError(f"{what}: HTTP {e.status} {message}", delay=_RETRY_DELAY_S)
+
+
+async def _call(what: str, call: Awaitable[Any], *, missing_ok: bool = False) -> Any:
+    """Await one API call, mapping failures to kopf errors; a 404 gives None if ``missing_ok``."""
+    try:
+        return await call
+    except ApiException as e:
+        if missing_ok and e.status == 404:
+            return None
+        raise api_error(what, e) from e
+    except OSError as e:
+        raise kopf.TemporaryError(f"{what}: API unreachable: {e}", delay=_RETRY_DELAY_S) from e
+
+
+class KubeApi:
+    """The operator's Kubernetes API client (one per operator process)."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self.apps = k8s.AppsV1Api(api)
+        self.core = k8s.CoreV1Api(api)
+        self.policy = k8s.PolicyV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+
+    @classmethod
+    async def connect(cls) -> KubeApi:
+        """In-cluster service account if there is one, else the kubeconfig (``KUBECONFIG``)."""
+        try:
+            k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException:
+            await k8s_config.load_kube_config()
+        return cls(k8s.ApiClient())
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> None:
+        """Server-side apply (create or update) one owned object."""
+        kind, name, ns = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
+        kw: dict[str, Any] = {
+            "field_manager": field_manager,
+            "force": True,
+            "_content_type": "application/apply-patch+yaml",
+        }
+        patchers: dict[str, Callable[..., Awaitable[Any]]] = {
+            "StatefulSet": self.apps.patch_namespaced_stateful_set,
+            "Service": self.core.patch_namespaced_service,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+            "ConfigMap": self.core.patch_namespaced_config_map,
+        }
+        if kind not in patchers:
+            raise ValueError(f"apply: unsupported kind {kind}")
+        await _call(f"{kind} {ns}/{name}", patchers[kind](name, ns, obj, **kw))
+
+    async def read_statefulset(self, ns: str, name: str) -> dict[str, Any] | None:
+        obj = await _call(
+            f"StatefulSet {ns}/{name}", self.apps.read_namespaced_stateful_set(name, ns), missing_ok=True
+        )
+        if obj is None:
+            return None
+        data: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return data
+
+    async def scale_statefulset(self, ns: str, name: str, replicas: int) -> None:
+        kw: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+        body = {"spec": {"replicas": replicas}}
+        await _call(
+            f"scaling StatefulSet {ns}/{name}", self.apps.patch_namespaced_stateful_set(name, ns, body, **kw)
+        )
+
+    async def patch_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        kw: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+        call = self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, ns, PLURAL, name, {"status": status}, **kw
+        )
+        await _call(f"status of KRaftQuorum {ns}/{name}", call)
+
+    async def configmap_data(self, ns: str, name: str) -> dict[str, str] | None:
+        cm = await _call(
+            f"ConfigMap {ns}/{name}", self.core.read_namespaced_config_map(name, ns), missing_ok=True
+        )
+        return None if cm is None else dict(cm.data or {})
+
+    async def delete_pod(self, ns: str, name: str) -> None:
+        """Delete a pod (no pod: nothing to do; its StatefulSet creates it again)."""
+        await _call(f"deleting Pod {ns}/{name}", self.core.delete_namespaced_pod(name, ns), missing_ok=True)
+
+    async def delete_owned(self, ns: str, name: str) -> None:
+        """Delete the objects a KRaftQuorum owns, explicitly (no reliance on a garbage collector);
+        PVCs are retained (manifests.py, PVC policy)."""
+        for what, call in (
+            ("StatefulSet", lambda: self.apps.delete_namespaced_stateful_set(name, ns)),
+            ("PodDisruptionBudget", lambda: self.policy.delete_namespaced_pod_disruption_budget(name, ns)),
+            ("Service", lambda: self.core.delete_namespaced_service(name, ns)),
+            ("Service", lambda: self.core.delete_namespaced_service(f"{name}-headless", ns)),
+            ("ConfigMap", lambda: self.core.delete_namespaced_config_map(f"{name}-bootstrap", ns)),
+        ):
+            await _call(f"deleting {what} of {ns}/{name}", call(), missing_ok=True)
+
+
+class ConfigMapRequestStore:
+    """The unclean-recovery request in the ``NAME-bootstrap`` ConfigMap; restart = delete the pod
+    (the StatefulSet re-creates it, and its init container reads the request)."""
+
+    def __init__(self, kube: KubeApi, q: QuorumSpec) -> None:
+        self.kube = kube
+        self.q = q
+
+    async def load(self) -> UncleanRequest | None:
+        return request_from_configmap(
+            await self.kube.configmap_data(self.q.namespace, self.q.bootstrap_configmap)
+        )
+
+    async def save(self, request: UncleanRequest) -> None:
+        data = {UNCLEAN_KEY: request.pod_line(), UNCLEAN_DETAIL_KEY: request.to_json()}
+        await self.kube.apply(
+            unclean_configmap(self.q, owner_reference_of(self.q), data), UNCLEAN_FIELD_MANAGER
+        )
+
+    async def restart(self, ordinal: int) -> None:
+        pod = f"{self.q.name}-{ordinal}"
+        await self.kube.delete_pod(self.q.namespace, pod)
+        log.warning("%s: deleted pod %s to run the unclean recovery", self.q.cluster, pod)
+
+
+def kube_event_sink(q: QuorumSpec) -> CallbackSink:
+    """Recovery events as Kubernetes Events on the KRaftQuorum (failures and unclean recoveries
+    as Warnings), posted through kopf's event poster."""
+    ref: Any = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "KRaftQuorum",
+        "metadata": {"name": q.name, "namespace": q.namespace, "uid": q.uid},
+    }
+
+    def post(type_: str, message: str, detail: Mapping[str, Any]) -> None:
+        reason = "".join(p.capitalize() for p in type_.split("_"))  # recovery_failed -> RecoveryFailed
+        if type_ == "recovery_failed":
+            kopf.warn(ref, reason=reason, message=f"{message}: {detail.get('reason', '')}")
+        elif type_ == "unclean_recovery":
+            text = f"UNCLEAN RECOVERY {message}: {detail.get('reason', '')}; {detail.get('warning', '')}"
+            kopf.warn(ref, reason=reason, message=text)
+        else:
+            kopf.info(ref, reason=reason, message=message)
+
+    return CallbackSink(post)

@@ -1,0 +1,274 @@
+"""The operator's per-KRaftQuorum work, between the kopf handlers (handlers.py, glue only) and the
+domain code (controller.py, recovery.py, unclean.py), with Kubernetes reached only through
+kube.py.
+
+:class:`OperatorContext` is everything the operator process keeps: built once by kopf's startup
+handler and handed to every handler through kopf's ``memo`` (no module-level mutable state). For
+each resource it keeps a :class:`Managed` entry: the validated spec, the recovery controller and
+the unclean-recovery coordinator. The truth stays in the quorum and the API server; this is a cache
+that an operator restart rebuilds from ``status``.
+
+:func:`daemon_pass` is one pass of a resource's daemon: one controller pass, the unclean-recovery
+step, ``status`` written when it changed, ``bootstrapped: "true"`` set in the ``NAME-bootstrap``
+ConfigMap once every voter has a storage UUID (never unset: from then on a fresh volume is
+formatted with ``--no-initial-controllers``, manifests.py), and scale-downs finished (the
+StatefulSet shrinks only after the quorum's voter set already equals the new ids: reassign first,
+KIP-642).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from quorum.client import QuorumClient
+
+from .controller import ControllerStatus, RecoveryController
+from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, kube_event_sink
+from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
+from .recovery import QuorumView, Recovery
+from .survivor import Probe, probe_log_state
+from .telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink
+from .unclean import STATUS_PREFIX, UncleanCoordinator
+
+log = logging.getLogger("kraftkeeper.operator")
+
+
+class Prober:
+    """Asks a replica for its log state (unclean.py's ``ProbeFn``) through the resource's current
+    quorum client, which changes when the endpoints do."""
+
+    def __init__(self, client: QuorumClient) -> None:
+        self.client = client
+
+    async def __call__(self, ordinal: int, endpoint: str) -> Probe:
+        return await probe_log_state(self.client, ordinal, endpoint)
+
+
+@dataclass
+class Managed:
+    """One KRaftQuorum as the operator keeps it in memory."""
+
+    spec: QuorumSpec
+    prober: Prober  # its client is the quorum's admin API (the controller's QuorumApi) too
+    controller: RecoveryController
+    unclean: UncleanCoordinator
+    replicas: int
+    endpoints: list[str]
+    ever_available: bool = False
+    bootstrap_flagged: bool = False  # data.bootstrapped written (re-written once after a restart)
+    last_status: dict[str, Any] = field(default_factory=dict)
+
+    def recoveries_status(self) -> list[dict[str, Any]]:
+        """``status.recoveries``: the disk replacements, then the unclean request (newest last,
+        within the CRD's 20 items)."""
+        items = [r.to_crd_status() for r in self.controller.book.records][-20:]
+        if self.unclean.request is not None:
+            items = [*items[-19:], self.unclean.request.to_crd_status()]
+        return items
+
+    async def persist(self, kube: KubeApi) -> None:
+        """Record recovery progress in ``status`` before a voter change is issued (the
+        controller's ``persist`` hook), so an operator that dies mid-step knows on restart which
+        UUID was the old one and which steps it logged. Written only when it changed."""
+        items = self.recoveries_status()
+        if items != self.last_status.get("recoveries"):
+            await kube.patch_status(self.spec.namespace, self.spec.name, {"recoveries": items})
+            self.last_status = {**self.last_status, "recoveries": items}
+
+
+@dataclass
+class OperatorContext:
+    """The operator process's state, built by the startup handler (environment in kopf_main.py)."""
+
+    kube: KubeApi
+    overrides: dict[str, str] = field(default_factory=dict)
+    interval: float = 2.0  # seconds between daemon passes when no deadline is due
+    quorum_timeout: float = 3.0
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    managed: dict[str, Managed] = field(default_factory=dict)
+    metrics_runner: Any = None
+
+    @staticmethod
+    def settings_from_env() -> tuple[float, float]:
+        """(reconcile interval, quorum timeout) from ``KRAFTKEEPER_RECONCILE_INTERVAL`` and
+        ``KRAFTKEEPER_QUORUM_TIMEOUT``; a bad value is refused naming the variable."""
+        out = []
+        for var, default in (("KRAFTKEEPER_RECONCILE_INTERVAL", "2"), ("KRAFTKEEPER_QUORUM_TIMEOUT", "3")):
+            raw = os.environ.get(var, default) or default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{var}={raw!r}: must be a number of seconds") from None
+            if not value > 0:
+                raise ValueError(f"{var}={raw!r}: must be > 0")
+            out.append(value)
+        return out[0], out[1]
+
+    async def forget(self, key: str) -> None:
+        """Stop managing a resource (deleted, or its spec became invalid)."""
+        m = self.managed.pop(key, None)
+        if m is not None:
+            await m.controller.api.close()
+        self.metrics.forget(key)
+
+    async def close(self) -> None:
+        for key in list(self.managed):
+            await self.forget(key)
+        if self.metrics_runner is not None:
+            await self.metrics_runner.cleanup()
+            self.metrics_runner = None
+        await self.kube.close()
+
+
+def event_sink(q: QuorumSpec) -> EventSink:
+    """The event log (a directory, or stdout) plus Kubernetes Events."""
+    log_sink: EventSink = (
+        StdoutEventSink(q.cluster) if q.event_log == "stdout" else EventLogSink(q.event_log, q.cluster)
+    )
+    return FanOut(log_sink, kube_event_sink(q))
+
+
+def known_voters(status: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """The voter set a previous operator run published (kept while no leader answers)."""
+    out = []
+    for v in status.get("voters") or []:
+        try:
+            if v.get("uuid"):
+                out.append((int(v["id"]), str(v["uuid"])))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out
+
+
+def _records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
+    records = []
+    for d in status.get("recoveries") or []:
+        if str(d.get("recoveryId", "")).startswith(STATUS_PREFIX):
+            continue  # an unclean recovery: its record lives in the ConfigMap
+        try:
+            records.append(Recovery.from_crd_status(d))
+        except (KeyError, ValueError, TypeError) as e:
+            log.warning("%s: ignoring unreadable status.recoveries item %r: %s", key, d, e)
+    return records
+
+
+async def configure(ctx: OperatorContext, q: QuorumSpec, body: Mapping[str, Any], replicas: int) -> Managed:
+    """Create or update the in-memory controller of one resource."""
+    key = q.cluster
+    eps = endpoints(q, replicas, ctx.overrides)
+    desired = list(range(1, q.voters + 1))
+    m = ctx.managed.get(key)
+    if m is None:
+        status = body.get("status") or {}
+        client = QuorumClient(eps, timeout=ctx.quorum_timeout)
+        ctl = RecoveryController(
+            client,
+            q.policy,
+            cluster=key,
+            sink=event_sink(q),
+            metrics=ctx.metrics,
+            records=_records_from_status(key, status),
+            desired_ids=desired,
+        )
+        # The voter set survives an operator restart in status (published while no leader answers).
+        ctl.known_voters = known_voters(status)
+        prober = Prober(client)
+        store = ConfigMapRequestStore(ctx.kube, q)
+        unclean = UncleanCoordinator(store, ctl.sink, cluster=key, probe=prober, metrics=ctx.metrics)
+        m = Managed(q, prober, ctl, unclean, replicas, eps, last_status=dict(status))
+
+        async def persist(_: list[dict[str, Any]], m: Managed = m) -> None:
+            await m.persist(ctx.kube)
+
+        ctl.persist = persist
+        ctx.managed[key] = m
+        return m
+    old_log = m.spec.event_log
+    m.spec, m.replicas = q, replicas
+    m.controller.set_policy(q.policy)
+    m.controller.desired_ids = desired
+    if eps != m.endpoints:
+        old = m.prober.client
+        m.prober.client = QuorumClient(eps, timeout=ctx.quorum_timeout)
+        m.controller.api, m.endpoints = m.prober.client, eps
+        await old.close()
+    if q.event_log != old_log:
+        m.controller.sink = m.unclean.sink = event_sink(q)
+    m.unclean.store = ConfigMapRequestStore(ctx.kube, q)
+    return m
+
+
+def quorum_bootstrapped(view: QuorumView | None) -> bool:
+    """The leader's view shows every voter with a storage UUID: the uuid-less bootstrap voters
+    have all been replaced by real (id, UUID) voters (KIP-856), so no fresh directory may ever
+    again be formatted as an initial one."""
+    return view is not None and bool(view.voters) and all(v.uuid for v in view.voters)
+
+
+async def daemon_pass(ctx: OperatorContext, key: str) -> None:
+    """One pass of a resource's daemon (module docstring)."""
+    m = ctx.managed.get(key)
+    if m is None:
+        return  # not configured (yet) or invalid spec
+    st = await m.controller.reconcile()
+    lost = st.condition("QuorumLost").status
+    if st.view is not None and not lost:
+        m.ever_available = True
+    try:
+        note = await m.unclean.step(m.controller, lost, m.endpoints)
+    except Exception as e:  # the API or a pod unreachable: report, retry on the next pass
+        log.exception("%s: unclean recovery step failed", key)
+        note = f"unclean recovery step failed: {e}"
+    if note:
+        st.annotate_lost("UncleanRecoveryRequested" if m.unclean.outstanding() else None, note)
+    await _flag_bootstrapped(ctx, m, st.view)
+    await _finish_scale_down(ctx, m, st.view)
+    await _write_status(ctx, m, st)
+
+
+async def _flag_bootstrapped(ctx: OperatorContext, m: Managed, view: QuorumView | None) -> None:
+    if m.bootstrap_flagged or not quorum_bootstrapped(view):
+        return
+    # From now on a fresh volume is a replacement disk (or a new replica): formatted with
+    # --no-initial-controllers by the pods' init container (manifests.py).
+    q = m.spec
+    await ctx.kube.apply(
+        bootstrap_configmap(q, owner_reference_of(q), bootstrapped=True), BOOTSTRAP_FIELD_MANAGER
+    )
+    m.bootstrap_flagged = True
+    log.info(
+        "%s: quorum bootstrapped; ConfigMap %s has %s=true", q.cluster, q.bootstrap_configmap, BOOTSTRAP_KEY
+    )
+
+
+async def _finish_scale_down(ctx: OperatorContext, m: Managed, view: QuorumView | None) -> None:
+    """The voters already are 1..N, so the extra pods hold no voter: shrink now."""
+    q = m.spec
+    if m.replicas <= q.voters or view is None or view.target_voters is not None:
+        return
+    if sorted({v.id for v in view.voters}) == list(range(1, q.voters + 1)):
+        await ctx.kube.scale_statefulset(q.namespace, q.name, q.voters)
+        log.info("%s: voters reassigned to 1..%d; StatefulSet scaled down", q.cluster, q.voters)
+        await configure(ctx, q, {}, q.voters)
+
+
+async def _write_status(ctx: OperatorContext, m: Managed, st: ControllerStatus) -> None:
+    """Write ``status`` only when something but a condition's timestamp changed."""
+    status = st.to_crd_status(m.last_status, m.spec.generation)
+    status["recoveries"] = m.recoveries_status()
+    if not m.ever_available:
+        status["phase"] = "Bootstrapping"
+    comparable = {k: v for k, v in status.items() if k != "conditions"}
+    prev = {k: v for k, v in m.last_status.items() if k in comparable}
+    conds = [(c["type"], c["status"], c["reason"], c["message"]) for c in status["conditions"]]
+    prev_conds = [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+        for c in m.last_status.get("conditions") or []
+    ]
+    if comparable != prev or conds != prev_conds:
+        await ctx.kube.patch_status(m.spec.namespace, m.spec.name, status)
+        m.last_status = status

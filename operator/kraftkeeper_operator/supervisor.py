@@ -1,0 +1,173 @@
+"""The process supervisor of local mode: starts, watches and restarts the ``kraftkeeper start``
+processes of one local cluster (localcluster.py has the directory layout).
+
+Supervision rules: a node that exits is restarted (back-off doubling from 0.5 s to 5 s while it
+keeps crashing). A node whose data directory has no meta.properties is formatted first, as a
+replacement disk, with a new storage UUID (KIP-856 says a node must never invent its identity by
+itself; here the supervisor plays the human who formats a replaced volume). A held node (the
+replace-disk handshake, localcluster.py) is stopped and kept stopped while its hold exists.
+
+Node processes get PR_SET_PDEATHSIG (Linux), so a supervisor killed with SIGKILL does not leave
+orphaned nodes behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .localcluster import ClusterLayout, kraftkeeper_cmd, pid_alive, write_atomic
+
+log = logging.getLogger("kraftkeeper.operator.local")
+
+STOP_GRACE_S = 10.0
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class NodeProc:
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    failures: int = 0
+    next_start: float = 0.0
+    started_at: float = 0.0
+    restarts: int = 0
+    log_fh: Any = field(default=None, repr=False)
+
+
+class Supervisor:
+    """Starts, watches and restarts the node processes of one local cluster."""
+
+    def __init__(self, layout: ClusterLayout, node_config: Path | None = None) -> None:
+        self.layout = layout
+        self.node_config = node_config  # passed to every node as ``start --config``
+        self.nodes = {i: NodeProc(i) for i in range(1, layout.nodes + 1)}
+        self.stopping = False
+        self.internal_hold: set[int] = set()  # nodes the supervisor itself keeps stopped
+
+    async def run_offline(self, i: int, *cli_args: str) -> subprocess.CompletedProcess[str]:
+        """Stop node i, run ``kraftkeeper CLI_ARGS`` against its stopped directory, restart it."""
+        self.internal_hold.add(i)
+        try:
+            await self._stop(self.nodes[i])
+            return await asyncio.to_thread(
+                subprocess.run,
+                [*kraftkeeper_cmd(), *cli_args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            self.internal_hold.discard(i)
+
+    async def _start(self, n: NodeProc) -> None:
+        lay = self.layout
+        uuid = await asyncio.to_thread(lay.ensure_formatted, n.index)
+        if uuid is not None:
+            log.warning("node %d had no meta.properties: formatted as a replacement, uuid %s", n.index, uuid)
+        if n.log_fh is None:
+            # Kept open across restarts; opening a local file does not block the loop noticeably.
+            n.log_fh = open(lay.dir / f"node-{n.index}.log", "ab")  # noqa: ASYNC230
+        n.proc = await asyncio.create_subprocess_exec(
+            *kraftkeeper_cmd(),
+            "start",
+            "--dir",
+            str(lay.data_dir(n.index)),
+            "--listen",
+            lay.endpoint(n.index),
+            "--voters",
+            lay.voters(),
+            *(["--config", str(self.node_config)] if self.node_config is not None else []),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=n.log_fh,
+            stderr=n.log_fh,
+            preexec_fn=_set_pdeathsig,
+        )
+        n.started_at = time.monotonic()
+        write_atomic(lay.control() / f"node-{n.index}.pid", f"{n.proc.pid}\n")
+        log.info("started node %d (pid %d) on %s", n.index, n.proc.pid, lay.endpoint(n.index))
+
+    async def _stop(self, n: NodeProc, grace: float = STOP_GRACE_S) -> None:
+        p = n.proc
+        if p is None:
+            return
+        if p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+            try:
+                await asyncio.wait_for(p.wait(), grace)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                await p.wait()
+        n.proc = None
+        with contextlib.suppress(FileNotFoundError):
+            (self.layout.control() / f"node-{n.index}.pid").unlink()
+
+    def _held(self, i: int) -> bool:
+        hold = self.layout.hold_file(i)
+        try:
+            owner = int(hold.read_text().strip() or "0")
+        except FileNotFoundError:
+            return False
+        except ValueError:
+            owner = 0
+        if owner and not pid_alive(owner):
+            log.warning("removing stale hold on node %d (owner pid %d is gone)", i, owner)
+            with contextlib.suppress(FileNotFoundError):
+                hold.unlink()
+            return False
+        return True
+
+    async def supervise_once(self) -> None:
+        """One pass: honour holds, restart exited nodes (with back-off)."""
+        now = time.monotonic()
+        for n in self.nodes.values():
+            if n.index in self.internal_hold:
+                continue
+            if self._held(n.index):
+                if n.proc is not None:
+                    await self._stop(n)
+                stopped = self.layout.stopped_file(n.index)
+                if not stopped.exists():
+                    write_atomic(stopped, f"{os.getpid()}\n")
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self.layout.stopped_file(n.index).unlink()
+            if n.proc is not None and n.proc.returncode is not None:
+                rc = n.proc.returncode
+                n.proc = None
+                # A node that ran a while counts as healthy: reset the back-off.
+                n.failures = 0 if now - n.started_at > 30 else n.failures + 1
+                n.next_start = now + min(5.0, 0.5 * (2 ** max(0, n.failures - 1))) if n.failures else now
+                n.restarts += 1
+                log.warning("node %d exited with %s; restarting", n.index, rc)
+            if n.proc is None and now >= n.next_start and not self.stopping:
+                try:
+                    await self._start(n)
+                except (OSError, RuntimeError) as e:
+                    n.failures += 1
+                    n.next_start = now + 5.0
+                    log.error("cannot start node %d: %s", n.index, e)
+
+    async def stop_all(self) -> None:
+        self.stopping = True
+        await asyncio.gather(*(self._stop(n) for n in self.nodes.values()))
+        for n in self.nodes.values():
+            if n.log_fh is not None:
+                n.log_fh.close()
+                n.log_fh = None
