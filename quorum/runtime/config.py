@@ -2,12 +2,17 @@
 
 File layout (every key optional; an unknown key is an error naming it)::
 
-    {"log": {"fsync": true, "segment_bytes": 67108864},
+    {"log": {"fsync": true, "segment_bytes": 67108864, "unflushed_in_memory": false},
      "raft": {"election_timeout_ms": 1000, "fetch_timeout_ms": 2000, "request_timeout_ms": 2000,
               "fetch_max_wait_ms": 500, "catch_up_max_lag": 100, "catch_up_recent_ms": 2000,
               "add_voter_timeout_ms": 30000, "pre_vote": true},
      "snapshot": {"max_bytes": 67108864},
      "client": {"write_timeout_ms": 10000}}
+
+``log.unflushed_in_memory`` is for TESTS ONLY (the power-loss process tests): the log keeps
+written-but-unflushed bytes in process memory and writes them to its files only when it
+flushes, so a SIGKILL loses exactly what was not fsynced, as a power cut would. It is off unless
+set to ``true`` explicitly, and the node logs a warning at start when it is on.
 """
 
 from __future__ import annotations
@@ -44,7 +49,12 @@ class NodeConfig:
     snapshot_bytes: int = 64 * 1024 * 1024  # log bytes applied since the last snapshot
     write_timeout_ms: int = 10000
     tick_ms: int = 10
+    unflushed_in_memory: bool = False  # test-only power-loss mode (module docstring)
     raft: dict[str, Any] = field(default_factory=dict)
+
+    def log_options(self) -> dict[str, Any]:
+        """Keyword options for ``quorum.storage.open_storage`` beyond fsync and segment size."""
+        return {"unflushed_in_memory": True} if self.unflushed_in_memory else {}
 
     def core_config(
         self, voters: dict[int, str], local_endpoint: str, initial_bootstrap: bool = True
@@ -92,6 +102,8 @@ def load_config(path: str | None) -> NodeConfig:
         for key, value in body.items():
             if section == "log" and key == "fsync":
                 cfg.fsync = _expect(section, key, value, bool)
+            elif section == "log" and key == "unflushed_in_memory":
+                cfg.unflushed_in_memory = _expect(section, key, value, bool)
             elif section == "log" and key == "segment_bytes":
                 cfg.segment_bytes = _expect(section, key, value, int)
             elif section == "snapshot" and key == "max_bytes":

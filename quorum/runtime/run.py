@@ -1,4 +1,9 @@
-"""``kraftkeeper start``: run one node in the foreground until SIGTERM / SIGINT."""
+"""``kraftkeeper start``: run one node in the foreground until SIGTERM / SIGINT.
+
+This is where the parts are wired: the transport (HTTP today; issue 8's TLS passes its client
+``ssl.SSLContext`` and peer check to :class:`HttpTransport`), the node, and the HTTP server
+(issue 8's authentication middlewares go to ``build_app``, its server context to
+``start_server``)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,11 @@ import signal
 import sys
 import time
 
-from quorum.runtime.config import load_config, parse_voters
+from quorum.runtime import kv as kvmod
+from quorum.runtime.config import NodeConfig, load_config, parse_voters
+from quorum.runtime.node import Node
+from quorum.runtime.server import build_app, start_server
+from quorum.runtime.transport import HttpTransport
 from quorum.types import ErrorCode, KraftError
 
 
@@ -48,6 +57,38 @@ def _setup_logging(node_hint: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+async def serve_node(
+    data_dir: str,
+    listen: str,
+    voters: dict[int, str],
+    cfg: NodeConfig,
+    advertise: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run one node and its server until ``stop`` is set (default: SIGTERM / SIGINT)."""
+    transport = HttpTransport()
+    node = Node(data_dir, listen, voters, cfg, transport, advertise=advertise)
+    try:
+        # Tail latency: the KV map and the caches built at start-up are long-lived; freezing
+        # them and collecting the young generation less often keeps full collections (which
+        # stop the event loop for milliseconds with a large map) rare.
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
+        if stop is None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+        runner = await start_server(build_app(node, max_body=kvmod.MAX_VALUE_BYTES + 64 * 1024), listen)
+        try:
+            await node.run(stop)
+        finally:
+            await runner.cleanup()
+    finally:
+        await transport.close()
+        node.close()
+
+
 def run_node(
     data_dir: str, listen: str, voters: str, advertise: str | None = None, config_file: str | None = None
 ) -> int:
@@ -61,20 +102,9 @@ def run_node(
             ErrorCode.INVALID_REQUEST, "--advertise is required when listening on a wildcard address"
         )
     _setup_logging(listen)
-    from quorum.runtime.node import Node
 
     async def main() -> None:
-        node = Node(data_dir, listen, voter_map, cfg, advertise=advertise)
-        # Tail latency: the KV map and the caches built at start-up are long-lived; freezing
-        # them and collecting the young generation less often keeps full collections (which
-        # stop the event loop for milliseconds with a large map) rare.
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 100)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await node.run(stop)
+        await serve_node(data_dir, listen, voter_map, cfg, advertise)
 
     try:
         import uvloop  # optional: a faster event loop for the HTTP paths

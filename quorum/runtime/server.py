@@ -1,24 +1,31 @@
 """The node's aiohttp application: node-to-node RPCs, the client API, the admin API, metrics
 and health endpoints (contract: ``../shared/interfaces.md`` and ``docs/design.md``).
 
-Handlers are thin: they parse and validate input, call the :class:`~quorum.runtime.node.Node`
-and turn :class:`~quorum.types.KraftError` into the JSON error body with the right status.
-Every error body is ``{"error_code": ..., "message": ...}`` (plus the leader hint for 421).
+Handlers are thin: they parse and validate input, call the node through the
+:class:`~quorum.runtime.api.NodeApi` protocol (never the ``Node`` class: no import cycle) and
+turn :class:`~quorum.types.KraftError` into the JSON error body with the right status. Every
+error body is ``{"error_code": ..., "message": ...}`` (plus the leader hint for 421).
+
+Where TLS and authentication plug in (issue 8): :func:`build_app` takes extra ``middlewares``
+(run before the handlers, after the error mapping, so their KraftErrors get the same JSON
+body); a middleware that authenticates the caller may store the peer's identity in
+``request["peer"]``, which the RPC handler passes to ``NodeApi.handle_rpc``.
+:func:`start_server` takes the server ``ssl.SSLContext``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
+from quorum.runtime.api import NodeApi
 from quorum.types import ErrorCode, KraftError, canonical_uuid
-
-if TYPE_CHECKING:
-    from quorum.runtime.node import Node
 
 STATUS_FOR: dict[ErrorCode, int] = {
     ErrorCode.NOT_LEADER: 421,
@@ -101,12 +108,14 @@ def _uuid_field(value: Any, name: str = "uuid") -> str:
         raise KraftError(ErrorCode.INVALID_REQUEST, f"field {name}: {value!r} is not a UUID") from None
 
 
-def build_app(node: Node, *, max_body: int) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=max_body)
+def build_app(node: NodeApi, *, max_body: int, middlewares: Sequence[Middleware] = ()) -> web.Application:
+    """The node's routes. ``middlewares`` run inside the error mapping (issue 8: TLS peer
+    identity, authentication, authorization)."""
+    app = web.Application(middlewares=[errors_middleware, *middlewares], client_max_size=max_body)
 
     async def rpc(request: web.Request) -> web.Response:
         body = await request.read()
-        out = await node.handle_rpc(request.match_info["rpc"], body)
+        out = await node.handle_rpc(request.match_info["rpc"], body, request.get("peer"))
         return web.Response(body=out, content_type="application/octet-stream")
 
     def key_of(request: web.Request) -> str:
@@ -169,7 +178,7 @@ def build_app(node: Node, *, max_body: int) -> web.Application:
         return web.Response(text=node.metrics_text(), content_type="text/plain", charset="utf-8")
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "node_id": node.node_id, "storage_uuid": node.local.uuid})
+        return web.json_response(node.health())
 
     async def readyz(request: web.Request) -> web.Response:
         ok, info = node.readiness()
@@ -183,6 +192,7 @@ def build_app(node: Node, *, max_body: int) -> web.Application:
     app.router.add_post("/v1/quorum/voters", add_voter)
     app.router.add_delete("/v1/quorum/voters/{id}/{uuid}", remove_voter)
     app.router.add_post("/v1/quorum/reassign", reassign)
+
     async def log_state(request: web.Request) -> web.Response:
         return web.json_response(node.log_state())
 
@@ -191,3 +201,21 @@ def build_app(node: Node, *, max_body: int) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
+
+
+async def start_server(
+    app: web.Application, listen: str, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner:
+    """Serve ``app`` on ``listen`` (HOST:PORT); the caller cleans the runner up."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    site = web.TCPSite(
+        runner, host or "0.0.0.0", int(port), reuse_address=True, backlog=1024, ssl_context=ssl_context
+    )
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner

@@ -13,20 +13,27 @@ and loudly logged: offsets committed elsewhere but never replicated here are los
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
+from collections.abc import Callable
 
+from quorum.core.raft import RaftCore
+from quorum.core.recovery import plan_unclean_recovery
 from quorum.records import decode_batches
+from quorum.runtime.snapshots import Snapshotter
+from quorum.runtime.statemachine import Applier
+from quorum.storage import open_storage
+from quorum.storage.base import LogStorage
 from quorum.types import ErrorCode, KraftError
 
 log = logging.getLogger("kraftkeeper.unclean")
 
 
-def verify_local_state(lg: object) -> int:
+def verify_local_state(lg: LogStorage) -> int:
     """Read the whole log and check every batch's CRC; returns the number of batches.
     Raises CORRUPT_LOG naming the offset if anything does not verify."""
-    from quorum.storage.base import LogStorage
-
-    assert isinstance(lg, LogStorage)
     offset = lg.log_start_offset
     n = 0
     while offset < lg.end_offset:
@@ -46,9 +53,6 @@ def verify_local_state(lg: object) -> int:
 
 def recover_unclean(data_dir: str) -> str:
     """Apply the offline recovery plan to a stopped node's directory; returns a summary."""
-    from quorum.core.recovery import plan_unclean_recovery
-    from quorum.storage import open_storage
-
     meta, qstore, lg, _snapshots, summary = open_storage(data_dir)
     try:
         qstate = qstore.load()
@@ -67,3 +71,32 @@ def recover_unclean(data_dir: str) -> str:
     )
     log.warning("%s", msg)
     return msg
+
+
+async def verify_recovery(
+    core: RaftCore, applier: Applier, snapshotter: Snapshotter, now_ms: Callable[[], int]
+) -> None:
+    """The online half (KIP-704 style): the sole leader after an unclean recovery verifies that
+    every committed batch decodes (CRCs) and that the state machine rebuilt from them, snapshots,
+    then tells the core it is RECOVERED. On failure it stays RECOVERING (logged)."""
+    lg = applier.log
+    try:
+        # The sole voter commits its whole log on its own; apply it all before verifying.
+        deadline = time.monotonic() + 30
+        while applier.applied_end < lg.end_offset and time.monotonic() < deadline:
+            applier.applied.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(applier.applied.wait(), max(0.0, deadline - time.monotonic()))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, verify_local_state, lg)
+        lost_after = lg.end_offset
+        snapshotter.busy = True
+        try:
+            await snapshotter.take_or_raise()
+        finally:
+            snapshotter.busy = False
+        core.recovery_verified(lost_after, now_ms())
+        log.warning("unclean recovery verified: offsets at or after %d may have been lost", lost_after)
+        snapshotter.wake()
+    except Exception:
+        log.exception("unclean recovery verification failed; staying RECOVERING")

@@ -77,10 +77,15 @@ def recover_log(log: LogStorage, snapshots: SnapshotStorage) -> LogSummary:
 
 
 def open_storage(
-    directory: str | os.PathLike[str], *, segment_bytes: int = DEFAULT_SEGMENT_BYTES, fsync: bool = True
+    directory: str | os.PathLike[str],
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    fsync: bool = True,
+    unflushed_in_memory: bool = False,
 ) -> tuple[MetaProperties, QuorumStateStore, SegmentedLog, SnapshotStore, LogSummary]:
     """Open a formatted data directory for the node runtime: identity, quorum state store (its
     file already validated), recovered log, snapshots, and the summary the core starts from.
+    ``unflushed_in_memory``: the test-only power-loss mode of ``quorum.storage.segment``.
 
     Raises NOT_FORMATTED for a directory never formatted (KIP-856: the node must not start),
     CORRUPT_LOG naming the file for damage that recovery must not paper over."""
@@ -91,7 +96,9 @@ def open_storage(
     state_store.load()  # surface a damaged or foreign quorum-state file now, not mid-election
     snapshots = SnapshotStore(mdir, fsync=fsync)
     try:
-        log = SegmentedLog(mdir, segment_bytes=segment_bytes, fsync=fsync)
+        log = SegmentedLog(
+            mdir, segment_bytes=segment_bytes, fsync=fsync, unflushed_in_memory=unflushed_in_memory
+        )
     except BaseException:
         snapshots.close()
         raise

@@ -35,17 +35,17 @@ from __future__ import annotations
 
 import bisect
 import logging
-import mmap
 import os
 import re
-import struct
-from array import array
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 
 from quorum import records
 from quorum.storage.atomic import ensure_dir, fsync_dir
 from quorum.storage.base import LogBookkeeping, append_items, validate_append
+from quorum.storage.logscan import scan_headers, scan_last
+from quorum.storage.segment import Segment, segment_name
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "SegmentedLog", "segment_name"]
@@ -54,33 +54,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
-_ATTR_POS = 20  # attributes byte in the batch header (docs/design.md)
-_Q = struct.Struct("<q")
-_HEADER = struct.Struct("<qiIiBiq")  # the batch header layout of docs/design.md
-
-
-def segment_name(base_offset: int) -> str:
-    return f"{base_offset:020d}.log"
-
-
-class _Segment:
-    __slots__ = ("base", "fd", "name", "next_offset", "offsets", "path", "positions", "size")
-
-    def __init__(self, directory: str, base: int, fd: int) -> None:
-        self.base = base
-        self.name = segment_name(base)
-        self.path = os.path.join(directory, self.name)
-        self.fd = fd
-        self.size = 0
-        self.next_offset = base
-        self.offsets = array("q")
-        self.positions = array("q")
-
-    def add(self, base_offset: int, position: int, size: int, count: int) -> None:
-        self.offsets.append(base_offset)
-        self.positions.append(position)
-        self.size = position + size
-        self.next_offset = base_offset + count
 
 
 class SegmentedLog:
@@ -92,18 +65,27 @@ class SegmentedLog:
         directory: str | os.PathLike[str],
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         fsync: bool = True,
+        unflushed_in_memory: bool = False,
     ) -> None:
         if segment_bytes < records.HEADER_SIZE:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"segment_bytes {segment_bytes} is too small")
         self.directory = os.fspath(directory)
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        self.unflushed_in_memory = unflushed_in_memory  # test-only power-loss mode (segment.py)
+        if unflushed_in_memory:
+            log.warning("%s: unflushed writes are kept in memory (test-only power-loss mode)", directory)
         self._meta = LogBookkeeping()
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._bases: list[int] = []
-        self._dirty: dict[int, _Segment] = {}  # base -> segment written since the last flush
+        self._dirty: dict[int, Segment] = {}  # base -> segment written since the last flush
         self._dir_dirty = False
         self._closed = False
+        # Descriptors of segments removed while a flush ran in a worker thread are closed
+        # after it (the flush may still be writing or syncing them).
+        self._flush_lock = threading.Lock()
+        self._flushing = False
+        self._deferred_close: list[int] = []
         ensure_dir(self.directory, fsync=fsync)
         try:
             self._open()
@@ -154,12 +136,12 @@ class SegmentedLog:
             return
         # Validate everything first; the only modification (cutting a torn tail) happens after
         # all segments were checked, so a CORRUPT_LOG leaves every file untouched.
-        tail_cut: tuple[_Segment, int, str] | None = None
-        prev: _Segment | None = None
+        tail_cut: tuple[Segment, int, str] | None = None
+        prev: Segment | None = None
         for i, (base, name) in enumerate(found):
             path = os.path.join(self.directory, name)
             fd = os.open(path, os.O_RDWR)
-            seg = _Segment(self.directory, base, fd)
+            seg = Segment(self.directory, base, fd, self.unflushed_in_memory)
             self._segments.append(seg)
             self._bases.append(base)
             if prev is not None and base != prev.next_offset:
@@ -173,9 +155,12 @@ class SegmentedLog:
                 )
             size = os.fstat(fd).st_size
             if i + 1 < len(found):
-                self._scan_headers(seg, size)
+                scan_headers(seg, self._meta, size)
+                seg.opened(size)
             else:
-                tail_cut = self._scan_last(seg, size)
+                cut = scan_last(seg, self._meta, size)
+                seg.opened(size if cut is None else cut[0])
+                tail_cut = None if cut is None else (seg, *cut)
             prev = seg
         if tail_cut is not None:
             seg, valid, why = tail_cut
@@ -192,110 +177,22 @@ class SegmentedLog:
             if self.fsync:
                 os.fsync(seg.fd)
 
-    def _corrupt(
-        self, seg: _Segment, position: int, offset: int, what: str, located: bool = False
-    ) -> KraftError:
-        where = "" if located else f" at position {position} (offset {offset})"
-        return KraftError(
-            ErrorCode.CORRUPT_LOG,
-            f"{seg.path}: {what}{where}; refusing to open the log so that no committed data is dropped",
-            file=seg.path,
-            position=position,
-            offset=offset,
-        )
-
-    def _check_batch(self, seg: _Segment, pos: int, base: int, total: int, epoch: int, count: int) -> None:
-        expected = seg.next_offset
-        if total < records.HEADER_SIZE or count < 1 or epoch < 0:
-            raise self._corrupt(
-                seg, pos, expected, f"invalid batch header (length {total}, count {count}, epoch {epoch})"
-            )
-        if base != expected:
-            raise self._corrupt(seg, pos, expected, f"batch has base offset {base}, expected {expected}")
-        if epoch < self._meta.last_epoch:
-            raise self._corrupt(
-                seg,
-                pos,
-                base,
-                f"batch epoch {epoch} is below the previous batch's epoch {self._meta.last_epoch}",
-            )
-
-    def _scan_headers(self, seg: _Segment, size: int) -> None:
-        """A non-final segment: headers only, every byte accounted for, no torn tail allowed."""
-        if size == 0:
-            return
-        with mmap.mmap(seg.fd, size, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
-            pos = 0
-            while pos < size:
-                if size - pos < records.HEADER_SIZE:
-                    raise self._corrupt(
-                        seg, pos, seg.next_offset, f"{size - pos} trailing bytes in a non-final segment"
-                    )
-                base, total, epoch, count = records.batch_header(view, pos)
-                self._check_batch(seg, pos, base, total, epoch, count)
-                if pos + total > size:
-                    raise self._corrupt(seg, pos, base, "partial batch in a non-final segment")
-                controls: tuple[ControlRecord, ...] = ()
-                if mm[pos + _ATTR_POS] & records.ATTR_CONTROL:
-                    # control batches are small and rare: decode (and CRC-check) them for the summary
-                    try:
-                        (b,), _ = records.decode_batches(mm[pos : pos + total])
-                    except records.CorruptRecordError as e:
-                        raise self._corrupt(seg, pos, base, f"bad control batch: {e.message}") from None
-                    controls = b.info.controls
-                seg.add(base, pos, total, count)
-                self._meta.on_append(BatchInfo(base, epoch, count, total, controls))
-                pos += total
-
-    def _scan_last(self, seg: _Segment, size: int) -> tuple[_Segment, int, str] | None:
-        """The final segment: every batch CRC-verified; returns a torn tail to cut, if any."""
-        buf = _pread_all(seg.fd, size, 0)
-        try:
-            batches, valid = records.decode_batches(buf, verify_crc=True, allow_torn_tail=True)
-        except records.CorruptRecordError as e:
-            # the codec's message already names the batch offset and position
-            offset = _Q.unpack_from(buf, e.position)[0] if 0 <= e.position <= size - 8 else -1
-            raise self._corrupt(seg, e.position, offset, e.message, located=True) from None
-        for b in batches:
-            i = b.info
-            self._check_batch(seg, b.position, i.base_offset, i.size_bytes, i.epoch, i.count)
-            seg.add(i.base_offset, b.position, i.size_bytes, i.count)
-            self._meta.on_append(i)
-        if valid == size:
-            return None
-        why = _later_valid_batch(buf, valid, seg.next_offset)
-        if why is not None:
-            raise self._corrupt(seg, valid, seg.next_offset, f"damaged batch: {why}")
-        if size - valid < records.HEADER_SIZE:
-            what = f"{size - valid} bytes, too short for a batch header"
-        else:
-            _b, total, _e, _c = records.batch_header(buf, valid)
-            if valid + total > size:
-                what = f"partial batch ({size - valid} of {total} bytes)"
-            else:
-                what = "final batch fails its CRC or header check"
-        return seg, valid, what
-
     # -- writing -----------------------------------------------------------------------------
 
-    def _create_segment(self, base: int) -> _Segment:
+    def _create_segment(self, base: int) -> Segment:
         path = os.path.join(self.directory, segment_name(base))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         self._dir_dirty = True
-        return _Segment(self.directory, base, fd)
+        return Segment(self.directory, base, fd, self.unflushed_in_memory)
 
-    def _roll(self) -> _Segment:
+    def _roll(self) -> Segment:
         seg = self._create_segment(self.end_offset)
         self._segments.append(seg)
         self._bases.append(seg.base)
         return seg
 
-    def _write_run(self, seg: _Segment, data: memoryview) -> None:
-        pos = seg.size
-        while data:
-            n = os.pwrite(seg.fd, data, pos)
-            data = data[n:]
-            pos += n
+    def _write_run(self, seg: Segment, data: memoryview) -> None:
+        seg.write(data)
         self._dirty[seg.base] = seg
 
     def _check_open(self) -> None:
@@ -333,7 +230,7 @@ class SegmentedLog:
         except OSError as e:
             raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, f"{seg.path}: write failed: {e}") from e
 
-    def _index(self, seg: _Segment, pending: list[tuple[BatchInfo, int]]) -> None:
+    def _index(self, seg: Segment, pending: list[tuple[BatchInfo, int]]) -> None:
         pos = seg.size
         for info, size in pending:
             seg.add(info.base_offset, pos, size, info.count)
@@ -364,29 +261,43 @@ class SegmentedLog:
         dirty = list(self._dirty.values())
         self._dirty.clear()
         dir_dirty, self._dir_dirty = self._dir_dirty, False
-        if self.fsync:
-            try:
-                for seg in dirty:
-                    if seg.fd >= 0:
-                        os.fdatasync(seg.fd)
-                if dir_dirty:
-                    fsync_dir(self.directory)
-            except BaseException:
-                for seg in dirty:
-                    self._dirty.setdefault(seg.base, seg)
-                self._dir_dirty = self._dir_dirty or dir_dirty
-                raise
+        with self._flush_lock:
+            self._flushing = True
+        try:
+            for seg in dirty:
+                seg.flush_pending()
+                if self.fsync and seg.fd >= 0:
+                    os.fdatasync(seg.fd)
+            if self.fsync and dir_dirty:
+                fsync_dir(self.directory)
+        except BaseException:
+            for seg in dirty:
+                self._dirty.setdefault(seg.base, seg)
+            self._dir_dirty = self._dir_dirty or dir_dirty
+            raise
+        finally:
+            with self._flush_lock:
+                self._flushing = False
+                deferred, self._deferred_close = self._deferred_close, []
+            for fd in deferred:
+                os.close(fd)
         self._flushed_end = min(max(self._flushed_end, end), self.end_offset)
 
     # -- truncation and deletion -------------------------------------------------------------
 
-    def _remove_segment(self, seg: _Segment) -> None:
-        os.close(seg.fd)
+    def _remove_segment(self, seg: Segment) -> None:
+        fd, seg.fd = seg.fd, -1
+        with self._flush_lock:
+            if self._flushing:
+                self._deferred_close.append(fd)
+                fd = -1
+        if fd >= 0:
+            os.close(fd)
         os.unlink(seg.path)
         self._dirty.pop(seg.base, None)
         self._dir_dirty = True
 
-    def _sync_after_structural_change(self, segs: list[_Segment]) -> None:
+    def _sync_after_structural_change(self, segs: list[Segment]) -> None:
         if self.fsync:
             for seg in segs:
                 os.fdatasync(seg.fd)
@@ -418,10 +329,9 @@ class SegmentedLog:
         k = bisect.bisect_left(last.offsets, end_offset)
         if k < len(last.offsets):
             cut = last.positions[k]
-            os.ftruncate(last.fd, cut)
+            last.truncate(cut)
             del last.offsets[k:]
             del last.positions[k:]
-            last.size = cut
             last.next_offset = end_offset
         self._meta.on_truncate(end_offset)
         self._flushed_end = min(self._flushed_end, end_offset)
@@ -463,7 +373,7 @@ class SegmentedLog:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _locate(self, offset: int) -> tuple[_Segment, int]:
+    def _locate(self, offset: int) -> tuple[Segment, int]:
         """The segment and batch index holding ``offset`` (log_start <= offset < end)."""
         si = bisect.bisect_right(self._bases, offset) - 1
         seg = self._segments[si]
@@ -508,7 +418,7 @@ class SegmentedLog:
                 return b""
             k = min(k, last_allowed)
         stop = seg.positions[k + 1] if k + 1 < n else seg.size
-        return _pread_all(seg.fd, stop - start, start)
+        return seg.read(start, stop - start)
 
     def batch_infos(self) -> list[tuple[int, int, int]]:
         """(base offset, segment base, position) of every batch: for tests and tooling."""
@@ -548,72 +458,3 @@ class SegmentedLog:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _pread_all(fd: int, size: int, position: int) -> bytes:
-    data = os.pread(fd, size, position)
-    if len(data) == size:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < size:
-        chunk = os.pread(fd, size - got, position + got)
-        if not chunk:
-            raise KraftError(ErrorCode.CORRUPT_LOG, f"short read: wanted {size} bytes at position {position}")
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
-
-
-def _valid_batch_at(buf: bytes, pos: int) -> bool:
-    try:
-        (b,), _ = records.decode_batches(buf[pos : pos + records.batch_header(buf, pos)[1]])
-    except (records.CorruptRecordError, ValueError, struct.error):
-        return False
-    return b.info.count >= 1
-
-
-_NONZERO = re.compile(rb"[^\x00]")
-_MAX_PATTERNS = 1024
-
-
-def _later_valid_batch(buf: bytes, tail: int, expected: int) -> str | None:
-    """Is there a CRC-valid batch anywhere after the unreadable bytes at ``tail``? If so they are
-    not a torn write (a crash tears only the write in flight, never bytes before an intact
-    batch), the log is corrupt, and recovery must not cut it.
-
-    Any such batch has a base offset in ``(expected, expected + (len(buf) - tail) // 4]``
-    (every record takes at least 4 bytes), so the upper six bytes of its little-endian base
-    offset take few values: ``bytes.find`` locates the candidates at C speed, runs of zero
-    bytes (which cannot start a batch: its length field is non-zero) are skipped, and each
-    plausible header is CRC-checked."""
-    n = len(buf)
-    if n - tail <= records.HEADER_SIZE:
-        return None
-    lo, hi = expected + 1, expected + 1 + (n - tail) // 4
-    uppers = sorted({(v >> 16) for v in range(lo, hi + 1, 1 << 16)} | {hi >> 16})[:_MAX_PATTERNS]
-    for upper in uppers:
-        pattern = _Q.pack(upper << 16)[2:]
-        zero = not any(pattern)
-        start = tail + 3  # the pattern sits at p + 2 for a candidate p > tail
-        while True:
-            k = buf.find(pattern, start, n - records.HEADER_SIZE + 8)
-            if k == -1:
-                break
-            p = k - 2
-            base, blen, _crc, epoch, _a, count, _t = _HEADER.unpack_from(buf, p)
-            if (
-                lo <= base <= hi
-                and count >= 1
-                and epoch >= 0
-                and records.HEADER_SIZE <= blen + 12 <= n - p
-                and _valid_batch_at(buf, p)
-            ):
-                return f"unreadable bytes are followed by a valid batch at position {p} (offset {base})"
-            start = k + 1
-            if zero and not any(buf[p + 8 : p + 12]):
-                m = _NONZERO.search(buf, p + 8)
-                if m is None:
-                    break
-                start = max(start, m.start() - 9)
-    return None

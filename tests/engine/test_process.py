@@ -13,6 +13,7 @@ import pytest
 from quorum.client import QuorumClient
 from quorum.types import ErrorCode, KraftError
 from tests.engine.cluster import LocalCluster, poll, run_cli
+from tests.engine.http import call
 
 pytestmark = pytest.mark.slow
 
@@ -300,6 +301,8 @@ def test_wrong_cluster_id_rpc_is_refused(cluster: LocalCluster) -> None:
     from quorum.runtime import wire
 
     cluster.leader()
+    # node 1 may still be starting when the other two elected a leader
+    poll(lambda: call(cluster.endpoint(1), "GET", "/readyz")[0] == 200, 30, "node 1 ready")
     req = m.FetchRequest(1, "other-cluster", 9, None, 0, 0, 0, 0, 1024)
 
     async def send() -> Any:

@@ -1,0 +1,165 @@
+"""The node-to-node transport seam: how a raft request reaches a peer and its answer comes back.
+
+The node never talks HTTP itself. It holds a :class:`Transport` (client side: send one request
+to a peer endpoint, get the decoded response) and exposes an :class:`RpcHandler` (server side:
+one encoded request body in, one encoded response body out). Two implementations:
+
+* :class:`HttpTransport` — aiohttp, ``POST /raft/v1/{rpc}`` with the ``quorum.runtime.wire``
+  encoding (docs/design.md "Node HTTP API"). One keep-alive connection pool for every peer.
+* :class:`InProcessTransport` — the same encoding, delivered to handlers registered by
+  endpoint in this process (tests run several nodes in one event loop, no sockets).
+
+Where TLS plugs in (issue 8): ``HttpTransport(ssl_context=...)`` switches to ``https`` with a
+client context that presents this node's certificate; ``peer_check(destination_id, peercert)``
+is called with the server's certificate on every response, so a node can insist that the peer
+it reached is the replica it meant (KIP-595 RPCs name their destination). On the server side
+the middleware that authenticates a request stores what it learned in ``request["peer"]``;
+``server.py`` hands it to :meth:`RpcHandler.handle_rpc` as ``peer``, and the node's
+``peer_check`` compares it with the replica the decoded request claims to be.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import aiohttp
+
+from quorum.core import messages as m
+from quorum.runtime import wire
+from quorum.types import ErrorCode, KraftError
+
+__all__ = [
+    "HttpTransport",
+    "InProcessTransport",
+    "PeerCheck",
+    "RpcHandler",
+    "Transport",
+    "TransportError",
+]
+
+# (destination replica id, the peer's certificate as ``SSLSocket.getpeercert()`` returns it,
+# or None without TLS) -> None, or raise TransportError to refuse the answer.
+PeerCheck = Callable[[int, dict[str, Any] | None], None]
+
+
+class TransportError(Exception):
+    """A request got no usable answer: refused, timed out, an HTTP error, an undecodable body.
+    The node steps it into the core as ``RpcFailed`` (the core retries or gives up)."""
+
+
+class Transport(Protocol):
+    """Client side: deliver one raft request to a peer and return its decoded response."""
+
+    async def send(self, destination_id: int, endpoint: str, request: Any, timeout_s: float) -> Any:
+        """The response message for ``request`` (a ``quorum.core.messages`` request), or
+        :class:`TransportError`."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class RpcHandler(Protocol):
+    """Server side: the node's RPC entry (``POST /raft/v1/{path}``)."""
+
+    async def handle_rpc(self, path: str, body: bytes, peer: object | None = None) -> bytes:
+        """Decode ``body`` as the request named by ``path``, step it into the core, return the
+        encoded response. ``peer``: what the server's authentication learned about the caller
+        (None without TLS). Raises ``KraftError`` (INVALID_REQUEST for bad input)."""
+        ...
+
+
+def _decode_response(request: Any, body: bytes) -> Any:
+    try:
+        return wire.decode(m.RESPONSE_FOR[type(request)], body)
+    except KraftError as e:
+        raise TransportError(f"undecodable {m.RPC_PATHS[type(request)]} response: {e.message}") from None
+
+
+class HttpTransport:
+    """aiohttp client for ``POST {scheme}://{endpoint}/raft/v1/{rpc}``.
+
+    ``ssl_context``: None for plaintext (loopback), else the client context of this node
+    (issue 8: it presents the node certificate and verifies the cluster CA)."""
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext | None = None,
+        peer_check: PeerCheck | None = None,
+        limit_per_host: int = 64,
+    ) -> None:
+        self.ssl_context = ssl_context
+        self.peer_check = peer_check
+        self.scheme = "https" if ssl_context is not None else "http"
+        self._limit_per_host = limit_per_host
+        self._session: aiohttp.ClientSession | None = None
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Created on first use so that it belongs to the running event loop.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=0,
+                    limit_per_host=self._limit_per_host,
+                    keepalive_timeout=30,
+                    ssl=self.ssl_context if self.ssl_context is not None else True,
+                ),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self._session
+
+    async def send(self, destination_id: int, endpoint: str, request: Any, timeout_s: float) -> Any:
+        path = m.RPC_PATHS[type(request)]
+        try:
+            async with self._sess().post(
+                f"{self.scheme}://{endpoint}/raft/v1/{path}",
+                data=wire.encode(request),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as r:
+                if self.peer_check is not None:
+                    conn = r.connection
+                    tr = conn.transport if conn is not None else None
+                    self.peer_check(destination_id, tr.get_extra_info("peercert") if tr else None)
+                body = await r.read()
+                if r.status != 200:
+                    raise TransportError(f"HTTP {r.status}: {body[:200]!r}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise TransportError(f"{type(e).__name__}: {e}") from None
+        return _decode_response(request, body)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class InProcessTransport:
+    """Delivers requests to :class:`RpcHandler` objects registered by endpoint, through the
+    same wire encoding as HTTP (so a test still exercises encode and decode). An endpoint with
+    no handler, or :meth:`cut` off, behaves like a refused connection."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, RpcHandler] = {}
+        self.down: set[str] = set()
+
+    def register(self, endpoint: str, handler: RpcHandler) -> None:
+        self.handlers[endpoint] = handler
+
+    def cut(self, endpoint: str, down: bool = True) -> None:
+        """Make ``endpoint`` unreachable (or reachable again)."""
+        (self.down.add if down else self.down.discard)(endpoint)
+
+    async def send(self, destination_id: int, endpoint: str, request: Any, timeout_s: float) -> Any:
+        handler = self.handlers.get(endpoint)
+        if handler is None or endpoint in self.down:
+            raise TransportError(f"connection refused: nothing serves {endpoint}")
+        try:
+            body = await handler.handle_rpc(m.RPC_PATHS[type(request)], wire.encode(request))
+        except KraftError as e:
+            status = 503 if e.code is ErrorCode.REQUEST_TIMED_OUT else 400
+            raise TransportError(f"HTTP {status}: {e.code.value}: {e.message}") from None
+        return _decode_response(request, body)
+
+    async def close(self) -> None:
+        self.handlers.clear()

@@ -1,0 +1,141 @@
+"""One segment file of the segmented log: its batch index and its byte I/O.
+
+The index is two ``array('q')`` columns (batch base offset, byte position), one entry per
+batch (see ``quorum.storage.log``). Bytes go to the file with ``os.pwrite`` and come back with
+``os.pread`` on the segment's cached descriptor.
+
+Test-only power-loss mode (``unflushed_in_memory``, config ``log.unflushed_in_memory``): the
+segment keeps the bytes written since the last flush in process memory (``pending``, which
+starts at file position ``pending_at``) and writes them to the file only in :meth:`flush_pending`,
+which the log calls right before its fsync. A SIGKILL then loses exactly what was not fsynced,
+as a power cut loses what the page cache held; without it a killed process's writes survive in
+the page cache and a process-level test cannot see a durability bug. Reads serve the pending
+bytes too (the leader serves unflushed batches to followers). ``flush_pending`` runs in a worker
+thread while the event loop appends and reads, hence the lock; truncation never runs during a
+flush (the node's Ready loop awaits the flush).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from array import array
+
+from quorum.types import ErrorCode, KraftError
+
+__all__ = ["Segment", "pread_all", "segment_name"]
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.log"
+
+
+def pread_all(fd: int, size: int, position: int) -> bytes:
+    data = os.pread(fd, size, position)
+    if len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.pread(fd, size - got, position + got)
+        if not chunk:
+            raise KraftError(ErrorCode.CORRUPT_LOG, f"short read: wanted {size} bytes at position {position}")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _pwrite_all(fd: int, data: memoryview | bytes, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, position)
+        view = view[n:]
+        position += n
+
+
+class Segment:
+    __slots__ = (
+        "base",
+        "fd",
+        "lock",
+        "name",
+        "next_offset",
+        "offsets",
+        "path",
+        "pending",
+        "pending_at",
+        "positions",
+        "size",
+    )
+
+    def __init__(self, directory: str, base: int, fd: int, unflushed_in_memory: bool = False) -> None:
+        self.base = base
+        self.name = segment_name(base)
+        self.path = os.path.join(directory, self.name)
+        self.fd = fd
+        self.size = 0  # logical size: file bytes plus pending bytes
+        self.next_offset = base
+        self.offsets = array("q")
+        self.positions = array("q")
+        self.pending: bytearray | None = bytearray() if unflushed_in_memory else None
+        self.pending_at = 0
+        self.lock = threading.Lock() if unflushed_in_memory else None
+
+    def add(self, base_offset: int, position: int, size: int, count: int) -> None:
+        self.offsets.append(base_offset)
+        self.positions.append(position)
+        self.size = position + size
+        self.next_offset = base_offset + count
+
+    def opened(self, file_size: int) -> None:
+        """After recovery: the file holds ``file_size`` bytes, nothing is pending."""
+        self.pending_at = file_size
+
+    def write(self, data: memoryview) -> None:
+        """Append ``data`` at the segment's logical end (the caller indexes it)."""
+        if self.pending is None:
+            _pwrite_all(self.fd, data, self.size)
+            return
+        assert self.lock is not None
+        with self.lock:
+            self.pending += data
+
+    def read(self, start: int, length: int) -> bytes:
+        if self.pending is None:
+            return pread_all(self.fd, length, start)
+        assert self.lock is not None
+        with self.lock:
+            at = self.pending_at
+            if start + length <= at:
+                return pread_all(self.fd, length, start)
+            head = pread_all(self.fd, at - start, start) if start < at else b""
+            lo = max(0, start - at)
+            return head + bytes(self.pending[lo : start + length - at])
+
+    def flush_pending(self) -> None:
+        """Write the pending bytes to the file (power-loss mode; a no-op otherwise)."""
+        if self.pending is None or self.fd < 0:
+            return
+        assert self.lock is not None
+        with self.lock:
+            data, at = bytes(self.pending), self.pending_at
+        if not data:
+            return
+        _pwrite_all(self.fd, data, at)
+        with self.lock:
+            del self.pending[: len(data)]
+            self.pending_at = at + len(data)
+
+    def truncate(self, cut: int) -> None:
+        """Drop the bytes from position ``cut`` on (the caller fixes the index)."""
+        if self.pending is not None:
+            assert self.lock is not None
+            with self.lock:
+                if cut >= self.pending_at:
+                    del self.pending[cut - self.pending_at :]
+                    self.size = cut
+                    return
+                self.pending.clear()
+                self.pending_at = cut
+        os.ftruncate(self.fd, cut)
+        self.size = cut
