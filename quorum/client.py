@@ -7,12 +7,20 @@ leader, so callers never need to know who leads. Errors surface as
 
 Retry rule: a 421 means the request was *not applied* (interfaces.md), so it is always safe to
 retry elsewhere; a 503 ``REQUEST_TIMED_OUT`` / ``LEADERSHIP_LOST`` write may or may not have
-taken effect and is returned to the caller, never retried silently.
+taken effect and is returned to the caller, never retried silently. With ``refused_grace``
+(the CLI sets 1 s) a bootstrap list whose every address refuses connections for that long is
+``UNAVAILABLE`` at once instead of after ``timeout``: nothing listens there. 401 / 403 and TLS
+certificate failures are final too (retrying cannot fix a credential).
+
+TLS and credentials (issue 8): with a :class:`~quorum.security.clientconfig.ClientConfig` the
+client speaks https when the config has a ``ca_file`` and sends its bearer token or presents
+its client certificate on every request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import time
 from collections.abc import Sequence
@@ -22,6 +30,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from quorum.security.clientconfig import ClientConfig
 from quorum.types import ErrorCode, KraftError
 
 
@@ -62,9 +71,21 @@ def _error_from(status: int, body: bytes) -> KraftError:
 class QuorumClient:
     """Async client; one keep-alive connection pool shared by all calls."""
 
-    def __init__(self, bootstrap: Sequence[str] | str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        bootstrap: Sequence[str] | str,
+        *,
+        timeout: float = 10.0,
+        client_config: ClientConfig | None = None,
+        refused_grace: float | None = None,
+    ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap)
         self.timeout = timeout
+        self.refused_grace = refused_grace
+        self.config = client_config
+        self.scheme = client_config.scheme if client_config is not None else "http"
+        self._ssl = client_config.ssl_context() if client_config is not None else None
+        self._headers = client_config.headers() if client_config is not None else {}
         self._leader: str | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -85,9 +106,13 @@ class QuorumClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(self.timeout, 3.0)),
-                connector=aiohttp.TCPConnector(limit=64),
+                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl if self._ssl is not None else True),
+                headers=self._headers,
             )
         return self._session
+
+    def url(self, endpoint: str, path: str) -> str:
+        return f"{self.scheme}://{endpoint}{path}"
 
     async def request(
         self,
@@ -105,10 +130,12 @@ class QuorumClient:
         deadline = time.monotonic() + self.timeout
         last: KraftError | None = None
         tried_hint = 0
+        refused_since: float | None = None
         while True:
             candidates = ([self._leader] if self._leader else []) + [
                 b for b in self.bootstrap if b != self._leader
             ]
+            refused = 0
             for ep in candidates:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -118,14 +145,20 @@ class QuorumClient:
                     headers = {"Content-Type": "application/json"} if json_body is not None else {}
                     async with self._sess().request(
                         method,
-                        f"http://{ep}{path}",
+                        self.url(ep, path),
                         data=data,
                         headers=headers,
                         timeout=aiohttp.ClientTimeout(total=remaining),
                     ) as resp:
                         raw = await resp.read()
                         status = resp.status
+                except aiohttp.ClientConnectorCertificateError as e:
+                    raise KraftError(
+                        ErrorCode.UNAVAILABLE, f"TLS certificate of {ep} not accepted: {e.certificate_error}"
+                    ) from None
                 except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                    if _refused(e):
+                        refused += 1
                     last = KraftError(ErrorCode.UNAVAILABLE, f"cannot reach {ep}: {e or type(e).__name__}")
                     if ep == self._leader:
                         self._leader = None
@@ -150,10 +183,21 @@ class QuorumClient:
                     continue
                 raise err
             else:
-                # every candidate failed without a fresh hint: wait for an election
-                if time.monotonic() >= deadline:
+                # every candidate failed without a fresh hint: wait for an election, unless
+                # nothing listens on any address (connection refused everywhere for a while)
+                now = time.monotonic()
+                if refused and refused == len(candidates) and self.refused_grace is not None:
+                    refused_since = now if refused_since is None else refused_since
+                    if now - refused_since >= self.refused_grace:
+                        raise KraftError(
+                            ErrorCode.UNAVAILABLE,
+                            f"connection refused by every address of {', '.join(self.bootstrap)}",
+                        )
+                else:
+                    refused_since = None
+                if now >= deadline:
                     break
-                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(min(0.1, max(0.0, deadline - now)))
                 continue
             if time.monotonic() >= deadline:
                 break
@@ -197,6 +241,18 @@ class QuorumClient:
     async def node_get(self, endpoint: str, path: str) -> tuple[int, bytes]:
         """GET ``path`` from one specific node (``/metrics``, ``/readyz``, ...)."""
         async with self._sess().get(
-            f"http://{endpoint}{path}", timeout=aiohttp.ClientTimeout(total=self.timeout)
+            self.url(endpoint, path), timeout=aiohttp.ClientTimeout(total=self.timeout)
         ) as resp:
             return resp.status, await resp.read()
+
+
+def _refused(e: BaseException) -> bool:
+    """True when nothing listens at the address (ECONNREFUSED), as opposed to a timeout."""
+    err: BaseException = e.os_error if isinstance(e, aiohttp.ClientConnectorError) else e
+    if isinstance(err, ConnectionRefusedError) or getattr(err, "errno", None) == errno.ECONNREFUSED:
+        return True
+    # several addresses for one name (localhost: ::1 and 127.0.0.1): refused only if all were
+    text = str(err)
+    return text.startswith("Multiple exceptions") and text.count("[Errno") == text.count(
+        f"[Errno {errno.ECONNREFUSED}]"
+    )

@@ -28,6 +28,7 @@ from quorum.records import (
     encode_control_batch,
 )
 from quorum.runtime import wire
+from quorum.security.clientconfig import parse_client_config
 from quorum.storage.meta import decode_meta, render_properties
 from quorum.storage.quorum_state import decode_quorum_state, encode_quorum_state
 from quorum.types import (
@@ -42,7 +43,7 @@ from quorum.types import (
 
 FUZZ = settings(
     derandomize=not os.environ.get("KRAFTKEEPER_FUZZ_EXAMPLES"),
-    max_examples=int(os.environ.get("KRAFTKEEPER_FUZZ_EXAMPLES", "400")),
+    max_examples=int(os.environ.get("KRAFTKEEPER_FUZZ_EXAMPLES", "300")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -278,3 +279,27 @@ def test_quorum_state(changes: dict[str, Any], junk: bytes) -> None:
             assert "/d/quorum-state" in e.message
             continue
         assert decode_quorum_state(encode_quorum_state(state)) == state
+
+
+@FUZZ
+@given(
+    obj=st.one_of(
+        json_values,
+        st.dictionaries(
+            st.sampled_from(["ca_file", "cert_file", "key_file", "token_file", "cafile", ""]),
+            json_values,
+            max_size=5,
+        ),
+    ),
+    junk=st.binary(max_size=30),
+)
+def test_client_config(obj: Any, junk: bytes) -> None:
+    for raw in (json.dumps(obj).encode(), junk):
+        try:
+            cfg = parse_client_config(raw, "/etc/kk/client.json", "/etc/kk")
+        except KraftError as e:
+            _refused_clearly(e)
+            assert "/etc/kk/client.json" in e.message
+            continue
+        assert cfg.cert_file is not None or cfg.token_file is not None
+        assert (cfg.cert_file is None) == (cfg.key_file is None)
