@@ -34,6 +34,7 @@ batches).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import re
@@ -129,7 +130,7 @@ class SegmentedLog:
                 found.append((int(m.group(1)), name))
         found.sort()
         if not found:
-            self._segments.append(self._create_segment(0))
+            self._segments.append(self._create_segment(0, now=True))
             self._bases.append(0)
             if self.fsync:
                 fsync_dir(self.directory)
@@ -179,10 +180,14 @@ class SegmentedLog:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def _create_segment(self, base: int) -> Segment:
+    def _create_segment(self, base: int, *, now: bool = False) -> Segment:
+        self._dir_dirty = True
+        if self.unflushed_in_memory and not now:
+            # Power-loss mode: a rolled segment's file appears at the next flush, with its
+            # bytes (a power cut before it loses the file's creation too).
+            return Segment(self.directory, base, -1, unflushed_in_memory=True)
         path = os.path.join(self.directory, segment_name(base))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        self._dir_dirty = True
         return Segment(self.directory, base, fd, self.unflushed_in_memory)
 
     def _roll(self) -> Segment:
@@ -293,14 +298,17 @@ class SegmentedLog:
                 fd = -1
         if fd >= 0:
             os.close(fd)
-        os.unlink(seg.path)
+        seg.removed()
+        with contextlib.suppress(FileNotFoundError):  # power-loss mode: maybe never created
+            os.unlink(seg.path)
         self._dirty.pop(seg.base, None)
         self._dir_dirty = True
 
     def _sync_after_structural_change(self, segs: list[Segment]) -> None:
         if self.fsync:
             for seg in segs:
-                os.fdatasync(seg.fd)
+                if seg.fd >= 0:
+                    os.fdatasync(seg.fd)
             if self._dir_dirty:
                 fsync_dir(self.directory)
             self._dir_dirty = False
@@ -365,7 +373,7 @@ class SegmentedLog:
         self._bases.clear()
         if self.fsync:
             fsync_dir(self.directory)
-        self._segments.append(self._create_segment(snapshot_id.offset))
+        self._segments.append(self._create_segment(snapshot_id.offset, now=True))
         self._bases.append(snapshot_id.offset)
         self._meta.on_reset(snapshot_id)
         self._flushed_end = snapshot_id.offset

@@ -56,6 +56,7 @@ def _pwrite_all(fd: int, data: memoryview | bytes, position: int) -> None:
 class Segment:
     __slots__ = (
         "base",
+        "created",
         "fd",
         "lock",
         "name",
@@ -73,6 +74,7 @@ class Segment:
         self.name = segment_name(base)
         self.path = os.path.join(directory, self.name)
         self.fd = fd
+        self.created = fd >= 0  # power-loss mode creates a rolled segment's file at its flush
         self.size = 0  # logical size: file bytes plus pending bytes
         self.next_offset = base
         self.offsets = array("q")
@@ -112,16 +114,27 @@ class Segment:
             lo = max(0, start - at)
             return head + bytes(self.pending[lo : start + length - at])
 
+    def removed(self) -> None:
+        """The log dropped this segment: a flush in flight must not create its file."""
+        self.created = True
+        self.fd = -1
+
     def flush_pending(self) -> None:
         """Write the pending bytes to the file (power-loss mode; a no-op otherwise)."""
-        if self.pending is None or self.fd < 0:
+        if self.pending is None:
             return
         assert self.lock is not None
         with self.lock:
+            if not self.created:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                self.created = True
+            fd = self.fd  # a removal meanwhile defers closing it until the flush ends
+            if fd < 0:
+                return
             data, at = bytes(self.pending), self.pending_at
         if not data:
             return
-        _pwrite_all(self.fd, data, at)
+        _pwrite_all(fd, data, at)
         with self.lock:
             del self.pending[: len(data)]
             self.pending_at = at + len(data)

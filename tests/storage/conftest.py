@@ -26,6 +26,10 @@ class LogHarness:
     def _open(self) -> SegmentedLog | MemoryLog:
         if self.kind == "file":
             return SegmentedLog(self.path, segment_bytes=self.segment_bytes, fsync=True)
+        if self.kind == "file-unflushed-in-memory":  # the test-only power-loss mode
+            return SegmentedLog(
+                self.path, segment_bytes=self.segment_bytes, fsync=True, unflushed_in_memory=True
+            )
         return MemoryLog()
 
     def restart(self) -> SegmentedLog | MemoryLog:
@@ -37,7 +41,7 @@ class LogHarness:
         return self.log
 
 
-@pytest.fixture(params=["file", "memory"])
+@pytest.fixture(params=["file", "file-unflushed-in-memory", "memory"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogHarness]:
     h = LogHarness(request.param, tmp_path / "log")
     yield h
