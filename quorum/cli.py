@@ -84,6 +84,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         voters=args.voters,
         advertise=args.advertise,
         config_file=args.config,
+        tls_options={k: getattr(args, k) for k in ("tls_dir", "cert", "key", "ca", "tokens")},
+        insecure=args.insecure,
     )
 
 
@@ -306,6 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--voters", required=True, help='bootstrap voters "1@HOST:PORT,2@HOST:PORT,..."')
     s.add_argument("--advertise", help="HOST:PORT other nodes use to reach this one")
     s.add_argument("--config", help="JSON config file (timeouts, fsync, snapshot thresholds)")
+    s.add_argument(
+        "--tls-dir", help="TLS directory of `kraftkeeper tls`: ca.crt, node-N.crt/.key, tokens.json"
+    )
+    s.add_argument("--cert", help="this node's certificate (PEM), with --key and --ca")
+    s.add_argument("--key", help="its private key (PEM)")
+    s.add_argument("--ca", help="the cluster CA certificate (PEM)")
+    s.add_argument("--tokens", help="hashed bearer tokens file (default: TLS-DIR/tokens.json if present)")
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plaintext HTTP without authentication on a non-loopback --listen",
+    )
     s.set_defaults(fn=cmd_start)
 
     def bootstrap(sp: argparse.ArgumentParser) -> None:

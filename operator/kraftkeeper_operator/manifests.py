@@ -287,7 +287,7 @@ def statefulset(
     q: QuorumSpec, owner: Mapping[str, Any], *, replicas: int, bootstrap_voters: int
 ) -> dict[str, Any]:
     start = (
-        f"exec kraftkeeper start --dir {DATA_DIR} --listen 0.0.0.0:{q.port} "
+        f"exec kraftkeeper start --dir {DATA_DIR} --listen 0.0.0.0:{q.port} --insecure "
         f'--advertise "$(POD_NAME).{q.headless}.{q.namespace}.svc:{q.port}" '
         f'--voters "{q.voters_arg(bootstrap_voters)}"'
     )

@@ -21,6 +21,8 @@ from quorum.runtime.config import NodeConfig, load_config, parse_voters
 from quorum.runtime.node import Node
 from quorum.runtime.server import build_app, start_server
 from quorum.runtime.transport import HttpTransport
+from quorum.security.nodetls import NodeTls, check_plaintext_listen, load_node_tls
+from quorum.storage.meta import load_meta
 from quorum.types import ErrorCode, KraftError
 
 
@@ -64,9 +66,18 @@ async def serve_node(
     cfg: NodeConfig,
     advertise: str | None = None,
     stop: asyncio.Event | None = None,
+    tls: NodeTls | None = None,
 ) -> None:
-    """Run one node and its server until ``stop`` is set (default: SIGTERM / SIGINT)."""
-    transport = HttpTransport()
+    """Run one node and its server until ``stop`` is set (default: SIGTERM / SIGINT). With
+    ``tls`` (issue 8): https, mutual TLS to peers, and the authorization middleware."""
+    cluster_id = load_meta(data_dir).cluster_id if tls is not None else ""
+    transport = (
+        HttpTransport()
+        if tls is None
+        else HttpTransport(
+            ssl_context=tls.peer_context(), server_hostname=NodeTls.server_hostname(cluster_id)
+        )
+    )
     node = Node(data_dir, listen, voters, cfg, transport, advertise=advertise)
     try:
         # Tail latency: the KV map and the caches built at start-up are long-lived; freezing
@@ -79,7 +90,12 @@ async def serve_node(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-        runner = await start_server(build_app(node, max_body=kvmod.MAX_VALUE_BYTES + 64 * 1024), listen)
+        app = build_app(
+            node,
+            max_body=kvmod.MAX_VALUE_BYTES + 64 * 1024,
+            middlewares=tls.middlewares(cluster_id) if tls is not None else (),
+        )
+        runner = await start_server(app, listen, tls.server_context() if tls is not None else None)
         try:
             await node.run(stop)
         finally:
@@ -90,7 +106,13 @@ async def serve_node(
 
 
 def run_node(
-    data_dir: str, listen: str, voters: str, advertise: str | None = None, config_file: str | None = None
+    data_dir: str,
+    listen: str,
+    voters: str,
+    advertise: str | None = None,
+    config_file: str | None = None,
+    tls_options: dict[str, str | None] | None = None,
+    insecure: bool = False,
 ) -> int:
     voter_map = parse_voters(voters)
     cfg = load_config(config_file)
@@ -101,10 +123,13 @@ def run_node(
         raise KraftError(
             ErrorCode.INVALID_REQUEST, "--advertise is required when listening on a wildcard address"
         )
+    tls = load_node_tls(data_dir, tls_options or {})
+    if tls is None:
+        check_plaintext_listen(listen, insecure)
     _setup_logging(listen)
 
     async def main() -> None:
-        await serve_node(data_dir, listen, voter_map, cfg, advertise)
+        await serve_node(data_dir, listen, voter_map, cfg, advertise, tls=tls)
 
     try:
         import uvloop  # optional: a faster event loop for the HTTP paths

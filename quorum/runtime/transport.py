@@ -88,9 +88,13 @@ class HttpTransport:
         ssl_context: ssl.SSLContext | None = None,
         peer_check: PeerCheck | None = None,
         limit_per_host: int = 64,
+        server_hostname: Callable[[int], str] | None = None,
     ) -> None:
         self.ssl_context = ssl_context
         self.peer_check = peer_check
+        # issue 8: the TLS name the destination replica's certificate must carry
+        # (quorum.security.pki.peer_hostname), so the handshake itself refuses any other replica
+        self.server_hostname = server_hostname
         self.scheme = "https" if ssl_context is not None else "http"
         self._limit_per_host = limit_per_host
         self._session: aiohttp.ClientSession | None = None
@@ -116,6 +120,7 @@ class HttpTransport:
                 f"{self.scheme}://{endpoint}/raft/v1/{path}",
                 data=wire.encode(request),
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
+                server_hostname=self.server_hostname(destination_id) if self.server_hostname else None,
             ) as r:
                 if self.peer_check is not None:
                     conn = r.connection

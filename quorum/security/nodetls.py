@@ -1,0 +1,173 @@
+"""TLS for one node (``kraftkeeper start --tls-dir D`` or ``--cert/--key/--ca [--tokens]``).
+
+Assembles, from the node's certificate, key, cluster CA and token store, what the runtime
+needs: the server context, the peer client context with the per-replica TLS server name, and
+the authorization middleware. Start-up refuses a certificate that does not name this node
+(cluster id and replica id from ``meta.properties``), so a node can never serve, or call its
+peers, under another replica's identity.
+
+Plaintext is for loopback only (interfaces.md "Security"): :func:`check_plaintext_listen`
+refuses a non-loopback ``--listen`` without TLS unless ``--insecure`` is given.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp.typedefs import Middleware
+from cryptography import x509
+
+from quorum.security.middleware import auth_middleware
+from quorum.security.pki import CA_CERT, identity_from_cert, peer_hostname
+from quorum.security.tlsctx import peer_client_context, server_context
+from quorum.security.tokens import TOKENS_FILE, TokenStore
+from quorum.storage.meta import load_meta
+from quorum.types import ErrorCode, KraftError
+
+__all__ = ["NodeTls", "check_plaintext_listen", "is_loopback_host", "load_node_tls"]
+
+
+def is_loopback_host(host: str) -> bool:
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plaintext_listen(listen: str, insecure: bool) -> None:
+    """Without TLS a node may listen on loopback only, unless ``--insecure``."""
+    host = listen.rpartition(":")[0]
+    if not insecure and not is_loopback_host(host):
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"--listen {listen}: plaintext HTTP is served on loopback addresses only; give TLS options "
+            "(--tls-dir, or --cert/--key/--ca) or --insecure",
+        )
+
+
+@dataclass(frozen=True)
+class NodeTls:
+    """The files of one node's TLS setup (checked to exist and to parse at :meth:`load`)."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    tokens_file: Path | None
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        tls_dir: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        ca: str | None = None,
+        tokens: str | None = None,
+        node_id: int | None = None,
+    ) -> NodeTls | None:
+        """From ``--tls-dir D`` (D/ca.crt, D/node-N.crt, D/node-N.key, D/tokens.json if present)
+        or from explicit files; None when no TLS option is given. INVALID_REQUEST naming the
+        option or file that is missing."""
+        if tls_dir is None and cert is None and key is None and ca is None:
+            if tokens is not None:
+                raise KraftError(
+                    ErrorCode.INVALID_REQUEST, "--tokens needs TLS (--tls-dir or --cert/--key/--ca)"
+                )
+            return None
+        if tls_dir is not None:
+            if cert or key or ca:
+                raise KraftError(ErrorCode.INVALID_REQUEST, "give --tls-dir or --cert/--key/--ca, not both")
+            d = Path(tls_dir)
+            if node_id is None:
+                raise KraftError(ErrorCode.INVALID_REQUEST, "--tls-dir needs the node id")
+            tok = Path(tokens) if tokens else (d / TOKENS_FILE if (d / TOKENS_FILE).exists() else None)
+            out = cls(d / CA_CERT, d / f"node-{node_id}.crt", d / f"node-{node_id}.key", tok)
+        else:
+            missing = [n for n, v in (("--cert", cert), ("--key", key), ("--ca", ca)) if not v]
+            if missing:
+                raise KraftError(ErrorCode.INVALID_REQUEST, f"TLS needs {', '.join(missing)} as well")
+            out = cls(Path(str(ca)), Path(str(cert)), Path(str(key)), Path(tokens) if tokens else None)
+        for f in (out.ca_file, out.cert_file, out.key_file, out.tokens_file):
+            if f is not None and not f.is_file():
+                raise KraftError(ErrorCode.INVALID_REQUEST, f"TLS file {f} does not exist")
+        return out
+
+    def check_identity(self, cluster_id: str, node_id: int) -> None:
+        """The node certificate must name (cluster_id, node_id)."""
+        try:
+            cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
+        except ValueError as e:
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST, f"{self.cert_file}: not a PEM certificate ({e})"
+            ) from None
+        try:
+            ident = identity_from_cert(cert)
+        except KraftError as e:
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"{self.cert_file}: {e.message}") from None
+        if ident.cluster_id != cluster_id or ident.replica_id != node_id:
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"{self.cert_file} names {ident.uri()}, but this node is replica {node_id} of cluster "
+                f"{cluster_id!r}",
+            )
+
+    def server_context(self) -> ssl.SSLContext:
+        return server_context(self.ca_file, self.cert_file, self.key_file)
+
+    def peer_context(self) -> ssl.SSLContext:
+        return peer_client_context(self.ca_file, self.cert_file, self.key_file)
+
+    def token_store(self) -> TokenStore | None:
+        return TokenStore.load(self.tokens_file) if self.tokens_file is not None else None
+
+    def middlewares(self, cluster_id: str) -> list[Middleware]:
+        """The authorization middleware; the tokens file is re-read when it changes (rotation)."""
+        path = self.tokens_file
+        state: dict[str, object] = {"mtime": None, "store": None}
+
+        def tokens() -> TokenStore | None:
+            if path is None:
+                return None
+            try:
+                mtime = path.stat().st_mtime_ns
+            except OSError:
+                return state["store"] if isinstance(state["store"], TokenStore) else None
+            if mtime != state["mtime"]:
+                try:
+                    state["store"], state["mtime"] = TokenStore.load(path), mtime
+                except KraftError:
+                    pass  # keep the last good store; a half-written file is not a reason to lock out
+            return state["store"] if isinstance(state["store"], TokenStore) else None
+
+        return [auth_middleware(cluster_id, tokens)]
+
+    @staticmethod
+    def server_hostname(cluster_id: str) -> Callable[[int], str]:
+        """Per destination replica, the TLS server name its certificate must carry."""
+        return lambda replica_id: peer_hostname(cluster_id, replica_id)
+
+
+def load_node_tls(data_dir: str, options: dict[str, str | None]) -> NodeTls | None:
+    """``kraftkeeper start``'s TLS options (``tls_dir``, ``cert``, ``key``, ``ca``, ``tokens``)
+    for the node formatted in ``data_dir``, its certificate checked against its identity."""
+    if not any(options.values()):
+        return None
+    meta = load_meta(data_dir)
+    tls = NodeTls.load(
+        tls_dir=options.get("tls_dir"),
+        cert=options.get("cert"),
+        key=options.get("key"),
+        ca=options.get("ca"),
+        tokens=options.get("tokens"),
+        node_id=meta.node_id,
+    )
+    if tls is not None:
+        tls.check_identity(meta.cluster_id, meta.node_id)
+    return tls

@@ -1,0 +1,219 @@
+"""`kraftkeeper start --tls-dir`: three real node processes on loopback with mutual TLS between
+them and credentials for clients. Clients with the right role read and write; missing,
+invalid or insufficient credentials and forged peer RPCs are refused with 401 / 403, and the
+data and the voter set stay as they were. Start-up refuses plaintext on a non-loopback address
+and a certificate of another replica."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from quorum.client import QuorumClient
+from quorum.core import messages as m
+from quorum.runtime import wire
+from quorum.security.clientconfig import load_client_config
+from quorum.security.pki import init_ca, issue_client, issue_node, peer_hostname
+from quorum.security.tlsctx import client_context
+from quorum.security.tokens import TOKENS_FILE, TokenStore
+from tests.engine.cluster import KK, LocalCluster, poll, run_cli
+
+CLUSTER = "tls-cluster"
+
+
+class TlsCluster(LocalCluster):
+    """LocalCluster whose nodes start with ``--tls-dir``."""
+
+    def __init__(self, root: Path, tls: Path) -> None:
+        super().__init__(root, 3, cluster_id=CLUSTER)
+        self.tls = tls
+
+    def start(self, i: int) -> None:
+        log = open(self.root / f"node-{i}.log", "ab")
+        self.procs[i] = subprocess.Popen(
+            [
+                *KK,
+                "start",
+                "--dir",
+                str(self.data_dir(i)),
+                "--listen",
+                self.endpoint(i),
+                "--voters",
+                self.voters,
+                "--config",
+                str(self.config_path),
+                "--tls-dir",
+                str(self.tls),
+            ],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+
+
+@pytest.fixture(scope="module")
+def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tls")
+    ca = init_ca(d, CLUSTER)
+    for i in (1, 2, 3):
+        issue_node(ca, i)
+    for role in ("admin", "read"):
+        issue_client(ca, role, role)
+        (d / f"{role}.json").write_text(
+            json.dumps({"ca_file": "ca.crt", "cert_file": f"{role}.crt", "key_file": f"{role}.key"})
+        )
+    store = TokenStore(path=d / TOKENS_FILE)
+    (d / "rw.token").write_text(store.add("writer", "readwrite"))
+    store.save()
+    (d / "rw.json").write_text(json.dumps({"ca_file": "ca.crt", "token_file": "rw.token"}))
+    foreign = dataclasses.replace(ca, cluster_id="other", directory=d / "foreign")
+    foreign.directory.mkdir()
+    issue_node(foreign, 2)
+    return d
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, tls_dir: Path) -> Iterator[TlsCluster]:
+    c = TlsCluster(tmp_path_factory.mktemp("nodes"), tls_dir).up()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _call(c: TlsCluster, cfg: str, fn: Any) -> Any:
+    async def go() -> Any:
+        async with QuorumClient(c.bootstrap, timeout=30, client_config=load_client_config(c.tls / cfg)) as q:
+            return await fn(q)
+
+    return asyncio.run(go())
+
+
+def _raw(
+    url: str, ctx: ssl.SSLContext | None, method: str = "GET", body: bytes = b"", **kw: Any
+) -> tuple[int, Any]:
+    async def go() -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as s, s.request(method, url, data=body, ssl=ctx, **kw) as r:
+            raw = await r.read()
+            return r.status, (json.loads(raw) if r.content_type == "application/json" else raw)
+
+    return asyncio.run(go())
+
+
+def _leader(c: TlsCluster) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        d: dict[str, Any] = _call(c, "admin.json", lambda q: q.describe())
+        return d if d.get("leader_id", -1) >= 0 and d.get("high_watermark", 0) > 0 else None
+
+    return dict(poll(find, 60, "a leader over TLS"))
+
+
+def test_clients_with_roles(cluster: TlsCluster) -> None:
+    d = _leader(cluster)
+    assert {v["id"] for v in d["voters"]} == {1, 2, 3}
+    assert _call(cluster, "rw.json", lambda q: q.put("k", b"v1")) >= 0
+    assert _call(cluster, "read.json", lambda q: q.get("k")) == b"v1"
+
+
+def test_refusals_change_nothing(cluster: TlsCluster) -> None:
+    before = _leader(cluster)
+    _call(cluster, "rw.json", lambda q: q.put("keep", b"me"))
+    leader_ep = cluster.endpoint(before["leader_id"])
+    ca = cluster.tls / "ca.crt"
+    anon = client_context(ca)
+    # plaintext to a TLS port gets no HTTP answer at all
+    with pytest.raises(aiohttp.ClientError):
+        _raw(f"http://{leader_ep}/v1/kv/keep", None)
+    assert _raw(f"https://{leader_ep}/healthz", anon)[0] == 200
+    status, body = _raw(f"https://{leader_ep}/v1/kv/keep", anon, "PUT", b"evil")
+    assert (status, body["error_code"]) == (401, "UNAUTHENTICATED")
+    read = client_context(ca, cluster.tls / "read.crt", cluster.tls / "read.key")
+    status, body = _raw(f"https://{leader_ep}/v1/kv/keep", read, "PUT", b"evil")
+    assert (status, body["error_code"]) == (403, "PERMISSION_DENIED")
+    status, body = _raw(f"https://{leader_ep}/v1/quorum/reassign", read, "POST", b'{"voters": [3]}')
+    assert (status, body["error_code"]) == (403, "PERMISSION_DENIED")
+    # forged peer RPCs: replica 3's certificate claiming replica 2, another cluster's identity, none
+    fetch = wire.encode(m.FetchRequest(1, CLUSTER, 2, None, before["leader_epoch"], 0, 0, 0, 1 << 20))
+    vote = wire.encode(
+        m.VoteRequest(1, CLUSTER, 2, None, before["leader_epoch"] + 5, before["leader_id"], None, 99, 10**6)
+    )
+    for cert_dir, node, code in (
+        (cluster.tls, 3, "PERMISSION_DENIED"),
+        (cluster.tls / "foreign", 2, "UNAUTHENTICATED"),
+        (None, 0, "UNAUTHENTICATED"),
+    ):
+        ctx = (
+            anon
+            if cert_dir is None
+            else client_context(ca, cert_dir / f"node-{node}.crt", cert_dir / f"node-{node}.key")
+        )
+        for rpc, body_bytes in (("fetch", fetch), ("vote", vote)):
+            status, body = _raw(
+                f"https://{leader_ep}/raft/v1/{rpc}",
+                ctx,
+                "POST",
+                body_bytes,
+                server_hostname=peer_hostname(CLUSTER, before["leader_id"]),
+            )
+            assert (status, body["error_code"]) == ({"PERMISSION_DENIED": 403}.get(code, 401), code)
+    after = _leader(cluster)
+    assert after["leader_id"] == before["leader_id"] and after["leader_epoch"] == before["leader_epoch"]
+    assert [(v["id"], v["uuid"]) for v in after["voters"]] == [(v["id"], v["uuid"]) for v in before["voters"]]
+    assert _call(cluster, "read.json", lambda q: q.get("keep")) == b"me"
+
+
+def test_start_refusals(cluster: TlsCluster, tmp_path: Path) -> None:
+    run_cli("format", "--dir", str(tmp_path / "n9"), "--cluster-id", CLUSTER, "--node-id", "9")
+    p = run_cli(
+        "start",
+        "--dir",
+        str(tmp_path / "n9"),
+        "--listen",
+        "0.0.0.0:1",
+        "--advertise",
+        "h:1",
+        "--voters",
+        "9@h:1",
+        check=False,
+    )
+    assert p.returncode != 0 and p.stderr.startswith("INVALID_REQUEST") and "--insecure" in p.stderr
+    # node 9 given node 1's certificate
+    p = run_cli(
+        "start",
+        "--dir",
+        str(tmp_path / "n9"),
+        "--listen",
+        "127.0.0.1:1",
+        "--voters",
+        "9@127.0.0.1:1",
+        "--cert",
+        str(cluster.tls / "node-1.crt"),
+        "--key",
+        str(cluster.tls / "node-1.key"),
+        "--ca",
+        str(cluster.tls / "ca.crt"),
+        check=False,
+    )
+    assert p.returncode != 0 and p.stderr.startswith("INVALID_REQUEST") and "replica/1" in p.stderr
+    p = run_cli(
+        "start",
+        "--dir",
+        str(tmp_path / "n9"),
+        "--listen",
+        "127.0.0.1:1",
+        "--voters",
+        "9@127.0.0.1:1",
+        "--tls-dir",
+        str(cluster.tls),
+        check=False,
+    )
+    assert p.returncode != 0 and "node-9.crt does not exist" in p.stderr
