@@ -171,6 +171,63 @@ def test_refusals_change_nothing(cluster: TlsCluster) -> None:
     assert _call(cluster, "read.json", lambda q: q.get("keep")) == b"me"
 
 
+def test_a_valid_peer_cannot_speak_for_others_or_send_malformed_rpcs(cluster: TlsCluster) -> None:
+    before = _leader(cluster)
+    leader = before["leader_id"]
+    follower = next(i for i in (1, 2, 3) if i != leader)
+    _call(cluster, "rw.json", lambda q: q.put("safe", b"yes"))
+    ca = cluster.tls / "ca.crt"
+    ctx = client_context(ca, cluster.tls / f"node-{follower}.crt", cluster.tls / f"node-{follower}.key")
+    epoch = before["leader_epoch"]
+    fetch_hdr = json.loads(
+        wire.split_frame("f", wire.encode(m.FetchRequest(1, CLUSTER, follower, None, epoch, 0, 0, 0, 1)))[0]
+    )
+    huge_wait = dict(fetch_hdr, max_wait_ms=10**400)
+    cases = [
+        # the attacks, sent with a valid node certificate
+        (
+            "begin_quorum_epoch",
+            wire.encode(m.BeginQuorumEpochRequest(1, CLUSTER, 99, 1000, leader, None)),
+            403,
+        ),
+        ("fetch", wire.encode(m.FetchRequest(1, CLUSTER, 77, None, epoch, 0, 0, 0, 1 << 20)), 403),
+        ("vote", wire.encode(m.VoteRequest(1, CLUSTER, follower, None, 2**31, leader, None, 0, 0)), 400),
+        ("fetch", _frame(json.dumps(huge_wait).encode()), 400),
+        ("fetch", _frame(b"[" * 5000 + b"]" * 5000), 400),
+        ("fetch", _frame(json.dumps(dict(fetch_hdr, replica_id=str(follower))).encode()), 400),
+    ]
+    for rpc, body, status in cases:
+        got, obj = _raw(
+            f"https://{cluster.endpoint(leader)}/raft/v1/{rpc}",
+            ctx,
+            "POST",
+            body,
+            server_hostname=peer_hostname(CLUSTER, leader),
+        )
+        assert got == status, (rpc, obj)
+        assert (
+            obj["error_code"] == {403: "PERMISSION_DENIED", 400: "INVALID_REQUEST"}[status] and obj["message"]
+        )
+    after = _leader(cluster)
+    assert (after["leader_id"], after["leader_epoch"]) == (leader, epoch)
+    assert [(v["id"], v["uuid"]) for v in after["voters"]] == [(v["id"], v["uuid"]) for v in before["voters"]]
+    assert not {o["id"] for o in after["observers"]} & {77, 99}
+    assert _call(cluster, "read.json", lambda q: q.get("safe")) == b"yes"
+
+
+def test_a_token_added_while_running_is_accepted(cluster: TlsCluster) -> None:
+    _leader(cluster)
+    store = TokenStore.load(cluster.tls / TOKENS_FILE)
+    (cluster.tls / "late.token").write_text(store.add("late", "readwrite"))
+    store.save()
+    (cluster.tls / "late.json").write_text(json.dumps({"ca_file": "ca.crt", "token_file": "late.token"}))
+    assert poll(lambda: _call(cluster, "late.json", lambda q: q.put("late", b"1")) >= 0, 30, "the new token")
+
+
+def _frame(header: bytes) -> bytes:
+    return len(header).to_bytes(4, "little") + header
+
+
 def test_start_refusals(cluster: TlsCluster, tmp_path: Path) -> None:
     run_cli("format", "--dir", str(tmp_path / "n9"), "--cluster-id", CLUSTER, "--node-id", "9")
     p = run_cli(
