@@ -383,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
 _DELEGATES: dict[tuple[str, str | None], tuple[str, str, str]] = {
     ("operator", "run"): ("kraftkeeper_operator.kopf_main", "main", "operator"),
     ("operator", "local"): ("kraftkeeper_operator.local", "local_main", "operator"),
+    ("operator", "watch"): ("kraftkeeper_operator.watch", "watch_main", "operator"),
     ("cluster", "replace-disk"): ("kraftkeeper_operator.local", "replace_disk_main", "operator"),
     ("report", None): ("kraftkeeper_reports.job", "main", "spark"),
     ("demo", None): ("kraftkeeper_reports.demo", "main", "spark"),
@@ -392,7 +393,7 @@ _DELEGATES: dict[tuple[str, str | None], tuple[str, str, str]] = {
 def _run_delegate(name: str, rest: list[str]) -> int:
     key: tuple[str, str | None] = (name, None)
     if name in ("operator", "cluster"):
-        choices = "run | local" if name == "operator" else "replace-disk"
+        choices = "run | local | watch" if name == "operator" else "replace-disk"
         if not rest or (name, rest[0]) not in _DELEGATES:
             sys.stderr.write(f"INVALID_REQUEST: kraftkeeper {name} expects {choices}\n")
             return 2

@@ -1,0 +1,339 @@
+"""``kraftkeeper operator watch``: the recovery controller against an existing Apache Kafka 4.x
+controller quorum (KIP-853 dynamic quorum), until SIGTERM / SIGINT.
+
+It starts and stops no process. Each pass describes the quorum through Kafka's admin protocol
+(:class:`kafka.backend.KafkaQuorum`) and lets the same :class:`RecoveryController` as local and
+Kubernetes mode decide: a controller that came back with a new directory id (an observer carrying a
+voter's id) is swapped into the voter set one change at a time, only with a live majority, after
+it stayed caught up for the stabilisation time. Steps go to the same event log (``--events DIR``,
+``cluster`` = ``--name`` or the Kafka cluster id; UUIDs in canonical form).
+
+Order: RemoveThenAdd by default. Kafka keeps one directory id per voter id and answers
+AddRaftVoter for a second one with DUPLICATE_VOTER (KIP-853's final design, unlike KIP-856), so
+AddThenRemove cannot work against Kafka 4.x; it is accepted for a future Kafka, and then each
+recovery fails with that reason and touches nothing. The price of RemoveThenAdd: between the two
+steps a 3-voter quorum runs on 2 voters and tolerates no further failure; the controller only
+takes that step when both remaining voters are live.
+
+Restart safety: progress (which directory id was the old one, the phase) and the controllers'
+listeners are written to ``DIR/_watch-state.json`` (``--state``; the leading ``_`` keeps the report
+job from reading it as events) before and after every change, fsynced. A watcher killed between
+RemoveRaftVoter and AddRaftVoter resumes with AddRaftVoter. A directory id retired by a completed
+recovery is never re-added, even when a controller comes back with that old disk.
+
+``--metrics-port PORT`` serves ``/metrics`` (Prometheus), ``/status`` (the last controller status,
+JSON) and ``/healthz`` on 127.0.0.1 (``--metrics-host`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from kraftkeeper_reports.events import RecoveryEvent
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from quorum.types import KraftError
+
+from .controller import RecoveryController
+from .kafka.backend import KafkaQuorum, parse_bootstrap
+from .kafka.wire import ClientConfigError, ClientSettings
+from .recovery import Order, PolicyError, Recovery, RecoveryPolicy
+from .telemetry import EventLogSink, EventSink, OperatorMetrics
+
+log = logging.getLogger("kraftkeeper.operator.watch")
+
+STATE_FILE = "_watch-state.json"
+# Failpoint for crash tests (as etcd's gofail): ``crash-before:<event type>`` makes the process
+# exit at once, with no clean-up, just before it would log that event (and so before the step the
+# event announces). Used to kill the watcher exactly between RemoveRaftVoter and AddRaftVoter.
+FAILPOINT_ENV = "KRAFTKEEPER_WATCH_FAILPOINT"
+FAILPOINT_EXIT = 75
+
+
+class _CrashBefore:
+    def __init__(self, sink: EventSink, type_: str) -> None:
+        self.sink, self.type = sink, type_
+
+    def emit(self, event: RecoveryEvent) -> None:
+        if event.type == self.type:
+            log.error("failpoint %s=crash-before:%s: exiting now", FAILPOINT_ENV, self.type)
+            logging.shutdown()
+            os._exit(FAILPOINT_EXIT)
+        self.sink.emit(event)
+
+
+def _sink(events: Path, name: str) -> EventSink:
+    sink: EventSink = EventLogSink(events, name)
+    point = os.environ.get(FAILPOINT_ENV, "")
+    if point.startswith("crash-before:"):
+        sink = _CrashBefore(sink, point.split(":", 1)[1])
+    return sink
+
+
+class WatchState:
+    """The watcher's crash-safe memory: recovery records and known controller listeners."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[Recovery] = []
+        self.listeners: dict[int, list[tuple[str, str, int]]] = {}
+        self.cluster: str | None = None
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                self.cluster = data.get("cluster")
+                self.records = [Recovery.from_dict(r) for r in data.get("records", [])]
+                self.listeners = {
+                    int(k): [(str(n), str(h), int(p)) for n, h, p in v]
+                    for k, v in (data.get("listeners") or {}).items()
+                }
+            except (ValueError, KeyError, TypeError) as e:
+                # Never guess past a damaged memory: it names which directory ids are retired.
+                raise ValueError(
+                    f"{path} is damaged ({type(e).__name__}: {e}); fix or move it by hand"
+                ) from None
+
+    def save(self, cluster: str, records: list[dict[str, Any]], listeners: dict[int, Any]) -> None:
+        body = {
+            "cluster": cluster,
+            "records": records,
+            "listeners": {str(k): v for k, v in listeners.items()},
+        }
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(body, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kraftkeeper operator watch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kafka-bootstrap-controllers", required=True, metavar="HOST:PORT[,HOST:PORT...]")
+    p.add_argument("--events", required=True, metavar="DIR", help="recovery event log directory")
+    p.add_argument("--name", default=None, help="cluster name in the event log (default: Kafka's cluster id)")
+    p.add_argument(
+        "--kafka-client-config",
+        default=None,
+        metavar="FILE",
+        help="Kafka client properties (security.protocol, ssl.*, sasl.*), as --command-config",
+    )
+    p.add_argument("--stabilization-seconds", type=float, default=10.0)
+    p.add_argument("--order", choices=[o.value for o in Order], default=Order.REMOVE_THEN_ADD.value)
+    p.add_argument("--max-lag", type=int, default=100, help="records behind still counted as caught up")
+    p.add_argument("--timeout-seconds", type=float, default=600.0)
+    p.add_argument("--live-window-seconds", type=float, default=5.0)
+    p.add_argument("--no-recovery", action="store_true", help="observe and report only; never change voters")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between controller passes")
+    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--state", default=None, metavar="FILE", help=f"progress file (default DIR/{STATE_FILE})")
+    return p
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"INVALID_REQUEST: {self.prog}: {message}\n")
+        raise SystemExit(2)
+
+
+def policy_from_args(a: argparse.Namespace) -> RecoveryPolicy:
+    return RecoveryPolicy.from_spec(
+        {
+            "enabled": not a.no_recovery,
+            "order": a.order,
+            "stabilizationSeconds": a.stabilization_seconds,
+            "maxLagRecords": a.max_lag,
+            "timeoutSeconds": a.timeout_seconds,
+            "liveWindowSeconds": a.live_window_seconds,
+        }
+    )
+
+
+class Watcher:
+    """One watched Kafka quorum: the controller, its state file and its HTTP endpoints."""
+
+    def __init__(
+        self,
+        api: KafkaQuorum,
+        policy: RecoveryPolicy,
+        events: Path,
+        *,
+        name: str | None,
+        state: WatchState,
+        interval: float = 0.5,
+    ) -> None:
+        self.api = api
+        self.policy = policy
+        self.events = events
+        self.name = name or state.cluster
+        self.state = state
+        self.interval = interval
+        self.metrics = OperatorMetrics()
+        self.ctl: RecoveryController | None = None
+        self.last: dict[str, Any] = {"phase": "Starting", "passes": 0}
+        self.passes = 0
+        self._phase = ""
+        api.listeners.update(state.listeners)
+
+    async def _persist(self, records: list[dict[str, Any]]) -> None:
+        assert self.name is not None
+        await asyncio.to_thread(self.state.save, self.name, records, dict(self.api.listeners))
+
+    async def _ensure_controller(self) -> RecoveryController | None:
+        if self.ctl is not None:
+            return self.ctl
+        if self.name is None:
+            # The event log names the cluster: learn Kafka's cluster id first.
+            try:
+                await self.api.describe()
+            except (KraftError, OSError, TimeoutError) as e:
+                self.last = {"phase": "QuorumLost", "passes": self.passes, "error": str(e)}
+                return None
+            if not self.api.cluster_id:
+                self.last = {"phase": "Starting", "passes": self.passes, "error": "cluster id unknown"}
+                return None
+            self.name = self.api.cluster_id
+        self.ctl = RecoveryController(
+            self.api,
+            self.policy,
+            cluster=self.name,
+            sink=_sink(self.events, self.name),
+            metrics=self.metrics,
+            records=self.state.records,
+            persist=self._persist,
+            desired_ids=None,  # Kafka has no reassignment: voter ids are the user's business
+        )
+        log.info(
+            "watching Kafka cluster %s through %s (order %s, stabilisation %gs)",
+            self.name,
+            ",".join(f"{h}:{p}" for h, p in self.api.bootstrap),
+            self.policy.order.value,
+            self.policy.stabilization_seconds,
+        )
+        return self.ctl
+
+    async def run_once(self) -> None:
+        ctl = await self._ensure_controller()
+        if ctl is not None:
+            try:
+                st = await asyncio.wait_for(ctl.reconcile(), timeout=max(30.0, 4 * self.interval))
+                self.last = st.to_status()
+                if st.view is not None and st.view.leader_id >= 0:
+                    self.last["clusterId"] = self.api.cluster_id
+            except TimeoutError:
+                log.warning("controller pass took too long; retrying")
+            except Exception:  # the watcher must outlive any controller bug
+                log.exception("controller pass failed")
+        self.passes += 1
+        self.last["passes"] = self.passes
+        self.last["cluster"] = self.name
+        phase = str(self.last.get("phase"))
+        if phase != self._phase:  # say so once per change, loudly when the quorum is lost
+            level = logging.ERROR if phase == "QuorumLost" else logging.INFO
+            why = next(
+                (
+                    c.get("message")
+                    for c in self.last.get("conditions", [])
+                    if c.get("status") == "True" and c.get("type") in ("QuorumLost", "Degraded")
+                ),
+                "",
+            ) or self.last.get("error", "")
+            log.log(level, "quorum %s: %s %s", self.name, phase, why)
+            self._phase = phase
+
+    async def run(self, stop: asyncio.Event, metrics_host: str, metrics_port: int | None) -> None:
+        runner: web.AppRunner | None = None
+        if metrics_port is not None:
+            runner = await self._serve(metrics_host, metrics_port)
+        try:
+            while not stop.is_set():
+                await self.run_once()
+                # Earlier than the interval when a recovery deadline falls due (stabilisation).
+                pause = self.ctl.wake_in(self.interval) if self.ctl is not None else self.interval
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause)
+        finally:
+            await self.api.close()
+            if runner is not None:
+                await runner.cleanup()
+
+    async def _serve(self, host: str, port: int) -> web.AppRunner:
+        async def h_metrics(_: web.Request) -> web.Response:
+            body = generate_latest(self.metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def h_status(_: web.Request) -> web.Response:
+            return web.json_response(self.last)
+
+        async def h_health(_: web.Request) -> web.Response:
+            return web.Response(text="ok\n")
+
+        app = web.Application()
+        app.add_routes(
+            [web.get("/metrics", h_metrics), web.get("/status", h_status), web.get("/healthz", h_health)]
+        )
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        return runner
+
+
+def watch_main(argv: list[str]) -> int:
+    """``kraftkeeper operator watch --kafka-bootstrap-controllers ... --events DIR [...]``."""
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        policy = policy_from_args(a)
+        bootstrap = parse_bootstrap(a.kafka_bootstrap_controllers)
+        settings = ClientSettings.from_properties(a.kafka_client_config) if a.kafka_client_config else None
+        events = Path(a.events)
+        events.mkdir(parents=True, exist_ok=True)
+        state = WatchState(Path(a.state) if a.state else events / STATE_FILE)
+        if a.interval <= 0:
+            raise ValueError(f"--interval {a.interval:g}: must be > 0")
+    except (PolicyError, ClientConfigError, ValueError) as e:
+        sys.stderr.write(f"INVALID_REQUEST: {e}\n")
+        return 2
+    except OSError as e:
+        sys.stderr.write(f"INVALID_REQUEST: --events {a.events}: {e.strerror or e}\n")
+        return 2
+    if state.cluster and a.name and state.cluster != a.name:
+        sys.stderr.write(
+            f"INVALID_REQUEST: --name {a.name}: {state.path} belongs to cluster {state.cluster}; "
+            "use another --events directory or --state file\n"
+        )
+        return 2
+    if policy.order is Order.ADD_THEN_REMOVE:
+        log.warning(
+            "--order AddThenRemove: Kafka 4.x refuses a second directory id for a voter id "
+            "(DUPLICATE_VOTER), so each recovery will fail without changing voters"
+        )
+    watcher = Watcher(
+        KafkaQuorum(bootstrap, settings), policy, events, name=a.name, state=state, interval=a.interval
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await watcher.run(stop, a.metrics_host, a.metrics_port)
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        sys.stderr.write(f"UNAVAILABLE: {e}\n")
+        return 1
+    return 0

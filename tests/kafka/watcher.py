@@ -1,0 +1,113 @@
+"""Runs ``kraftkeeper operator watch`` as a real subprocess for the Kafka tests, and reads what it
+reports: ``/status`` on its metrics port and the JSON-lines event log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kraftkeeper_operator.kafka.cluster import free_port
+
+from quorum.types import KraftError
+
+T = TypeVar("T")
+
+
+def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = 0.2) -> T:
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = cond()
+        except (OSError, ValueError, KraftError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+class Watcher:
+    def __init__(self, bootstrap: str, events: Path, *extra: str) -> None:
+        self.bootstrap = bootstrap
+        self.events = events
+        self.extra = list(extra)
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = events.parent / "watch.log"
+        self.env = dict(os.environ)
+
+    def start(self) -> Watcher:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "quorum.cli",
+                    "operator",
+                    "watch",
+                    "--kafka-bootstrap-controllers",
+                    self.bootstrap,
+                    "--events",
+                    str(self.events),
+                    "--metrics-port",
+                    str(self.port),
+                    *self.extra,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+        poll(lambda: self.status().get("passes", 0) > 0, 60, "the watcher's first pass")
+        return self
+
+    def status(self) -> dict[str, Any]:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(
+                f"watcher exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+            )
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/status", timeout=5) as r:
+            body: dict[str, Any] = json.loads(r.read())
+            return body
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def passes_after(self, n: int) -> int:
+        """Wait until ``n`` more passes have run; returns the pass count."""
+        start = self.status()["passes"]
+        return poll(lambda: (p := self.status()["passes"]) >= start + n and p, 60, f"{n} watcher passes")
+
+    def stop(self, kill: bool = False) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+    def events_list(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for f in sorted(self.events.rglob("*.jsonl")):
+            for line in f.read_text().splitlines():
+                if line.strip():
+                    out.append(json.loads(line))
+        return out
+
+    def types(self, recovery_id: str | None = None) -> list[str]:
+        return [
+            e["type"] for e in self.events_list() if recovery_id is None or e["recovery_id"] == recovery_id
+        ]
