@@ -66,10 +66,11 @@ _ERRORS: dict[int, tuple[str, ErrorCode]] = {
     7: ("REQUEST_TIMED_OUT", ErrorCode.REQUEST_TIMED_OUT),
     # A broker / controller shutting down or not yet ready: the outcome is "try again".
     15: ("COORDINATOR_NOT_AVAILABLE", ErrorCode.UNAVAILABLE),
-    31: ("CLUSTER_AUTHORIZATION_FAILED", ErrorCode.INVALID_REQUEST),
+    31: ("CLUSTER_AUTHORIZATION_FAILED", ErrorCode.PERMISSION_DENIED),
     35: ("UNSUPPORTED_VERSION", ErrorCode.UNSUPPORTED),
     41: ("NOT_CONTROLLER", ErrorCode.NOT_LEADER),
     42: ("INVALID_REQUEST", ErrorCode.INVALID_REQUEST),
+    58: ("SASL_AUTHENTICATION_FAILED", ErrorCode.UNAUTHENTICATED),
     74: ("FENCED_LEADER_EPOCH", ErrorCode.NOT_LEADER),
     75: ("UNKNOWN_LEADER_EPOCH", ErrorCode.NOT_LEADER),
     104: ("INCONSISTENT_CLUSTER_ID", ErrorCode.INCONSISTENT_CLUSTER_ID),

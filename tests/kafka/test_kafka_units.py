@@ -1,0 +1,151 @@
+"""The Kafka backend's pure parts, without a JVM: client properties, directory-id forms, error
+mapping, bootstrap lists, message classes generated from the cached jar, and the watch command's
+refusals of bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from kraftkeeper_operator.kafka.backend import (
+    base64_to_uuid,
+    dir_id_to_uuid,
+    kafka_error,
+    parse_bootstrap,
+    uuid_to_base64,
+)
+from kraftkeeper_operator.kafka.schemas import membership_messages
+from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_properties
+
+from quorum.types import ErrorCode
+
+
+def test_directory_id_forms_round_trip() -> None:
+    u = uuid.uuid4()
+    b = uuid_to_base64(str(u))
+    assert len(b) == 22 and "=" not in b
+    assert base64_to_uuid(b) == u
+    assert dir_id_to_uuid(u) == str(u)
+    assert dir_id_to_uuid(b) == str(u)
+    assert dir_id_to_uuid(uuid.UUID(int=0)) == ""  # Kafka's ZERO_UUID: not known
+    assert dir_id_to_uuid(None) == ""
+    # A value Kafka printed in this project's tests: "hmOAs2BoQpKl3THQJP-ZAw".
+    assert base64_to_uuid("hmOAs2BoQpKl3THQJP-ZAw") == uuid.UUID("866380b3-6068-4292-a5dd-31d024ff9903")
+    with pytest.raises(ValueError, match="not a Kafka directory id"):
+        base64_to_uuid("abc")
+
+
+def test_kafka_errors_map_onto_the_controller_rules() -> None:
+    assert kafka_error(6, None, "x").code is ErrorCode.NOT_LEADER
+    assert kafka_error(7, "busy", "x").code is ErrorCode.REQUEST_TIMED_OUT
+    assert kafka_error(127, None, "x").code is ErrorCode.VOTER_ALREADY_REMOVED
+    assert kafka_error(126, None, "x").extra["kafka_error"] == "DUPLICATE_VOTER"
+    assert kafka_error(35, None, "x").code is ErrorCode.UNSUPPORTED
+    assert kafka_error(31, None, "x").code is ErrorCode.PERMISSION_DENIED
+    e = kafka_error(9999, "odd", "AddRaftVoter(3, u)")
+    assert e.code is ErrorCode.UNKNOWN_SERVER_ERROR and "KAFKA_ERROR_9999" in e.message and "odd" in e.message
+
+
+def test_bootstrap_list_is_validated() -> None:
+    assert parse_bootstrap("a:1, b:2") == [("a", 1), ("b", 2)]
+    assert parse_bootstrap("[::1]:9093") == [("::1", 9093)]
+    for bad in ("", "host", "host:0", "host:x", ":9093"):
+        with pytest.raises(ValueError, match="kafka-bootstrap-controllers"):
+            parse_bootstrap(bad)
+
+
+def test_client_properties(tmp_path: Path) -> None:
+    text = (
+        "# comment\n"
+        "security.protocol=SASL_PLAINTEXT\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\\n"
+        '    username="admin" password="s3cr=t";\n'
+    )
+    assert parse_properties(text)["sasl.mechanism"] == "SCRAM-SHA-512"
+    f = tmp_path / "client.properties"
+    f.write_text(text)
+    s = ClientSettings.from_properties(f)
+    assert s.security_protocol == "SASL_PLAINTEXT" and s.ssl_context is None
+    assert s.sasl["sasl_plain_username"] == "admin" and s.sasl["sasl_plain_password"] == "s3cr=t"
+
+
+@pytest.mark.parametrize(
+    ("props", "names"),
+    [
+        (
+            {"security.protocol": "SSL", "ssl.truststore.location": "x.jks", "ssl.truststore.type": "JKS"},
+            "ssl.truststore.type",
+        ),
+        (
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI", "sasl.jaas.config": "a required;"},
+            "sasl.mechanism",
+        ),
+        ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}, "sasl.jaas.config"),
+        ({"security.protocol": "BOGUS"}, "security.protocol"),
+        ({"ssl.truststore.location": "/ca.pem"}, "security.protocol is PLAINTEXT"),
+        ({"bootstrap.servers": "x:1"}, "bootstrap.servers"),
+        (
+            {"security.protocol": "SSL", "ssl.truststore.location": "/nonexistent/ca.pem"},
+            "ssl.truststore.location",
+        ),
+    ],
+)
+def test_client_properties_refused_with_the_name(props: dict[str, str], names: str) -> None:
+    with pytest.raises(ClientConfigError, match=names.replace(".", r"\.")):
+        ClientSettings.from_dict(props)
+
+
+def test_missing_properties_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ClientConfigError, match="kafka-client-config"):
+        ClientSettings.from_properties(tmp_path / "nope.properties")
+
+
+def test_membership_messages_come_from_the_jar(kafka_jars: Path) -> None:
+    msgs = membership_messages()
+    add = msgs["AddRaftVoterRequest"]
+    assert add.API_KEY == 80 and add.max_version >= 1
+    assert msgs["RemoveRaftVoterRequest"].API_KEY == 81
+    u = uuid.uuid4()
+    req = add(
+        cluster_id="c",
+        timeout_ms=1000,
+        voter_id=3,
+        voter_directory_id=u,
+        listeners=[add.Listener(name="CONTROLLER", host="127.0.0.1", port=9093)],
+        ack_when_committed=True,
+    )
+    back = add.decode(req.encode(version=1), version=1)
+    assert back.voter_id == 3 and back.voter_directory_id == u and back.listeners[0].port == 9093
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ([], "--kafka-bootstrap-controllers"),
+        (["--kafka-bootstrap-controllers", "nohost", "--events", "E"], "not HOST:PORT"),
+        (["--kafka-bootstrap-controllers", "h:1", "--events", "E", "--order", "Sideways"], "--order"),
+        (
+            ["--kafka-bootstrap-controllers", "h:1", "--events", "E", "--stabilization-seconds", "-1"],
+            "stabilizationSeconds",
+        ),
+        (
+            ["--kafka-bootstrap-controllers", "h:1", "--events", "E", "--kafka-client-config", "/nope"],
+            "/nope",
+        ),
+    ],
+)
+def test_watch_refuses_bad_input(tmp_path: Path, args: list[str], needle: str) -> None:
+    args = [a.replace("E", str(tmp_path / "ev")) if a == "E" else a for a in args]
+    out = subprocess.run(
+        [sys.executable, "-m", "quorum.cli", "operator", "watch", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("INVALID_REQUEST:") and needle in last, out.stderr
