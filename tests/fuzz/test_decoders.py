@@ -28,11 +28,14 @@ from quorum.records import (
     encode_control_batch,
 )
 from quorum.runtime import wire
+from quorum.security.auth import authenticate, authorize
 from quorum.security.clientconfig import parse_client_config
+from quorum.security.tokens import TokenStore
 from quorum.storage.meta import decode_meta, render_properties
 from quorum.storage.quorum_state import decode_quorum_state, encode_quorum_state
 from quorum.types import (
     AddVoter,
+    ErrorCode,
     KraftError,
     LeaderChange,
     QuorumState,
@@ -43,7 +46,7 @@ from quorum.types import (
 
 FUZZ = settings(
     derandomize=not os.environ.get("KRAFTKEEPER_FUZZ_EXAMPLES"),
-    max_examples=int(os.environ.get("KRAFTKEEPER_FUZZ_EXAMPLES", "300")),
+    max_examples=int(os.environ.get("KRAFTKEEPER_FUZZ_EXAMPLES", "200")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -303,3 +306,54 @@ def test_client_config(obj: Any, junk: bytes) -> None:
             continue
         assert cfg.cert_file is not None or cfg.token_file is not None
         assert (cfg.cert_file is None) == (cfg.key_file is None)
+
+
+@FUZZ
+@given(obj=json_values, junk=st.binary(max_size=40))
+def test_tokens_file(obj: Any, junk: bytes) -> None:
+    base = {"version": 1, "tokens": [{"name": "a", "role": "read", "sha256": "0" * 64}]}
+    for raw in (json.dumps(obj).encode(), json.dumps(dict(base, tokens=[obj])).encode(), junk):
+        try:
+            entries = TokenStore.parse(raw, "/d/tokens.json")
+        except KraftError as e:
+            _refused_clearly(e)
+            assert "/d/tokens.json" in e.message
+            continue
+        assert all(e.role in ("admin", "readwrite", "read") for e in entries)
+
+
+@FUZZ
+@given(
+    header=st.one_of(st.none(), st.text(max_size=80), st.text(max_size=40).map(lambda t: "Bearer " + t)),
+    uri=st.one_of(
+        st.text(max_size=60),
+        st.sampled_from(["kraftkeeper://c1/replica/", "kraftkeeper://c1/client/"]).flatmap(
+            lambda p: st.text(max_size=30).map(lambda t: p + t)
+        ),
+    ),
+)
+def test_authenticate_untrusted_header_and_identity(header: str | None, uri: str) -> None:
+    store = TokenStore([])
+    token = store.add("app", "read")
+    cert = {
+        "notBefore": "Jan  1 00:00:00 2020 GMT",
+        "notAfter": "Jan  1 00:00:00 2999 GMT",
+        "subjectAltName": (("URI", uri),),
+    }
+    for h in (header, f"Bearer {token}"):
+        try:
+            p = authenticate(cert, h, cluster_id="c1", tokens=store)
+        except KraftError as e:
+            assert e.code in (ErrorCode.UNAUTHENTICATED,)
+            _refused_clearly(e)
+            continue
+        assert p.cluster_id == "c1"
+        authorize_outcome(p)
+
+
+def authorize_outcome(p: Any) -> None:
+    for method, path in (("GET", "/v1/kv/a"), ("POST", "/raft/v1/fetch"), ("GET", "/v1/quorum/describe")):
+        try:
+            authorize(p, method, path, p.replica_id)
+        except KraftError as e:
+            assert e.code is ErrorCode.PERMISSION_DENIED
