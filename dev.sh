@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The two commands a newcomer needs (see README):
-#   ./dev.sh demo [args...]   install everything, then run `kraftkeeper demo`
+#   ./dev.sh demo [args...]   install only what the demo needs, then run `kraftkeeper demo`
 #   ./dev.sh test [pytest args...]   install everything, then lint, type-check and run the tests
-# Anything slow to build (the test kube-apiserver, etcd) is cached under ${KK_CACHE:-~/.cache/kraftkeeper}.
+#   ./dev.sh install          install everything (what `test` needs)
+# Anything slow to build (the test kube-apiserver, etcd, the single-node cluster's kubelet and
+# friends) is cached under ${KK_CACHE:-~/.cache/kraftkeeper}; the demo builds none of it.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
@@ -31,9 +33,13 @@ install_python() {
 }
 
 install_system() {
-  # Java for Spark, Chromium for the report test, etcd + kube-apiserver + helm for the
-  # operator tests. Each script is idempotent and quick when everything is present.
-  for s in scripts/install-system.sh scripts/k8s-testenv.sh; do
+  # Java for Spark, Chromium for the report test (the demo needs these and nothing else); with
+  # `all`, also etcd + kube-apiserver + helm for the operator tests and the single-node cluster
+  # (kubelet, containerd, ...) for the end-to-end tests. Each script is idempotent and quick
+  # when everything is present.
+  local scripts="scripts/install-system.sh"
+  [ "${1:-}" = all ] && scripts="$scripts scripts/k8s-testenv.sh scripts/k8s-node.sh"
+  for s in $scripts; do
     if [ -x "$s" ]; then log "$s"; "$s" install; fi
   done
 }
@@ -42,12 +48,12 @@ cmd="${1:-}"; shift || true
 case "$cmd" in
   demo)
     install_python
-    install_system
+    install_system demo
     exec "$venv/bin/kraftkeeper" demo "$@"
     ;;
   test)
     install_python
-    install_system
+    install_system all
     log "ruff"
     "$venv/bin/ruff" check quorum operator reports tests bench
     log "mypy (strict)"
@@ -56,11 +62,14 @@ case "$cmd" in
     # The image tests install Debian's docker.io and build the debootstrap base image when they
     # are missing (cached afterwards): CI runs them too, not only machines that have the cache.
     export KK_DOCKER_TESTS="${KK_DOCKER_TESTS:-1}"
+    # The end-to-end tests on the single-node cluster (tests/kubelet) fail rather than skip
+    # when something they need is missing: everything was installed just above.
+    export KK_NODE_TESTS="${KK_NODE_TESTS:-1}"
     exec "$venv/bin/pytest" "$@"
     ;;
   install)
     install_python
-    install_system
+    install_system all
     ;;
   *)
     echo "usage: ./dev.sh demo [--dir DIR] [--recoveries K] | ./dev.sh test [pytest args] | ./dev.sh install" >&2
