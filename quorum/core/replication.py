@@ -299,11 +299,7 @@ class ReplicationMixin(ElectionMixin):
         self.last_leader_contact_ms = self.now
         role.fetch_deadline = self.now + self.config.fetch_timeout_ms
         if resp.diverging_epoch is not None:
-            mine = self.meta.end_offset_for_epoch(resp.diverging_epoch.epoch)
-            to = (
-                resp.diverging_epoch.offset if mine is None else min(resp.diverging_epoch.offset, mine.offset)
-            )
-            to = min(to, self.meta.end)
+            to = self.truncation_point(resp.diverging_epoch)
             if to < self.hw:
                 self._errors.append(
                     f"leader asked to truncate to {to} below the high watermark {self.hw}; ignored"
@@ -321,6 +317,22 @@ class ReplicationMixin(ElectionMixin):
                 return
         if resp.high_watermark >= 0:
             self.set_hw(min(resp.high_watermark, self.meta.end))
+
+    def truncation_point(self, diverging: OffsetAndEpoch) -> int:
+        """Where to truncate for the leader's DivergingEpoch (KIP-595; as Kafka's
+        ``truncateToEndOffset``). Only when this log's last epoch at or below the named one IS
+        that epoch do the two logs share its batches (copied byte for byte from that epoch's
+        leader), so the smaller end is a batch boundary here too. Otherwise truncate to where
+        this log's own epoch ends (a boundary); the next Fetch narrows the divergence further.
+        Cutting at the leader's offset there could split one of our batches."""
+        mine = self.meta.end_offset_for_epoch(diverging.epoch)
+        if mine is None:
+            to = diverging.offset
+        elif mine.epoch == diverging.epoch:
+            to = min(diverging.offset, mine.offset)
+        else:
+            to = mine.offset
+        return min(to, self.meta.end)
 
     def append_fetched(self, records: bytes, leader_epoch: int) -> bool:
         try:

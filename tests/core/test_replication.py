@@ -209,3 +209,39 @@ def test_follower_truncates_on_diverging_epoch_but_never_below_hw() -> None:
         )
     )
     assert h.log.end_offset == 2
+
+
+def test_diverging_epoch_of_another_epoch_truncates_at_our_epoch_end() -> None:
+    """KIP-595 / Kafka ``truncateToEndOffset``: when the leader's diverging epoch (2) is not our
+    last epoch at or below it (1), truncate to where OUR epoch 1 ends (a batch boundary here),
+    not to the leader's offset, which can fall inside one of our batches (the power-loss
+    simulation found such a split)."""
+    from quorum.core.messages import BeginQuorumEpochRequest
+
+    h = make(local=2)
+    h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 1, 3, 2, UUIDS[2]))
+    fetch = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
+    data = (
+        encode_batch(0, 1, [b"a", b"b"], 0)
+        + encode_batch(2, 1, [b"c", b"d"], 0)
+        + encode_batch(4, 3, [b"e"], 0)
+    )
+    h.step(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 3, high_watermark=2, records=data))
+    assert h.log.end_offset == 5
+    nxt = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
+    assert (nxt.fetch_offset, nxt.last_fetched_epoch) == (5, 3)
+    # The leader's log: epoch 1 up to 2, then epoch 2 up to 3.
+    h.step(
+        FetchResponse(
+            nxt.correlation_id, ErrorCode.NONE, 1, 3, high_watermark=2, diverging_epoch=OffsetAndEpoch(3, 2)
+        )
+    )
+    assert h.log.end_offset == 4 and not [e for r in h.readies for e in r.errors]
+    nxt = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
+    assert (nxt.fetch_offset, nxt.last_fetched_epoch) == (4, 1)
+    h.step(
+        FetchResponse(
+            nxt.correlation_id, ErrorCode.NONE, 1, 3, high_watermark=2, diverging_epoch=OffsetAndEpoch(2, 1)
+        )
+    )
+    assert h.log.end_offset == 2 and h.core.hw == 2

@@ -18,7 +18,7 @@ says what the scenario shows; every other line is one command. Commands:
 ``expect voters 1 2 3:new ...``    the leader's voter set, ``ID`` = current UUID, ``ID:old`` = previous
 ``expect removed ID:old``          the key is in the removed set
 ``expect pending none|add|remove`` / ``expect target none|1,2,4``
-``expect role ID ROLE``            e.g. ``expect role 1 follower``; ``expect not-role ID ROLE``
+``expect role ID ROLE [within=MS]``  e.g. ``expect role 1 follower``; ``expect not-role ID ROLE``
 ``expect epoch-unchanged`` / ``mark-epoch``  leader epoch did not change since ``mark-epoch``
 ``expect committed >= N`` / ``expect recovery RECOVERING|RECOVERED``
 ``settle``                         heal everything and check the quorum converges
@@ -27,10 +27,10 @@ Lines may end with a ``# comment``. A failing expectation raises with the file a
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from quorum.core.recovery import plan_unclean_recovery
+from quorum.storage import recover_log
 from quorum.types import ReplicaKey
 from tests.sim.chaos import settle
 from tests.sim.harness import Node, Sim
@@ -187,6 +187,7 @@ class Interpreter:
         elif cmd == "replace-disk":
             n = self.node(args[0])
             self.old[n.id] = n.uuid
+            self.s.check_durable = False  # the lost disk may have held an acknowledged write
             self.s.replace_disk(n)
         elif cmd in ("add-voter", "remove-voter"):
             assert args[-2] == "->", "expected '-> CODE'"
@@ -222,22 +223,24 @@ class Interpreter:
         s.crash(n)
         s.unclean = True
         cfg = s.config_for(n)
-        plan = plan_unclean_recovery(n.log.summary(), n.qs, n.key, s.now, cfg.bootstrap_voters, n.endpoint)
-        n.log.append(plan.batch)
+        summary = recover_log(n.log, n.snapshots)
+        plan = plan_unclean_recovery(summary, n.qs, n.key, s.now, cfg.bootstrap_voters, n.endpoint)
+        b = plan.batch
+        n.log.append(b.base_offset, b.epoch, b.items(), b.append_time_ms)
         n.log.flush()
-        n.qs = replace(plan.quorum_state)
+        n.qstore.save(plan.quorum_state)
         s.note(f"recover-unclean node {n.id}: epoch {plan.epoch}, removed {plan.removed}")
         s.start(n)
 
     def expect(self, args: list[str]) -> None:
         what = args[0]
         s = self.s
+        within = 10000 if what == "leader" else 0
+        for a in list(args):
+            if a.startswith("within="):
+                within = int(a.split("=")[1])
+                args.remove(a)
         if what == "leader":
-            within = 10000
-            for a in list(args):
-                if a.startswith("within="):
-                    within = int(a.split("=")[1])
-                    args.remove(a)
             if not s.until(lambda: s.leader() is not None, within):
                 self.fail(f"no leader within {within} ms")
             ld = s.leader()
@@ -269,6 +272,7 @@ class Interpreter:
                 self.fail(f"target {got}, expected {args[1]}")
         elif what == "role":
             n = self.s.nodes[int(args[1])]
+            s.until(lambda: n.core is not None and n.core.role_name == args[2], within)
             role = None if n.core is None else n.core.role_name
             if role != args[2]:
                 self.fail(f"node {n.id} is {role}, expected {args[2]}")

@@ -1,18 +1,22 @@
-"""Seeded, deterministic simulation of N RaftCore replicas (tests/sim).
+"""Seeded, deterministic simulation of N replicas, each a real ``RaftCore`` carried out by the
+real driver (``quorum.driver``) over the in-memory storage (``quorum.storage.memory``).
 
-Real ``RaftCore`` instances with an in-memory log (``quorum.core.memlog.MemoryLog``, which
-loses unflushed batches on a crash), a simulated network (delay, drop, duplicate, partitions),
-crashes / restarts, disk replacements (a node returns with an empty log and a new storage UUID)
-and a tiny KV state machine applying committed records. After every step, named invariants are
-checked (``check_invariants``); a violation raises ``InvariantError`` naming the invariant, the
-seed and the simulated time. Everything is driven by one ``random.Random(seed)``: a failing
-seed reruns identically with ``SIM_SEED=N pytest tests/sim``.
+What it models: a network (delay, drop, duplicate, partitions, refused connections); fsyncs
+that take time, during which arriving messages keep stepping the core (``interleave``: the
+node's executor fsync); power loss on any subset of nodes at once (``MemoryLog.crash``: all
+that was not fsynced is gone, and so is a quorum-state save that had not happened yet); disk
+replacements (a node returns with an empty directory and a new storage UUID); a small KV state
+machine. The invariants of :mod:`tests.sim.checks` are checked after every event; a violation
+raises ``InvariantError`` naming the invariant, the seed and the simulated time. Everything is
+drawn from one ``random.Random(seed)``: ``SIM_SEED=N pytest tests/sim`` reruns a seed.
+
+``core_cls`` lets a test run the pre-fix core (``tests.core.old_core``) to show that the
+checks find the durability hole of issue 12.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import random
 import uuid as _uuid
 from collections.abc import Callable
@@ -20,27 +24,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from quorum.core.config import CoreConfig
-from quorum.core.memlog import MemoryLog
-from quorum.core.messages import Message, RpcFailed, is_request
+from quorum.core.messages import FetchRequest, Message, RpcFailed, is_request
 from quorum.core.raft import RaftCore
-from quorum.core.ready import Ready
-from quorum.records import decode_control, encode_control
-from quorum.types import (
-    AddVoter,
-    ControlRecord,
-    KraftError,
-    LeaderRecovery,
-    OffsetAndEpoch,
-    QuorumState,
-    RemoveVoter,
-    ReplicaKey,
-)
+from quorum.core.ready import AdminResult, Outbound, ProposalResult, ReadResult, RoleChange
+from quorum.driver import Driver, Pending, Ports, StorageReader, load_latest_snapshot
+from quorum.driver.memory import DictStateMachine
+from quorum.storage import recover_log
+from quorum.storage.memory import MemoryLog, MemoryQuorumStateStore, MemorySnapshotStore
+from quorum.types import KraftError, OffsetAndEpoch, QuorumState, ReplicaKey
+from tests.sim.checks import CLUSTER, Checks, InvariantError
 
-CLUSTER = "sim-cluster"
-
-
-class InvariantError(AssertionError):
-    pass
+__all__ = ["CLUSTER", "InvariantError", "Node", "Sim"]
 
 
 def uuid_for(rng: random.Random) -> str:
@@ -52,16 +46,20 @@ class Node:
     id: int
     uuid: str
     log: MemoryLog = field(default_factory=MemoryLog)
-    qs: QuorumState = field(default_factory=lambda: QuorumState(CLUSTER))
+    qstore: MemoryQuorumStateStore = field(default_factory=lambda: MemoryQuorumStateStore(CLUSTER))
+    snapshots: MemorySnapshotStore = field(default_factory=MemorySnapshotStore)
+    sm: DictStateMachine = field(default_factory=DictStateMachine)
     core: RaftCore | None = None
-    kv: dict[str, str] = field(default_factory=dict)
-    applied: int = 0
-    inbound: dict[int, tuple[int, int]] = field(default_factory=dict)  # local corr -> (src, orig corr)
+    driver: Driver | None = None
+    pending: Pending | None = None  # a Ready whose persist (fsync) is in flight
+    applied: int = 0  # exclusive end of what the checks compared with the committed map
+    inbound: dict[int, tuple[int, int]] = field(default_factory=dict)  # local corr -> (src, orig)
     next_in: int = 0
     incarnation: int = 0
     last_epoch_seen: int = 0
     last_hw_seen: int = 0
     initial: bool = True  # formatted for the new cluster (False: a replacement disk)
+    persisted_epoch: int = 0
 
     @property
     def key(self) -> ReplicaKey:
@@ -70,6 +68,77 @@ class Node:
     @property
     def endpoint(self) -> str:
         return f"node{self.id}:9000"
+
+    @property
+    def qs(self) -> QuorumState:
+        return self.qstore.load()
+
+    @property
+    def kv(self) -> dict[str, str]:
+        return self.sm.data
+
+
+class SimTransport:
+    def __init__(self, sim: Sim, node: Node) -> None:
+        self.sim, self.node = sim, node
+
+    def send(self, out: Outbound) -> None:
+        msg = out.message
+        if isinstance(msg, FetchRequest) and msg.fetch_offset > self.node.log.flushed_end_offset:
+            self.sim.fail(
+                "fetch-claims-durable",
+                f"node {self.node.id} sends a Fetch at offset {msg.fetch_offset} but has fsynced "
+                f"only up to {self.node.log.flushed_end_offset}",
+            )
+        self.sim.send(self.node, out.destination_id, msg)
+
+
+class SimQuorumState:
+    """The node's quorum-state store, remembering the persisted epoch for the checks."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def save(self, state: QuorumState) -> None:
+        self.node.qstore.save(state)
+        self.node.persisted_epoch = state.leader_epoch
+
+
+class SimSink:
+    """The driver's completions, handed to the simulation's checks with the node."""
+
+    def __init__(self, sim: Sim, node: Node) -> None:
+        self.sim, self.node = sim, node
+
+    def proposal_done(self, result: ProposalResult) -> None:
+        self.sim.on_proposal(self.node, result)
+
+    def read_done(self, result: ReadResult) -> None:
+        self.sim.on_read(result)
+
+    def admin_done(self, result: AdminResult) -> None:
+        self.sim.admin_results[result.request_id] = result
+        self.sim.note(f"admin {result.request_id} -> {result.error.value} {result.message}")
+
+    def role_changed(self, view: RoleChange) -> None:
+        self.sim.on_role(self.node, view)
+
+    def applied(self, applied_end: int, applied_epoch: int) -> None:
+        self.sim.on_applied(self.node, applied_end)
+
+    def recovery_needed(self) -> None:
+        self.sim.recovery_needed.add(self.node.id)
+
+    def note(self, message: str) -> None:
+        self.sim.errors.append(f"node {self.node.id}: {message}")
+
+
+class SimClock:
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def now_ms(self) -> int:
+        return self.sim.now
 
 
 @dataclass(order=True)
@@ -82,7 +151,9 @@ class Delivery:
     message: Message = field(compare=False)
 
 
-class Sim:
+class Sim(Checks):
+    crash_points = False  # power loss also at fsync completion (chaos runs)
+
     def __init__(
         self,
         seed: int,
@@ -93,6 +164,9 @@ class Sim:
         pre_vote: bool = True,
         snapshot_every: int = 0,
         config: dict[str, Any] | None = None,
+        interleave: bool = True,
+        fsync_ms: int = 25,
+        core_cls: type[RaftCore] = RaftCore,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -101,6 +175,9 @@ class Sim:
         self.drop = drop
         self.duplicate = duplicate
         self.snapshot_every = snapshot_every
+        self.interleave = interleave
+        self.fsync_ms = fsync_ms
+        self.core_cls = core_cls
         bootstrap = {i: f"node{i}:9000" for i in range(1, voters + 1)}
         self.base_config = dict(
             bootstrap_voters=bootstrap,
@@ -119,29 +196,20 @@ class Sim:
         for i in range(1, voters + spares + 1):
             self.nodes[i] = Node(i, uuid_for(self.rng))
         self.net: list[Delivery] = []
+        self.persists: list[tuple[int, int, int, int]] = []  # (at, seq, node id, incarnation)
         self.seq = 0
         self.blocked: set[frozenset[int]] = set()
-        # invariant state
-        self.leaders: dict[int, ReplicaKey] = {}
-        self.committed: dict[int, tuple[int, str]] = {}
-        self.committed_end = 0
-        self.committed_voters: list[tuple[int, frozenset[ReplicaKey]]] = []
-        self.cv_current: frozenset[ReplicaKey] | None = None
-        self.cv_batch: tuple[int, frozenset[ReplicaKey] | None, bool] | None = None
+        self.scheduled: list[tuple[int, int, Callable[[], None]]] = []
         self.proposals: dict[tuple[int, str, int, int], list[str]] = {}
-        self.acked_writes: dict[str, int] = {}
-        self.max_acked = 0
         self.reads: dict[int, int] = {}
         self.read_seq = 0
-        self.read_results: list[tuple[int, int]] = []
         self.admin_results: dict[int, Any] = {}
         self.admin_seq = 0
         self.client_seq = 0
         self.errors: list[str] = []
         self.trace: list[str] = []
-        self.scheduled: list[tuple[int, int, Callable[[], None]]] = []
         self.recovery_needed: set[int] = set()
-        self.unclean = False  # set by an unclean recovery: committed data may be lost on purpose
+        self.init_checks()
         for n in self.nodes.values():
             self.start(n)
 
@@ -153,39 +221,60 @@ class Sim:
     def start(self, n: Node) -> None:
         n.incarnation += 1
         n.inbound.clear()
-        snap = n.log.snapshot
-        if snap is not None:
-            state = json.loads(snap.data)
-            n.kv = dict(state["kv"])
-            n.applied = snap.snapshot_id.offset
-        else:
-            n.kv, n.applied = {}, n.log.log_start
-        n.core = RaftCore(
+        n.pending = None
+        n.log.reopen()
+        summary = recover_log(n.log, n.snapshots)
+        n.sm = DictStateMachine()
+        applied_end, applied_epoch = load_latest_snapshot(n.snapshots, summary, n.sm)
+        n.applied = applied_end
+        qs = n.qstore.load()
+        n.persisted_epoch = qs.leader_epoch
+        n.core = self.core_cls(
             self.config_for(n),
             n.key,
             CLUSTER,
-            replace(n.qs),
-            n.log.summary(),
-            n.log,
+            qs,
+            summary,
+            StorageReader(n.log, n.snapshots),
             random.Random(self.rng.getrandbits(32)),
             self.now,
         )
+        ports = Ports(
+            n.log,
+            SimQuorumState(n),
+            n.snapshots,
+            SimTransport(self, n),
+            SimClock(self),
+            n.sm,
+            SimSink(self, n),
+        )
+        n.driver = Driver(n.core, ports, applied_end, applied_epoch)
         n.last_hw_seen = n.core.hw
         self.pump(n)
 
     def crash(self, n: Node) -> None:
-        if n.core is None:
-            return
-        self.note(f"crash {n.key}")
-        n.core = None
-        n.log.crash()
+        """Power loss: the process dies and everything not fsynced is gone."""
+        self.crash_many([n])
+
+    def crash_many(self, nodes: list[Node]) -> None:
+        """Power loss on several nodes at the same instant."""
+        for n in nodes:
+            if n.core is None:
+                continue
+            self.note(f"power loss {n.key}" + (" during fsync" if n.pending is not None else ""))
+            n.core, n.driver, n.pending = None, None, None
+            n.log.crash()
+            n.snapshots.crash()
+        self.check_acked_durable()
 
     def replace_disk(self, n: Node) -> str:
         """The node loses its directory and comes back formatted with a new storage UUID."""
         self.crash(n)
+        self.retired.append(replace(n))
         n.uuid = uuid_for(self.rng)
         n.log = MemoryLog()
-        n.qs = QuorumState(CLUSTER)
+        n.qstore = MemoryQuorumStateStore(CLUSTER)
+        n.snapshots = MemorySnapshotStore()
         n.last_epoch_seen = 0
         n.initial = False
         self.note(f"replace disk of node {n.id}: new uuid {n.uuid}")
@@ -197,151 +286,47 @@ class Sim:
         if len(self.trace) > 400:
             del self.trace[:200]
 
-    def fail(self, name: str, detail: str) -> None:
-        tail = "\n".join(self.trace[-40:])
-        raise InvariantError(
-            f"invariant {name} violated: {detail}\nseed={self.seed} t={self.now} "
-            f"(rerun: SIM_SEED={self.seed} pytest tests/sim)\n{tail}"
-        )
-
     # ------------------------------------------------------------------ the driver
 
-    def pump(self, n: Node, crash_point: bool = False) -> None:
-        for _ in range(100):
-            core = n.core
-            if core is None:
+    def pump(self, n: Node) -> None:
+        """Carry out the node's Readies until it is idle or an fsync is in flight."""
+        for _ in range(200):
+            core, driver = n.core, n.driver
+            if core is None or driver is None or n.pending is not None:
                 return
             r = core.ready()
             if r.is_empty():
+                self.check_published(n)
                 return
-            self.handle(n, core, r, crash_point)
+            p = driver.begin(r)
+            if p.needs_persist and self.interleave:
+                n.pending = p
+                self.seq += 1
+                at = self.now + self.rng.randint(1, self.fsync_ms)
+                heapq.heappush(self.persists, (at, self.seq, n.id, n.incarnation))
+                return
+            if p.needs_persist:
+                driver.persist(p)
+            driver.finish(p)
         self.fail("driver-progress", f"node {n.id} produced Ready forever")
 
-    def handle(self, n: Node, core: RaftCore, r: Ready, crash_point: bool) -> None:
-        log = n.log
-        if r.truncate_to is not None:
-            log.truncate(r.truncate_to)
-        for ch in r.snapshot_chunks:
-            if ch.position == 0:
-                log.pending_snapshot = bytearray()
-            log.pending_snapshot[ch.position : ch.position + len(ch.data)] = ch.data
-        if r.install_snapshot is not None:
-            data = bytes(log.pending_snapshot)
-            state = json.loads(data)
-            controls = tuple(decode_control(bytes.fromhex(h)) for h in state["controls"])
-            log.install_snapshot(r.install_snapshot, data, controls)
-            n.kv = dict(state["kv"])
-            n.applied = r.install_snapshot.offset
-            core.snapshot_installed(r.install_snapshot, controls)
-        for b in r.append:
-            log.append(b)
-        if crash_point and r.append and self.rng.random() < 0.0015:
-            self.crash(n)  # before fsync: the appended batches are lost
+    def complete_persist(self, n: Node) -> None:
+        p, driver = n.pending, n.driver
+        if p is None or driver is None:
             return
-        if r.quorum_state is not None:
-            n.qs = replace(r.quorum_state)
-        if r.append:
-            # The driver's fast path: Fetch responses for what was just written leave before
-            # the leader's own fsync, so a crash below can take back records a follower has.
-            for ob in core.appended(log.end_offset, self.now):
-                self.send(n, ob.destination_id, ob.message)
-            if crash_point and self.rng.random() < 0.0015:
-                self.crash(n)
-                return
-        if r.flush:
-            log.flush()
-        core.advance(r, log.durable_end)
-        for ob in r.messages:
-            self.send(n, ob.destination_id, ob.message)
-        if r.commit is not None:
-            self.apply(n, r.commit)
-        if r.role_change is not None:
-            rc = r.role_change
-            self.note(f"node {n.id} -> {rc.role} epoch {rc.epoch} leader {rc.leader_id}")
-            if rc.role == "leader":
-                prev = self.leaders.get(rc.epoch)
-                if prev is not None and prev != n.key:
-                    self.fail("one-leader-per-epoch", f"epoch {rc.epoch}: {prev} and {n.key}")
-                self.leaders[rc.epoch] = n.key
-                self.check_leader_completeness(n)
-        for pr in r.proposal_results:
-            recs = self.proposals.pop((n.id, n.uuid, pr.last_offset, pr.epoch), None)
-            if recs is None:
-                continue
-            if pr.error.value == "NONE":
-                first = pr.last_offset - len(recs) + 1
-                for i, rec in enumerate(recs):
-                    got = self.committed.get(first + i)
-                    if got is None or got[1] != rec:
-                        self.fail(
-                            "acked-write-committed", f"offset {first + i}: acked {rec!r}, committed {got}"
-                        )
-                self.max_acked = max(self.max_acked, pr.last_offset + 1)
-        for rr in r.reads:
-            start_acked = self.reads.pop(rr.read_id, None)
-            if start_acked is not None and rr.error.value == "NONE":
-                if rr.index < start_acked:
-                    self.fail(
-                        "linearizable-read", f"read {rr.read_id} index {rr.index} < acked {start_acked}"
-                    )
-                self.read_results.append((rr.read_id, rr.index))
-        for ar in r.admin_results:
-            self.admin_results[ar.request_id] = ar
-            self.note(f"admin {ar.request_id} -> {ar.error.value} {ar.message}")
-        for e in r.errors:
-            self.errors.append(f"node {n.id}: {e}")
-        if r.recovery_needed:
-            self.recovery_needed.add(n.id)
-
-    def apply(self, n: Node, commit: int) -> None:
-        upto = min(commit, n.log.end_offset)
-        if upto <= n.applied:
+        if self.crash_points and self.rng.random() < 0.002:
+            self.crash(n)  # before the fsync completed: its batches and state save are lost
+            self.at(self.rng.randint(100, 2000), lambda: self.restart(n))
             return
-        for off, epoch, rec, base in n.log.records_between(n.applied, upto):
-            rep = rec.decode() if isinstance(rec, bytes) else repr(rec)
-            got = self.committed.get(off)
-            if got is None:
-                if off != self.committed_end:
-                    self.fail(
-                        "committed-prefix",
-                        f"node {n.id} commits offset {off} but global end {self.committed_end}",
-                    )
-                self.committed[off] = (epoch, rep)
-                self.committed_end = off + 1
-                if not isinstance(rec, bytes):
-                    self.on_committed_control(base, rec)
-            elif got != (epoch, rep):
-                self.fail("committed-never-changes", f"node {n.id} offset {off}: {got} vs {(epoch, rep)}")
-            if isinstance(rec, bytes):
-                cmd = json.loads(rec)
-                n.kv[cmd["k"]] = cmd["v"]
-        n.applied = upto
+        n.pending = None
+        driver.persist(p)
+        driver.finish(p)
+        self.pump(n)
 
-    def on_committed_control(self, base: int, rec: ControlRecord) -> None:
-        """Invariant single-voter-change: two consecutive committed voter sets (batch by batch)
-        differ by at most one voter, except the bootstrap batch and an unclean recovery."""
-        if self.cv_batch is None or self.cv_batch[0] != base:
-            self.finish_voter_batch()
-            self.cv_batch = (base, self.cv_current, False)
-        if isinstance(rec, LeaderRecovery):
-            self.cv_batch = (base, self.cv_batch[1], True)
-        if isinstance(rec, AddVoter):
-            self.cv_current = (self.cv_current or frozenset()) | {rec.voter}
-        elif isinstance(rec, RemoveVoter):
-            self.cv_current = (self.cv_current or frozenset()) - {rec.voter}
-
-    def finish_voter_batch(self) -> None:
-        if self.cv_batch is None:
-            return
-        base, before, recovery = self.cv_batch
-        after = self.cv_current
-        if before is not None and after is not None and len(before ^ after) > 1 and not recovery:
-            self.fail(
-                "single-voter-change", f"committed voter sets {sorted(before)} -> {sorted(after)} at {base}"
-            )
-        if after != before:
-            self.committed_voters.append((base, after or frozenset()))
-        self.cv_batch = (base, after, recovery)
+    def restart(self, n: Node) -> None:
+        if n.core is None:
+            self.note(f"restart node {n.id}")
+            self.start(n)
 
     # ------------------------------------------------------------------ network
 
@@ -361,42 +346,46 @@ class Sim:
     def _enqueue(self, src: int, dest: int, msg: Message) -> None:
         if frozenset((src, dest)) in self.blocked or self.rng.random() < self.drop or dest not in self.nodes:
             if is_request(msg) and self.rng.random() < 0.5:
-                # connection refused: the sender's driver reports it quickly
+                # connection refused: the sender's transport reports it quickly
                 self.seq += 1
+                failed = RpcFailed(msg.correlation_id, dest, "unreachable")
                 heapq.heappush(
-                    self.net,
-                    Delivery(
-                        self.now + 5,
-                        self.seq,
-                        src,
-                        src,
-                        self.nodes[src].incarnation,
-                        RpcFailed(msg.correlation_id, dest, "unreachable"),
-                    ),
+                    self.net, Delivery(self.now + 5, self.seq, src, src, self.nodes[src].incarnation, failed)
                 )
             return
         self.seq += 1
         delay = self.rng.randint(1, 15)
-        target = self.nodes[dest]
-        inc = target.incarnation if is_request(msg) else self.nodes[dest].incarnation
+        inc = self.nodes[dest].incarnation
         heapq.heappush(self.net, Delivery(self.now + delay, self.seq, dest, src, inc, msg))
 
-    def deliver_due(self) -> None:
-        while self.net and self.net[0].at <= self.now:
-            d = heapq.heappop(self.net)
-            n = self.nodes[d.dest]
-            if n.core is None or d.incarnation != n.incarnation:
-                continue
-            msg = d.message
-            if is_request(msg):
-                n.next_in += 1
-                n.inbound[n.next_in] = (d.src, msg.correlation_id)
-                msg = replace(msg, correlation_id=n.next_in)
-            n.core.step(msg, self.now)
-            self.pump(n, crash_point=self.crash_points)
-            self.check(n)
+    def process_events(self) -> None:
+        """Deliveries and fsync completions due by now, in time order."""
+        while True:
+            d_at = self.net[0].at if self.net else None
+            p_at = self.persists[0][0] if self.persists else None
+            if p_at is not None and p_at <= self.now and (d_at is None or p_at <= d_at):
+                _at, _s, nid, inc = heapq.heappop(self.persists)
+                n = self.nodes[nid]
+                if n.incarnation == inc and n.core is not None:
+                    self.complete_persist(n)
+                    self.check(n)
+            elif d_at is not None and d_at <= self.now:
+                self.deliver(heapq.heappop(self.net))
+            else:
+                return
 
-    crash_points = False
+    def deliver(self, d: Delivery) -> None:
+        n = self.nodes[d.dest]
+        if n.core is None or d.incarnation != n.incarnation:
+            return
+        msg = d.message
+        if is_request(msg):
+            n.next_in += 1
+            n.inbound[n.next_in] = (d.src, msg.correlation_id)
+            msg = replace(msg, correlation_id=n.next_in)
+        n.core.step(msg, self.now)  # also while an fsync is in flight: the next Ready's
+        self.pump(n)
+        self.check(n)
 
     # ------------------------------------------------------------------ time
 
@@ -404,7 +393,7 @@ class Sim:
         end = self.now + ms
         while self.now < end:
             self.now += self.step_ms
-            self.deliver_due()
+            self.process_events()
             for n in self.nodes.values():
                 if n.core is not None:
                     n.core.tick(self.now)
@@ -417,6 +406,7 @@ class Sim:
                 action(self)
             if self.snapshot_every:
                 self.maybe_snapshot()
+            self.check_acked_durable()
 
     def at(self, delay_ms: int, fn: Callable[[], None]) -> None:
         self.seq += 1
@@ -431,33 +421,26 @@ class Sim:
 
     def maybe_snapshot(self) -> None:
         for n in self.nodes.values():
-            core = n.core
-            if core is None or n.applied - n.log.log_start < self.snapshot_every:
+            core, driver = n.core, n.driver
+            if (
+                core is None
+                or driver is None
+                or driver.applied_end - n.log.log_start_offset < self.snapshot_every
+            ):
                 continue
             if self.rng.random() > 0.05:
                 continue
-            off = min(n.applied, core.hw)
-            if off <= (n.log.snapshot.snapshot_id.offset if n.log.snapshot else 0):
+            off = min(driver.applied_end, core.hw)
+            latest = n.snapshots.latest()
+            if off <= (latest.offset if latest is not None else 0):
                 continue
+            # The state machine holds exactly the applied prefix (the driver applies in order).
             sid = OffsetAndEpoch(off, core.epoch_at(off - 1))
-            controls = core.controls_at(off)
-            kv = self.kv_at(n, off)
-            data = json.dumps({"kv": kv, "controls": [encode_control(c).hex() for c in controls]}).encode()
-            start = n.log.take_snapshot(sid, data, controls)
-            core.snapshot_taken(sid, min(start, off))
-            self.note(f"node {n.id} snapshot {sid} log start {start}")
-
-    def kv_at(self, n: Node, off: int) -> dict[str, str]:
-        assert off == n.applied or off <= n.applied
-        if off == n.applied:
-            return dict(n.kv)
-        kv: dict[str, str] = {}
-        for o in range(0, off):
-            got = self.committed.get(o)
-            if got is not None and got[1].startswith("{"):
-                cmd = json.loads(got[1])
-                kv[cmd["k"]] = cmd["v"]
-        return kv
+            n.snapshots.write(sid, core.controls_at(off), n.sm.snapshot_chunks())
+            n.log.delete_before(off)
+            core.snapshot_taken(sid, min(n.log.log_start_offset, off))
+            n.snapshots.delete_older_than(sid)
+            self.note(f"node {n.id} snapshot {sid} log start {n.log.log_start_offset}")
 
     # ------------------------------------------------------------------ clients & admin
 
@@ -476,7 +459,7 @@ class Sim:
         recs = []
         for _ in range(count):
             self.client_seq += 1
-            recs.append(json.dumps({"k": f"k{self.client_seq % 17}", "v": f"v{self.client_seq}"}))
+            recs.append(f'{{"k": "k{self.client_seq % 17}", "v": "v{self.client_seq}"}}')
         try:
             last = ld.core.propose([r.encode() for r in recs], self.now)
         except KraftError:
@@ -529,66 +512,6 @@ class Sim:
                 return True
             self.run(self.step_ms, action)
         return cond()
-
-    # ------------------------------------------------------------------ invariants
-
-    def check(self, n: Node) -> None:
-        core = n.core
-        if core is None:
-            return
-        if core.epoch < n.last_epoch_seen:
-            self.fail("epoch-monotonic", f"node {n.id} epoch {core.epoch} < {n.last_epoch_seen}")
-        n.last_epoch_seen = core.epoch
-        if core.hw < n.last_hw_seen:
-            self.fail("hw-monotonic", f"node {n.id} hw {core.hw} < {n.last_hw_seen}")
-        n.last_hw_seen = core.hw
-        changes = [c for c in core.history.voter_changes_from(core.hw) if c.op != "bootstrap"]
-        if len({c.offset for c in changes}) > 1:
-            # A restarted replica does not know the high watermark yet: changes that are
-            # committed cluster-wide (same record at that offset) do not count as pending.
-            changes = [c for c in changes if not self._is_committed_here(n, c.offset)]
-        offsets = {c.offset for c in changes}
-        if len(offsets) > 1:
-            self.fail("one-uncommitted-voter-change", f"node {n.id} hw {core.hw}: {changes}")
-
-    def check_leader_completeness(self, n: Node) -> None:
-        """Raft's Leader Completeness: a new leader's log holds every committed entry (those
-        below its log start are in its snapshot). Unclean recovery is exempt by design."""
-        if self.unclean:
-            return
-        start = n.log.log_start
-        if n.log.snapshot is not None:
-            start = max(start, n.log.snapshot.snapshot_id.offset)
-        end = self.committed_end
-        if n.log.end_offset < end:
-            self.fail(
-                "leader-completeness", f"leader {n.key} log ends at {n.log.end_offset} < committed {end}"
-            )
-        for off, epoch, rec, _base in n.log.records_between(start, end):
-            rep = rec.decode() if isinstance(rec, bytes) else repr(rec)
-            if self.committed.get(off) != (epoch, rep):
-                self.fail(
-                    "leader-completeness",
-                    f"leader {n.key} offset {off}: {(epoch, rep)} vs {self.committed.get(off)}",
-                )
-
-    def _is_committed_here(self, n: Node, off: int) -> bool:
-        got = self.committed.get(off)
-        if got is None:
-            return False
-        recs = n.log.records_between(off, off + 1)
-        return bool(recs) and (recs[0][1], repr(recs[0][2])) == got
-
-    def assert_converged(self) -> None:
-        live = [n for n in self.nodes.values() if n.core is not None]
-        ld = self.leader()
-        if ld is None:
-            self.fail("liveness", "no leader after healing")
-        assert ld is not None and ld.core is not None
-        vs = ld.core.voters()
-        for n in live:
-            if n.core is not None and vs.contains(n.key) and n.core.hw < ld.core.hw:
-                self.fail("liveness", f"voter {n.id} hw {n.core.hw} behind leader {ld.core.hw}")
 
     def summary(self) -> dict[str, Any]:
         return {
