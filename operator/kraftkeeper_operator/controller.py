@@ -112,7 +112,9 @@ class ControllerStatus:
         def rep(r: Any) -> dict[str, Any]:
             return {
                 "id": r.id,
-                "uuid": r.uuid,
+                # null, never "": the CRD allows a UUID or null, and a voter whose UUID the leader
+                # has not learned yet must not make the status write fail (issue 11).
+                "uuid": r.uuid or None,
                 "lag": r.lag,
                 "logEndOffset": r.log_end_offset,
                 "endpoint": r.endpoint,
@@ -163,7 +165,7 @@ class ControllerStatus:
         v = self.view
 
         def rep(r: Any) -> dict[str, Any]:
-            return {"id": r.id, "uuid": r.uuid, "lag": r.lag, "lastFetchTimestamp": r.last_fetch_ms}
+            return {"id": r.id, "uuid": r.uuid or None, "lag": r.lag, "lastFetchTimestamp": r.last_fetch_ms}
 
         return {
             "phase": self.phase,

@@ -197,6 +197,8 @@ class RecoveryBook:
                 return events
             rec = self._start(rid, voter_uuids[0], new_obs.uuid, Phase.STABILIZING, now_ms)
             events.append(Event("disk_replacement_detected", rec, {"endpoint": new_obs.endpoint}))
+            # Already caught up when first seen: the stabilisation clock starts now, not a pass later.
+            events.extend(self._stabilise(view, rec, new_obs, now_ms))
         elif len(voter_uuids) == 2 and not pending_here:
             # Restarted operator, AddVoter already committed: the quorum tells us the state.
             old = self._guess_old(view, rid, voter_uuids, now_ms)

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kraftkeeper_operator.controller import Condition, ControllerStatus
 from kraftkeeper_operator.kube import BOOTSTRAP_FIELD_MANAGER, FIELD_MANAGER
 from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, bootstrap_configmap, parse_spec
+from kraftkeeper_operator.view import QuorumView
 
 from quorum.storage.meta import load_meta
 from tests.k8s.conftest import KubeEnv, free_port
@@ -329,6 +331,51 @@ def test_invalid_specs_are_refused_or_reported(kube: KubeEnv, namespace: str, op
         lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/bad"),
         timeout=60,
     )
+
+
+def test_status_with_a_voter_whose_uuid_is_not_known_yet_is_written(
+    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str
+) -> None:
+    """Issue 11: during bootstrap the leader may not know a voter's storage UUID yet. The status
+    the controller builds for that moment must pass the CRD's schema (it publishes null), and a
+    status naming the voter with "" is what the schema refuses."""
+    path = KQ.format(ns=namespace) + "/boot"
+    create(kube, namespace, kq("boot", 3))
+    known = "0b6a1c2e-5d4f-4a3b-9c8d-7e6f5a4b3c2d"
+    view = QuorumView.from_describe(
+        {
+            "leader_id": 1,
+            "leader_epoch": 2,
+            "high_watermark": 5,
+            "voters": [
+                {"id": 1, "uuid": known, "log_end_offset": 5, "lag": 0, "last_fetch_timestamp": 1},
+                {"id": 2, "uuid": "", "log_end_offset": -1, "lag": -1, "last_fetch_timestamp": -1},
+                {"id": 3, "log_end_offset": -1, "lag": -1, "last_fetch_timestamp": -1},
+            ],
+            "observers": [],
+        }
+    )
+    conditions = [
+        Condition("Available", True, "LeaderElected", "leader 1 epoch 2"),
+        Condition("Degraded", True, "VotersDown", "voters not fetching: 2:, 3:"),
+        Condition("Recovering", False, "Idle"),
+        Condition("QuorumLost", False, "LiveMajority", "1 of 3 voters live"),
+    ]
+    status = ControllerStatus(view, conditions, []).to_crd_status(generation=1)
+    assert [v["uuid"] for v in status["voters"]] == [known, None, None]
+    st, body = kube.request(
+        "PATCH", path + "/status", {"status": status}, content_type="application/merge-patch+json"
+    )
+    assert st == 200, body
+    back = (get(kube, path) or {}).get("status") or {}
+    assert [(v["id"], v["uuid"]) for v in back["voters"]] == [(1, known), (2, None), (3, None)]
+    # The form the operator used to write (issue 11's 422): refused, naming the field.
+    bad = json.loads(json.dumps(status))
+    bad["voters"][1]["uuid"] = ""
+    st, body = kube.request(
+        "PATCH", path + "/status", {"status": bad}, content_type="application/merge-patch+json"
+    )
+    assert st == 422 and "uuid" in json.dumps(body), body
 
 
 @pytest.mark.slow

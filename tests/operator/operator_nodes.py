@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -82,11 +83,18 @@ class LocalCluster:
     """``kraftkeeper operator local`` in a subprocess."""
 
     def __init__(
-        self, d: Path, nodes: int = 3, *, extra: list[str] | None = None, cluster_id: str | None = None
+        self,
+        d: Path,
+        nodes: int = 3,
+        *,
+        extra: list[str] | None = None,
+        cluster_id: str | None = None,
+        base_port: int | None = None,
     ) -> None:
         self.dir = d
         self.nodes = nodes
-        self.base = free_base_port(nodes)
+        # A given base port: supervising an existing cluster directory again (it is fixed there).
+        self.base = base_port if base_port is not None else free_base_port(nodes)
         if cluster_id is not None:
             # Stand-in for pods: the cluster id the StatefulSet's format command uses, so that the
             # pod's real init container accepts these node directories (--ignore-formatted checks it).
@@ -139,6 +147,12 @@ class LocalCluster:
         data: dict[str, Any] = json.loads(out.stdout)
         return data
 
+    def describe_all_known(self) -> dict[str, Any] | None:
+        """The describe object once every voter's storage UUID is known (None before)."""
+        x = self.describe()
+        ok = x is not None and x["leader_id"] > 0 and len(x["voters"]) == self.nodes
+        return x if ok and x is not None and all(v["uuid"] for v in x["voters"]) else None
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -183,3 +197,94 @@ def run_format_container(
     return subprocess.run(
         ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# A longer but stale log (unclean-recovery survivor tests)
+
+# Nodes keep a leader without a majority for this long (and followers wait as long before an
+# election): the window in which a cut-off leader appends records it can never commit.
+STALE_NODE_CONFIG = {"raft": {"fetch_timeout_ms": 8000}}
+
+
+def log_state(endpoint: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{endpoint}/v1/node/log-state", timeout=3) as r:
+        data: dict[str, Any] = json.loads(r.read())
+        return data
+
+
+def _put_nowait(endpoint: str, key: str, value: str) -> None:
+    """A PUT whose answer nobody waits for (it cannot commit)."""
+    req = urllib.request.Request(f"http://{endpoint}/v1/kv/{key}", data=value.encode(), method="PUT")
+    try:
+        urllib.request.urlopen(req, timeout=0.5).close()
+    except OSError:
+        pass
+
+
+def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]:
+    """On a healthy 5-node cluster run with :data:`STALE_NODE_CONFIG`, build the case where the
+    longest log is the stale one, and leave exactly two replicas running (no majority):
+
+    1. every node but the leader A is held (stopped); A, still leader until its fetch timeout,
+       appends ``stale-*`` writes that can never commit;
+    2. A is held; three others elect a leader at a newer epoch and commit ``fresh = yes``;
+    3. two of those three are held again, A is released.
+
+    Running: A (last epoch e, the longest log) and B (last epoch > e, shorter). Returns (A, B).
+    Hold files are appended to ``holds`` (the caller deletes them)."""
+    ids = list(range(1, c.nodes + 1))
+    first = poll("a leader with every voter's UUID known", c.describe_all_known, timeout=120)
+    a = int(first["leader_id"])
+    others = [i for i in ids if i != a]
+    held = {i: hold(c.dir, i) for i in others}
+    holds.extend(held.values())
+    for i in others:
+        poll(f"node {i} stopped", lambda i=i: (c.dir / "control" / f"node-{i}.stopped").exists(), 60, 0.05)
+    before = log_state(c.endpoint(a))
+    assert before["role"] == "leader", f"node {a} resigned before the stale writes: {before}"
+    writers = [
+        threading.Thread(
+            target=_put_nowait, args=(c.endpoint(a), f"stale-{k}", "never-committed"), daemon=True
+        )
+        for k in range(40)
+    ]
+    for t in writers:  # at once: the window closes at A's fetch timeout
+        t.start()
+    stale = poll(
+        f"node {a} appended the stale writes",
+        lambda: (s := log_state(c.endpoint(a)))["end_offset"] >= before["end_offset"] + 20 and s,
+        timeout=30,
+    )
+    for t in writers:
+        t.join()
+    holds.append(hold(c.dir, a))
+    poll(f"node {a} stopped", lambda: (c.dir / "control" / f"node-{a}.stopped").exists(), 60, 0.05)
+    b, rest = others[0], others[1:3]
+    for i in (b, *rest):
+        held[i].unlink()
+    eps = ",".join(c.endpoint(i) for i in (b, *rest))
+    put = poll(
+        "fresh = yes committed at a newer epoch",
+        lambda: (p := kk("kv", "put", "--bootstrap", eps, "fresh", "yes")).returncode == 0 and p,
+        timeout=120,
+        every=0.5,
+    )
+    assert put.returncode == 0
+    fresh = poll(
+        f"node {b} has the committed write",
+        lambda: (
+            (s := log_state(c.endpoint(b)))["high_watermark"] >= s["end_offset"] > 0
+            and s["last_epoch"] > stale["last_epoch"]
+            and s
+        ),
+        timeout=60,
+    )
+    for i in rest:
+        holds.append(hold(c.dir, i))
+        poll(f"node {i} stopped", lambda i=i: (c.dir / "control" / f"node-{i}.stopped").exists(), 60, 0.05)
+    holds[holds.index(c.dir / "control" / f"node-{a}.hold")].unlink()
+    st = poll(f"node {a} back", lambda: log_state(c.endpoint(a)), timeout=60)
+    # The case under test: the longer log is the stale one.
+    assert st["end_offset"] > fresh["end_offset"] and st["last_epoch"] < fresh["last_epoch"], (st, fresh)
+    return a, b

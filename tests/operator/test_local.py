@@ -14,7 +14,14 @@ from kraftkeeper_operator.local import local_main, replace_disk_main
 from kraftkeeper_operator.localcluster import ClusterLayout
 
 from quorum.storage.meta import load_meta
-from tests.operator.operator_nodes import LocalCluster, engine_missing, kk, poll
+from tests.operator.operator_nodes import (
+    STALE_NODE_CONFIG,
+    LocalCluster,
+    engine_missing,
+    kk,
+    make_stale_longer_log,
+    poll,
+)
 
 FULL = [
     "disk_replacement_detected",
@@ -306,6 +313,50 @@ def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -
     finally:
         for node in (2, 3):
             (d / "control" / f"node-{node}.hold").unlink(missing_ok=True)
+        assert c.stop() == 0, c.tail()
+
+
+@needs_engine
+@pytest.mark.slow
+def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(tmp_path: Path) -> None:
+    """Issue 12: five nodes; the longest log (a cut-off former leader's writes that never
+    committed) is the stale one, and a shorter log holds a write committed at a newer epoch. With
+    only those two left, a supervisor allowed to recover uncleanly makes the newer-epoch replica
+    the sole voter (Raft's election order), so the committed write survives and the stale ones
+    are gone. The supervisor is restarted in between: the voter set comes from its state file."""
+    cfg = tmp_path / "node.json"
+    cfg.write_text(json.dumps(STALE_NODE_CONFIG))
+    d = tmp_path / "s"
+    c = LocalCluster(d, 5, extra=["--no-recovery", "--node-config", str(cfg)])
+    holds: list[Path] = []
+    try:
+        stale, fresh = make_stale_longer_log(c, holds)
+        assert c.stop() == 0, c.tail()
+        c = LocalCluster(
+            d, 5, extra=["--node-config", str(cfg), "--unclean-after-seconds", "1"], base_port=c.base
+        )
+        events = poll(
+            "an unclean recovery",
+            lambda: [e for e in read_events(d) if e["type"] == "unclean_recovery"],
+            timeout=120,
+        )
+        assert len(events) == 1 and events[0]["replica_id"] == fresh, (events, stale, fresh)
+        detail = events[0]["detail"]
+        assert isinstance(detail, dict)
+        cands = detail["candidates"]
+        assert sorted(cands) == sorted([str(stale), str(fresh)])
+        assert cands[str(stale)][1] > cands[str(fresh)][1]  # the longer log lost ...
+        assert cands[str(stale)][0] < cands[str(fresh)][0]  # ... because its last epoch is older
+        poll(
+            "the committed write readable after the recovery",
+            lambda: kk("kv", "get", "--bootstrap", c.bootstrap(), "fresh").stdout.strip() == "yes",
+            timeout=120,
+        )
+        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "stale-0")
+        assert got.returncode != 0 and "NOT_FOUND" in got.stderr, got
+    finally:
+        for h in holds:
+            h.unlink(missing_ok=True)
         assert c.stop() == 0, c.tail()
 
 
