@@ -14,6 +14,8 @@ Module map:
 * :mod:`.membership` — AddVoter / RemoveVoter, bootstrapping, reassignment, recovery hand-off;
 * :mod:`.progress` — leader-side replica progress; :mod:`.voters` — voter set history;
   :mod:`.logmeta` — log offsets and epoch cache; :mod:`.describe` — describe and metrics;
-* :mod:`.recovery` — the offline unclean-recovery plan; :mod:`.memlog` — an in-memory log
-  implementing ``LogReader`` (tests and the simulation).
+* :mod:`.recovery` — the offline unclean-recovery plan.
+
+The driver that carries out the core's ``Ready`` is :mod:`quorum.driver`; the in-memory log
+it runs on in tests and the simulation is ``quorum.storage.memory.MemoryLog``.
 """

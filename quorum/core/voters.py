@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from quorum.types import (
     AddVoter,
@@ -106,12 +107,16 @@ class ControlState:
         return tuple(out)
 
 
+VoterChangeOp = Literal["add", "remove", "bootstrap"]
+
+
 @dataclass(frozen=True)
 class VoterChange:
-    """A voter change found in the log: ``op`` is "add" or "remove"."""
+    """A voter change found in the log: ``op`` is "add" or "remove" of ``key``, or "bootstrap"
+    (the first voter set written to the log, KIP-856; ``key`` is then ``(-1, None)``)."""
 
     offset: int
-    op: str
+    op: VoterChangeOp
     key: ReplicaKey
 
 
@@ -187,6 +192,3 @@ class ControlHistory:
                 out.append(VoterChange(off, "remove", k))
         return out
 
-    def committed_voter_sets(self, hw: int) -> list[tuple[int, frozenset[ReplicaKey], bool]]:
-        """(offset, voters, from_log) of every entry below ``hw`` (for invariant checks)."""
-        return [(off, st.voters, st.from_log) for off, st in self.entries if off < hw]

@@ -112,3 +112,20 @@ def test_driver_refuses_to_send_before_persist() -> None:
     h.driver.persist(pending)
     h.driver.finish(pending)
     assert h.durable_end == 1
+
+
+def test_a_restarted_follower_publishes_its_restored_role() -> None:
+    """Issue 12: a node restarted on its own directory must publish the role and leader it
+    restored (not 'unattached, leader -1' until its next transition)."""
+    import random
+
+    h, _claims, _fetch = follower(RaftCore)
+    assert h.driver.published.role == "follower"
+    core = RaftCore(
+        h.core.config, h.core.local, CLUSTER, h.qs, h.store.summary(), h.store.reader(), random.Random(2), 0
+    )
+    again = Harness(core, h.store)
+    assert again.drain() is not None
+    (first,) = again.sink.roles
+    assert (first.role, first.leader_id, first.epoch) == ("follower", 1, 1)
+    assert again.driver.published == first
