@@ -17,9 +17,9 @@ from kraftkeeper_operator.kafka.backend import (
     parse_bootstrap,
     uuid_to_base64,
 )
-from kraftkeeper_operator.kafka.schemas import membership_messages
 from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_properties
 
+from quorum.kafka.schemas import membership_messages
 from quorum.types import ErrorCode
 
 

@@ -42,9 +42,9 @@ from kafka.protocol.admin import (  # type: ignore[import-untyped]
     DescribeQuorumResponse,
 )
 
+from quorum.kafka.schemas import SchemaJarMissing, membership_messages
 from quorum.types import ErrorCode, KraftError
 
-from .schemas import SchemaJarMissing, membership_messages
 from .wire import ClientSettings, KafkaConnection, KafkaWireError, register_response
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,13 @@ _ERRORS: dict[int, tuple[str, ErrorCode]] = {
     126: ("DUPLICATE_VOTER", ErrorCode.VOTER_ALREADY_ADDED),  # refined in add_voter
     127: ("VOTER_NOT_FOUND", ErrorCode.VOTER_ALREADY_REMOVED),
 }
+
+
+def _membership() -> dict[str, Any]:
+    msgs = membership_messages()
+    register_response(msgs["AddRaftVoterRequest"], msgs["AddRaftVoterResponse"])
+    register_response(msgs["RemoveRaftVoterRequest"], msgs["RemoveRaftVoterResponse"])
+    return msgs
 
 
 def kafka_error(code: int, message: str | None, what: str) -> KraftError:
@@ -312,7 +319,7 @@ class KafkaQuorum:
     async def add_voter(self, id: int, uuid: str) -> dict[str, Any]:
         what = f"AddRaftVoter({id}, {uuid})"
         try:
-            msgs = membership_messages()
+            msgs = _membership()
         except SchemaJarMissing as e:
             raise KraftError(ErrorCode.UNSUPPORTED, f"{what}: {e}") from None
         req_cls = msgs["AddRaftVoterRequest"]
@@ -365,7 +372,7 @@ class KafkaQuorum:
     async def remove_voter(self, id: int, uuid: str) -> dict[str, Any]:
         what = f"RemoveRaftVoter({id}, {uuid})"
         try:
-            req_cls = membership_messages()["RemoveRaftVoterRequest"]
+            req_cls = _membership()["RemoveRaftVoterRequest"]
         except SchemaJarMissing as e:
             raise KraftError(ErrorCode.UNSUPPORTED, f"{what}: {e}") from None
 

@@ -10,7 +10,8 @@ serves ``zipfile.Path`` entries, so kafka-python's ``load_json`` finds them as i
 The jar is looked up, in order: ``KRAFTKEEPER_KAFKA_CLIENTS_JAR``; a ``kafka-clients-*.jar`` in
 ``KRAFTKEEPER_KAFKA_LIBS``; the newest cached ``kafka-*/libs``. Without one the membership calls
 fail with a clear error naming the missing jar and the script that fetches it; DescribeQuorum
-(from kafka-python's own schemas) still works.
+(from kafka-python's own schemas) still works. Both sides use this module: the operator's Kafka
+backend (client) and the node's Kafka-wire listener (server, ``quorum.kafka.server``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from typing import Any
 
 from kafka.protocol.api_message import ApiMessage  # type: ignore[import-untyped]
 
-from .cluster import cache_dir
-from .wire import register_response
+_PACKAGE = "quorum.kafka._jar_schemas"
 
-_PACKAGE = "kraftkeeper_operator.kafka._jar_schemas"
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KK_CACHE") or Path.home() / ".cache" / "kraftkeeper")
 
 
 class SchemaJarMissing(RuntimeError):
@@ -101,6 +103,4 @@ def membership_messages() -> dict[str, Any]:
     ):
         # The class name selects the schema file (kafka-python's convention).
         out[name] = types.new_class(name, (ApiMessage,), {"load_json": pkg})
-    register_response(out["AddRaftVoterRequest"], out["AddRaftVoterResponse"])
-    register_response(out["RemoveRaftVoterRequest"], out["RemoveRaftVoterResponse"])
     return out

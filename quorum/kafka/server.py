@@ -1,0 +1,369 @@
+"""A Kafka-wire listener in front of a KRaftKeeper quorum, so Kafka's own tool works against it:
+``kafka-metadata-quorum --bootstrap-controller HOST:PORT describe --status | --replication`` and
+``add-controller`` / ``remove-controller``.
+
+It answers the requests that tool's admin client sends to a controller (KIP-919
+``bootstrap.controllers``): ApiVersions (18), DescribeCluster (60, the controller endpoint type),
+DescribeQuorum (55, up to v2 of KIP-853), AddRaftVoter (80) and RemoveRaftVoter (81). Bodies are
+encoded and decoded by kafka-python's schema-driven message classes; AddRaftVoter and
+RemoveRaftVoter classes are generated from the schemas in Kafka's own jar (``schemas.py``).
+
+Everything is answered from a small :class:`QuorumBackend` (describe / add_voter / remove_voter,
+the engine's describe object and error codes; ``quorum.client.QuorumClient`` is one), so the
+listener runs inside a node or as a stand-alone gateway (``python -m quorum.kafka``):
+
+* storage UUIDs appear as Kafka directory ids (the same 128 bits; Kafka prints base64url);
+* DescribeCluster names the raft leader as the active controller, at *this* listener's address,
+  so the tool's follow-up requests come back here (our nodes' own endpoints speak HTTP);
+* our refusals become Kafka's error codes (``_TO_KAFKA``): an id that already has a voter gives
+  DUPLICATE_VOTER, a (id, UUID) that is no voter VOTER_NOT_FOUND, a pending change or a
+  timeout REQUEST_TIMED_OUT, no leader NOT_LEADER_OR_FOLLOWER, with our message as ErrorMessage;
+* an API version we do not speak gets that API's answer with UNSUPPORTED_VERSION (35) where the
+  message has a top-level error code (ApiVersions answers v0 with our versions, as KIP-511 asks);
+  an API key we do not implement gets UNSUPPORTED_VERSION the same way where kafka-python knows
+  its response, and otherwise the connection is closed with the reason logged (as Kafka does for a
+  request it cannot parse). Nothing is ever dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import uuid as _uuid
+from typing import Any, Protocol
+
+from kafka.protocol.admin import (  # type: ignore[import-untyped]
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
+)
+from kafka.protocol.api_header import ResponseClassRegistry  # type: ignore[import-untyped]
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # type: ignore[import-untyped]
+
+from quorum.types import ErrorCode, KraftError
+
+from .schemas import SchemaJarMissing, membership_messages
+
+log = logging.getLogger("kraftkeeper.kafka")
+
+MAX_FRAME = 16 * 1024 * 1024
+UNSUPPORTED_VERSION = 35
+LISTENER_NAME = "KRAFTKEEPER"  # the listener name our voters' (HTTP) endpoints are shown under
+
+_TO_KAFKA: dict[ErrorCode, int] = {
+    ErrorCode.NOT_LEADER: 6,  # NOT_LEADER_OR_FOLLOWER
+    ErrorCode.UNAVAILABLE: 6,
+    ErrorCode.REQUEST_TIMED_OUT: 7,
+    ErrorCode.LEADERSHIP_LOST: 7,
+    ErrorCode.VOTER_CHANGE_IN_PROGRESS: 7,  # KIP-853: a pending voter change -> REQUEST_TIMED_OUT
+    ErrorCode.REASSIGNMENT_IN_PROGRESS: 7,
+    ErrorCode.REPLICA_NOT_CAUGHT_UP: 7,
+    ErrorCode.LEADER_RECOVERING: 7,
+    ErrorCode.PERMISSION_DENIED: 31,  # CLUSTER_AUTHORIZATION_FAILED
+    ErrorCode.UNSUPPORTED: 35,
+    ErrorCode.INVALID_REQUEST: 42,
+    ErrorCode.UNAUTHENTICATED: 58,  # SASL_AUTHENTICATION_FAILED
+    ErrorCode.INCONSISTENT_CLUSTER_ID: 104,
+    ErrorCode.VOTER_ALREADY_ADDED: 126,  # DUPLICATE_VOTER
+    ErrorCode.VOTER_ALREADY_REMOVED: 127,  # VOTER_NOT_FOUND
+}
+
+
+class QuorumBackend(Protocol):
+    async def describe(self) -> dict[str, Any]: ...
+
+    async def add_voter(self, id: int, uuid: str) -> dict[str, Any]: ...
+
+    async def remove_voter(self, id: int, uuid: str) -> dict[str, Any]: ...
+
+
+def kafka_code(e: KraftError) -> int:
+    return _TO_KAFKA.get(e.code, -1)  # -1: UNKNOWN_SERVER_ERROR
+
+
+def to_kafka_uuid(value: str | None) -> _uuid.UUID:
+    """Our canonical storage UUID -> the Uuid Kafka puts on the wire ("" -> Kafka's zero Uuid)."""
+    return _uuid.UUID(value) if value else _uuid.UUID(int=0)
+
+
+def _encode(resp: Any, version: int, correlation_id: int) -> bytes:
+    """A framed response. The version is set before the header exists (kafka-python's setter
+    would otherwise try to copy it into the response header, which has no such field)."""
+    resp.API_VERSION = version
+    resp.with_header(correlation_id=correlation_id)
+    return bytes(resp.encode(header=True, framed=True))
+
+
+class KafkaWireServer:
+    """Serves Kafka's protocol on ``host:port`` from ``backend``; :meth:`start` / :meth:`close`."""
+
+    def __init__(
+        self,
+        backend: QuorumBackend,
+        host: str,
+        port: int,
+        *,
+        cluster_id: str | None = None,
+        advertised: tuple[str, int] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.host, self.port = host, port
+        self.cluster_id = cluster_id
+        self.advertised = advertised
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        try:
+            self._membership: dict[str, Any] | None = membership_messages()
+        except SchemaJarMissing as e:
+            # describe still works; add-controller / remove-controller get UNSUPPORTED_VERSION.
+            log.warning("Kafka listener without AddRaftVoter / RemoveRaftVoter: %s", e)
+            self._membership = None
+        self._apis: dict[int, tuple[Any, Any, int, int]] = {
+            18: (ApiVersionsRequest, ApiVersionsResponse, 0, 4),
+            55: (DescribeQuorumRequest, DescribeQuorumResponse, 0, 2),
+            60: (DescribeClusterRequest, DescribeClusterResponse, 0, 2),
+        }
+        if self._membership is not None:
+            m = self._membership
+            self._apis[80] = (m["AddRaftVoterRequest"], m["AddRaftVoterResponse"], 0, 1)
+            self._apis[81] = (m["RemoveRaftVoterRequest"], m["RemoveRaftVoterResponse"], 0, 0)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._client, self.host, self.port)
+        sock = self._server.sockets[0].getsockname()
+        self.port = int(sock[1])
+        log.info("Kafka listener on %s:%d", self.host, self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    # -- connection loop ------------------------------------------------------------------------
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            while True:
+                try:
+                    (size,) = struct.unpack(">i", await reader.readexactly(4))
+                except asyncio.IncompleteReadError:
+                    return  # the client closed the connection
+                if not 8 <= size <= MAX_FRAME:
+                    log.warning("Kafka listener: closing %s: request frame of %d bytes", peer, size)
+                    return
+                body = await reader.readexactly(size)
+                try:
+                    out = await self._dispatch(body, peer)
+                except Exception:  # a bug here must cost one connection, with the reason logged
+                    log.exception("Kafka listener: closing %s: request failed", peer)
+                    return
+                if out is None:
+                    return
+                writer.write(out)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _dispatch(self, body: bytes, peer: Any) -> bytes | None:
+        api_key, version, cid = struct.unpack(">hhi", body[:8])
+        api = self._apis.get(api_key)
+        if api is None or not api[2] <= version <= api[3]:
+            return self._unsupported(api_key, version, cid, body, peer)
+        req_cls, resp_cls, _, _ = api
+        try:
+            req = req_cls.decode(body, version=version, header=True)
+        except Exception as e:  # a malformed body: Kafka closes such a connection, so do we
+            log.warning("Kafka listener: closing %s: cannot parse API %d v%d: %s", peer, api_key, version, e)
+            return None
+        handler = {
+            18: self._api_versions,
+            55: self._describe_quorum,
+            60: self._describe_cluster,
+            80: self._add_voter,
+            81: self._remove_voter,
+        }[api_key]
+        resp = await handler(req, resp_cls)
+        return _encode(resp, version, cid)
+
+    def _unsupported(self, api_key: int, version: int, cid: int, body: bytes, peer: Any) -> bytes | None:
+        if api_key == 18:
+            # KIP-511: an ApiVersions version we do not know is answered in v0 with our versions.
+            return _encode(self._versions_response(ApiVersionsResponse, UNSUPPORTED_VERSION), 0, cid)
+        resp_cls = ResponseClassRegistry._response_class_registry.get(api_key)
+        fields = {f["name"] for f in resp_cls.json["fields"]} if resp_cls is not None else set()
+        if resp_cls is not None and "ErrorCode" in fields and 0 <= version <= resp_cls.max_version:
+            log.info(
+                "Kafka listener: %s sent API %d v%d, not served: UNSUPPORTED_VERSION", peer, api_key, version
+            )
+            return _encode(resp_cls(error_code=UNSUPPORTED_VERSION), version, cid)
+        log.warning(
+            "Kafka listener: closing %s: API key %d v%d is not served and has no error answer to encode",
+            peer,
+            api_key,
+            version,
+        )
+        return None
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    def _versions_response(self, resp_cls: Any, error: int = 0) -> Any:
+        keys = [
+            resp_cls.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+            for k, (_, _, lo, hi) in self._apis.items()
+        ]
+        return resp_cls(error_code=error, api_keys=keys, throttle_time_ms=0)
+
+    async def _api_versions(self, req: Any, resp_cls: Any) -> Any:
+        return self._versions_response(resp_cls)
+
+    async def _describe(self) -> tuple[dict[str, Any] | None, KraftError | None]:
+        try:
+            d = await self.backend.describe()
+        except KraftError as e:
+            return None, e
+        except (OSError, TimeoutError) as e:
+            return None, KraftError(ErrorCode.UNAVAILABLE, f"quorum unreachable: {e}")
+        if d.get("cluster_id"):
+            self.cluster_id = str(d["cluster_id"])
+        return d, None
+
+    def _self_address(self) -> tuple[str, int]:
+        return self.advertised or (self.host, self.port)
+
+    async def _describe_cluster(self, req: Any, resp_cls: Any) -> Any:
+        d, err = await self._describe()
+        if d is None:
+            assert err is not None
+            return resp_cls(
+                error_code=kafka_code(err),
+                error_message=err.message,
+                cluster_id=self.cluster_id or "",
+                controller_id=-1,
+                brokers=[],
+                endpoint_type=2,
+            )
+        host, port = self._self_address()
+        # The leader is the active controller, reachable at this listener (the tool sends its
+        # DescribeQuorum / AddRaftVoter there).
+        brokers = [
+            resp_cls.DescribeClusterBroker(broker_id=int(d["leader_id"]), host=host, port=port, rack=None)
+        ]
+        return resp_cls(
+            error_code=0,
+            error_message=None,
+            endpoint_type=2,
+            cluster_id=str(d.get("cluster_id") or ""),
+            controller_id=int(d["leader_id"]),
+            brokers=brokers,
+        )
+
+    async def _describe_quorum(self, req: Any, resp_cls: Any) -> Any:
+        topic_cls = resp_cls.TopicData
+        part_cls = topic_cls.PartitionData
+        state_cls = part_cls.ReplicaState
+        d, err = await self._describe()
+        if d is None:
+            assert err is not None
+            part = part_cls(
+                partition_index=0,
+                error_code=kafka_code(err),
+                error_message=err.message,
+                leader_id=-1,
+                leader_epoch=-1,
+                high_watermark=-1,
+                current_voters=[],
+                observers=[],
+            )
+            return resp_cls(
+                error_code=0,
+                error_message=None,
+                topics=[topic_cls(topic_name="__cluster_metadata", partitions=[part])],
+                nodes=[],
+            )
+
+        def state(r: dict[str, Any]) -> Any:
+            return state_cls(
+                replica_id=int(r["id"]),
+                replica_directory_id=to_kafka_uuid(r.get("uuid")),
+                log_end_offset=int(r.get("log_end_offset", -1)),
+                last_fetch_timestamp=int(r.get("last_fetch_timestamp", -1)),
+                last_caught_up_timestamp=int(r.get("last_caught_up_timestamp", -1)),
+            )
+
+        part = part_cls(
+            partition_index=0,
+            error_code=0,
+            error_message=None,
+            leader_id=int(d["leader_id"]),
+            leader_epoch=int(d["leader_epoch"]),
+            high_watermark=int(d.get("high_watermark", -1)),
+            current_voters=[state(v) for v in d["voters"]],
+            observers=[state(o) for o in d.get("observers") or []],
+        )
+        nodes = []
+        for v in d["voters"]:
+            ep = v.get("endpoint")
+            if ep and ":" in ep:
+                h, _, p = str(ep).rpartition(":")
+                lst = resp_cls.Node.Listener(name=LISTENER_NAME, host=h, port=int(p))
+                nodes.append(resp_cls.Node(node_id=int(v["id"]), listeners=[lst]))
+        # Kafka's Nodes is keyed by node id: one entry per id.
+        unique = {n.node_id: n for n in nodes}
+        topic = topic_cls(topic_name="__cluster_metadata", partitions=[part])
+        return resp_cls(error_code=0, error_message=None, topics=[topic], nodes=list(unique.values()))
+
+    def _check_cluster(self, req: Any) -> KraftError | None:
+        want = getattr(req, "cluster_id", None)
+        if want and self.cluster_id and want != self.cluster_id:
+            return KraftError(
+                ErrorCode.INCONSISTENT_CLUSTER_ID, f"cluster id {want!r}, this quorum is {self.cluster_id!r}"
+            )
+        return None
+
+    async def _change(self, req: Any, resp_cls: Any, op: str) -> Any:
+        if self.cluster_id is None:
+            await self._describe()
+        err = self._check_cluster(req)
+        uuid = str(req.voter_directory_id) if req.voter_directory_id is not None else ""
+        if err is None and (not uuid or _uuid.UUID(uuid).int == 0):
+            err = KraftError(
+                ErrorCode.INVALID_REQUEST, "a voter needs its directory id (KIP-856 storage UUID)"
+            )
+        if err is None:
+            try:
+                if op == "add":
+                    await self.backend.add_voter(int(req.voter_id), uuid)
+                else:
+                    await self.backend.remove_voter(int(req.voter_id), uuid)
+            except KraftError as e:
+                err = e
+            except (OSError, TimeoutError) as e:
+                err = KraftError(ErrorCode.REQUEST_TIMED_OUT, f"outcome unknown: {e}")
+        if err is None:
+            return resp_cls(throttle_time_ms=0, error_code=0, error_message=None)
+        log.info("Kafka listener: %s voter %s:%s refused: %s", op, req.voter_id, uuid, err)
+        return resp_cls(
+            throttle_time_ms=0, error_code=kafka_code(err), error_message=f"{err.code.value}: {err.message}"
+        )
+
+    async def _add_voter(self, req: Any, resp_cls: Any) -> Any:
+        return await self._change(req, resp_cls, "add")
+
+    async def _remove_voter(self, req: Any, resp_cls: Any) -> Any:
+        return await self._change(req, resp_cls, "remove")
