@@ -248,41 +248,6 @@ class CoreBase:
             election_latency_ms=election_latency,
         )
 
-    def become_unattached(self, epoch: int, deadline: int | None = None) -> None:
-        if epoch > self.quorum.leader_epoch:
-            self.persist(-1, epoch, None)
-        self.set_role(Unattached(epoch, self.election_deadline() if deadline is None else deadline))
-
-    def become_follower(self, epoch: int, leader_id: int, leader_endpoint: str | None) -> None:
-        self.learn_endpoint(leader_id, leader_endpoint)
-        voted = None
-        if epoch == self.quorum.leader_epoch and self.quorum.voted_id >= 0:
-            voted = ReplicaKey(self.quorum.voted_id, self.quorum.voted_uuid)
-        if self.quorum.leader_epoch != epoch or self.quorum.leader_id != leader_id:
-            self.persist(leader_id, epoch, voted)
-        self.fetch_corr = None
-        self.fetch_retry_at = self.now
-        self.set_role(Follower(epoch, leader_id, self.now + self.config.fetch_timeout_ms))
-
-    def observe_leader(self, epoch: int, leader_id: int, leader_endpoint: str | None) -> bool:
-        """React to (epoch, leader) seen in any RPC. Returns True if the role changed."""
-        if epoch < self.epoch:
-            return False
-        if epoch > self.epoch:
-            if leader_id >= 0 and leader_id != self.local.id:
-                self.become_follower(epoch, leader_id, leader_endpoint)
-            else:
-                self.become_unattached(epoch)
-            return True
-        if leader_id >= 0 and leader_id != self.local.id and not isinstance(self.role, (Follower, Leader)):
-            if self.abandoned == (epoch, leader_id):
-                # We left this leader after the fetch timeout; others still naming it is not
-                # evidence that it lives (stale hints would pin us to a dead leader).
-                return False
-            self.become_follower(epoch, leader_id, leader_endpoint)
-            return True
-        return False
-
     def on_leadership_lost(self, ls: LeaderState) -> None:
         """Complete everything that waited on this leader (called from set_role)."""
         for last, epoch in ls.proposals:

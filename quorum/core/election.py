@@ -23,7 +23,7 @@ Rules implemented here (epoch E is the local epoch):
 
 from __future__ import annotations
 
-from quorum.core.base import NO_DEADLINE, CoreBase, InFlight
+from quorum.core.base import NO_DEADLINE, InFlight
 from quorum.core.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -34,10 +34,11 @@ from quorum.core.messages import (
 )
 from quorum.core.progress import LeaderState
 from quorum.core.roles import Candidate, Follower, Leader, Prospective, Resigned, Unattached, Voted
+from quorum.core.transitions import Transitions
 from quorum.types import ErrorCode, LeaderChange, ReplicaKey
 
 
-class ElectionMixin(CoreBase):
+class ElectionMixin(Transitions):
     # ------------------------------------------------------------------ helpers
 
     def bad_target(self, cluster_id: str, voter_id: int, voter_uuid: str | None) -> ErrorCode | None:
@@ -75,16 +76,13 @@ class ElectionMixin(CoreBase):
 
     def become_prospective(self) -> None:
         me = self.voters().find(self.local)
-        role = Prospective(self.epoch, self.election_deadline(), granted={me} if me is not None else set())
-        self.set_role(role)
+        self.transition_to_prospective({me} if me is not None else set())
         self.send_votes(pre_vote=True)
         self.check_votes()
 
     def become_candidate(self) -> None:
         me = self.voters().find(self.local)
-        epoch = self.epoch + 1
-        self.persist(-1, epoch, self.local)
-        self.set_role(Candidate(epoch, self.election_deadline(), granted={me} if me is not None else set()))
+        self.transition_to_candidate({me} if me is not None else set())
         self.send_votes(pre_vote=False)
         self.check_votes()
 
@@ -123,7 +121,6 @@ class ElectionMixin(CoreBase):
 
     def become_leader(self, cand: Candidate) -> None:
         epoch = self.epoch
-        self.persist(self.local.id, epoch, self.local)
         ls = LeaderState(
             epoch=epoch,
             epoch_start_offset=self.meta.end,
@@ -132,7 +129,7 @@ class ElectionMixin(CoreBase):
         )
         self.election_failures = 0
         self.recovery_requested = False
-        self.set_role(Leader(epoch, ls), election_latency=self.now - self.lost_leader_ms)
+        self.transition_to_leader(ls, election_latency=self.now - self.lost_leader_ms)
         voters = tuple(self.voters().sorted_voters())
         self.append_control((LeaderChange(self.local.id, voters, ls.granting),))
         for v in self.other_voters():
@@ -189,7 +186,7 @@ class ElectionMixin(CoreBase):
                 leader_endpoint=self.config.local_endpoint,
             )
             self.send_request(v, "end", req)
-        self.set_role(Resigned(self.epoch, self.election_deadline()))
+        self.transition_to_resigned()
 
     # ------------------------------------------------------------------ Vote
 
@@ -238,13 +235,7 @@ class ElectionMixin(CoreBase):
             # timer. Adopting a higher epoch from a candidate we may reject must not, or a
             # candidate with a stale log that retries faster than the others' timeouts keeps
             # them from ever campaigning (a livelock the simulation found).
-            role = self.role
-            keep = (
-                role.fetch_deadline
-                if isinstance(role, Follower)
-                else getattr(role, "election_deadline", None)
-            )
-            self.become_unattached(req.candidate_epoch, deadline=keep)
+            self.transition_to_unattached(req.candidate_epoch, deadline=self.role.timeout_at)
         q = self.quorum
         granted = False
         if q.leader_epoch == self.epoch and q.voted_id >= 0:
@@ -256,8 +247,7 @@ class ElectionMixin(CoreBase):
         elif isinstance(self.role, (Unattached, Voted, Prospective)):
             granted = up_to_date
             if granted:
-                self.persist(-1, self.epoch, cand)
-                self.set_role(Voted(self.epoch, cand, self.election_deadline()))
+                self.transition_to_voted(cand)
         answer(ErrorCode.NONE, granted)
 
     def handle_vote_response(self, resp: VoteResponse, inf: InFlight) -> None:
@@ -312,12 +302,15 @@ class ElectionMixin(CoreBase):
         if self.leader_notice_rejected(req):
             return
         self.learn_endpoint(req.leader_id, req.leader_endpoint, req.leader_uuid)
-        if req.leader_id == self.local.id:
+        if req.leader_id == self.local.id or (
+            req.leader_epoch == self.epoch and isinstance(self.role, (Leader, Resigned))
+        ):
+            # Ourselves, or another leader in the epoch we lead(ed): one leader per epoch.
             answer(ErrorCode.INVALID_REQUEST)
             return
         if not (isinstance(self.role, Follower) and self.role.epoch == req.leader_epoch):
             self.abandoned = (-1, -1)
-            self.become_follower(req.leader_epoch, req.leader_id, req.leader_endpoint)
+            self.transition_to_follower(req.leader_epoch, req.leader_id, req.leader_endpoint)
         self.last_leader_contact_ms = self.now
         # KIP-856: a new voter fails the RPC until it has read the record that adds it.
         answer(ErrorCode.NONE if self.is_voter() else ErrorCode.NOT_VOTER)
@@ -363,11 +356,11 @@ class ElectionMixin(CoreBase):
         else:
             deadline = self.now + position * (self.config.election_timeout_ms // 2) + self.rng.randrange(50)
         if req.leader_epoch > self.epoch:
-            self.become_unattached(req.leader_epoch, deadline)
+            self.transition_to_unattached(req.leader_epoch, deadline)
         elif not isinstance(self.role, Leader) and (
             not isinstance(self.role, Follower) or self.role.leader_id == req.leader_id
         ):
-            self.set_role(Unattached(self.epoch, deadline))
+            self.transition_to_unattached(self.epoch, deadline)
         self.last_leader_contact_ms = -NO_DEADLINE
         answer(ErrorCode.NONE)
 
@@ -385,7 +378,7 @@ class ElectionMixin(CoreBase):
                 if self.may_campaign() and not self.shutting_down:
                     self.start_election()
                 elif isinstance(role, Resigned):
-                    self.set_role(Unattached(self.epoch, self.election_deadline()))
+                    self.transition_to_unattached(self.epoch)
                 else:
                     role.election_deadline = self.election_deadline()
         elif isinstance(role, Follower):
@@ -393,11 +386,11 @@ class ElectionMixin(CoreBase):
                 if self.may_campaign() and not self.shutting_down:
                     self.start_election()
                 else:
-                    self.set_role(Unattached(self.epoch, self.election_deadline()))
+                    self.transition_to_unattached(self.epoch)
         elif isinstance(role, (Prospective, Candidate)):
             if now >= role.election_deadline:
                 if not self.may_campaign():
-                    self.set_role(Unattached(self.epoch, self.election_deadline()))
+                    self.transition_to_unattached(self.epoch)
                 else:
                     self.election_failures += 1
                     self.become_prospective() if self.config.pre_vote else self.become_candidate()

@@ -1,10 +1,12 @@
 """The replica roles of KIP-595 (plus KIP-996 style pre-vote), one small class each.
 
 A role object holds only the data of that role; :class:`quorum.core.raft.RaftCore` holds one
-at a time and owns the behaviour. Observers (replicas whose (id, UUID) is not in their own
-voter set, KIP-856) use the same classes but never enter Prospective / Candidate / Leader,
-with one exception: a replica whose own removal is still uncommitted may campaign (see
-``CoreBase.may_campaign``).
+at a time and owns the behaviour. Every role has ``name``, ``epoch`` and ``timeout_at`` (the
+election or fetch deadline that ends it, None for a leader). The table below is enforced by the
+``transition_to_*`` methods of :mod:`quorum.core.transitions`. Observers (replicas whose
+(id, UUID) is not in their own voter set, KIP-856) use the same classes but never enter
+Prospective / Candidate / Leader, with one exception: a replica whose own removal is still
+uncommitted may campaign (see ``CoreBase.may_campaign``).
 
 Transition table (epoch E; "voter" = local key in the latest voter set; every transition that
 changes epoch, vote or leader is persisted through ``Ready.quorum_state`` before any message):
@@ -55,6 +57,10 @@ class Unattached:
     election_deadline: int
     name: RoleName = field(default="unattached", init=False)
 
+    @property
+    def timeout_at(self) -> int | None:
+        return self.election_deadline
+
 
 @dataclass
 class Voted:
@@ -62,6 +68,10 @@ class Voted:
     voted: ReplicaKey
     election_deadline: int
     name: RoleName = field(default="voted", init=False)
+
+    @property
+    def timeout_at(self) -> int | None:
+        return self.election_deadline
 
 
 @dataclass
@@ -74,6 +84,10 @@ class Prospective:
     rejected: set[ReplicaKey] = field(default_factory=set)
     name: RoleName = field(default="prospective", init=False)
 
+    @property
+    def timeout_at(self) -> int | None:
+        return self.election_deadline
+
 
 @dataclass
 class Candidate:
@@ -83,6 +97,10 @@ class Candidate:
     rejected: set[ReplicaKey] = field(default_factory=set)
     name: RoleName = field(default="candidate", init=False)
 
+    @property
+    def timeout_at(self) -> int | None:
+        return self.election_deadline
+
 
 @dataclass
 class Follower:
@@ -91,6 +109,10 @@ class Follower:
     fetch_deadline: int  # no successful Fetch by then -> election / rediscovery
     name: RoleName = field(default="follower", init=False)
 
+    @property
+    def timeout_at(self) -> int | None:
+        return self.fetch_deadline
+
 
 @dataclass
 class Leader:
@@ -98,12 +120,20 @@ class Leader:
     state: LeaderState
     name: RoleName = field(default="leader", init=False)
 
+    @property
+    def timeout_at(self) -> int | None:
+        return None  # a leader has no election timer; it resigns on a failed fetch quorum
+
 
 @dataclass
 class Resigned:
     epoch: int
     election_deadline: int
     name: RoleName = field(default="resigned", init=False)
+
+    @property
+    def timeout_at(self) -> int | None:
+        return self.election_deadline
 
 
 Role = Unattached | Voted | Prospective | Candidate | Follower | Leader | Resigned
