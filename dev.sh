@@ -39,6 +39,7 @@ install_system() {
   # when everything is present.
   local scripts="scripts/install-system.sh"
   [ "${1:-}" = all ] && scripts="$scripts scripts/k8s-testenv.sh scripts/k8s-node.sh"
+  [ "${1:-}" = all ] && scripts="$scripts scripts/kafka.sh"  # Kafka 4.x jars for tests/kafka
   for s in $scripts; do
     if [ -x "$s" ]; then log "$s"; "$s" install; fi
   done
