@@ -156,6 +156,12 @@ class QuorumClient:
                     raise KraftError(
                         ErrorCode.UNAVAILABLE, f"TLS certificate of {ep} not accepted: {e.certificate_error}"
                     ) from None
+                except aiohttp.ClientSSLError as e:
+                    # e.g. https to a plaintext node, or a client certificate the node refused:
+                    # retrying cannot fix a TLS setup
+                    raise KraftError(
+                        ErrorCode.UNAVAILABLE, f"TLS handshake with {ep} failed: {e.os_error}"
+                    ) from None
                 except (TimeoutError, aiohttp.ClientError, OSError) as e:
                     if _refused(e):
                         refused += 1

@@ -196,3 +196,27 @@ def test_describe_where_nothing_listens_is_unavailable_at_once(tmp_path: Path) -
     )
     assert r.returncode == 1
     assert r.stderr.startswith("UNAVAILABLE: connection refused by every address"), r.stderr
+
+
+async def test_https_to_a_plaintext_node_fails_at_once(pki: Pki) -> None:
+    async def plain(request: web.Request) -> web.Response:
+        return web.Response(body=b"x")
+
+    app = web.Application()
+    app.router.add_get("/v1/kv/{key}", plain)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        ep = f"127.0.0.1:{runner.addresses[0][1]}"
+        cfg = load_client_config(
+            _write(pki.dir, {"ca_file": "ca.crt", "cert_file": "read.crt", "key_file": "read.key"}, "p.json")
+        )
+        # timeout 120: a retry loop would end with "cannot reach" much later; the message shows
+        # the handshake failure ended it
+        async with QuorumClient(ep, timeout=120, client_config=cfg) as c:
+            with pytest.raises(KraftError) as e:
+                await c.get("k")
+        assert e.value.code is ErrorCode.UNAVAILABLE and "TLS handshake" in e.value.message
+    finally:
+        await runner.cleanup()
