@@ -284,24 +284,7 @@ def _delegate(module: str, func: str, argv: Sequence[str], extra: str) -> int:
     return int(rc or 0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kraftkeeper", description="KRaft-style quorum with automatic disk-failure recovery")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-
-    f = sub.add_parser("format", help="write meta.properties with a new storage UUID (KIP-856)")
-    f.add_argument("--dir", required=True)
-    f.add_argument("--cluster-id", required=True)
-    f.add_argument("--node-id", required=True, type=int)
-    f.add_argument("--ignore-formatted", action="store_true")
-    f.add_argument(
-        "--no-initial-controllers",
-        "--replacement",
-        action="store_true",
-        help="format a replacement disk for an existing cluster: the node joins as an observer and "
-        "never counts itself a bootstrap voter (as Kafka's format --no-initial-controllers)",
-    )
-    f.set_defaults(fn=cmd_format)
-
+def _add_start_parser(sub: Any) -> None:
     s = sub.add_parser("start", help="run a node in the foreground")
     s.add_argument("--dir", required=True)
     s.add_argument("--listen", required=True, help="HOST:PORT")
@@ -321,6 +304,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow plaintext HTTP without authentication on a non-loopback --listen",
     )
     s.set_defaults(fn=cmd_start)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kraftkeeper", description="KRaft-style quorum with automatic disk-failure recovery")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    f = sub.add_parser("format", help="write meta.properties with a new storage UUID (KIP-856)")
+    f.add_argument("--dir", required=True)
+    f.add_argument("--cluster-id", required=True)
+    f.add_argument("--node-id", required=True, type=int)
+    f.add_argument("--ignore-formatted", action="store_true")
+    f.add_argument(
+        "--no-initial-controllers",
+        "--replacement",
+        action="store_true",
+        help="format a replacement disk for an existing cluster: the node joins as an observer and "
+        "never counts itself a bootstrap voter (as Kafka's format --no-initial-controllers)",
+    )
+    f.set_defaults(fn=cmd_format)
+
+    _add_start_parser(sub)
 
     def bootstrap(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--bootstrap", "-b", required=True, help="HOST:PORT[,HOST:PORT...]")

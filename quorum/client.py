@@ -140,28 +140,11 @@ class QuorumClient:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                data = json.dumps(json_body).encode() if json_body is not None else body
                 try:
-                    data = json.dumps(json_body).encode() if json_body is not None else body
-                    headers = {"Content-Type": "application/json"} if json_body is not None else {}
-                    async with self._sess().request(
-                        method,
-                        self.url(ep, path),
-                        data=data,
-                        headers=headers,
-                        timeout=aiohttp.ClientTimeout(total=remaining),
-                    ) as resp:
-                        raw = await resp.read()
-                        status = resp.status
-                except aiohttp.ClientConnectorCertificateError as e:
-                    raise KraftError(
-                        ErrorCode.UNAVAILABLE, f"TLS certificate of {ep} not accepted: {e.certificate_error}"
-                    ) from None
-                except aiohttp.ClientSSLError as e:
-                    # e.g. https to a plaintext node, or a client certificate the node refused:
-                    # retrying cannot fix a TLS setup
-                    raise KraftError(
-                        ErrorCode.UNAVAILABLE, f"TLS handshake with {ep} failed: {e.os_error}"
-                    ) from None
+                    status, raw = await self._attempt(
+                        method, ep, path, data, json_body is not None, remaining
+                    )
                 except (TimeoutError, aiohttp.ClientError, OSError) as e:
                     if _refused(e):
                         refused += 1
@@ -208,6 +191,29 @@ class QuorumClient:
             if time.monotonic() >= deadline:
                 break
         raise last or KraftError(ErrorCode.REQUEST_TIMED_OUT, f"no answer from {', '.join(self.bootstrap)}")
+
+    async def _attempt(
+        self, method: str, ep: str, path: str, data: bytes | None, is_json: bool, remaining: float
+    ) -> tuple[int, bytes]:
+        """One request to one node. A TLS failure is final (KraftError UNAVAILABLE): retrying
+        cannot fix a certificate or https to a plaintext node; other transport errors propagate
+        for the caller's retry loop."""
+        headers = {"Content-Type": "application/json"} if is_json else {}
+        try:
+            async with self._sess().request(
+                method,
+                self.url(ep, path),
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=remaining),
+            ) as resp:
+                return resp.status, await resp.read()
+        except aiohttp.ClientConnectorCertificateError as e:
+            raise KraftError(
+                ErrorCode.UNAVAILABLE, f"TLS certificate of {ep} not accepted: {e.certificate_error}"
+            ) from None
+        except aiohttp.ClientSSLError as e:
+            raise KraftError(ErrorCode.UNAVAILABLE, f"TLS handshake with {ep} failed: {e.os_error}") from None
 
     # ---- admin ---------------------------------------------------------------------------
     async def describe(self) -> dict[str, Any]:
