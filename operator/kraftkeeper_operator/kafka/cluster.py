@@ -114,6 +114,33 @@ class ControllerProc:
         return self.proc is not None and self.proc.poll() is None
 
 
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """SASL_SSL on the controller listener: a PEM truststore (the CA), a PEM keystore (key and
+    certificate chain, for 127.0.0.1) and one PLAIN user that controllers and clients share."""
+
+    ca_pem: Path
+    keystore_pem: Path
+    username: str
+    password: str
+
+    def jaas(self) -> str:
+        return (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{self.username}" password="{self.password}" user_{self.username}="{self.password}";'
+        )
+
+    def client_properties(self, password: str | None = None) -> str:
+        pw = self.password if password is None else password
+        return (
+            "security.protocol=SASL_SSL\n"
+            f"ssl.truststore.type=PEM\nssl.truststore.location={self.ca_pem}\n"
+            "sasl.mechanism=PLAIN\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{self.username}" password="{pw}";\n'
+        )
+
+
 @dataclass
 class KafkaControllers:
     """N Kafka controllers under ``root`` (``node-<i>/{server.properties,data,out.log}``)."""
@@ -124,6 +151,7 @@ class KafkaControllers:
     auto_join: bool = False
     cluster_id: str = field(default_factory=random_kafka_uuid)
     java: str = "java"
+    security: KafkaSecurity | None = None
     controllers: dict[int, ControllerProc] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -158,6 +186,20 @@ class KafkaControllers:
             "controller.quorum.election.timeout.ms": "1000",
             "controller.quorum.fetch.timeout.ms": "2000",
         }
+        if self.security is not None:
+            sec = self.security
+            props.update(
+                {
+                    "listener.security.protocol.map": "CONTROLLER:SASL_SSL",
+                    "sasl.enabled.mechanisms": "PLAIN",
+                    "sasl.mechanism.controller.protocol": "PLAIN",
+                    "listener.name.controller.plain.sasl.jaas.config": sec.jaas(),
+                    "ssl.keystore.type": "PEM",
+                    "ssl.keystore.location": str(sec.keystore_pem),
+                    "ssl.truststore.type": "PEM",
+                    "ssl.truststore.location": str(sec.ca_pem),
+                }
+            )
         cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return cfg
 

@@ -1,0 +1,130 @@
+"""``operator watch`` against Kafka controllers that require SASL_SSL (TLS with a PEM truststore,
+SASL PLAIN), configured from a Kafka client properties file as Kafka's tools take it: wrong
+credentials are reported and change nothing; the right ones heal a replaced disk."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from kraftkeeper_operator.kafka.backend import base64_to_uuid
+from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
+
+from tests.kafka.watcher import Watcher, poll
+
+pytestmark = pytest.mark.slow
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def make_pki(d: Path) -> tuple[Path, Path]:
+    """A CA and a server certificate for 127.0.0.1; returns (ca.pem, keystore.pem)."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kraftkeeper test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kafka-controller")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_pem = d / "ca.pem"
+    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    keystore = d / "keystore.pem"
+    keystore.write_bytes(
+        _pem_key(key)
+        + cert.public_bytes(serialization.Encoding.PEM)
+        + ca.public_bytes(serialization.Encoding.PEM)
+    )
+    keystore.chmod(0o600)
+    return ca_pem, keystore
+
+
+@pytest.fixture
+def secure_controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaControllers]:
+    ca, ks = make_pki(tmp_path)
+    sec = KafkaSecurity(ca, ks, "admin", "admin-secret")
+    k = KafkaControllers(tmp_path / "kafka", kafka_jars, security=sec)
+    try:
+        k.format_all()
+        k.start_all()
+        for i in k.controllers:
+            k.wait_port(i)
+        yield k
+    finally:
+        k.stop_all(kill=True)
+
+
+def test_watch_over_sasl_ssl(secure_controllers: KafkaControllers, tmp_path: Path) -> None:
+    k = secure_controllers
+    assert k.security is not None
+    good = tmp_path / "client.properties"
+    good.write_text(k.security.client_properties())
+    bad = tmp_path / "wrong.properties"
+    bad.write_text(k.security.client_properties(password="not-the-password"))
+
+    w = Watcher(k.bootstrap, tmp_path / "bad-events", "--kafka-client-config", str(bad)).start()
+    try:
+        st = poll(lambda: (s := w.status()).get("error") and s, 60, "an error status")
+        assert st["phase"] == "QuorumLost" and "SASL authentication failed" in st["error"], st
+        w.passes_after(3)
+        assert w.events_list() == []
+    finally:
+        w.stop()
+
+    w = Watcher(
+        k.bootstrap, tmp_path / "events", "--kafka-client-config", str(good), "--stabilization-seconds", "0"
+    ).start()
+    try:
+        poll(lambda: w.status().get("phase") == "Running", 120, "a healthy SASL_SSL quorum")
+        leader = w.status()["leaderId"]
+        victim = next(i for i in k.controllers if i != leader)
+        new = str(base64_to_uuid(k.replace_disk(victim)))
+        poll(
+            lambda: any(e["type"] == "recovery_completed" and e["new_uuid"] == new for e in w.events_list()),
+            180,
+            "the replaced controller healed over SASL_SSL",
+        )
+        voters = poll(
+            lambda: (
+                (vs := {(v["id"], v["uuid"]) for v in w.status()["voters"]}) and (victim, new) in vs and vs
+            ),
+            60,
+            "the watcher's status showing the new voter",
+        )
+        assert len(voters) == 3
+    finally:
+        w.stop()
