@@ -110,15 +110,13 @@ class ControllerStatus:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
         def rep(r: Any) -> dict[str, Any]:
-            return {
-                "id": r.id,
-                # null, never "": the CRD allows a UUID or null, and a voter whose UUID the leader
-                # has not learned yet must not make the status write fail (issue 11).
-                "uuid": r.uuid or None,
-                "lag": r.lag,
-                "logEndOffset": r.log_end_offset,
-                "endpoint": r.endpoint,
-            }
+            out = {"id": r.id, "lag": r.lag, "logEndOffset": r.log_end_offset, "endpoint": r.endpoint}
+            # Omitted, never "": a voter whose UUID the leader has not learned yet must not make
+            # the status write fail (issue 11; the CRD's pattern refuses ""). Not null either: a
+            # merge patch drops null keys.
+            if r.uuid:
+                out["uuid"] = r.uuid
+            return out
 
         if v is not None:
             voters = [rep(r) for r in v.voters]

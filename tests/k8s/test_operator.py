@@ -23,7 +23,15 @@ from kraftkeeper_operator.view import QuorumView
 
 from quorum.storage.meta import load_meta
 from tests.k8s.conftest import KubeEnv, free_port
-from tests.operator.operator_nodes import LocalCluster, engine_missing, hold, kk, run_format_container
+from tests.operator.operator_nodes import (
+    STALE_NODE_CONFIG,
+    LocalCluster,
+    engine_missing,
+    hold,
+    kk,
+    make_stale_longer_log,
+    run_format_container,
+)
 
 pytestmark = pytest.mark.k8s
 
@@ -337,7 +345,7 @@ def test_status_with_a_voter_whose_uuid_is_not_known_yet_is_written(
     kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str
 ) -> None:
     """Issue 11: during bootstrap the leader may not know a voter's storage UUID yet. The status
-    the controller builds for that moment must pass the CRD's schema (it publishes null), and a
+    the controller builds for that moment must pass the CRD's schema (it omits the UUID), and a
     status naming the voter with "" is what the schema refuses."""
     path = KQ.format(ns=namespace) + "/boot"
     create(kube, namespace, kq("boot", 3))
@@ -362,13 +370,13 @@ def test_status_with_a_voter_whose_uuid_is_not_known_yet_is_written(
         Condition("QuorumLost", False, "LiveMajority", "1 of 3 voters live"),
     ]
     status = ControllerStatus(view, conditions, []).to_crd_status(generation=1)
-    assert [v["uuid"] for v in status["voters"]] == [known, None, None]
+    assert [v.get("uuid") for v in status["voters"]] == [known, None, None]
     st, body = kube.request(
         "PATCH", path + "/status", {"status": status}, content_type="application/merge-patch+json"
     )
-    assert st == 200, body
+    assert st == 200, body.get("message", body)
     back = (get(kube, path) or {}).get("status") or {}
-    assert [(v["id"], v["uuid"]) for v in back["voters"]] == [(1, known), (2, None), (3, None)]
+    assert [(v["id"], v.get("uuid")) for v in back["voters"]] == [(1, known), (2, None), (3, None)]
     # The form the operator used to write (issue 11's 422): refused, naming the field.
     bad = json.loads(json.dumps(status))
     bad["voters"][1]["uuid"] = ""
@@ -399,7 +407,13 @@ def test_disk_replacement_is_recovered_without_a_human(
             return (get(kube, KQ.format(ns=ns) + "/q") or {}).get("status") or {}
 
         first = kube.wait_for(
-            "q Running", lambda: (s := status()).get("phase") == "Running" and s, timeout=120
+            "q Running with every voter's UUID",
+            lambda: (
+                (s := status()).get("phase") == "Running"
+                and all(v.get("uuid") for v in s.get("voters") or [])
+                and s
+            ),
+            timeout=120,
         )
         assert first["leaderId"] > 0 and len(first["voters"]) == 3
         old = next(v["uuid"] for v in first["voters"] if v["id"] == 3)
@@ -434,7 +448,7 @@ def test_disk_replacement_is_recovered_without_a_human(
         def done() -> dict[str, Any] | None:
             s = status()
             recs = [r for r in s.get("recoveries") or [] if r.get("result") == "Succeeded"]
-            keys = {(v["id"], v["uuid"]) for v in s.get("voters") or []}
+            keys = {(v["id"], v.get("uuid")) for v in s.get("voters") or []}
             return s if recs and (3, new) in keys and (3, old) not in keys else None
 
         s = kube.wait_for("recovery Succeeded in status", done, timeout=180)
@@ -593,7 +607,7 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
             lambda: (
                 (s := status()).get("phase") == "Running"
                 and len(s["voters"]) == 3
-                and all(v["uuid"] for v in s["voters"])
+                and all(v.get("uuid") for v in s["voters"])
                 and s
             ),
             timeout=120,
@@ -747,5 +761,69 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
             f.unlink(missing_ok=True)
         for n in (1, 3):
             (nodes.dir / "control" / f"node-{n}.hold").unlink(missing_ok=True)
+        op.stop()
+        nodes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(
+    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
+) -> None:
+    """Issue 12, Kubernetes mode (local processes stand in for the pods): five voters; of the two
+    replicas left, the longer log is a cut-off former leader's stale tail and the shorter one holds
+    a write committed at a newer epoch. Once unclean recovery is allowed, the operator names the
+    newer-epoch replica in the request, as a Raft election would."""
+    ns, name = namespace, "st"
+    q = parse_spec({"metadata": {"name": name, "namespace": ns}, "spec": {"voters": 5}})
+    cfg = tmp_path / "node.json"
+    cfg.write_text(json.dumps(STALE_NODE_CONFIG))
+    nodes = LocalCluster(
+        tmp_path / "nodes", 5, extra=["--no-recovery", "--node-config", str(cfg)], cluster_id=q.cluster_id
+    )
+    overrides = ",".join(f"{ns}/{name}/{k}={nodes.endpoint(k + 1)}" for k in range(5))
+    op = Operator(kube, ns, tmp_path / "operator.log", overrides)
+    holds: list[Path] = []
+    kq_path = KQ.format(ns=ns) + f"/{name}"
+    cm_path = f"/api/v1/namespaces/{ns}/configmaps/{name}-bootstrap"
+    try:
+        create(kube, ns, kq(name, 5))  # uncleanRecovery: off while the case is built
+        kube.wait_for(
+            "5 known voters in status",
+            lambda: (
+                (s := (get(kube, kq_path) or {}).get("status") or {}).get("phase") == "Running"
+                and len(s["voters"]) == 5
+                and all(v.get("uuid") for v in s["voters"])
+            ),
+            timeout=120,
+        )
+        stale, fresh = make_stale_longer_log(nodes, holds)
+        kube.wait_for(
+            "QuorumLost",
+            lambda: ((get(kube, kq_path) or {}).get("status") or {}).get("phase") == "QuorumLost",
+        )
+        st, body = kube.request(
+            "PATCH",
+            kq_path,
+            {"spec": {"uncleanRecovery": {"enabled": True, "afterSeconds": 30}}},
+            content_type="application/merge-patch+json",
+        )
+        assert st == 200, body
+        cm = kube.wait_for(
+            "the unclean-recovery request in the ConfigMap",
+            lambda: (c := get(kube, cm_path)) and "unclean-recovery" in (c.get("data") or {}) and c,
+            timeout=90,
+        )
+        rid, _token, *_uuids = cm["data"]["unclean-recovery"].split()
+        detail = json.loads(cm["data"]["unclean-recovery.json"])
+        assert int(rid) == fresh and detail["replica_id"] == fresh, (detail, stale, fresh)
+        cands = detail["candidates"]
+        assert sorted(cands) == sorted([str(stale), str(fresh)])
+        assert cands[str(stale)][1] > cands[str(fresh)][1]  # the longer log lost ...
+        assert cands[str(stale)][0] < cands[str(fresh)][0]  # ... because its last epoch is older
+        assert detail["last_epoch"] == cands[str(fresh)][0]
+    finally:
+        for f in holds:
+            f.unlink(missing_ok=True)
         op.stop()
         nodes.stop()

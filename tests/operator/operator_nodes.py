@@ -229,7 +229,7 @@ def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]
     1. every node but the leader A is held (stopped); A, still leader until its fetch timeout,
        appends ``stale-*`` writes that can never commit;
     2. A is held; three others elect a leader at a newer epoch and commit ``fresh = yes``;
-    3. two of those three are held again, A is released.
+    3. two of those three are held again and, once B leads no more, A is released.
 
     Running: A (last epoch e, the longest log) and B (last epoch > e, shorter). Returns (A, B).
     Hold files are appended to ``holds`` (the caller deletes them)."""
@@ -283,6 +283,9 @@ def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]
     for i in rest:
         holds.append(hold(c.dir, i))
         poll(f"node {i} stopped", lambda i=i: (c.dir / "control" / f"node-{i}.stopped").exists(), 60, 0.05)
+    # B may be the leader; alone it resigns after its fetch timeout. Only then may A come back,
+    # or A would follow B and lose its stale tail before anyone looked at it.
+    poll(f"node {b} not leading", lambda: log_state(c.endpoint(b))["role"] != "leader", timeout=60)
     holds[holds.index(c.dir / "control" / f"node-{a}.hold")].unlink()
     st = poll(f"node {a} back", lambda: log_state(c.endpoint(a)), timeout=60)
     # The case under test: the longer log is the stale one.
