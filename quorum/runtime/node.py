@@ -1,11 +1,14 @@
 """The node: one replica's storage, pure core (``quorum.core``), state machine and peers,
-behind the :class:`~quorum.runtime.api.NodeApi` the HTTP server calls.
+driven by the one driver (``quorum.driver``) behind the :class:`~quorum.runtime.api.NodeApi`
+the HTTP server calls.
 
-This module is the facade and the wiring; the work is in the seams:
-``drive`` (the Ready loop: storage writes, fsync, group commit), ``peers`` (RPCs through a
-``transport.Transport``), ``waits`` (client futures), ``statemachine`` (apply-after-commit,
-linearizable reads), ``snapshots`` (KIP-630), ``unclean`` (KIP-704 verification), ``view``
-(the published role and leader). ``run.py`` builds the transport and the HTTP server.
+This module is the facade and the wiring; the work is in the seams: ``quorum.driver`` (the
+Ready contract: storage writes, fsync in an executor while RPCs keep stepping the core, i.e.
+group commit, persist-before-send, apply-after-commit), ``peers`` (RPCs through a
+``transport.Transport``), ``ports`` (the node's parts as the driver's ports), ``waits``
+(client futures), ``statemachine`` (the KV store, linearizable reads), ``snapshots``
+(KIP-630), ``unclean`` (KIP-704 verification), ``view`` (the published role and leader).
+``run.py`` builds the transport and the HTTP server.
 """
 
 from __future__ import annotations
@@ -18,19 +21,21 @@ from collections.abc import Callable
 from typing import Any
 
 from quorum.core.raft import RaftCore
+from quorum.driver import AsyncRunner, Driver, Ports, StorageReader, load_latest_snapshot
 from quorum.runtime import kv as kvmod
 from quorum.runtime.config import NodeConfig
-from quorum.runtime.drive import ReadyLoop, StorageReader
 from quorum.runtime.metrics import Registry
 from quorum.runtime.peers import InboundCheck, Peers
+from quorum.runtime.ports import CountingLog, NodeSink
 from quorum.runtime.snapshots import Snapshotter
 from quorum.runtime.statemachine import Applier
 from quorum.runtime.tasks import Tasks
 from quorum.runtime.transport import Transport
+from quorum.runtime.unclean import verify_recovery
 from quorum.runtime.view import Clock, NodeView
 from quorum.runtime.waits import ClientWaits
 from quorum.storage import open_storage
-from quorum.types import ErrorCode, KraftError, ReplicaKey
+from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 
 __all__ = ["Node"]
 
@@ -61,12 +66,9 @@ class Node:
         self.local = ReplicaKey(self.meta.node_id, self.meta.storage_uuid)
         self.metrics = Registry()
         self.clock = Clock()
-        self.applier = Applier(
-            self.log, summary.log_start_offset, summary.snapshot.epoch if summary.snapshot else 0
-        )
-        if summary.snapshot is not None:
-            _controls, chunks = self.snapshots.load(summary.snapshot)
-            self.applier.load_snapshot(summary.snapshot, chunks)
+        self.applier = Applier()
+        applied_end, applied_epoch = load_latest_snapshot(self.snapshots, summary, self.applier)
+        self.applier.advanced(applied_end, applied_epoch)
         self.core_config = cfg.core_config(voters, self.advertise, self.meta.initial_bootstrap)
         self.core = RaftCore(
             self.core_config,
@@ -80,8 +82,6 @@ class Node:
         )
         self.view = NodeView.restored(self.local.id, self.core)
         self.tasks = Tasks()
-        self._wake = asyncio.Event()
-        wake = self._wake.set
         self.waits = ClientWaits(self.view, self.metrics)
         self.peers = Peers(
             self.core,
@@ -89,29 +89,49 @@ class Node:
             self.tasks,
             self.metrics,
             self.clock.now_ms,
-            wake,
+            self._wake,
             self.core_config.request_timeout_ms,
             inbound_check,
         )
-        self.snapshotter = Snapshotter(
-            self.core, self.snapshots, self.log, self.applier, self.metrics, cfg.snapshot_bytes, wake
-        )
-        self.loop = ReadyLoop(
-            self.core,
-            self.log,
-            self.qstore,
-            self.peers,
-            self.applier,
-            self.snapshotter,
-            self.waits,
-            self.view,
-            self.metrics,
-            self.tasks,
-            self.clock.now_ms,
-            self._wake,
-        )
+        self.driver, self.runner = self._build_driver(applied_end, applied_epoch)
         self._busy_mark = 0.0
         self._idle_since = time.monotonic()
+
+    def _build_driver(self, applied_end: int, applied_epoch: int) -> tuple[Driver, AsyncRunner]:
+        """The one driver (``quorum.driver``) over this node's parts as its ports."""
+        self.snapshotter = Snapshotter(
+            self.core,
+            self.snapshots,
+            self.log,
+            self.applier,
+            lambda: OffsetAndEpoch(self.driver.applied_end, self.driver.applied_epoch),
+            self.metrics,
+            self.cfg.snapshot_bytes,
+            self._wake,
+        )
+        sink = NodeSink(
+            self.waits,
+            self.view,
+            self.applier,
+            self.snapshotter,
+            self.metrics,
+            self.tasks,
+            lambda: verify_recovery(self.core, self.log, self.applier, self.snapshotter, self.clock.now_ms),
+        )
+        ports = Ports(
+            log=CountingLog(self.log, self.metrics),
+            quorum_state=self.qstore,
+            snapshots=self.snapshots,
+            transport=self.peers,
+            clock=self.clock,
+            state_machine=self.applier,
+            sink=sink,
+        )
+        driver = Driver(self.core, ports, applied_end, applied_epoch)
+        return driver, AsyncRunner(driver, tick_ms=self.cfg.tick_ms)
+
+    def _wake(self) -> None:
+        self.runner.wake()
 
     @property
     def node_id(self) -> int:
@@ -119,6 +139,8 @@ class Node:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        """Drive the node until ``stop``; a driver failure is re-raised (the process exits
+        non-zero: issue 8, a node never serves with a dead loop)."""
         log.info(
             "node %s (%s) listening on %s, advertising %s",
             self.node_id,
@@ -126,23 +148,21 @@ class Node:
             self.listen,
             self.advertise,
         )
-        self._wake.set()
-        loop_task = asyncio.create_task(self.loop.run())
-        tick_task = asyncio.create_task(self.loop.ticker(self.cfg.tick_ms))
+        runner_stop = asyncio.Event()
+        runner_task = asyncio.create_task(self.runner.run(runner_stop))
         stopped = asyncio.create_task(stop.wait())
         try:
-            # A loop that dies (an unexpected error) ends the node too, loudly (issue 8).
-            await asyncio.wait([loop_task, stopped], return_when=asyncio.FIRST_COMPLETED)
-            if loop_task.done():
-                loop_task.result()
-            await self._graceful_shutdown()
+            await asyncio.wait([runner_task, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if not runner_task.done():
+                await self._graceful_shutdown()
+            runner_stop.set()
+            await runner_task
         finally:
             self.peers.stopping = True
-            self.loop.stop()
+            runner_stop.set()
             stopped.cancel()
-            tick_task.cancel()
             await self.tasks.cancel_all()
-            await asyncio.gather(loop_task, tick_task, stopped, return_exceptions=True)
+            await asyncio.gather(runner_task, stopped, return_exceptions=True)
 
     async def _graceful_shutdown(self) -> None:
         """KIP-595: a leader resigning on shutdown sends EndQuorumEpoch with its preferred
@@ -152,7 +172,7 @@ class Node:
         except Exception:  # shutting down anyway: log it, do not mask the stop
             log.exception("resign on shutdown failed")
             return
-        self._wake.set()
+        self._wake()
         # Let the EndQuorumEpoch requests go out (bounded: peers may be down).
         await asyncio.sleep(0.05)
         await self.tasks.wait(1.0)
@@ -172,7 +192,7 @@ class Node:
 
     async def _write(self, record: bytes) -> int:
         last = self._check(lambda: self.core.propose([record], self.clock.now_ms()))
-        self._wake.set()
+        self.runner.wake()
         await self.waits.write(last, self.cfg.write_timeout_ms / 1000)
         self.metrics.inc("committed_writes", help="Client writes committed")
         return int(last)
@@ -191,7 +211,7 @@ class Node:
         fut = self.waits.read_future(rid)
         try:
             self._check(lambda: self.core.read_index(rid, self.clock.now_ms()))
-            self._wake.set()
+            self._wake()
             timeout = self.cfg.write_timeout_ms / 1000
             index = await asyncio.wait_for(fut, timeout)
             await self.applier.wait_applied(index, timeout)
@@ -220,7 +240,7 @@ class Node:
         fut = self.waits.admin_future(rid)
         try:
             self._check(lambda: start(rid))
-            self._wake.set()
+            self._wake()
             limit = (self.core_config.add_voter_timeout_ms + self.core_config.request_timeout_ms) / 1000
             await asyncio.wait_for(fut, limit)
         except TimeoutError:
@@ -266,7 +286,7 @@ class Node:
             "node_id": self.node_id,
             "last_epoch": self.log.last_epoch,
             "end_offset": self.log.end_offset,
-            "high_watermark": v.high_watermark,
+            "high_watermark": self.core.high_watermark,
             "role": v.role,
             "leader_id": v.leader_id,
             "epoch": v.epoch,
@@ -282,11 +302,11 @@ class Node:
         r.set("applied-offset", self.applier.applied_end, help="Exclusive end offset applied to the KV store")
         r.set("kv-keys", len(self.applier.kv.data), help="Keys in the KV store")
         elapsed = time.monotonic() - self._idle_since
-        busy = self.loop.busy_s - self._busy_mark
+        busy = self.runner.busy_seconds - self._busy_mark
         r.set(
             "poll-idle-ratio",
             max(0.0, 1.0 - busy / elapsed) if elapsed > 0 else 1.0,
             help="Share of time the driver loop waited for work since the last scrape (KIP-595)",
         )
-        self._idle_since, self._busy_mark = time.monotonic(), self.loop.busy_s
+        self._idle_since, self._busy_mark = time.monotonic(), self.runner.busy_seconds
         return r.render()

@@ -1,6 +1,7 @@
-"""Node-to-node RPCs around the core: outbound requests go through the :class:`Transport`
-and their responses (or ``RpcFailed``) are stepped back into the core; inbound requests are
-stepped into the core and wait for the response it queues under their correlation id.
+"""Node-to-node RPCs around the core, the driver's ``Transport`` port: outbound requests go
+through a :class:`~quorum.runtime.transport.Transport` and their responses (or ``RpcFailed``)
+are stepped back into the core; inbound requests are stepped into the core and wait for the
+response it queues under their correlation id.
 
 Inbound correlation ids are replaced by ids local to this node (peers choose theirs
 independently) and restored on the answer. A request the core does not answer within the
@@ -62,8 +63,9 @@ class Peers:
         return self.request_timeout_s
 
     # -- outbound ---------------------------------------------------------------------------
-    def dispatch(self, out: Outbound) -> None:
-        """Send a request (in the background) or answer the inbound request waiting for it."""
+    def send(self, out: Outbound) -> None:
+        """The driver's ``Transport`` port (never blocks): send a request in the background, or
+        answer the inbound request waiting for this response."""
         msg = out.message
         if out.is_request:
             self.tasks.spawn(self._send(out))

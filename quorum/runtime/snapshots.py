@@ -1,5 +1,5 @@
-"""KIP-630 snapshots of the KV state machine: taking one (then letting the log start move past
-it) and installing one a follower fetched from the leader."""
+"""KIP-630 snapshots of the KV state machine: taking one, then letting the log start move past
+it. (Installing a snapshot a follower fetched is the driver's work: ``quorum.driver``.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from quorum.runtime.kv import KVStore
 from quorum.runtime.metrics import Registry
 from quorum.runtime.statemachine import Applier
 from quorum.storage.base import LogStorage, SnapshotStorage
-from quorum.types import KraftError, OffsetAndEpoch
+from quorum.types import OffsetAndEpoch
 
 __all__ = ["Snapshotter"]
 
@@ -26,6 +26,7 @@ class Snapshotter:
         store: SnapshotStorage,
         log_storage: LogStorage,
         applier: Applier,
+        position: Callable[[], OffsetAndEpoch],
         metrics: Registry,
         snapshot_bytes: int,
         wake: Callable[[], None],
@@ -34,6 +35,7 @@ class Snapshotter:
         self.store = store
         self.log = log_storage
         self.applier = applier
+        self.position = position  # (applied end, its epoch): the driver's exact values
         self.metrics = metrics
         self.snapshot_bytes = snapshot_bytes
         self.wake = wake
@@ -57,7 +59,7 @@ class Snapshotter:
 
     async def take_or_raise(self) -> OffsetAndEpoch:
         ap = self.applier
-        sid = OffsetAndEpoch(ap.applied_end, ap.applied_epoch)
+        sid = self.position()
         controls = self.core.controls_at(sid.offset)
         copy = KVStore()
         copy.data = dict(ap.kv.data)
@@ -71,23 +73,3 @@ class Snapshotter:
         log.info("snapshot %s taken", sid)
         self.wake()
         return sid
-
-    def write_chunk(self, sid: OffsetAndEpoch, position: int, data: bytes) -> None:
-        if position == 0:
-            self.store.begin_download(sid)
-        self.store.write_chunk(sid, position, data)
-
-    def install(self, sid: OffsetAndEpoch) -> None:
-        """A fetched snapshot is complete: verify it, load it, reset the log to start at its
-        end, tell the core (or tell it the snapshot was rejected)."""
-        try:
-            self.store.finish_download(sid)  # verifies every CRC before the rename
-            controls, chunks = self.store.load(sid, verify_crc=False)
-            self.applier.load_snapshot(sid, chunks)
-        except KraftError as e:
-            log.error("fetched snapshot %s rejected: %s", sid, e)
-            self.core.snapshot_rejected(sid, str(e))
-            return
-        self.log.reset_to_snapshot(sid)
-        self.core.snapshot_installed(sid, tuple(controls))
-        log.info("installed snapshot %s", sid)

@@ -1,67 +1,56 @@
-"""Apply-after-commit: the KV state machine fed from the local log up to the high watermark.
+"""The KV state machine as the driver's ``StateMachine`` port, and linearizable reads.
 
-Records are applied only once committed (the core's ``Ready.commit``), in log order, straight
-from the log's bytes (control batches are skipped). Linearizable reads wait here until the
-state machine has applied the read index the core confirmed (KIP-595 leaders answer reads only
-for what a majority acknowledged; Raft dissertation §6.4 read index).
+The driver (``quorum.driver``) applies committed data batches in log order (apply-after-commit)
+and reports the applied end through the node's sink (:meth:`Applier.advanced`). Reads wait
+here until the state machine has applied the read index the core confirmed (KIP-595 leaders
+answer reads only for what a majority acknowledged; Raft dissertation §6.4, read index).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
-from quorum.records import data_records, decode_batches
 from quorum.runtime.kv import KVStore
-from quorum.storage.base import LogStorage
-from quorum.types import OffsetAndEpoch
 
 __all__ = ["Applier"]
 
-_READ_BYTES = 16 * 1024 * 1024
+# What one record costs in a batch besides its bytes (its length field): for the
+# ``snapshot.max_bytes`` policy, which counts log bytes applied since the last snapshot.
+_RECORD_OVERHEAD = 4
 
 
 class Applier:
-    """The KV store and how far it has applied the log."""
+    """The KV store, how far it has applied the log, and the reads waiting for it."""
 
-    def __init__(self, log: LogStorage, applied_end: int, applied_epoch: int) -> None:
-        self.log = log
+    def __init__(self) -> None:
         self.kv = KVStore()
-        self.applied_end = applied_end  # exclusive end of what the KV store applied
-        self.applied_epoch = applied_epoch
+        self.applied_end = 0  # exclusive end of what the KV store applied
+        self.applied_epoch = 0
         self.bytes_since_snapshot = 0
         self.applied = asyncio.Event()  # set whenever more records were applied
         self._read_waiting: list[tuple[int, asyncio.Future[None]]] = []  # (index, fut)
 
-    def load_snapshot(self, sid: OffsetAndEpoch, chunks: list[bytes]) -> None:
-        """Replace the state by a KIP-630 snapshot ending at ``sid.offset``."""
-        self.kv.load_snapshot(chunks, sid.offset - 1)
-        self.applied_end = sid.offset
-        self.applied_epoch = sid.epoch
+    # -- the driver's StateMachine port ------------------------------------------------------
+    def apply_batch(self, base_offset: int, records: Iterable[bytes]) -> None:
+        recs = records if isinstance(records, list) else list(records)
+        self.kv.apply_batch(base_offset, recs)
+        self.bytes_since_snapshot += sum(len(r) for r in recs) + _RECORD_OVERHEAD * len(recs)
 
-    def apply_to(self, hw: int) -> None:
-        """Apply every committed batch below ``hw`` not applied yet, then release the reads
-        that waited for it."""
-        while self.applied_end < hw:
-            data = self.log.read(self.applied_end, _READ_BYTES)
-            if not data:
-                break
-            batches, _ = decode_batches(data, verify_crc=False)
-            for b in batches:
-                if b.info.base_offset >= hw:
-                    break
-                if not b.info.is_control:
-                    self.kv.apply_batch(b.info.base_offset, data_records(b))
-                self.bytes_since_snapshot += b.info.size_bytes
-                self.applied_end = b.info.next_offset
-                self.applied_epoch = b.info.epoch
-            else:
-                continue
-            break
+    def load_snapshot(self, chunks: Iterable[bytes], applied_offset: int) -> None:
+        """Replace the state by a KIP-630 snapshot holding everything up to ``applied_offset``."""
+        self.kv.load_snapshot(chunks, applied_offset)
+        self.advanced(applied_offset + 1, self.applied_epoch)
+
+    # -- progress ---------------------------------------------------------------------------
+    def advanced(self, applied_end: int, applied_epoch: int) -> None:
+        """The driver applied up to ``applied_end``: release the reads waiting for it."""
+        self.applied_end, self.applied_epoch = applied_end, applied_epoch
         self.applied.set()
         if self._read_waiting:
             still = []
             for index, fut in self._read_waiting:
-                if self.applied_end >= index:
+                if applied_end >= index:
                     if not fut.done():
                         fut.set_result(None)
                 else:

@@ -58,8 +58,7 @@ def recover_unclean(data_dir: str) -> str:
         qstate = qstore.load()
         plan = plan_unclean_recovery(summary, qstate, meta.replica_key, 0)
         batch, new_state = plan.batch, plan.quorum_state
-        data = batch.encode()
-        lg.append_batches(data, [batch.info(len(data))])
+        lg.append(batch.base_offset, batch.epoch, batch.items(), batch.append_time_ms)
         lg.flush()
         qstore.save(new_state)
     finally:
@@ -74,12 +73,11 @@ def recover_unclean(data_dir: str) -> str:
 
 
 async def verify_recovery(
-    core: RaftCore, applier: Applier, snapshotter: Snapshotter, now_ms: Callable[[], int]
+    core: RaftCore, lg: LogStorage, applier: Applier, snapshotter: Snapshotter, now_ms: Callable[[], int]
 ) -> None:
     """The online half (KIP-704 style): the sole leader after an unclean recovery verifies that
     every committed batch decodes (CRCs) and that the state machine rebuilt from them, snapshots,
     then tells the core it is RECOVERED. On failure it stays RECOVERING (logged)."""
-    lg = applier.log
     try:
         # The sole voter commits its whole log on its own; apply it all before verifying.
         deadline = time.monotonic() + 30

@@ -41,13 +41,13 @@ class NodeView:
     epoch: int
     leader_id: int
     leader_endpoint: str | None
-    high_watermark: int = 0
 
     @classmethod
     def restored(cls, node_id: int, core: RaftCore) -> NodeView:
         """The role the core restored at start (KIP-595: a follower of epoch E keeps following
-        its leader after a restart)."""
-        return cls(node_id, core.role_name, core.epoch, core.leader_id(), core.leader_endpoint())
+        its leader after a restart); the driver publishes the same in its first Ready."""
+        rc = core.role_view()
+        return cls(node_id, rc.role, rc.epoch, rc.leader_id, rc.leader_endpoint)
 
     def publish(self, rc: RoleChange) -> None:
         if rc.role != self.role or rc.epoch != self.epoch or rc.leader_id != self.leader_id:

@@ -1,8 +1,8 @@
 """Client waits: the futures of writes, linearizable reads and voter changes until the core
 reports their outcome in a ``Ready`` (``proposal_results``, ``reads``, ``admin_results``).
 
-A write is acknowledged only once its record is committed AND applied: the Ready handling
-applies ``commit`` before it completes these waits (docs/design.md, the Ready order).
+A write is acknowledged only once its record is committed AND applied: the driver applies
+``commit`` before it reports the results (``quorum/core/ready.py``, the Ready order).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _expire(fut: asyncio.Future[None], offset: int) -> None:
 class ClientWaits:
     def __init__(self, view: NodeView, metrics: Registry) -> None:
         self.view = view
-        self.metrics = metrics
+        self._commit_latency = metrics.histogram("commit_latency_seconds", "Time from propose to commit")
         self._ids = itertools.count(1)
         self._proposals: dict[int, asyncio.Future[None]] = {}
         self._commit_t0: dict[int, float] = {}
@@ -74,48 +74,38 @@ class ClientWaits:
     def drop_admin(self, request_id: int) -> None:
         self._admin.pop(request_id, None)
 
-    # -- completion (from a Ready) --------------------------------------------------------
-    def complete(
-        self,
-        proposals: list[ProposalResult],
-        reads: list[ReadResult],
-        admin: list[AdminResult],
-    ) -> None:
-        if proposals:
-            self._complete_proposals(proposals)
-        for rr in reads:
-            rfut = self._reads.pop(rr.read_id, None)
-            if rfut is not None and not rfut.done():
-                if rr.error is ErrorCode.NONE:
-                    rfut.set_result(rr.index)
-                else:
-                    rfut.set_exception(self.view.error(rr.error, rr.message))
-        for ar in admin:
-            afut = self._admin.pop(ar.request_id, None)
-            if afut is not None and not afut.done():
-                if ar.error is ErrorCode.NONE:
-                    afut.set_result(None)
-                else:
-                    afut.set_exception(
-                        KraftError(
-                            ar.error,
-                            ar.message,
-                            leader_id=ar.leader_id,
-                            leader_epoch=ar.leader_epoch,
-                            leader_endpoint=ar.leader_endpoint,
-                        )
-                    )
+    # -- completion (the driver's sink, after the records are applied) ---------------------
+    def proposal_done(self, pr: ProposalResult) -> None:
+        fut = self._proposals.pop(pr.last_offset, None)
+        t0 = self._commit_t0.pop(pr.last_offset, None)
+        if t0 is not None and pr.error is ErrorCode.NONE:
+            self._commit_latency.observe(time.monotonic() - t0)
+        if fut is not None and not fut.done():
+            if pr.error is ErrorCode.NONE:
+                fut.set_result(None)
+            else:
+                fut.set_exception(KraftError(pr.error, pr.message or "write outcome unknown"))
 
-    def _complete_proposals(self, results: list[ProposalResult]) -> None:
-        now = time.monotonic()
-        hist = self.metrics.histogram("commit_latency_seconds", "Time from propose to commit")
-        for pr in results:
-            fut = self._proposals.pop(pr.last_offset, None)
-            t0 = self._commit_t0.pop(pr.last_offset, None)
-            if t0 is not None and pr.error is ErrorCode.NONE:
-                hist.observe(now - t0)
-            if fut is not None and not fut.done():
-                if pr.error is ErrorCode.NONE:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(KraftError(pr.error, pr.message or "write outcome unknown"))
+    def read_done(self, rr: ReadResult) -> None:
+        rfut = self._reads.pop(rr.read_id, None)
+        if rfut is not None and not rfut.done():
+            if rr.error is ErrorCode.NONE:
+                rfut.set_result(rr.index)
+            else:
+                rfut.set_exception(self.view.error(rr.error, rr.message))
+
+    def admin_done(self, ar: AdminResult) -> None:
+        afut = self._admin.pop(ar.request_id, None)
+        if afut is not None and not afut.done():
+            if ar.error is ErrorCode.NONE:
+                afut.set_result(None)
+            else:
+                afut.set_exception(
+                    KraftError(
+                        ar.error,
+                        ar.message,
+                        leader_id=ar.leader_id,
+                        leader_epoch=ar.leader_epoch,
+                        leader_endpoint=ar.leader_endpoint,
+                    )
+                )
