@@ -13,8 +13,8 @@ taken effect and is returned to the caller, never retried silently. With ``refus
 certificate failures are final too (retrying cannot fix a credential).
 
 TLS and credentials (issue 8): with a :class:`~quorum.security.clientconfig.ClientConfig` the
-client speaks https when the config has a ``ca_file`` and sends its bearer token or presents
-its client certificate on every request.
+client speaks https (verifying nodes against the config's ``ca_file``) and sends its bearer
+token or presents its client certificate on every request.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ Contract (``../shared/interfaces.md``, "Security")::
 
 Strict: a JSON object, only these keys (an unknown key is refused, naming it), string values;
 relative paths are relative to the config file's folder; at least one of ``cert_file`` or
-``token_file``; ``key_file`` goes with ``cert_file``. With ``ca_file`` the client speaks https
-and verifies the nodes against it. Every refusal is ``INVALID_REQUEST`` naming the config file
-and the key or file at fault.
+``token_file``; ``key_file`` goes with ``cert_file``. A client with a config always speaks
+https (a bearer token or a client certificate is never sent over plaintext) and verifies the
+nodes against ``ca_file``, or against the system's trust store when the config has none. Every
+refusal is ``INVALID_REQUEST`` naming the config file and the key or file at fault.
 """
 
 from __future__ import annotations
@@ -48,12 +49,11 @@ class ClientConfig:
 
     @property
     def scheme(self) -> str:
-        return "https" if self.ca_file is not None else "http"
+        return "https"
 
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context for https (None for plain http, i.e. no ``ca_file``)."""
-        if self.ca_file is None:
-            return None
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context: verifies nodes against ``ca_file`` (else the system trust store)
+        and presents the client certificate when there is one."""
         return client_context(self.ca_file, self.cert_file, self.key_file)
 
     def headers(self) -> dict[str, str]:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -77,7 +78,11 @@ def test_env_variable_is_the_default(pki: Pki, monkeypatch: pytest.MonkeyPatch) 
     assert cfg is not None and cfg.headers() == {"Authorization": f"Bearer {pki.token['read']}"}
     monkeypatch.delenv(ENV_VAR)
     assert resolve(None) is None
-    assert parse_client_config(b'{"token_file": "/abs/t"}', "x", "/base").token_file == Path("/abs/t")
+    no_ca = parse_client_config(b'{"token_file": "/abs/t"}', "x", "/base")
+    assert no_ca.token_file == Path("/abs/t")
+    # a token is never sent in clear: without ca_file the client still speaks https, verifying
+    # nodes against the system trust store
+    assert no_ca.scheme == "https" and no_ca.ssl_context().verify_mode == ssl.CERT_REQUIRED
 
 
 @pytest.fixture
