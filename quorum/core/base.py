@@ -37,9 +37,18 @@ from quorum.core.ready import (
 )
 from quorum.core.roles import Follower, Leader, Role, Unattached
 from quorum.core.voters import ControlHistory, ControlState
-from quorum.types import ControlRecord, ErrorCode, OffsetAndEpoch, QuorumState, ReplicaKey
+from quorum.types import ControlRecord, ErrorCode, KraftError, OffsetAndEpoch, QuorumState, ReplicaKey
 
 NO_DEADLINE = 1 << 62
+
+# Epochs are int32 on the wire (KIP-595). The core never adopts the last value: a replica at
+# the limit could never start another election, so one forged request would brick it (issue 8).
+MAX_EPOCH = (1 << 31) - 2
+
+
+def epoch_allowed(epoch: int) -> bool:
+    return 0 <= epoch <= MAX_EPOCH
+
 
 RequestKind = Literal["vote", "prevote", "begin", "end", "fetch", "fetch_snapshot"]
 
@@ -212,6 +221,8 @@ class CoreBase:
     # ------------------------------------------------------------------ persistence & roles
 
     def persist(self, leader_id: int, epoch: int, voted: ReplicaKey | None) -> None:
+        if not epoch_allowed(epoch):
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"epoch {epoch} is outside [0, {MAX_EPOCH}]")
         self.quorum = QuorumState(
             cluster_id=self.cluster_id,
             leader_id=leader_id,

@@ -47,6 +47,11 @@ class CoreConfig:
     pre_vote: bool = True
     # Group commit: max records in one leader batch (the rest go to the next batch).
     max_batch_records: int = 4096
+    # Leader: an observer (non-voter) that has not fetched for this long is forgotten (Kafka
+    # uses 5 minutes), and at most this many observers are tracked (the least recently
+    # fetching one is dropped), so made-up replica ids cannot grow the leader's state.
+    observer_expiry_ms: int = 300_000
+    max_observers: int = 64
 
     def __post_init__(self) -> None:
         for name in (
@@ -56,6 +61,8 @@ class CoreConfig:
             "fetch_max_bytes",
             "snapshot_chunk_bytes",
             "max_batch_records",
+            "observer_expiry_ms",
+            "max_observers",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"CoreConfig.{name} must be positive, got {getattr(self, name)}")

@@ -23,7 +23,7 @@ Rules implemented here (epoch E is the local epoch):
 
 from __future__ import annotations
 
-from quorum.core.base import NO_DEADLINE, InFlight
+from quorum.core.base import NO_DEADLINE, InFlight, epoch_allowed
 from quorum.core.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -68,6 +68,9 @@ class ElectionMixin(Transitions):
 
     def start_election(self) -> None:
         if not self.may_campaign() or self.shutting_down:
+            return
+        if not epoch_allowed(self.epoch + 1):
+            self._errors.append(f"epoch {self.epoch} is at the int32 limit: not campaigning")
             return
         if self.config.pre_vote:
             self.become_prospective()
@@ -208,6 +211,8 @@ class ElectionMixin(Transitions):
             )
 
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
+        if err is None and not epoch_allowed(req.candidate_epoch):
+            err = ErrorCode.INVALID_REQUEST  # at the int32 limit: never adopted (issue 8)
         if err is None and req.voter_uuid is None and not self.config.initial_bootstrap:
             # The candidate asks "bootstrap voter <id>" (it does not know the UUID): only the
             # directory formatted with the cluster may answer for that. A replacement disk
@@ -230,6 +235,9 @@ class ElectionMixin(Transitions):
         if req.candidate_epoch < self.epoch:
             answer(ErrorCode.FENCED_LEADER_EPOCH, False)
             return
+        if req.candidate_epoch > self.epoch and self.vote_is_disruptive(cand):
+            answer(ErrorCode.NONE, False)  # refused without adopting the candidate's epoch
+            return
         if req.candidate_epoch > self.epoch:
             # Raft (5.2): only hearing from a leader or granting a vote resets the election
             # timer. Adopting a higher epoch from a candidate we may reject must not, or a
@@ -249,6 +257,22 @@ class ElectionMixin(Transitions):
             if granted:
                 self.transition_to_voted(cand)
         answer(ErrorCode.NONE, granted)
+
+    def vote_is_disruptive(self, cand: ReplicaKey) -> bool:
+        """Refuse a Vote of a higher epoch, without bumping ours (issue 8):
+
+        * while we heard from a live leader within the fetch timeout (or lead): Raft
+          dissertation 4.2.3, KIP-996; a candidate the majority still follows cannot win, and
+          a removed or partitioned replica must not make the quorum change epochs;
+        * from a replica that is not in our voter set (a removed voter, an old disk re-attached
+          under its old (id, UUID), a made-up id): it cannot make voters bump their epoch.
+          A replica whose own removal is still uncommitted here is still a voter here. A
+          replica that knows no voter set yet (a replacement disk before it read the voter
+          records) cannot tell, and keeps KIP-856's rule (membership not consulted)."""
+        if self.has_live_leader():
+            return True
+        voters = self.voters()
+        return bool(voters.voters) and not voters.contains(cand)
 
     def handle_vote_response(self, resp: VoteResponse, inf: InFlight) -> None:
         self.learn_uuid(inf.destination.id, resp.voter_uuid)
@@ -288,6 +312,8 @@ class ElectionMixin(Transitions):
         the addressed voter's (id, UUID), and a stale epoch. Answers and returns True if the
         request is refused."""
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
+        if err is None and not epoch_allowed(req.leader_epoch):
+            err = ErrorCode.INVALID_REQUEST  # at the int32 limit: never adopted (issue 8)
         if err is None and req.leader_epoch < self.epoch:
             err = ErrorCode.FENCED_LEADER_EPOCH
         if err is None:

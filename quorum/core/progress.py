@@ -75,6 +75,17 @@ class LeaderState:
             self.progress[key] = p
         return p
 
+    def forget_observers(self, voters: ControlState, now: int, expiry_ms: int, keep: int) -> None:
+        """Drop observers (non-voters) that have not fetched within ``expiry_ms``, then the
+        least recently fetching ones beyond ``keep`` (issue 8: no unbounded state from
+        made-up replicas)."""
+        observers = [p for k, p in self.progress.items() if not voters.contains(k)]
+        stale = {p.key for p in observers if p.last_fetch_ms < now - expiry_ms}
+        live = sorted((p for p in observers if p.key not in stale), key=lambda p: p.last_fetch_ms)
+        stale.update(p.key for p in live[: max(0, len(live) - keep)])
+        for k in stale:
+            del self.progress[k]
+
     def progress_of_voter(self, voter: ReplicaKey) -> ReplicaProgress | None:
         """The progress entry that stands for ``voter`` (a uuid-None bootstrap voter is matched
         by the most advanced replica of its id)."""

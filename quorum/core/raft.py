@@ -164,6 +164,8 @@ class RaftCore(DescribeMixin, CoreBase):
         ls = self.leader_state()
         if ls is not None:
             self.release_parked(ls, everything=False)
+            cfg = self.config
+            ls.forget_observers(self.voters(), self.now, cfg.observer_expiry_ms, cfg.max_observers)
         self._pump()
 
     def _pump(self) -> None:

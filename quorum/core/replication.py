@@ -19,7 +19,7 @@ BeginQuorumEpoch) send "discovery" Fetches to a known voter; any answer names th
 
 from __future__ import annotations
 
-from quorum.core.base import InFlight
+from quorum.core.base import InFlight, epoch_allowed
 from quorum.core.election import ElectionMixin
 from quorum.core.messages import FetchRequest, FetchResponse, FetchSnapshotRequest, FetchSnapshotResponse
 from quorum.core.progress import LeaderState, ParkedFetch
@@ -56,16 +56,36 @@ class ReplicationMixin(ElectionMixin):
         if req.cluster_id != self.cluster_id:
             self.respond(req.replica_id, self.fetch_response(req, ErrorCode.INCONSISTENT_CLUSTER_ID))
             return
-        if req.fetch_offset < 0 or req.last_fetched_epoch < 0 or req.max_bytes <= 0 or req.max_wait_ms < 0:
+        if (
+            req.fetch_offset < 0
+            or req.last_fetched_epoch < 0
+            or req.max_bytes <= 0
+            or req.max_wait_ms < 0
+            or not epoch_allowed(req.current_leader_epoch)
+            or not epoch_allowed(req.last_fetched_epoch)
+        ):
             self.respond(req.replica_id, self.fetch_response(req, ErrorCode.INVALID_REQUEST))
             return
         self.learn_endpoint(req.replica_id, req.replica_endpoint, req.replica_uuid)
         self.learn_uuid(req.replica_id, req.replica_uuid)
         ls = self.leader_state()
+        if (
+            ls is not None
+            and req.current_leader_epoch > self.epoch
+            and self.voters().contains(ReplicaKey(req.replica_id, req.replica_uuid))
+        ):
+            # A VOTER ahead of our epoch (it campaigned while cut off, and the others refuse
+            # its Votes while we live): step down so that an election at a higher epoch lets it
+            # rejoin, as a Raft leader does on a higher term in any reply. Non-voters cannot.
+            self.transition_to_unattached(req.current_leader_epoch)
+            ls = None
         if ls is None or req.current_leader_epoch != self.epoch:
             self.answer_fetch_not_leader(req)
             return
         key = ReplicaKey(req.replica_id, req.replica_uuid)
+        if key not in ls.progress and not self.voters().contains(key):
+            cfg = self.config  # room for one more observer
+            ls.forget_observers(self.voters(), self.now, cfg.observer_expiry_ms, cfg.max_observers - 1)
         p = ls.replica(key)
         p.last_fetch_ms = self.now
         p.acked_round = ls.read_round
@@ -309,7 +329,7 @@ class ReplicationMixin(ElectionMixin):
             self.truncate(to)
             return
         if resp.snapshot_id is not None:
-            self.snap_fetch = (resp.snapshot_id, 0, -1)
+            self.snapshot_offered(resp.snapshot_id, resp.log_start_offset)
             return
         if resp.records:
             if not self.append_fetched(resp.records, resp.leader_epoch):
@@ -317,6 +337,25 @@ class ReplicationMixin(ElectionMixin):
                 return
         if resp.high_watermark >= 0:
             self.set_hw(min(resp.high_watermark, self.meta.end))
+
+    def snapshot_offered(self, snapshot_id: OffsetAndEpoch, leader_log_start: int) -> None:
+        """The leader of our epoch names a snapshot to fetch (KIP-630). Installing it replaces
+        the whole local log, so (issue 8) only a snapshot past our high watermark is taken,
+        and only while our fetch position is below the leader's log start. If it is not (our
+        log diverges below the leader's log start), the uncommitted entries above our high
+        watermark go first: the next Fetch, from there, gets the snapshot the normal way."""
+        if snapshot_id.offset <= self.hw or snapshot_id.offset < leader_log_start:
+            self._errors.append(
+                f"snapshot {snapshot_id} offered with log start {leader_log_start} at high watermark "
+                f"{self.hw}: refused (it would replace committed records)"
+            )
+            self.fetch_retry_at = self.now + self.config.election_timeout_ms
+            return
+        if self.meta.end >= leader_log_start:
+            if self.meta.end > self.hw:
+                self.truncate(self.hw)
+            return
+        self.snap_fetch = (snapshot_id, 0, -1)
 
     def truncation_point(self, diverging: OffsetAndEpoch) -> int:
         """Where to truncate for the leader's DivergingEpoch (KIP-595; as Kafka's

@@ -74,6 +74,11 @@ def test_vote_refused_for_a_log_that_is_behind() -> None:
     h = leader()
     end = h.durable_end
     epoch = h.core.epoch
+    # A live leader refuses a Vote of a later epoch without adopting it (issue 8, KIP-996).
+    r = vote(h, 3, epoch + 1, last_epoch=epoch, last_offset=end)
+    assert not r.vote_granted and h.core.epoch == epoch and h.core.role_name == "leader"
+    h.core.resign(h.now)  # no longer a live leader: Votes are judged on their logs
+    h.drain()
     # A candidate in a later epoch whose log is shorter than ours.
     r = vote(h, 2, epoch + 1, last_epoch=epoch, last_offset=end - 1)
     assert not r.vote_granted
@@ -82,11 +87,33 @@ def test_vote_refused_for_a_log_that_is_behind() -> None:
     assert r.vote_granted
 
 
-def test_kip856_vote_for_candidate_outside_the_voter_set() -> None:
-    """KIP-856 removes the "candidate must be a voter" check: an up-to-date log suffices."""
+def test_non_voter_cannot_make_a_voter_bump_its_epoch() -> None:
+    """Issue 8: a replica outside our voter set (a removed voter, an old disk re-attached, a
+    made-up id) gets no vote for a later epoch and does not move our epoch. Within the
+    current epoch KIP-856's rule stays: membership is not consulted, an up-to-date log wins."""
     h = make()
-    r = vote(h, 7, 1)
-    assert r.vote_granted
+    r = vote(h, 7, 1, cand_uuid="00000000-0000-4000-8000-000000000077")
+    assert not r.vote_granted and h.core.epoch == 0 and h.qs.leader_epoch == 0
+    h.core.transition_to_unattached(1)
+    h.drain()
+    r = vote(h, 7, 1, cand_uuid="00000000-0000-4000-8000-000000000077")
+    assert r.vote_granted and h.qs.voted_id == 7
+
+
+def test_epoch_at_the_int32_limit_is_refused() -> None:
+    h = make()
+    r = vote(h, 2, (1 << 31) - 1)
+    assert r.error_code is ErrorCode.INVALID_REQUEST and not r.vote_granted
+    assert h.core.epoch == 0 and h.qs.leader_epoch == 0
+    out = h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 2, (1 << 31) - 1, 1, UUIDS[1]))
+    (b,) = responses(out, BeginQuorumEpochResponse)
+    assert b.error_code is ErrorCode.INVALID_REQUEST and h.core.role_name == "unattached"
+    # The highest allowed epoch is adopted, but a replica there never campaigns past it.
+    h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 2, (1 << 31) - 2, 1, UUIDS[1]))
+    assert h.core.epoch == (1 << 31) - 2
+    h.tick(5000)
+    assert h.core.epoch == (1 << 31) - 2
+    assert any("int32 limit" in e for r in h.readies for e in r.errors)
 
 
 def test_pre_vote_changes_nothing_and_is_refused_with_a_live_leader() -> None:

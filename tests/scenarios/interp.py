@@ -7,8 +7,10 @@ says what the scenario shows; every other line is one command. Commands:
 ``write N``                        commit N records through the leader (waits for a leader)
 ``read``                           a linearizable read through the leader (must complete)
 ``crash ID|leader`` / ``restart ID`` / ``partition ID|leader|follower`` / ``heal``
+``cut ID ID|leader``               cut the link between two nodes only
 ``resign ID|leader`` / ``shutdown ID|leader``  graceful hand-off (EndQuorumEpoch), shutdown also stops it
 ``replace-disk ID``                ID loses its directory and returns with a new storage UUID
+``reattach-old-disk ID``           ID's lost disk comes back: old (id, UUID), old log, stale voters
 ``add-voter ID old|new -> CODE``   AddVoter for ID's previous or current UUID; expect CODE
 ``remove-voter ID old|new -> CODE``
 ``reassign 1,2,4 -> CODE`` / ``reassign cancel -> CODE``
@@ -170,6 +172,9 @@ class Interpreter:
         elif cmd == "partition":
             a = self.node(args[0]).id
             self.s.blocked.update(frozenset((a, b)) for b in self.s.nodes if b != a)
+        elif cmd == "cut":
+            a, b = self.node(args[0]).id, self.node(args[1]).id
+            self.s.blocked.add(frozenset((a, b)))
         elif cmd == "heal":
             self.s.blocked.clear()
         elif cmd in ("resign", "shutdown"):
@@ -189,6 +194,8 @@ class Interpreter:
             self.old[n.id] = n.uuid
             self.s.check_durable = False  # the lost disk may have held an acknowledged write
             self.s.replace_disk(n)
+        elif cmd == "reattach-old-disk":
+            self.s.reattach_old_disk(self.node(args[0]))
         elif cmd in ("add-voter", "remove-voter"):
             assert args[-2] == "->", "expected '-> CODE'"
             n = self.s.nodes[int(args[0])]

@@ -281,6 +281,17 @@ class Sim(Checks):
         self.start(n)
         return n.uuid
 
+    def reattach_old_disk(self, n: Node) -> None:
+        """The disk node ``n`` lost comes back (an operator re-attaches the old volume): the
+        node restarts under its OLD (id, UUID) with the old log and its stale voter set."""
+        old = next(r for r in reversed(self.retired) if r.id == n.id)
+        self.crash(n)
+        n.uuid, n.log, n.qstore, n.snapshots = old.uuid, old.log, old.qstore, old.snapshots
+        n.initial = old.initial
+        n.last_epoch_seen = 0
+        self.note(f"re-attach the old disk of node {n.id}: uuid {n.uuid}")
+        self.start(n)
+
     def note(self, s: str) -> None:
         self.trace.append(f"t={self.now} {s}")
         if len(self.trace) > 400:

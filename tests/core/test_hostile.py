@@ -1,0 +1,66 @@
+"""Issue 8, core side: requests that must not grow the leader's state or make a follower
+throw away committed records."""
+
+from __future__ import annotations
+
+from quorum.core.messages import FetchRequest, FetchResponse
+from quorum.records import encode_batch
+from quorum.types import ErrorCode, OffsetAndEpoch
+from tests.core.util import CLUSTER, UUIDS, leader, make
+
+
+def made_up_fetch(h_epoch: int, corr: int, rid: int) -> FetchRequest:
+    uuid = f"00000000-0000-4000-8000-{rid:012d}"
+    return FetchRequest(corr, CLUSTER, rid, uuid, h_epoch, 0, 0, 0, 1 << 20, f"evil{rid}:1")
+
+
+def test_observers_are_capped_and_forgotten() -> None:
+    h = leader(max_observers=8, observer_expiry_ms=1000)
+    for rid in range(100, 150):
+        h.step(made_up_fetch(h.core.epoch, h.next_corr(), rid))
+    assert len(h.core.describe(h.now)["observers"]) == 8
+    # The voters keep fetching; the made-up replicas do not: after the expiry they are gone.
+    for _ in range(12):
+        h.tick(100)
+        h.fetch(2)
+        h.fetch(3)
+    assert h.core.describe(h.now)["observers"] == []
+    assert h.core.role_name == "leader" and len(h.core.describe(h.now)["voters"]) == 3
+
+
+def test_follower_refuses_a_snapshot_that_would_replace_committed_records() -> None:
+    from quorum.core.messages import BeginQuorumEpochRequest
+
+    h = make(local=2)
+    h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 1, 1, 2, UUIDS[2]))
+    fetch = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
+    data = encode_batch(0, 1, [b"a", b"b"], 0) + encode_batch(2, 1, [b"c"], 0)
+    h.step(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=3, records=data))
+    assert h.core.hw == 3
+    nxt = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
+    # The leader of our epoch names a snapshot at 2, below our high watermark 3: refused.
+    h.step(
+        FetchResponse(
+            nxt.correlation_id,
+            ErrorCode.NONE,
+            1,
+            1,
+            high_watermark=3,
+            log_start_offset=2,
+            snapshot_id=OffsetAndEpoch(2, 1),
+        )
+    )
+    assert h.core.snap_fetch is None and h.log.end_offset == 3 and h.core.hw == 3
+    assert any("refused" in e for r in h.readies for e in r.errors)
+
+
+def test_leader_steps_down_for_a_voter_ahead_of_its_epoch_only() -> None:
+    """A voter that campaigned while cut off (no pre-vote) is refused by the others while the
+    leader lives; its Fetch at the higher epoch makes the leader step down so that it can
+    rejoin (Raft's higher term in a reply). A non-voter's Fetch cannot do that."""
+    h = leader()
+    epoch = h.core.epoch
+    h.step(made_up_fetch(epoch + 5, h.next_corr(), 77))
+    assert h.core.role_name == "leader" and h.core.epoch == epoch
+    h.fetch(2, epoch=epoch + 2)
+    assert h.core.role_name == "unattached" and h.core.epoch == epoch + 2 and h.qs.leader_epoch == epoch + 2
