@@ -20,6 +20,7 @@ the middleware that authenticates a request stores what it learned in ``request[
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -160,7 +161,11 @@ class InProcessTransport:
         if handler is None or endpoint in self.down:
             raise TransportError(f"connection refused: nothing serves {endpoint}")
         try:
-            body = await handler.handle_rpc(m.RPC_PATHS[type(request)], wire.encode(request))
+            body = await asyncio.wait_for(
+                handler.handle_rpc(m.RPC_PATHS[type(request)], wire.encode(request)), timeout_s
+            )
+        except TimeoutError:
+            raise TransportError(f"no answer from {endpoint} in {timeout_s:.1f}s") from None
         except KraftError as e:
             status = 503 if e.code is ErrorCode.REQUEST_TIMED_OUT else 400
             raise TransportError(f"HTTP {status}: {e.code.value}: {e.message}") from None
