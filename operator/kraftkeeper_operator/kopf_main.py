@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import sys
 
+import kopf.cli
+
 
 def main(argv: list[str] | None = None) -> int:
-    import kopf.cli
-
     args = list(sys.argv[1:] if argv is None else argv)
     if (
         "-A" not in args

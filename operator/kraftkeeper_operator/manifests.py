@@ -54,6 +54,7 @@ lives in the quorum's log (KIP-856) and changes only through AddVoter / RemoveVo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -283,20 +284,15 @@ def _container_security() -> dict[str, Any]:
     }
 
 
-def statefulset(
-    q: QuorumSpec, owner: Mapping[str, Any], *, replicas: int, bootstrap_voters: int
+def _node_container(
+    q: QuorumSpec, bootstrap_voters: int, env: list[dict[str, Any]], mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
+    """The quorum node container of the StatefulSet's pod template."""
     start = (
         f"exec kraftkeeper start --dir {DATA_DIR} --listen 0.0.0.0:{q.port} --insecure "
         f'--advertise "$(POD_NAME).{q.headless}.{q.namespace}.svc:{q.port}" '
         f'--voters "{q.voters_arg(bootstrap_voters)}"'
     )
-    env = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
-    ]
-    mounts = [{"name": "data", "mountPath": DATA_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]
     container: dict[str, Any] = {
         "name": "node",
         "image": q.image,
@@ -320,6 +316,19 @@ def statefulset(
     }
     if q.resources:
         container["resources"] = dict(q.resources)
+    return container
+
+
+def statefulset(
+    q: QuorumSpec, owner: Mapping[str, Any], *, replicas: int, bootstrap_voters: int
+) -> dict[str, Any]:
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+    ]
+    mounts = [{"name": "data", "mountPath": DATA_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]
+    container = _node_container(q, bootstrap_voters, env, mounts)
     pod_spec: dict[str, Any] = {
         "securityContext": {
             "runAsNonRoot": True,
@@ -423,8 +432,6 @@ def parse_overrides(text: str | None) -> dict[str, str]:
         return {}
     text = text.strip()
     if text.startswith("{"):
-        import json
-
         obj = json.loads(text)
         if not isinstance(obj, dict):
             raise ValueError("KRAFTKEEPER_ENDPOINT_OVERRIDES: JSON must be an object")

@@ -50,6 +50,19 @@ class Recovery:
     attempts: int = 0  # failed voter-change calls with a retryable error, for the back-off
     retry_at_ms: int | None = None
 
+    def durations(self) -> dict[str, Any]:
+        """Seconds of each span (None if not reached), for ``recovery_completed``'s detail."""
+
+        def span(a: int | None, b: int | None) -> float | None:
+            return (b - a) / 1000 if a is not None and b is not None else None
+
+        return {
+            "total_seconds": span(self.detected_ms, self.finished_ms),
+            "stabilization_seconds": span(self.detected_ms, self.caught_up_ms),
+            "add_seconds": span(self.add_started_ms, self.add_committed_ms),
+            "remove_seconds": span(self.remove_started_ms, self.remove_committed_ms),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in asdict(self).items():

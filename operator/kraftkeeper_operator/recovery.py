@@ -24,8 +24,13 @@ Invariants, checked before *every* step (not only when a recovery starts):
 * a new replica is promoted only after it has stayed caught up (lag <= maxLag and a recent fetch)
   for the whole stabilisation time (Consul's ServerStabilizationTime idea, consul#8118); falling
   behind before promotion restarts that clock;
-* the old replica is removed only if it is not live: a live (id, old) with a second (id, new)
-  means two processes claim one id, which is a misconfiguration, not a disk replacement.
+* the old replica is removed only if it is gone: a live (id, old) with a second (id, new) means
+  two processes claim one id, which is a misconfiguration, not a disk replacement
+  (guards.py ``old_gone``).
+
+No idle waits (issue 10): :meth:`RecoveryBook.wake_at_ms` (guards.py) names the next instant a decision can
+change by itself (a stabilisation deadline, an old voter counting as gone, a back-off), so the
+caller observes right then instead of on a polling tick.
 
 Several replaced disks: each is detected and its stabilisation clock runs at once, but the voter
 changes are serialised: the recovery that already changed the voter set goes first, then the
@@ -33,13 +38,9 @@ oldest detection. With 3 voters a second replaced disk means no live majority, s
 (QuorumLost) until a node comes back; with 5 voters the second recovery proceeds after the first
 because the majority check passes at each step.
 
-Order trade-off: ``AddThenRemove`` (the default, KIP-856's order) briefly has n+1 voter entries
-(e.g. 4 for 3 replicas, one of them the dead old UUID), so committing the addition and anything
-after it needs 3 of 4 to be live, the new replica included. ``RemoveThenAdd``
-(Kafka's final KIP-853 order, which rejects duplicate ids) never has the extra voter, but between
-the two steps the voter set is smaller (3 -> 2: no failure tolerated at all) and if the new replica
-then fails the quorum stays one voter short until it returns. (Our engine refuses to remove an
-id's only voter UUID, so with it RemoveThenAdd ends in ``recovery_failed``, voters untouched.)
+Order trade-off (``AddThenRemove``, KIP-856's, or ``RemoveThenAdd``, Kafka's KIP-853): see
+docs/operator.md. (Our engine refuses to remove an id's only voter UUID, so with it RemoveThenAdd
+ends in ``recovery_failed``, voters untouched.)
 
 Errors from a voter change: an outcome-unknown or busy answer (timeouts, NOT_LEADER,
 VOTER_CHANGE_IN_PROGRESS, ...) is retried with a back-off after the quorum has been looked at
@@ -57,6 +58,7 @@ from typing import Any
 
 # Policy, view and records live in their own modules; re-exported here because callers think of
 # them as part of the recovery vocabulary.
+from .guards import caught_up, guard_add, guard_remove, wake_at_ms
 from .policy import Order, PolicyError, RecoveryPolicy
 from .records import TERMINAL, Action, ActionKind, Event, Phase, Recovery
 from .view import DescribeError, PendingChange, QuorumView, Replica, majority
@@ -95,9 +97,6 @@ _RETRYABLE = {
     "UNKNOWN_SERVER_ERROR",
 }
 _BACKOFF_MAX_MS = 30_000
-# Silence of an old (id, UUID) that, while its replacement fetches, means the old process is gone
-# (RecoveryBook._old_gone): twice the engine's default fetch_max_wait_ms.
-SUPERSEDED_SILENCE_MS = 1_000
 
 
 class RecoveryBook:
@@ -132,9 +131,7 @@ class RecoveryBook:
         return [r.to_dict() for r in self.records]
 
     def _caught_up(self, view: QuorumView, r: Replica | None, now_ms: int) -> bool:
-        if r is None:
-            return False
-        return 0 <= r.lag <= self.policy.max_lag and view.is_live(r, now_ms, self._window_ms)
+        return caught_up(view, r, self.policy, now_ms)
 
     # -- observation ---------------------------------------------------------------------------
 
@@ -245,7 +242,7 @@ class RecoveryBook:
             events.append(Event("remove_voter_committed", rec, {"observed": True}))
         if new_in and not old_in:
             self._finish(rec, Phase.COMPLETED, now_ms, None)
-            events.append(Event("recovery_completed", rec, self._durations(rec)))
+            events.append(Event("recovery_completed", rec, rec.durations()))
             return events
         if new_in and old_in:
             if rec.phase is not Phase.REMOVING:
@@ -330,18 +327,6 @@ class RecoveryBook:
         rec.finished_ms = now_ms
         rec.reason = reason
 
-    @staticmethod
-    def _durations(rec: Recovery) -> dict[str, Any]:
-        def span(a: int | None, b: int | None) -> float | None:
-            return (b - a) / 1000 if a is not None and b is not None else None
-
-        return {
-            "total_seconds": span(rec.detected_ms, rec.finished_ms),
-            "stabilization_seconds": span(rec.detected_ms, rec.caught_up_ms),
-            "add_seconds": span(rec.add_started_ms, rec.add_committed_ms),
-            "remove_seconds": span(rec.remove_started_ms, rec.remove_committed_ms),
-        }
-
     def _trim(self) -> None:
         done = [r for r in self.records if r.phase in TERMINAL]
         drop = {id(r) for r in done[: max(0, len(done) - self.HISTORY)]}
@@ -392,78 +377,22 @@ class RecoveryBook:
     def _guard_add(
         self, view: QuorumView, rec: Recovery, now_ms: int, *, require_stable: bool
     ) -> Action | None:
-        new = next((o for o in view.observers if o.id == rec.replica_id and o.uuid == rec.new_uuid), None)
-        if not self._caught_up(view, new, now_ms):
-            self.blocked = f"replica ({rec.replica_id}, {rec.new_uuid}) is not caught up"
+        got = guard_add(view, rec, self.policy, now_ms, require_stable=require_stable)
+        if isinstance(got, str):
+            self.blocked = got
             return None
-        if require_stable and rec.phase is not Phase.CAUGHT_UP and rec.phase is not Phase.ADDING:
-            self.blocked = f"replica {rec.replica_id} still stabilising"
-            return None
-        old = next((v for v in view.voters if v.id == rec.replica_id and v.uuid == rec.old_uuid), None)
-        if old is not None and not self._old_gone(view, rec, old, now_ms):
-            self.blocked = (
-                f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: two processes share id"
-            )
-            return None
-        live = len(view.live_voters(now_ms, self._window_ms)) + 1  # the new one is live (caught up)
-        n = len(view.voters) + 1
-        if live < majority(n):
-            self.blocked = f"unsafe: AddVoter would leave {live} live of {n} voters"
-            return None
-        return Action(ActionKind.ADD_VOTER, rec.replica_id, rec.new_uuid, rec.recovery_id)
+        return got
 
     def _guard_remove(self, view: QuorumView, rec: Recovery, now_ms: int) -> Action | None:
-        old = next((v for v in view.voters if v.id == rec.replica_id and v.uuid == rec.old_uuid), None)
-        if old is None:
+        got = guard_remove(view, rec, self.policy, now_ms)
+        if isinstance(got, str):
+            self.blocked = got
             return None
-        if not self._old_gone(view, rec, old, now_ms):
-            self.blocked = f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: not removing it"
-            return None
-        live = len(view.live_voters(now_ms, self._window_ms))
-        n = len(view.voters) - 1
-        if n < 1 or live < majority(n):
-            self.blocked = f"unsafe: RemoveVoter would leave {live} live of {n} voters"
-            return None
-        return Action(ActionKind.REMOVE_VOTER, rec.replica_id, rec.old_uuid, rec.recovery_id)
-
-    def _old_gone(self, view: QuorumView, rec: Recovery, old: Replica, now_ms: int) -> bool:
-        """The old (id, UUID) of a recovery no longer runs. Either it has not fetched within the
-        live window, or it has been silent since its replacement became caught up, for at least
-        :data:`SUPERSEDED_SILENCE_MS` (a live follower fetches every ``fetch_max_wait_ms``, 500 ms
-        by default, so that much silence while another process of the same id fetches means the
-        old process is gone). The second rule is what lets AddVoter start at the stabilisation
-        deadline instead of a live window later (issue 10: no idle waits); a live old process
-        keeps fetching, so it keeps blocking the change (two processes claiming one id)."""
-        if not view.is_live(old, now_ms, self._window_ms):
-            return True
-        if old.id == view.leader_id and old.uuid == view.leader_uuid():
-            return False
-        since = rec.caught_up_since_ms
-        silence = min(self._window_ms, SUPERSEDED_SILENCE_MS)
-        return since is not None and 0 <= old.last_fetch_ms < since and now_ms - old.last_fetch_ms >= silence
+        return got
 
     def wake_at_ms(self, view: QuorumView | None, now_ms: int) -> int | None:
-        """The earliest future instant at which a decision can change with nothing new observed:
-        a stabilisation deadline, the moment an old voter counts as gone, the end of a retry
-        back-off or a recovery timeout. The caller observes again right then, so each step starts
-        as soon as its condition holds instead of on the next polling tick (issue 10)."""
-        if view is None:
-            return None
-        stab_ms = int(self.policy.stabilization_seconds * 1000)
-        silence = min(self._window_ms, SUPERSEDED_SILENCE_MS)
-        times: list[int] = []
-        for rec in self.active():
-            if rec.retry_at_ms is not None:
-                times.append(rec.retry_at_ms)
-            if rec.phase in (Phase.STABILIZING, Phase.CAUGHT_UP):
-                times.append(rec.detected_ms + int(self.policy.timeout_seconds * 1000) + 1)
-                if rec.caught_up_since_ms is not None:
-                    times.append(rec.caught_up_since_ms + stab_ms)
-            for v in view.voters:
-                if v.id == rec.replica_id and v.uuid == rec.old_uuid and v.last_fetch_ms >= 0:
-                    times += [v.last_fetch_ms + silence, v.last_fetch_ms + self._window_ms + 1]
-        future = [t for t in times if t > now_ms]
-        return min(future) if future else None
+        """The next instant a decision can change by itself (guards.py); None: none known."""
+        return wake_at_ms(self.active(), view, self.policy, now_ms)
 
     # -- execution bookkeeping -------------------------------------------------------------------
 
@@ -517,7 +446,7 @@ class RecoveryBook:
                 events.append(Event("add_voter_committed", rec))
                 if self.policy.order is Order.REMOVE_THEN_ADD:
                     self._finish(rec, Phase.COMPLETED, now_ms, None)
-                    events.append(Event("recovery_completed", rec, self._durations(rec)))
+                    events.append(Event("recovery_completed", rec, rec.durations()))
                 else:
                     rec.phase = Phase.ADDED
             elif error_code == "REPLICA_NOT_CAUGHT_UP":
@@ -534,5 +463,5 @@ class RecoveryBook:
                 rec.phase = Phase.REMOVED
             else:
                 self._finish(rec, Phase.COMPLETED, now_ms, None)
-                events.append(Event("recovery_completed", rec, self._durations(rec)))
+                events.append(Event("recovery_completed", rec, rec.durations()))
         return events

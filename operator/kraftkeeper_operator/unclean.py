@@ -261,23 +261,9 @@ class UncleanCoordinator:
     async def step(self, ctl: ControllerLike, lost: bool, endpoints: Sequence[str]) -> str | None:
         """One pass; returns a note for the QuorumLost condition (None: nothing to say)."""
         if not self._loaded:
-            try:
-                self.request = await self.store.load()
-            except (ValueError, TypeError, KeyError) as e:
-                # Unreadable: treat as outstanding, so nothing is ever done twice.
-                if self._unreadable == str(e):
-                    return (
-                        f"unreadable {UNCLEAN_DETAIL_KEY} in the bootstrap ConfigMap ({e}): fix or delete it"
-                    )
-                self._unreadable = str(e)
-                log.error(
-                    "%s: unreadable %s (%s): no unclean recovery until fixed",
-                    self.cluster,
-                    UNCLEAN_DETAIL_KEY,
-                    e,
-                )
-                return f"unreadable {UNCLEAN_DETAIL_KEY} in the bootstrap ConfigMap ({e}): fix or delete it"
-            self._loaded = True
+            unreadable = await self._load()
+            if unreadable is not None:
+                return unreadable
         now = self.now_ms()
         req = self.outstanding()
         if not lost:
@@ -294,10 +280,7 @@ class UncleanCoordinator:
                 return await self.step(ctl, lost, endpoints) if stored is None else None
             if req.pod_deleted_ms is None:  # the operator died between the two writes
                 await self._restart(req, now)
-            return (
-                f"unclean recovery {req.token} of replica {req.replica_id} requested at "
-                f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
-            )
+            return self._waiting(req)
         policy = ctl.policy
         if not policy.unclean_allowed or ctl.unreachable_since_ms is None:
             return None
@@ -313,6 +296,39 @@ class UncleanCoordinator:
             why = "; ".join(f"{p.endpoint}: {p.error}" for p in probes if p.error)
             log.warning("%s: unclean recovery due, no former voter answered: %s", self.cluster, why)
             return "unclean recovery due, but no former voter is reachable"
+        req = await self._request(chosen, probes, ctl.unreachable_since_ms, now)
+        await self._restart(req, now)
+        return self._waiting(req)
+
+    async def _load(self) -> str | None:
+        """Read the stored request once; a note if it is unreadable (then treated as outstanding,
+        so nothing is ever done twice)."""
+        try:
+            self.request = await self.store.load()
+        except (ValueError, TypeError, KeyError) as e:
+            if self._unreadable != str(e):
+                self._unreadable = str(e)
+                log.error(
+                    "%s: unreadable %s (%s): no unclean recovery until fixed",
+                    self.cluster,
+                    UNCLEAN_DETAIL_KEY,
+                    e,
+                )
+            return f"unreadable {UNCLEAN_DETAIL_KEY} in the bootstrap ConfigMap ({e}): fix or delete it"
+        self._loaded = True
+        return None
+
+    @staticmethod
+    def _waiting(req: UncleanRequest) -> str:
+        return (
+            f"unclean recovery {req.token} of replica {req.replica_id} requested at "
+            f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
+        )
+
+    async def _request(
+        self, chosen: tuple[Probe, tuple[str, ...]], probes: Sequence[Probe], outage_since_ms: int, now: int
+    ) -> UncleanRequest:
+        """Persist the request for the chosen survivor (before anything acts on it) and report it."""
         survivor, uuids = chosen
         assert survivor.state is not None
         req = UncleanRequest(
@@ -322,7 +338,7 @@ class UncleanCoordinator:
             uuids=uuids,
             log_end_offset=survivor.state.end_offset,
             last_epoch=survivor.state.last_epoch,
-            outage_since_ms=ctl.unreachable_since_ms,
+            outage_since_ms=outage_since_ms,
             requested_ms=now,
             candidates={
                 str(p.state.node_id): [p.state.last_epoch, p.state.end_offset]
@@ -330,25 +346,18 @@ class UncleanCoordinator:
                 if p.state is not None
             },
         )
-        await self.store.save(req)  # persisted before anything acts on it
+        await self.store.save(req)
         self.request = req
-        gone_s = (now - req.outage_since_ms) / 1000
+        detail = {
+            "reason": f"no live majority for {(now - outage_since_ms) / 1000:.0f}s",
+            "log_end_offset": req.log_end_offset,
+            "last_epoch": req.last_epoch,
+            "candidates": req.candidates,
+            "uuids": list(uuids),
+            "warning": LOSS_WARNING,
+        }
         self.sink.emit(
-            RecoveryEvent(
-                "unclean_recovery",
-                req.token,
-                req.replica_id,
-                None,
-                uuids[0],
-                detail={
-                    "reason": f"no live majority for {gone_s:.0f}s",
-                    "log_end_offset": req.log_end_offset,
-                    "last_epoch": req.last_epoch,
-                    "candidates": req.candidates,
-                    "uuids": list(uuids),
-                    "warning": LOSS_WARNING,
-                },
-            )
+            RecoveryEvent("unclean_recovery", req.token, req.replica_id, None, uuids[0], detail=detail)
         )
         log.warning(
             "%s: UNCLEAN RECOVERY requested: replica %d (%s), last epoch %d, log end offset %d, "
@@ -362,11 +371,7 @@ class UncleanCoordinator:
         )
         if self.metrics is not None:
             self.metrics.unclean_recoveries.labels(self.cluster).inc()
-        await self._restart(req, now)
-        return (
-            f"unclean recovery {req.token} of replica {req.replica_id} requested at "
-            f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
-        )
+        return req
 
     async def _restart(self, req: UncleanRequest, now: int) -> None:
         try:

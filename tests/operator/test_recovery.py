@@ -487,3 +487,54 @@ async def test_retryable_error_backs_off_and_logs_one_start() -> None:
     await rig.run_until(recovered)
     assert [c[0] for c in rig.changes()] == ["add_voter", "add_voter", "remove_voter"]
     assert rig.sink.types() == FULL  # the retry logged no second add_voter_started
+
+
+# ---------------------------------------------------------------------------------------------
+# No idle waits (issue 10)
+
+
+async def test_remove_voter_starts_in_the_same_pass_in_which_add_voter_commits() -> None:
+    rig = Rig()
+    rig.q.replace_disk(3, lag=0)
+    for _ in range(60):
+        await rig.step()
+        if "add_voter_committed" in rig.sink.types():
+            break
+    types = rig.sink.types()
+    i = types.index("add_voter_committed")
+    assert types[i + 1 : i + 3] == ["remove_voter_started", "remove_voter_committed"], types
+
+
+async def test_the_controller_wakes_at_the_stabilisation_deadline_and_adds_at_once() -> None:
+    # A live window far longer than the stabilisation: only the "old process is gone" rule (it has
+    # not fetched since its replacement caught up) lets AddVoter start at the deadline.
+    policy = RecoveryPolicy(stabilization_seconds=10, max_lag=10, timeout_seconds=300, live_window_seconds=60)
+    rig = Rig(policy=policy)
+    rig.q.replace_disk(3, lag=0)
+    await rig.step()
+    (rec,) = rig.ctl.book.active()
+    assert rec.caught_up_since_ms == rig.clock.ms()  # caught up when first seen: the clock starts
+    deadline = rec.caught_up_since_ms + 10_000
+    for _ in range(20):  # the controller's own wake-ups until the deadline; polling would say 30 s
+        wait = rig.ctl.wake_in(30.0)
+        assert 0 < wait <= 30.0
+        rig.clock.t += wait
+        rig.q.tick()
+        await rig.ctl.reconcile()
+        if "add_voter_started" in rig.sink.types():
+            break
+    assert rig.clock.ms() == deadline + 1  # woke 1 ms after the deadline, not a polling tick later
+    assert rig.sink.types()[:3] == ["disk_replacement_detected", "replica_caught_up", "add_voter_started"]
+    assert rig.sink.types()[-1] == "recovery_completed"  # and RemoveVoter right after the commit
+
+
+async def test_a_live_old_process_keeps_blocking_past_the_deadline() -> None:
+    policy = RecoveryPolicy(stabilization_seconds=10, max_lag=10, timeout_seconds=300, live_window_seconds=60)
+    rig = Rig(policy=policy)
+    rig.q.replace_disk(3, lag=0)
+    old = next(r for k, r in rig.q.replicas.items() if k in rig.q.voters and k[0] == 3)
+    old.alive = True  # two processes claim id 3: the old one keeps fetching
+    for _ in range(30):
+        await rig.step()
+    assert "add_voter_started" not in rig.sink.types()
+    assert rig.ctl.book.blocked is not None and "still live" in rig.ctl.book.blocked
