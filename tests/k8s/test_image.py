@@ -165,7 +165,8 @@ def test_three_container_quorum_serves_keys(image: str) -> None:
                    "--cluster-id", f"kk-{tag}", "--node-id", str(i))
             docker("run", "-d", "--name", name, "--network", net, "--read-only", "--tmpfs", "/tmp",
                    "-v", f"{name}:/data", image, "start", "--dir", "/data/node",
-                   "--listen", f"0.0.0.0:{port}", "--insecure", "--advertise", f"{name}:{port}", "--voters", voters)
+                   "--listen", f"0.0.0.0:{port}", "--insecure", "--advertise", f"{name}:{port}",
+                   "--voters", voters)
         leader = _poll_leader(names, bootstrap)
         assert leader["leader_id"] in (1, 2, 3)
         assert sorted(v["id"] for v in leader["voters"]) == [1, 2, 3]
