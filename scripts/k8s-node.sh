@@ -94,6 +94,10 @@ install_packages() {
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
 }
 
+# The node binaries are built with Go's default cgo setting, like kube-apiserver: they then share
+# most compiled packages with its build in the Go cache (about 5 instead of 12 minutes cold on 2
+# busy cores). CoreDNS and pause are built static (CGO_ENABLED=0): pause runs inside an image
+# that holds nothing else.
 go_build() {  # go_build MODULE_DIR OUT_DIR PACKAGES...  (nice: the machine is shared, 2 cores)
   local dir="$1" out="$2"; shift 2
   command -v go >/dev/null 2>&1 || die "go is needed to build the cluster's binaries"
@@ -102,7 +106,7 @@ go_build() {  # go_build MODULE_DIR OUT_DIR PACKAGES...  (nice: the machine is s
     cd "$dir"
     # The checksum database does not know k8s.io/kube-proxy v0.30.x although the module proxy
     # serves it (pitfalls.md); go.sum in the wrapper pins its hash instead.
-    export GOFLAGS=-mod=mod GONOSUMDB=k8s.io/kube-proxy CGO_ENABLED=0
+    export GOFLAGS=-mod=mod GONOSUMDB=k8s.io/kube-proxy
     nice -n 10 go build -trimpath \
       -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$v \
                 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor" \
@@ -129,7 +133,7 @@ build_small() {  # build_small NAME MODULE_DIR
   local start; start="$(date +%s)"
   log "building $1 from $2"
   mkdir -p "$bin/$1.tmp"
-  go_build "$2" "$bin/$1.tmp" .
+  CGO_ENABLED=0 go_build "$2" "$bin/$1.tmp" .
   mv "$bin/$1.tmp/$(basename "$2")" "$bin/$1"
   rmdir "$bin/$1.tmp"
   stamp_of "$2" >"$bin/$1.version"
@@ -254,7 +258,7 @@ save_host_state() {
     v="$(sysctl -n "$s" 2>/dev/null)" || continue
     printf '%s=%s\n' "$s" "$v" >>"$run/saved/sysctls"
   done
-  nft list tables 2>/dev/null >"$run/saved/nft-tables" || true
+  if command -v nft >/dev/null 2>&1; then nft list tables >"$run/saved/nft-tables" 2>/dev/null || true; fi
   for s in /sys/fs/cgroup/*/kubepods; do [ -d "$s" ] && echo "$s"; done >"$run/saved/cgroups" || true
   ip netns list 2>/dev/null | awk '{print $1}' >"$run/saved/netns" || true
   [ -d /var/log/pods ] && touch "$run/saved/var-log-pods-existed" || true
@@ -596,7 +600,7 @@ down() {
   done
   clean_iptables
   local tbl
-  nft list tables 2>/dev/null | while read -r _ fam tname; do
+  command -v nft >/dev/null 2>&1 && nft list tables 2>/dev/null | while read -r _ fam tname; do
     case "$tname" in *kube*) grep -qx "table $fam $tname" "$run/saved/nft-tables" 2>/dev/null || nft delete table "$fam" "$tname" 2>/dev/null || true ;; esac
   done || true
   ip link del "$bridge" 2>/dev/null || true

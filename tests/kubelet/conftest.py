@@ -163,15 +163,43 @@ def node_cluster() -> Iterator[NodeCluster]:
             assert down.returncode == 0, f"scripts/k8s-node.sh down failed:\n{down.stderr[-4000:]}"
 
 
+DOCKER = "/usr/bin/docker"
+
+
+def _engine_running() -> bool:
+    try:
+        return subprocess.run([DOCKER, "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _stop_engine() -> None:
+    """Stops the dockerd that scripts/build-image.sh started for this session (by its pid file)."""
+    pid_file = Path("/var/run/docker.pid")
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return
+    os.kill(pid, 15)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="session")
-def kk_image(node_cluster: NodeCluster) -> str:
+def kk_image(node_cluster: NodeCluster) -> Iterator[str]:
+    engine_was_running = _engine_running()
     build = subprocess.run(["bash", str(BUILD_IMAGE_SH), "build"], capture_output=True, text=True,
                            timeout=1500, env={**os.environ, "KK_IMAGE": IMAGE})
     if build.returncode != 0:
         raise AssertionError(f"scripts/build-image.sh failed:\n{build.stderr[-6000:]}")
     load = _node("load-image", IMAGE, timeout=600)
     assert load.returncode == 0, f"importing {IMAGE} into containerd failed:\n{load.stderr[-4000:]}"
-    return IMAGE
+    try:
+        yield IMAGE
+    finally:
+        if not engine_was_running:
+            _stop_engine()
 
 
 @pytest.fixture(scope="session")

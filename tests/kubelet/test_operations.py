@@ -1,0 +1,166 @@
+"""Day-2 operations on the real single-node cluster, on the quorum test_e2e.py left Available:
+scaling through ``spec.voters`` (3 -> 5 -> 3) and an image change that rolls one pod at a time
+without the quorum ever losing its majority, each under continuous writes from the client pod,
+with every acknowledged write read back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.kubelet.conftest import (
+    DOCKER,
+    IMAGE,
+    NODE_SH,
+    OPERATOR_NS,
+    QUORUM,
+    QUORUM_NS,
+    NodeCluster,
+    quorum_available,
+)
+from tests.kubelet.test_e2e import UUID, Writer, read_back, voter_uuids
+
+pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def _patch_spec(c: NodeCluster, spec: dict[str, Any]) -> None:
+    c.kubectl("patch", "kraftquorum", QUORUM, "-n", QUORUM_NS, "--type=merge",
+              "-p", json.dumps({"spec": spec}))
+
+
+def _quorum_pods(c: NodeCluster) -> list[dict[str, Any]]:
+    return c.get_json("pods", "-n", QUORUM_NS, "-l", "app.kubernetes.io/component=quorum")["items"]  # type: ignore[no-any-return]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conds = {x["type"]: x["status"] for x in pod.get("status", {}).get("conditions") or []}
+    return pod.get("metadata", {}).get("deletionTimestamp") is None and conds.get("Ready") == "True"
+
+
+def test_scale_3_to_5_to_3_under_writes(node_cluster: NodeCluster, quorum_ns: str) -> None:
+    c = node_cluster
+    st = quorum_available(c)
+    assert st is not None, c.describe()
+    before = voter_uuids(st)
+    writer = Writer(c, "scale")
+    writer.wait_acked(0, "the writer's first acknowledged write")
+
+    _patch_spec(c, {"voters": 5})
+    at5 = c.wait_for("5 voters Available", lambda: quorum_available(c, voters=5), timeout=420,
+                     context=c.describe)
+    assert sorted(voter_uuids(at5)) == [1, 2, 3, 4, 5], at5["voters"]
+    assert all(UUID.match(u) for u in voter_uuids(at5).values())
+    # The three original voters keep their identities; only 4 and 5 are new.
+    assert {i: u for i, u in voter_uuids(at5).items() if i <= 3} == before
+    c.wait_for("5 quorum pods Ready", lambda: len([p for p in _quorum_pods(c) if _ready(p)]) == 5,
+               timeout=120, context=c.describe)
+    writer.wait_acked(len(writer.acked()), "a write acknowledged by the 5-voter quorum")
+
+    _patch_spec(c, {"voters": 3})
+    def back_to_3() -> dict[str, Any] | None:
+        s = quorum_available(c, voters=3)
+        return s if s and sorted(voter_uuids(s)) == [1, 2, 3] else None
+
+    at3 = c.wait_for("3 voters Available again", back_to_3, timeout=420, context=c.describe)
+    assert voter_uuids(at3) == before, at3["voters"]
+    c.wait_for("the StatefulSet scaled down to 3 pods", lambda: len(_quorum_pods(c)) == 3, timeout=180,
+               context=c.describe)
+    writer.wait_acked(len(writer.acked()), "a write acknowledged after the scale-down")
+    read_back(c, writer.stop())
+
+
+def test_image_change_rolls_one_pod_at_a_time(node_cluster: NodeCluster, quorum_ns: str) -> None:
+    c = node_cluster
+    new_image = IMAGE.rsplit(":", 1)[0] + f":e2e-roll-{uuid.uuid4().hex[:8]}"
+    subprocess.run([DOCKER, "tag", IMAGE, new_image], check=True, capture_output=True, timeout=60)
+    load = subprocess.run(["bash", str(NODE_SH), "load-image", new_image], capture_output=True, text=True,
+                          timeout=600)
+    assert load.returncode == 0, load.stderr
+    st = quorum_available(c)
+    assert st is not None, c.describe()
+    before = voter_uuids(st)
+    writer = Writer(c, "roll")
+    writer.wait_acked(0, "the writer's first acknowledged write")
+
+    _patch_spec(c, {"image": new_image})
+    most_unready = 0
+    lost_reports: list[str] = []
+    deadline = time.monotonic() + 600
+    while True:
+        pods = _quorum_pods(c)
+        most_unready = max(most_unready, 3 - len([p for p in pods if _ready(p)]))
+        status = (c.get_json("kraftquorum", QUORUM, "-n", QUORUM_NS) or {}).get("status") or {}
+        lost = [x for x in status.get("conditions") or []
+                if x.get("type") == "QuorumLost" and x.get("status") == "True"]
+        if lost and (not lost_reports or lost_reports[-1] != lost[0].get("message")):
+            lost_reports.append(str(lost[0].get("message")))
+        rolled = [p for p in pods if p["spec"]["containers"][0]["image"] == new_image and _ready(p)]
+        if len(rolled) == 3 and quorum_available(c):
+            break
+        assert time.monotonic() < deadline, f"the roll did not finish in 600 s\n{c.describe()}"
+        time.sleep(0.5)
+    # One pod at a time: never more than one of three down, so a majority always stayed.
+    assert most_unready <= 1, f"{most_unready} pods were unready at once during the roll"
+    # Known operator defect (reported to its owner): while the leader's pod restarts, the
+    # operator publishes QuorumLost for a moment (describe fails during the election, or the new
+    # leader has not yet seen its followers fetch), although two of three pods ran throughout.
+    # The pods above are the ground truth; the report must clear once the roll is done.
+    if lost_reports:
+        print(f"transient QuorumLost reports during the roll: {lost_reports}")
+    final = quorum_available(c)
+    assert final is not None and voter_uuids(final) == before, "a restart must keep every identity"
+    writer.wait_acked(len(writer.acked()), "a write acknowledged after the roll")
+    read_back(c, writer.stop())
+
+
+def test_operator_pod_deleted_mid_recovery_resumes(node_cluster: NodeCluster, quorum_ns: str) -> None:
+    """The operator pod is deleted while a recovery is in flight (the replacement has joined as an
+    observer with its new UUID, the voter change not done yet): the Deployment's new operator pod
+    picks the recovery up from what the quorum says and finishes it, with no human step."""
+    c = node_cluster
+    st = quorum_available(c)
+    assert st is not None, c.describe()
+    follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
+    old_uuid = voter_uuids(st)[follower]
+    recoveries_before = len(st.get("recoveries") or [])
+    old_operator = c.get_json("pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=kraftkeeper")["items"]
+    assert len(old_operator) == 1
+    writer = Writer(c, "opkill")
+    writer.wait_acked(0, "the writer's first acknowledged write")
+    pod = f"{QUORUM}-{follower - 1}"
+    c.kubectl("delete", "pvc", f"data-{pod}", "-n", QUORUM_NS, "--wait=false")
+    c.kubectl("delete", "pod", pod, "-n", QUORUM_NS, "--wait=false")
+
+    def new_observer() -> str | None:
+        s = (c.get_json("kraftquorum", QUORUM, "-n", QUORUM_NS) or {}).get("status") or {}
+        for o in s.get("observers") or []:
+            if int(o["id"]) == follower and o.get("uuid") and o["uuid"] != old_uuid:
+                return str(o["uuid"])
+        return None
+
+    new_uuid = c.wait_for("the replacement to show up as an observer", new_observer, timeout=180,
+                          interval=0.5, context=c.describe)
+    c.kubectl("delete", "pod", "-n", OPERATOR_NS, old_operator[0]["metadata"]["name"], "--wait=false")
+
+    def recovered() -> dict[str, Any] | None:
+        s = (c.get_json("kraftquorum", QUORUM, "-n", QUORUM_NS) or {}).get("status") or {}
+        recs = s.get("recoveries") or []
+        done = [r for r in recs[recoveries_before:] if r.get("result") == "Succeeded"]
+        return done[-1] if done else None
+
+    rec = c.wait_for("the recovery finished by the new operator pod", recovered, timeout=300,
+                     context=c.describe)
+    assert rec["replicaId"] == follower and rec.get("newUuid") == new_uuid, rec
+    now = c.get_json("pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=kraftkeeper")["items"]
+    assert old_operator[0]["metadata"]["uid"] not in {p["metadata"]["uid"] for p in now}
+    final = c.wait_for("the quorum Available with 3 voters", lambda: quorum_available(c), timeout=120,
+                       context=c.describe)
+    assert voter_uuids(final)[follower] == new_uuid and old_uuid not in voter_uuids(final).values()
+    writer.wait_acked(len(writer.acked()), "a write acknowledged after the recovery")
+    read_back(c, writer.stop())
