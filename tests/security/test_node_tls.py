@@ -133,7 +133,8 @@ def test_refusals_change_nothing(cluster: TlsCluster) -> None:
     # plaintext to a TLS port gets no HTTP answer at all
     with pytest.raises(aiohttp.ClientError):
         _raw(f"http://{leader_ep}/v1/kv/keep", None)
-    assert _raw(f"https://{leader_ep}/healthz", anon)[0] == 200
+    for open_path in ("/healthz", "/readyz", "/metrics"):  # probes and Prometheus need no credential
+        assert _raw(f"https://{leader_ep}{open_path}", anon)[0] == 200
     status, body = _raw(f"https://{leader_ep}/v1/kv/keep", anon, "PUT", b"evil")
     assert (status, body["error_code"]) == (401, "UNAUTHENTICATED")
     read = client_context(ca, cluster.tls / "read.crt", cluster.tls / "read.key")
