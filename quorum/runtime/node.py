@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quorum.core.raft import RaftCore
-from quorum.driver import AsyncRunner, Driver, Ports, StorageReader, load_latest_snapshot
+from quorum.driver import AsyncRunner, Driver, Pending, Ports, StorageReader, load_latest_snapshot
 from quorum.runtime import kv as kvmod
 from quorum.runtime.config import NodeConfig
 from quorum.runtime.metrics import Registry
@@ -40,6 +40,8 @@ from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 __all__ = ["Node"]
 
 log = logging.getLogger("kraftkeeper.node")
+
+STALL_S = 30.0  # a persist (quorum-state save + fsync) this long means the disk is wedged
 
 
 class Node:
@@ -96,6 +98,7 @@ class Node:
         self.driver, self.runner = self._build_driver(applied_end, applied_epoch)
         self._busy_mark = 0.0
         self._idle_since = time.monotonic()
+        self._stall: tuple[Pending, float] | None = None  # (Ready in flight, first seen)
 
     def _build_driver(self, applied_end: int, applied_epoch: int) -> tuple[Driver, AsyncRunner]:
         """The one driver (``quorum.driver``) over this node's parts as its ports."""
@@ -271,8 +274,22 @@ class Node:
         return {"target_voters": ids, **self._voters_view()}
 
     # ---- observability ------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
-        return {"status": "ok", "node_id": self.node_id, "storage_uuid": self.local.uuid}
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Live unless a Ready has been in flight (its quorum-state save or fsync running) for
+        more than ``STALL_S`` (issue 8: a wedged driver must fail the liveness probe; a dead
+        one already stops the process). No storage UUID: issue 8 forbids revealing it
+        unauthenticated."""
+        pending = self.driver.in_flight
+        now = time.monotonic()
+        if pending is None:
+            self._stall = None
+        elif self._stall is None or self._stall[0] is not pending:
+            self._stall = (pending, now)
+        stalled = self._stall is not None and now - self._stall[1] > STALL_S
+        info = {"status": "stalled" if stalled else "ok", "node_id": self.node_id}
+        if stalled:
+            info["message"] = f"a storage write has been in flight for over {STALL_S:.0f}s"
+        return not stalled, info
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         return self.view.readiness()

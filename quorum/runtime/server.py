@@ -178,7 +178,8 @@ def build_app(node: NodeApi, *, max_body: int, middlewares: Sequence[Middleware]
         return web.Response(text=node.metrics_text(), content_type="text/plain", charset="utf-8")
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response(node.health())
+        ok, info = node.health()
+        return web.json_response(info, status=200 if ok else 503)
 
     async def readyz(request: web.Request) -> web.Response:
         ok, info = node.readiness()

@@ -10,6 +10,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from quorum.core.ready import Ready
+from quorum.driver import Pending
+from quorum.runtime import node as node_module
 from quorum.runtime.api import NodeApi
 from quorum.runtime.config import NodeConfig
 from quorum.runtime.node import Node
@@ -90,3 +95,27 @@ async def _cluster(tmp_path: Path) -> None:
 
 def test_three_nodes_in_process_fail_over(tmp_path: Path) -> None:
     asyncio.run(_cluster(tmp_path))
+
+
+def test_health_fails_when_a_storage_write_stalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/healthz (issue 8): a Ready whose persist never finishes (a wedged disk) fails the
+    liveness probe; the answer never carries the storage UUID."""
+
+    async def go() -> None:
+        format_dir(tmp_path / "n1", "inproc", 1)
+        node = Node(str(tmp_path / "n1"), ENDPOINTS[1], {1: ENDPOINTS[1]}, NodeConfig(), InProcessTransport())
+        try:
+            ok, info = node.health()
+            assert ok and info == {"status": "ok", "node_id": 1}
+            monkeypatch.setattr(node_module, "STALL_S", 0.0)
+            node.driver.in_flight = Pending(Ready(), None, True)  # persist started, never ends
+            node.health()  # first seen now
+            await _until(lambda: asyncio.sleep(0, not node.health()[0]), "health to fail")
+            ok, info = node.health()
+            assert info["status"] == "stalled" and node.local.uuid not in str(info)
+            node.driver.in_flight = None
+            assert node.health()[0]
+        finally:
+            node.close()
+
+    asyncio.run(go())

@@ -348,7 +348,9 @@ def test_metrics_and_health_endpoints(cluster: LocalCluster) -> None:
         assert name in text, name
     for i in cluster.ports:
         status, body = cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/healthz"))
-        assert status == 200 and json.loads(body)["storage_uuid"] == cluster.uuids[i]
+        health = json.loads(body)
+        assert status == 200 and health["status"] == "ok" and health["node_id"] == i
+        assert cluster.uuids[i] not in body.decode()  # issue 8: no storage UUID unauthenticated
         assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/readyz"))[0] == 200
 
 
