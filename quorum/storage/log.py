@@ -117,9 +117,6 @@ class SegmentedLog:
     def segment_count(self) -> int:
         return len(self._segments)
 
-    def segment_files(self) -> list[str]:
-        return [s.path for s in self._segments]
-
     # -- open / recovery ---------------------------------------------------------------------
 
     def _open(self) -> None:

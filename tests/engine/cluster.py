@@ -202,8 +202,3 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def env_with_repo() -> dict[str, str]:
-    env = dict(os.environ)
-    return env
