@@ -16,6 +16,7 @@ Invariants kept by these helpers:
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -37,7 +38,15 @@ from quorum.core.ready import (
 )
 from quorum.core.roles import Follower, Leader, Role, Unattached
 from quorum.core.voters import ControlHistory, ControlState
-from quorum.types import ControlRecord, ErrorCode, KraftError, OffsetAndEpoch, QuorumState, ReplicaKey
+from quorum.types import (
+    AddVoter,
+    ControlRecord,
+    ErrorCode,
+    KraftError,
+    OffsetAndEpoch,
+    QuorumState,
+    ReplicaKey,
+)
 
 NO_DEADLINE = 1 << 62
 
@@ -202,6 +211,12 @@ class CoreBase:
             if uuid is not None:
                 self.key_endpoints[ReplicaKey(replica_id, uuid)] = endpoint
 
+    def learn_record_endpoints(self, controls: Iterable[ControlRecord]) -> None:
+        """Endpoints of voters come from their AddVoter records (KIP-856) and configuration."""
+        for c in controls:
+            if isinstance(c, AddVoter) and c.endpoint:
+                self.learn_endpoint(c.voter.id, c.endpoint, c.voter.uuid)
+
     def learn_uuid(self, replica_id: int, uuid: str | None) -> None:
         # Bootstrapping (KIP-856): the leader learns the voters' UUIDs from their RPCs.
         if uuid is not None and replica_id in self.config.bootstrap_voters:
@@ -305,6 +320,7 @@ class CoreBase:
         self.meta.append(base, self.epoch, len(controls))
         before = self.voters()
         self.history.apply_batch(base, controls)
+        self.learn_record_endpoints(controls)
         if self.voters() != before:
             self.on_voters_changed(before)
         return base

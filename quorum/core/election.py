@@ -222,7 +222,6 @@ class ElectionMixin(Transitions):
         if err is not None:
             answer(err, False)
             return
-        self.learn_endpoint(req.candidate_id, req.candidate_endpoint, req.candidate_uuid)
         self.learn_uuid(req.candidate_id, req.candidate_uuid)
         cand = ReplicaKey(req.candidate_id, req.candidate_uuid)
         up_to_date = self.log_up_to_date(req.last_offset_epoch, req.last_offset)
@@ -327,7 +326,6 @@ class ElectionMixin(Transitions):
 
         if self.leader_notice_rejected(req):
             return
-        self.learn_endpoint(req.leader_id, req.leader_endpoint, req.leader_uuid)
         if req.leader_id == self.local.id or (
             req.leader_epoch == self.epoch and isinstance(self.role, (Leader, Resigned))
         ):
@@ -336,7 +334,8 @@ class ElectionMixin(Transitions):
             return
         if not (isinstance(self.role, Follower) and self.role.epoch == req.leader_epoch):
             self.abandoned = (-1, -1)
-            self.transition_to_follower(req.leader_epoch, req.leader_id, req.leader_endpoint)
+            # Its endpoint comes from the voter set or configuration, not from this request.
+            self.transition_to_follower(req.leader_epoch, req.leader_id, None)
         self.last_leader_contact_ms = self.now
         # KIP-856: a new voter fails the RPC until it has read the record that adds it.
         answer(ErrorCode.NONE if self.is_voter() else ErrorCode.NOT_VOTER)

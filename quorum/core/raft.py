@@ -391,6 +391,7 @@ class RaftCore(DescribeMixin, CoreBase):
             base = base.apply(c)
         self.meta.reset_to_snapshot(snapshot)
         self.history.reset(base, snapshot.offset - 1)
+        self.learn_record_endpoints(controls)
         self.snap_installing = None
         self.set_hw(snapshot.offset)
         self._pump()

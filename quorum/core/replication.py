@@ -66,7 +66,9 @@ class ReplicationMixin(ElectionMixin):
         ):
             self.respond(req.replica_id, self.fetch_response(req, ErrorCode.INVALID_REQUEST))
             return
-        self.learn_endpoint(req.replica_id, req.replica_endpoint, req.replica_uuid)
+        # Where we send requests is learned from the voter set and configuration only (issue
+        # 8: a Fetch claiming replica 2 must not redirect anyone's traffic); the endpoint a
+        # replica reports is kept in its progress, for the AddVoter record that may name it.
         self.learn_uuid(req.replica_id, req.replica_uuid)
         ls = self.leader_state()
         if (
@@ -400,6 +402,7 @@ class ReplicationMixin(ElectionMixin):
             self.meta.append(info.base_offset, info.epoch, info.count)
             if info.controls:
                 self.history.apply_batch(info.base_offset, info.controls)
+                self.learn_record_endpoints(info.controls)
         if self.voters() != before:
             self.on_voters_changed(before)
         return True

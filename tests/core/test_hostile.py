@@ -64,3 +64,19 @@ def test_leader_steps_down_for_a_voter_ahead_of_its_epoch_only() -> None:
     assert h.core.role_name == "leader" and h.core.epoch == epoch
     h.fetch(2, epoch=epoch + 2)
     assert h.core.role_name == "unattached" and h.core.epoch == epoch + 2 and h.qs.leader_epoch == epoch + 2
+
+
+def test_requests_do_not_redirect_peer_endpoints() -> None:
+    """Issue 8: a Fetch or a Vote naming replica 2 with another endpoint changes nowhere we
+    send requests; endpoints come from configuration and AddVoter records."""
+    from quorum.core.messages import VoteRequest
+
+    h = leader()
+    h.step(FetchRequest(h.next_corr(), CLUSTER, 2, UUIDS[2], h.core.epoch, 0, 0, 0, 1024, "evil:1"))
+    h.step(VoteRequest(h.next_corr(), CLUSTER, 3, UUIDS[3], h.core.epoch, 1, UUIDS[1], 0, 0, "evil:3"))
+    assert h.core.endpoint_of(2) == "n2:1" and h.core.endpoint_of(3) == "n3:1"
+    f = make(local=2)
+    from quorum.core.messages import BeginQuorumEpochRequest
+
+    f.step(BeginQuorumEpochRequest(f.next_corr(), CLUSTER, 1, 1, 2, UUIDS[2], leader_endpoint="evil:9"))
+    assert f.core.role_name == "follower" and f.core.leader_endpoint() == "n1:1"
