@@ -10,7 +10,9 @@ Index: for every segment, two ``array('q')`` columns (batch base offset, byte po
 rebuilt on open from the batch headers. It is dense (one entry per batch, 16 bytes) rather
 than sparse: the core fetches and truncates at batch boundaries, and a dense index answers both
 with one ``bisect`` and no file access. Reads are one ``os.pread`` on a cached descriptor of
-whole batches; no per-record Python work, so catch-up copies bytes at disk speed.
+whole batches; no per-record Python work, so catch-up copies bytes at disk speed. One segment's
+index and byte I/O live in ``quorum.storage.segment`` (with the test-only power-loss mode), the
+recovery scan in ``quorum.storage.logscan``.
 
 Recovery on open (why it is shaped like this: a crash may tear only the write in flight, and
 only the last segment receives writes):
@@ -23,6 +25,11 @@ only the last segment receives writes):
   segment, a gap or overlap of offsets between batches or segments (a missing segment),
   decreasing epochs -- raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset,
   and nothing is modified: committed data is never dropped silently.
+
+Known limit: an append that rolls a segment writes the old segment's tail and the new segment
+before one flush, so a power cut can tear a NON-final segment whose successor exists. Recovery
+then refuses to open (CORRUPT_LOG) although nothing in the torn part was ever acknowledged (a
+flush fsyncs the older segment first). Safe, but the node needs its disk replaced.
 
 Durability: ``append*`` write into the page cache; ``flush`` fsyncs every segment written since
 the last flush (plus the directory when segments were created) and advances
