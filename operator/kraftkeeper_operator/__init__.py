@@ -1,6 +1,7 @@
 """KRaftKeeper operator: automatic KIP-856 disk-failure recovery, as a kopf Kubernetes operator
-(``kopf_app``) and as a local process supervisor (``local``). The decision logic lives in
-``recovery`` (pure) and ``controller`` (async executor); both modes only call those."""
+(``handlers``, run by ``kopf_main``) and as a local process supervisor (``local``). The decision
+logic lives in ``recovery`` / ``guards`` (pure) and ``controller`` (async executor); both modes only
+call those, through the ``QuorumApi`` protocol (``api``)."""
 
 from .api import InMemoryQuorum, QuorumApi
 from .controller import ControllerStatus, RecoveryController

@@ -81,21 +81,23 @@ __all__ = [
 ]
 
 # Error codes as strings, so this module does not depend on the engine's enum.
-_DONE_ADD = {"VOTER_ALREADY_ADDED"}
-_DONE_REMOVE = {"VOTER_ALREADY_REMOVED"}
+_DONE_ADD = frozenset({"VOTER_ALREADY_ADDED"})
+_DONE_REMOVE = frozenset({"VOTER_ALREADY_REMOVED"})
 # Outcome unknown or the quorum busy: try again later (the next observation shows what happened).
 # Any other error (INVALID_REQUEST, UNSUPPORTED, ...) means the engine refuses the step as asked:
 # retrying cannot help, so the recovery fails with the engine's message instead of looping.
-_RETRYABLE = {
-    "UNAVAILABLE",
-    "REQUEST_TIMED_OUT",
-    "NOT_LEADER",
-    "LEADERSHIP_LOST",
-    "VOTER_CHANGE_IN_PROGRESS",
-    "REASSIGNMENT_IN_PROGRESS",
-    "LEADER_RECOVERING",
-    "UNKNOWN_SERVER_ERROR",
-}
+_RETRYABLE = frozenset(
+    {
+        "UNAVAILABLE",
+        "REQUEST_TIMED_OUT",
+        "NOT_LEADER",
+        "LEADERSHIP_LOST",
+        "VOTER_CHANGE_IN_PROGRESS",
+        "REASSIGNMENT_IN_PROGRESS",
+        "LEADER_RECOVERING",
+        "UNKNOWN_SERVER_ERROR",
+    }
+)
 _BACKOFF_MAX_MS = 30_000
 
 

@@ -1,0 +1,55 @@
+"""The operator's event sinks: each takes one RecoveryEvent (kraftkeeper_reports.events) and the
+event-log sinks write the record the report job reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kraftkeeper_operator.telemetry import CallbackSink, EventLogSink, FanOut, MemorySink, StdoutEventSink
+from kraftkeeper_reports.events import RecoveryEvent, validate_event
+
+EV = RecoveryEvent("add_voter_started", "r-1", 3, "old-uuid", "new-uuid", 2, 7, {"attempt": 1})
+
+
+def test_event_log_sink_writes_a_valid_record_and_an_unknown_leader_as_null(tmp_path: Path) -> None:
+    sink = EventLogSink(tmp_path / "events", "ns/q")
+    sink.emit(EV)
+    sink.emit(RecoveryEvent("recovery_failed", "r-1", 3, "old-uuid", None, -1, -1, {"reason": "timeout"}))
+    (f,) = list((tmp_path / "events").rglob("*.jsonl"))
+    first, second = (json.loads(x) for x in f.read_text().splitlines())
+    assert validate_event(first) == [] and validate_event(second) == []
+    assert first["cluster"] == "ns/q" and first["type"] == "add_voter_started"
+    assert (first["leader_id"], first["leader_epoch"], first["detail"]) == (2, 7, {"attempt": 1})
+    assert (second["leader_id"], second["leader_epoch"]) == (None, None)
+
+
+def test_stdout_sink_writes_one_line_and_refuses_an_invalid_event(capsys: pytest.CaptureFixture[str]) -> None:
+    sink = StdoutEventSink("ns/q")
+    sink.emit(EV)
+    (line,) = capsys.readouterr().out.splitlines()
+    rec = json.loads(line)
+    assert validate_event(rec) == [] and rec["recovery_id"] == "r-1" and rec["new_uuid"] == "new-uuid"
+    with pytest.raises(ValueError, match="reason"):
+        sink.emit(RecoveryEvent("recovery_failed", "r-1", 3))  # recovery_failed needs detail.reason
+    assert capsys.readouterr().out == ""
+
+
+def test_fan_out_keeps_going_when_one_sink_fails() -> None:
+    class Broken:
+        def emit(self, event: RecoveryEvent) -> None:
+            raise OSError("disk full")
+
+    mem = MemorySink()
+    FanOut(Broken(), mem).emit(EV)
+    assert mem.events == [EV] and mem.types() == ["add_voter_started"]
+
+
+def test_callback_sink_names_the_replica_and_both_uuids() -> None:
+    got: list[tuple[str, str, dict[str, Any]]] = []
+    CallbackSink(lambda t, m, d: got.append((t, m, d))).emit(EV)
+    ((type_, message, detail),) = got
+    assert type_ == "add_voter_started" and detail == {"attempt": 1}
+    assert "replica 3" in message and "old-uuid -> new-uuid" in message and "r-1" in message
