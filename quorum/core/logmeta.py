@@ -3,8 +3,9 @@
 The core never holds record data (docs/design.md): it keeps the log end offset (including
 batches handed to the driver but maybe not yet durable), the written end reported by
 ``appended`` (in the log file, maybe not yet fsynced), the durable end reported by
-``advance``, the log start offset, the latest snapshot id and the leader-epoch cache (epoch ->
-first offset), which is what KIP-595's DivergingEpoch computation needs.
+``advance`` (a follower's Fetch offset never exceeds it), the log start offset, the latest
+snapshot id and the leader-epoch cache (epoch -> first offset), which is what KIP-595's
+DivergingEpoch computation needs.
 
 Invariants: ``epochs`` is ascending in both epoch and start offset; every start offset is in
 ``[log_start, end)``; ``durable_end <= written_end <= end``.
@@ -22,10 +23,8 @@ class LogMeta:
         self.durable_end = summary.end_offset  # what the storage layer recovered is durable
         self.written_end = summary.end_offset
         self.snapshot: OffsetAndEpoch | None = summary.snapshot
+        # (The log may keep records before the snapshot's offset; they stay readable.)
         self.epochs: list[tuple[int, int]] = sorted(summary.epoch_starts, key=lambda e: e[1])
-        if summary.snapshot is not None and self.log_start < summary.snapshot.offset:
-            # The log may keep records before the snapshot; they are still readable.
-            pass
 
     def last_epoch(self) -> int:
         if self.epochs:

@@ -2,16 +2,17 @@
 
 Leader side: validates the fetch position against the epoch cache (DivergingEpoch) and the log
 start (snapshot id), records the replica's progress under its (id, UUID) (KIP-856), moves the
-high watermark, and answers from the DURABLE log only (``LogReader``), or parks the request
-(long poll) until data is durable, the high watermark moves, a read-index round needs
-confirmation, or ``max_wait`` passes.
+high watermark, and answers from the WRITTEN log (``LogReader``, fsynced or not: see
+``serve_fetch``), or parks the request (long poll) until data is written, the high watermark
+moves, a read-index round needs confirmation, or ``max_wait`` passes.
 
-Follower side: one Fetch in flight; a response's bytes are decoded with
-``quorum.records.decode_batches`` (CRC checked, headers only) and must start exactly at the
-local log end with non-decreasing epochs no newer than the leader's, else the response is
-rejected (noted in ``Ready.errors``) and the fetch retried: nothing of it is appended. Control
-batches update the voter history at once (KIP-856). The local high watermark is the leader's
-capped at the local log end.
+Follower side: one Fetch in flight, sent only once the whole local log is durable (its offset
+claims the fsynced log, which the leader counts toward the high watermark); a response's
+bytes are decoded with ``quorum.records.decode_batches`` (CRC checked, headers only) and
+must start exactly at the local log end with non-decreasing epochs no newer than the leader's,
+else the response is rejected (noted in ``Ready.errors``) and the fetch retried: nothing of it
+is appended. Control batches update the voter history at once (KIP-856). The local high
+watermark is the leader's capped at the local log end.
 
 Replicas that know no leader (observers, a replaced disk, a voter that missed
 BeginQuorumEpoch) send "discovery" Fetches to a known voter; any answer names the leader.
