@@ -521,16 +521,23 @@ up() {
   echo "$run/kubeconfig"
 }
 
-kill_pid_file() {  # kill_pid_file NAME : TERM, then KILL after 15 s
-  local f="$run/pids/$1" pid i
-  [ -f "$f" ] || return 0
-  pid="$(cat "$f")"
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
+stop_group() {  # stop_group NAME... : TERM to all of them at once, KILL what still runs after 15 s
+  local name pid pids=() i
+  for name in "$@"; do
+    [ -f "$run/pids/$name" ] || continue
+    pid="$(cat "$run/pids/$name")"
+    if kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; pids+=("$pid"); fi
+  done
+  [ "${#pids[@]}" -gt 0 ] || { for name in "$@"; do rm -f "$run/pids/$name"; done; return 0; }
+  local left
+  for i in $(seq 1 60); do
+    left=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left=1; done
+    [ "$left" = 0 ] && break
+    sleep 0.25
+  done
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  for name in "$@"; do rm -f "$run/pids/$name"; done
 }
 
 stop_containers() {
@@ -581,11 +588,11 @@ clean_iptables() {
 down() {
   [ -d "$run" ] || { log "not running (no $run)"; return 0; }
   local name
-  for name in coredns kube-proxy kubelet kube-scheduler kube-controller-manager; do kill_pid_file "$name"; done
+  stop_group coredns kube-proxy kubelet kube-scheduler kube-controller-manager
   stop_containers
-  kill_pid_file containerd
+  stop_group containerd
   kill_shims
-  for name in kube-apiserver etcd; do kill_pid_file "$name"; done
+  stop_group kube-apiserver etcd
   # The pods' network namespaces (the CRI plugin names them cni-*) that were not there before.
   local ns
   for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
