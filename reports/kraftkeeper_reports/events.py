@@ -20,6 +20,11 @@ Invariants of a valid event (also in ``schemas/recovery-event.schema.json``):
 
 Unknown types and extra fields are tolerated: readers skip unknown types and ignore extra fields,
 and count both (:data:`TOLERATED`).
+
+The Spark job applies the same rules with Spark's own JSON parser (``kraftkeeper_reports.parse``),
+so some choices here are made to be expressible there exactly: a line must be one JSON value
+(RFC 8259: no NaN or Infinity, no duplicate keys, no lone surrogate escapes); integers are 64-bit
+(a larger one is the wrong type); "blank" means only the characters of :data:`WHITESPACE`.
 """
 
 from __future__ import annotations
@@ -102,6 +107,15 @@ TOLERATED: Final = (UNKNOWN_TYPE, EXTRA_FIELDS, BLANK_LINE)
 
 # RFC 3339 date-time (section 5.6) restricted to UTC, fraction required (1-9 digits so that a
 # writer with micro- or nanoseconds is still read; ours writes milliseconds).
+# Unicode White_Space (the characters a line or a name may consist of and still be "blank"), spelt
+# out so that the Spark job's regular expression uses exactly the same set.
+WHITESPACE: Final = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(chr(c) for c in range(0x2000, 0x200B))
+    + "\u2028\u2029\u202f\u205f\u3000"
+)
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
 _TS_RE: Final = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})\.(\d{1,9})(Z|z|\+00:00)$")
 
 
@@ -165,8 +179,13 @@ def format_ts(ms: int) -> str:
 
 
 def _is_int(v: object) -> bool:
-    # bool is a subclass of int in Python; JSON true is not an integer.
-    return isinstance(v, int) and not isinstance(v, bool)
+    # bool is a subclass of int in Python; JSON true is not an integer. 64-bit, as Spark's BIGINT.
+    return isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
+
+
+def is_blank(s: str) -> bool:
+    """True when ``s`` is empty or only :data:`WHITESPACE`."""
+    return not s.strip(WHITESPACE)
 
 
 def check_event(obj: object) -> list[Problem]:
@@ -207,7 +226,7 @@ def check_event(obj: object) -> list[Problem]:
             v = obj[name]
             if not isinstance(v, str):
                 wrong(name, "a string")
-            elif not v.strip():
+            elif is_blank(v):
                 problems.append(Problem(f"{INVALID_VALUE}:{name}", f"field {name!r} must not be empty"))
     if "replica_id" in obj:
         v = obj["replica_id"]
@@ -236,7 +255,7 @@ def check_event(obj: object) -> list[Problem]:
                 Problem(f"{INVALID_VALUE}:detail.reason", "recovery_failed needs detail.reason (a string)")
             )
     # Tolerated ones last, so the first problem of a rejected line is the fatal one.
-    if isinstance(typ, str) and typ.strip() and typ not in KNOWN_TYPES:
+    if isinstance(typ, str) and not is_blank(typ) and typ not in KNOWN_TYPES:
         problems.append(Problem(UNKNOWN_TYPE, f"unknown event type {typ[:40]!r} (skipped)"))
     extra = sorted(k for k in obj if k not in REQUIRED_FIELDS)
     if extra:
@@ -261,10 +280,10 @@ def _fast_valid_ts(obj: object) -> int | None:
     lid, lep, old, new = obj["leader_id"], obj["leader_epoch"], obj["old_uuid"], obj["new_uuid"]
     if not (
         type(sv) is int and sv == 1 and type(ts) is str and type(typ) is str and typ in _KNOWN_SET
-        and type(c) is str and type(rid) is str and c.strip() != "" and rid.strip() != ""
-        and type(rep) is int and rep >= 0 and type(detail) is dict
-        and (lid is None or (type(lid) is int and lid >= 0))
-        and (lep is None or (type(lep) is int and lep >= 0))
+        and type(c) is str and type(rid) is str and not is_blank(c) and not is_blank(rid)
+        and type(rep) is int and 0 <= rep <= INT64_MAX and type(detail) is dict
+        and (lid is None or (type(lid) is int and 0 <= lid <= INT64_MAX))
+        and (lep is None or (type(lep) is int and 0 <= lep <= INT64_MAX))
         and (old is None or type(old) is str) and (new is None or type(new) is str)
     ):
         return None
@@ -282,6 +301,39 @@ def validate_event(obj: object) -> list[str]:
     return [p.message for p in check_event(obj) if p.fatal]
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"duplicate key {k[:40]!r}")
+            seen.add(k)
+    return d
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _has_lone_surrogate(obj: object) -> bool:
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def loads_strict(line: str) -> Any:
+    """json.loads limited to RFC 8259 JSON, as Spark's parser reads it: a duplicate key,
+    NaN/Infinity or an escaped lone surrogate raise ValueError."""
+    obj = json.loads(line, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    # Only a \u escape can produce a lone surrogate (the text itself came from valid UTF-8).
+    if "\\u" in line and _has_lone_surrogate(obj):
+        raise ValueError("a \\u escape is a lone UTF-16 surrogate")
+    return obj
+
+
 @dataclass(frozen=True)
 class Classified:
     """What a reader makes of one line: the event (None if rejected or skipped), the problem
@@ -295,11 +347,11 @@ class Classified:
 
 def classify_line(line: str) -> Classified:
     """Decode and check one log line. Never raises: every outcome is a value to count."""
-    if not line.strip():
+    if is_blank(line):
         return Classified(None, None, Problem(BLANK_LINE, "blank line (skipped)"), ())
     try:
-        obj = json.loads(line)
-    except ValueError as e:  # json.JSONDecodeError and invalid UTF-16 surrogates
+        obj = loads_strict(line)
+    except ValueError as e:  # json.JSONDecodeError, a duplicate key, NaN, a lone surrogate
         return Classified(None, None, Problem(MALFORMED_JSON, f"not valid JSON: {e}"), ())
     except RecursionError:
         return Classified(None, None, Problem(MALFORMED_JSON, "JSON nested too deeply"), ())

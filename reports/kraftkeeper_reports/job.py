@@ -19,11 +19,19 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 import pandas as pd
+from pyspark import StorageLevel
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from kraftkeeper_reports import transform as tf
+from kraftkeeper_reports.render import render_html
+from kraftkeeper_reports.session import build_session
+from kraftkeeper_reports.tables import ReportTables
 
 EXIT_INVALID = 2
 EXIT_FAILED = 1
@@ -36,21 +44,6 @@ class ReportError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
-
-
-@dataclass
-class ReportTables:
-    """The small tables, as pandas frames (what the HTML is drawn from)."""
-
-    summary: dict[str, float | int | str | None]
-    phase_stats: pd.DataFrame
-    phase_histogram: pd.DataFrame
-    outcomes: pd.DataFrame
-    failures: pd.DataFrame
-    daily: pd.DataFrame
-    slowest: pd.DataFrame
-    bad_input: pd.DataFrame
-    recoveries: pd.DataFrame | None = None  # only with compute(..., collect_recoveries=True)
 
 
 def _is_url(p: str) -> bool:
@@ -76,20 +69,10 @@ def _check_inputs(events: list[str]) -> list[str]:
 
 
 def compute(
-    spark: object, paths: list[str], top: int = 20, out: Path | None = None, collect_recoveries: bool = False
+    spark: SparkSession, paths: list[str], top: int = 20, out: Path | None = None,
+    collect_recoveries: bool = False,
 ) -> ReportTables:
-    """Run every transformation; write the big per-recovery table under ``out`` when given.
-
-    ``spark`` is a SparkSession (typed loosely so this module imports without PySpark until
-    it runs)."""
-    from pyspark import StorageLevel
-    from pyspark.errors import AnalysisException
-    from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
-
-    from kraftkeeper_reports import transform as tf
-
-    assert isinstance(spark, SparkSession)
+    """Run every transformation; write the big per-recovery table under ``out`` when given."""
     try:
         lines = tf.read_lines(spark, paths)
     except AnalysisException as e:
@@ -117,6 +100,7 @@ def compute(
             fails = tf.failures(recoveries).toPandas()
             day = tf.daily(recoveries).toPandas()
             slow = tf.slowest(recoveries, top).toPandas()
+            comp = tf.compare(recoveries).toPandas()
             rec_pd = recoveries.toPandas() if collect_recoveries else None
             if out is not None:
                 tables = out / "tables"
@@ -157,7 +141,7 @@ def compute(
         "first_day": None if day.empty else str(day["date"].min()),
         "last_day": None if day.empty else str(day["date"].max()),
     }
-    return ReportTables(summary, stats, hist, outc, fails, day, slow, bad, rec_pd)
+    return ReportTables(summary, stats, hist, outc, fails, day, slow, bad, comp, rec_pd)
 
 
 def write_tables(t: ReportTables, out: Path) -> None:
@@ -173,6 +157,8 @@ def write_tables(t: ReportTables, out: Path) -> None:
         "slowest": t.slowest,
         "bad_input": t.bad_input,
     }
+    if t.compare is not None:
+        frames["compare"] = t.compare
     for name, df in frames.items():
         df.to_parquet(tables / f"{name}.parquet", index=False)
         csv = df.copy()
@@ -186,9 +172,6 @@ def write_tables(t: ReportTables, out: Path) -> None:
 def run_report(events: list[str], out: str, master: str | None = None, top: int = 20) -> Path:
     """Read the event logs at ``events``, write the tables and the HTML report under ``out``,
     return the path of ``out/report.html``. Raises :class:`ReportError` on bad arguments."""
-    from kraftkeeper_reports.render import render_html
-    from kraftkeeper_reports.session import build_session
-
     paths = _check_inputs(events)
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():

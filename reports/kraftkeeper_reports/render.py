@@ -11,7 +11,7 @@ import html
 import io
 import math
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
@@ -20,8 +20,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-if TYPE_CHECKING:
-    from kraftkeeper_reports.job import ReportTables
+from kraftkeeper_reports.tables import ReportTables
 
 ALL = "(all)"
 NO_VALUE = "\u2013"  # an en dash where there is no number

@@ -8,7 +8,8 @@
 Every input line ends up counted somewhere: as an event, or under a reason in the bad-input
 table (``bad_input``). Nothing is fatal and nothing is dropped silently.
 
-Definitions (timestamps are the first event of each type in the recovery, in ms):
+Definitions (timestamps are the first event of each type in the recovery, in ms; the one source
+is ``kraftkeeper_reports.intervals``, shared with the HTML report and the demo's console):
 
 * ``catch_up_ms``       = replica_caught_up - disk_replacement_detected (the new replica fetches
   the log as an observer, KIP-856 steps before AddVoter);
@@ -43,30 +44,17 @@ first is used, the recovery is kept).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Any
 
-import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from kraftkeeper_reports import events as ev
+from kraftkeeper_reports import parse
+from kraftkeeper_reports.intervals import INTERVALS, PHASES
 
-EXAMPLE_CHARS = 300
 EXAMPLES_PER_REASON = 3
 ALL_CLUSTERS = "(all)"
 PERCENTILES = (0.5, 0.9, 0.99)
-
-PHASES = ("catch_up", "add_voter", "remove_voter", "under_replicated", "exposure", "total")
-PHASE_LABELS = {
-    "catch_up": "detection -> caught up",
-    "add_voter": "caught up -> AddVoter committed",
-    "remove_voter": "AddVoter committed -> RemoveVoter committed",
-    "under_replicated": "without full voter count (detection -> AddVoter committed)",
-    "exposure": "dead voter in set (detection -> RemoveVoter committed)",
-    "total": "total (detection -> completed)",
-}
 
 # Column names of the first-timestamp-per-type columns of the recovery table.
 TS_COL = {
@@ -80,28 +68,6 @@ TS_COL = {
     ev.RECOVERY_FAILED: "t_failed",
 }
 
-PARSED_SCHEMA = T.StructType(
-    [
-        T.StructField("reason", T.StringType()),  # the problem code (null: a clean event)
-        T.StructField("notes", T.ArrayType(T.StringType())),  # tolerated codes (extra_fields)
-        T.StructField("example", T.StringType()),  # "file: line" when reason or notes are set
-        T.StructField("message", T.StringType()),
-        T.StructField("ts_ms", T.LongType()),
-        T.StructField("cluster", T.StringType()),
-        T.StructField("recovery_id", T.StringType()),
-        T.StructField("type", T.StringType()),
-        T.StructField("replica_id", T.LongType()),
-        T.StructField("old_uuid", T.StringType()),
-        T.StructField("new_uuid", T.StringType()),
-        T.StructField("leader_id", T.LongType()),
-        T.StructField("leader_epoch", T.LongType()),
-        T.StructField("failure_reason", T.StringType()),
-    ]
-)
-_STR_COLS = ("cluster", "recovery_id", "type", "old_uuid", "new_uuid")
-_INT_COLS = ("replica_id", "leader_id", "leader_epoch")
-
-
 def read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     """Every line of every file under ``paths`` (files, directories, date=... trees; any
     Hadoop-compatible URL) with the file it came from. Partition directories are read as plain
@@ -110,58 +76,16 @@ def read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     return df.select(F.col("value"), F.col("_metadata.file_path").alias("source"))
 
 
-def _short_source(path: str) -> str:
-    parts = path.rstrip("/").split("/")
-    return "/".join(parts[-2:])
-
-
-def _classify(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    # Runs in the Python workers: events.classify_line is the one definition of a valid event.
-    for pdf in batches:
-        cols: dict[str, list[Any]] = {f.name: [] for f in PARSED_SCHEMA.fields}
-        for value, source in zip(pdf["value"], pdf["source"], strict=True):
-            line = value if isinstance(value, str) else ""
-            c = ev.classify_line(line.rstrip("\r"))
-            notes = [n.reason for n in c.notes if not n.fatal]
-            problem = c.problem
-            cols["reason"].append(problem.code if problem else None)
-            cols["notes"].append(notes)
-            if problem is not None or notes:
-                cols["example"].append(f"{_short_source(str(source))}: {line[:EXAMPLE_CHARS]}")
-                cols["message"].append(problem.message if problem else "; ".join(n.message for n in c.notes))
-            else:
-                cols["example"].append(None)
-                cols["message"].append(None)
-            e = c.event
-            cols["ts_ms"].append(c.ts_ms)
-            for name in _STR_COLS:
-                cols[name].append(e.get(name) if e else None)
-            for name in _INT_COLS:
-                cols[name].append(e.get(name) if e else None)
-            fr = None
-            if e is not None and e["type"] == ev.RECOVERY_FAILED:
-                fr = str(e["detail"].get("reason"))
-            cols["failure_reason"].append(fr)
-        out = pd.DataFrame({k: cols[k] for k in ("reason", "notes", "example", "message")})
-        out["ts_ms"] = pd.array(cols["ts_ms"], dtype="Int64")
-        for name in _STR_COLS:
-            out[name] = cols[name]
-        for name in _INT_COLS:
-            out[name] = pd.array(cols[name], dtype="Int64")
-        out["failure_reason"] = cols["failure_reason"]
-        yield out
-
-
 def parse_lines(lines: DataFrame) -> DataFrame:
-    """One row per input line (PARSED_SCHEMA): a clean event, or the reason it is not one."""
-    return lines.mapInPandas(_classify, PARSED_SCHEMA)
+    """One row per input line: a clean event, or the reason it is not one (``parse``, in the JVM)."""
+    return parse.parse_lines(lines)
 
 
 def events_of(parsed: DataFrame) -> DataFrame:
     """The usable events: clean lines and lines with only tolerated notes (extra fields)."""
     return parsed.where(F.col("reason").isNull()).select(
         "ts_ms", "cluster", "recovery_id", "type", "replica_id", "old_uuid", "new_uuid",
-        "leader_id", "leader_epoch", "failure_reason",
+        "leader_id", "leader_epoch", "failure_reason", "engine", "order",
     )
 
 
@@ -193,6 +117,9 @@ def sessionise(events: DataFrame) -> DataFrame:
         F.min_by("old_uuid", "ts_ms").alias("old_uuid"),
         F.max_by("new_uuid", "ts_ms").alias("new_uuid"),
         F.max(F.when(F.col("type") == ev.RECOVERY_FAILED, F.col("failure_reason"))).alias("failure_reason"),
+        # detail.engine / detail.order where the operator says them (any event of the recovery).
+        F.min("engine").alias("engine"),
+        F.min("order").alias("order"),
         F.min("ts_ms").alias("min_ts"),
         F.max("ts_ms").alias("max_ts"),
         F.collect_list("ts_ms").alias("all_ts"),
@@ -279,18 +206,13 @@ def sessionise(events: DataFrame) -> DataFrame:
         return F.when(done, F.col(b) - F.col(a)).cast("long")
 
     out = agg.select(
-        "cluster", "recovery_id", "replica_id", "old_uuid", "new_uuid", "outcome",
+        "cluster", "recovery_id", "replica_id", "old_uuid", "new_uuid", "engine", "order", "outcome",
         F.when(F.col("outcome") == "failed", F.coalesce("failure_reason", F.lit("unspecified")))
         .alias("failure_reason"),
         F.to_date(F.timestamp_millis(F.coalesce("t_detected", "min_ts"))).alias("date"),
         *TS_COL.values(),
         "n_events", "n_after_end",
-        dur("t_detected", "t_caught_up").alias("catch_up_ms"),
-        dur("t_caught_up", "t_add_voter_committed").alias("add_voter_ms"),
-        dur("t_add_voter_committed", "t_remove_voter_committed").alias("remove_voter_ms"),
-        dur("t_detected", "t_add_voter_committed").alias("under_replicated_ms"),
-        dur("t_detected", "t_remove_voter_committed").alias("exposure_ms"),
-        dur("t_detected", "t_completed").alias("total_ms"),
+        *[dur(TS_COL[i.start], TS_COL[i.end]).alias(f"{i.name}_ms") for i in INTERVALS],
         F.when(F.col("outcome") == "failed", F.col("t_failed") - F.col("t_detected")).cast("long")
         .alias("give_up_ms"),
         "problems", "problem_messages",
@@ -359,13 +281,36 @@ def bad_input(problems: DataFrame) -> DataFrame:
     ).orderBy(F.desc("count"), "level", "code")
 
 
-def phase_long(recoveries: DataFrame) -> DataFrame:
-    """(cluster, phase, ms) for every completed recovery and phase."""
+def phase_long(recoveries: DataFrame, keys: tuple[str, ...] = ("cluster",)) -> DataFrame:
+    """(*keys, phase, ms) for every completed recovery and phase."""
     stack = ", ".join(f"'{p}', {p}_ms" for p in PHASES)
     return (
         recoveries.where(F.col("outcome") == "completed")
-        .select("cluster", F.expr(f"stack({len(PHASES)}, {stack}) as (phase, ms)"))
+        .select(*keys, F.expr(f"stack({len(PHASES)}, {stack}) as (phase, ms)"))
         .where(F.col("ms").isNotNull())
+    )
+
+
+UNSPECIFIED = "(not logged)"
+
+
+def compare(recoveries: DataFrame) -> DataFrame:
+    """Per (engine, order, phase) over completed recoveries: count, p50/p90/p99, max. Engine and
+    order come from the events' ``detail`` (e.g. a Kafka quorum watched by the operator, or the
+    RemoveThenAdd / AddThenRemove order); "(not logged)" where the events do not say."""
+    long = phase_long(
+        recoveries.withColumn("engine", F.coalesce("engine", F.lit(UNSPECIFIED)))
+        .withColumn("order", F.coalesce("order", F.lit(UNSPECIFIED))),
+        ("engine", "order"),
+    )
+    pct = F.percentile(F.col("ms").cast("double"), F.array(*[F.lit(p) for p in PERCENTILES]))
+    return (
+        long.groupBy("engine", "order", "phase")
+        .agg(F.count(F.lit(1)).alias("recoveries"), pct.alias("pct"), F.max("ms").alias("max_ms"))
+        .select("engine", "order", "phase", "recoveries",
+                *[F.col("pct")[i].alias(f"p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
+                "max_ms")
+        .orderBy("engine", "order", "phase")
     )
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pandas as pd
-from kraftkeeper_reports.job import ReportTables
 from kraftkeeper_reports.render import fmt_ms, render_html
+from kraftkeeper_reports.tables import ReportTables
 
 
 def empty_tables(**over: object) -> ReportTables:

@@ -159,3 +159,54 @@ def test_aggregates_over_completed(handmade: dict[str, Any]) -> None:
     assert dict(zip(f["failure_reason"], f["failures"], strict=True)) == {"quorum_lost": 1}
     assert t.daily["recoveries"].tolist() == [5] and t.daily["failed"].tolist() == [1]
     assert len(t.slowest) == 4 and t.summary["completed"] == 4 and t.summary["in_progress"] == 1
+
+
+EDGE_LINES = [
+    "", "   ", "\t\u00a0", '{"a":1},{"b":2}', '{"a":1} x', "[1, 2]", "null", "42", '"text"', "\ufeff{}",
+    '{"a":NaN}', '{"a":{"x":1,"x":2}}', '{"a":"\\ud800"}', '{"a":"\\ud83d\\ude00"}',
+]
+
+
+def test_spark_rules_are_the_python_rules(spark: Any) -> None:
+    """Every line, damaged every way the generator knows plus edge cases, gets the same reason
+    and notes from the Spark parser (in the JVM) as from events.classify_line."""
+    import random
+
+    from kraftkeeper_reports.generate import _damage
+    from kraftkeeper_reports.parse import parse_lines
+
+    rng = random.Random(11)
+    base = [line(t, f"r-{i}", i * 1000 + off) for i in range(3) for t, off in STEPS]
+    base.append(line(ev.RECOVERY_FAILED, "r-f", 5))
+    samples = list(base) + EDGE_LINES
+    for kind in ev.REJECTED + ev.TOLERATED:
+        for _ in range(25):
+            samples += _damage(rng.choice(base), kind, rng)
+    big = json.loads(base[0])
+    samples += [
+        json.dumps(dict(big, replica_id=2**63)), json.dumps(dict(big, replica_id=2**63 - 1)),
+        json.dumps(dict(big, leader_epoch=1.0)), json.dumps(dict(big, leader_id=True)),
+        json.dumps(dict(big, cluster="\u3000")), json.dumps(dict(big, type=" ")),
+        json.dumps(dict(big, type="leader_changed", replica_id="x", host=1)),
+        json.dumps(dict(big, ts="0000-01-01T00:00:00.1Z")),
+        json.dumps(dict(big, ts="2026-02-29T00:00:00.1Z")),
+        json.dumps(dict(big, ts="2028-02-29T23:59:59.123456789+00:00")),
+        json.dumps(dict(big, ts="2026-11-22T24:00:00.000Z")), json.dumps(dict(big, schema_version=2**70)),
+        json.dumps(dict(big, type=ev.RECOVERY_FAILED, detail={"reason": ""})),
+        json.dumps(dict(big, type=ev.RECOVERY_FAILED, detail={"reason": 3})),
+        json.dumps(dict(big, detail=[], extra=1, other=2)),
+    ]
+    rows = [(s, "file:/d/date=x/f.jsonl") for s in samples]
+    df = spark.createDataFrame(rows, "value string, source string")
+    got = parse_lines(df).select("reason", "notes", "ts_ms", "replica_id", "failure_reason").collect()
+    assert len(got) == len(samples)
+    mismatches = []
+    for s, row in zip(samples, got, strict=True):
+        c = ev.classify_line(s)
+        want = (c.problem.code if c.problem else None, [n.reason for n in c.notes if not n.fatal], c.ts_ms)
+        if (row["reason"], list(row["notes"]), row["ts_ms"]) != want:
+            mismatches.append((s, want, tuple(row)))
+        if c.problem is None and c.event is not None:
+            assert row["replica_id"] == c.event["replica_id"]
+    assert mismatches == []
+    assert len({r["reason"] for r in got}) >= 15  # the samples exercise most reasons

@@ -1,0 +1,87 @@
+"""The intervals a recovery report measures, defined once for the Spark job, the HTML report and
+the demo's console (so a number printed by ``kraftkeeper demo`` and one in the report mean the same).
+
+Every interval runs between the first events of two types of one recovery (KIP-856 "Disk failure
+recovery": the replacement catches up as an observer, is added with AddVoter, then the old
+(id, UUID) is removed with RemoveVoter). Pure standard library: the demo uses it without Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from kraftkeeper_reports import events as ev
+
+
+@dataclass(frozen=True)
+class Interval:
+    """``name`` (a column stem: ``<name>_ms``) runs from the first ``start`` event to the first
+    ``end`` event. ``title`` is what a reader sees; ``meaning`` says why it matters."""
+
+    name: str
+    start: str
+    end: str
+    title: str
+    meaning: str
+
+
+CATCH_UP: Final = Interval(
+    "catch_up", ev.DISK_REPLACEMENT_DETECTED, ev.REPLICA_CAUGHT_UP,
+    "Catch-up: detection → caught up",
+    "the new replica fetches the log as an observer",
+)
+ADD_VOTER: Final = Interval(
+    "add_voter", ev.REPLICA_CAUGHT_UP, ev.ADD_VOTER_COMMITTED,
+    "AddVoter: caught up → AddVoter committed",
+    "stabilisation wait and operator reaction plus one AddVoter round",
+)
+REMOVE_VOTER: Final = Interval(
+    "remove_voter", ev.ADD_VOTER_COMMITTED, ev.REMOVE_VOTER_COMMITTED,
+    "RemoveVoter: AddVoter committed → RemoveVoter committed",
+    "operator reaction plus one RemoveVoter round",
+)
+UNDER_REPLICATED: Final = Interval(
+    "under_replicated", ev.DISK_REPLACEMENT_DETECTED, ev.ADD_VOTER_COMMITTED,
+    "Without full voter count: detection → AddVoter committed",
+    "until the replacement (id, new UUID) is a committed voter (a lower bound: the disk was gone "
+    "before it was detected)",
+)
+EXPOSURE: Final = Interval(
+    "exposure", ev.DISK_REPLACEMENT_DETECTED, ev.REMOVE_VOTER_COMMITTED,
+    "Dead voter in set: detection → RemoveVoter committed",
+    "the quorum ran with the dead (id, old UUID) as a voter, tolerating one failure less",
+)
+TOTAL: Final = Interval(
+    "total", ev.DISK_REPLACEMENT_DETECTED, ev.RECOVERY_COMPLETED,
+    "Total: detection → recovery completed",
+    "the whole recovery as the operator logged it",
+)
+
+INTERVALS: Final = (CATCH_UP, ADD_VOTER, REMOVE_VOTER, UNDER_REPLICATED, EXPOSURE, TOTAL)
+BY_NAME: Final = {i.name: i for i in INTERVALS}
+PHASES: Final = tuple(i.name for i in INTERVALS)
+
+
+def durations(first_ms: Mapping[str, int]) -> dict[str, int | None]:
+    """Each interval in ms from the first timestamp (epoch ms) of each event type of one
+    recovery; None where an end is missing."""
+    out: dict[str, int | None] = {}
+    for i in INTERVALS:
+        a, b = first_ms.get(i.start), first_ms.get(i.end)
+        out[i.name] = None if a is None or b is None else b - a
+    return out
+
+
+def first_timestamps(events: list[dict[str, object]]) -> dict[str, int]:
+    """The first timestamp (epoch ms) of each known type among one recovery's event records."""
+    out: dict[str, int] = {}
+    for e in events:
+        typ, ts = e.get("type"), e.get("ts")
+        if not isinstance(typ, str) or not isinstance(ts, str):
+            continue
+        ms = ev.parse_ts_ms(ts)
+        if ms is not None and (typ not in out or ms < out[typ]):
+            out[typ] = ms
+    return out

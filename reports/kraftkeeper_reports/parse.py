@@ -1,0 +1,258 @@
+"""Parse and validate event-log lines inside Spark (the JVM): one row per line, a clean event or
+the reason it is not one.
+
+The rules are those of :func:`kraftkeeper_reports.events.classify_line` (the one written
+definition of a valid event, also used by the operator's writer), expressed as Spark SQL
+expressions over Spark's own JSON parser, so no line goes through a Python worker:
+
+* each line is parsed once with ``try_parse_json`` into a VARIANT, which keeps JSON's types
+  (``"3"`` stays a string, ``3`` a BIGINT, ``3.0`` a decimal): the line is wrapped in ``[ ]`` and
+  must hold exactly one value, so trailing data (``{...},{...}``) is malformed as in Python;
+* duplicate keys, NaN/Infinity, lone surrogates, raw control characters are malformed JSON on
+  both sides (Spark's parser refuses them; ``events`` refuses them explicitly);
+* the first fatal problem, in ``check_event``'s order, is the line's reason; tolerated ones
+  (``unknown_type``, ``extra_fields``) are notes, as in ``classify_line``.
+
+Each expensive value (the parse, each field, its JSON type) is computed once, in its own
+projection, and the checks compare those columns: nested CASE expressions that repeat variant
+look-ups run an order of magnitude slower (and may exceed what Spark compiles to Java).
+
+One known difference: a line holding a complete JSON value, then an unbalanced ``]``, then more
+text (``{...}] x}``) is read as the value by Spark's parser (it ignores what follows a complete
+value) and rejected by Python's. A writer's torn or interleaved line cannot look like that.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from kraftkeeper_reports import events as ev
+
+EXAMPLE_CHARS = 300
+
+# Column names of the parsed rows (the transformations downstream select from these).
+PARSED_COLUMNS = (
+    "reason", "notes", "example", "message", "ts_ms", "cluster", "recovery_id", "type",
+    "replica_id", "old_uuid", "new_uuid", "leader_id", "leader_epoch", "failure_reason",
+    "engine", "order",
+)
+
+# events.WHITESPACE as a Java regex character class (one source for both sides).
+_WS_CLASS = "[" + "".join(f"\\x{{{ord(c):X}}}" for c in ev.WHITESPACE) + "]"
+_JSON_WS = " \t\r\n"  # what JSON (RFC 8259) itself allows around a value
+
+
+def _blank(c: Column) -> Column:
+    return c.rlike(f"^{_WS_CLASS}*$")
+
+
+_STRING_FIELDS = ("ts", "cluster", "recovery_id", "type", "old_uuid", "new_uuid")
+_INT_FIELDS = ("schema_version", "replica_id", "leader_id", "leader_epoch")
+
+
+def _k(name: str) -> Column:
+    """The JSON type of field ``name`` as schema_of_variant says it (BIGINT, STRING, VOID, ...);
+    null when the field is missing."""
+    return F.col(f"k_{name}")
+
+
+def _has(name: str) -> Column:
+    return F.col(f"f_{name}").isNotNull()
+
+
+def _ts_parts(ts: Column) -> tuple[Column, Column]:
+    """(valid, epoch ms) of an RFC 3339 UTC timestamp with fraction, as events.parse_ts_ms."""
+    shape = ts.rlike(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}\.\d{1,9}(Z|z|\+00:00)$")
+
+    def num(pos: int, n: int) -> Column:
+        return F.substring(ts, pos, n).cast("int")
+
+    year, hour, minute, second = num(1, 4), num(12, 2), num(15, 2), num(18, 2)
+    day = F.make_date(year, num(6, 2), num(9, 2))  # null for 2026-02-30 (ANSI mode is off)
+    tz_len = F.when(ts.endswith("+00:00"), F.lit(6)).otherwise(F.lit(1))
+    digits = F.length(ts) - F.lit(20) - tz_len
+    frac_ms = F.rpad(F.substring(ts, F.lit(21), F.least(digits, F.lit(3))), 3, "0").cast("long")
+    valid = F.coalesce(
+        shape & day.isNotNull() & (year >= 1) & (hour <= 23) & (minute <= 59) & (second <= 59), F.lit(False)
+    )
+    ms = (
+        F.unix_date(day).cast("long") * 86_400_000
+        + ((hour * 60 + minute) * 60 + second).cast("long") * 1000
+        + frac_ms
+    )
+    return valid, F.when(valid, ms)
+
+
+def _checks() -> list[tuple[str, Column, Column]]:
+    """check_event's fatal problems, in its order, as (code, condition, message) over the
+    columns of the field stage (f_*, k_*, s_*, l_*)."""
+    def wrong(name: str, want: str, cond: Column) -> tuple[str, Column, Column]:
+        shown = F.substring(F.to_json(F.col(f"f_{name}")), 1, 40)
+        return (f"{ev.WRONG_TYPE}:{name}", _has(name) & cond,
+                F.concat(F.lit(f"field '{name}' must be {want}, got "), shown))
+
+    out: list[tuple[str, Column, Column]] = [
+        (f"{ev.MISSING_FIELD}:{n}", ~_has(n), F.lit(f"field '{n}' is missing")) for n in ev.REQUIRED_FIELDS
+    ]
+    out += [
+        wrong("schema_version", "an integer", _k("schema_version") != "BIGINT"),
+        (ev.UNSUPPORTED_SCHEMA_VERSION, F.col("l_schema_version") != ev.SCHEMA_VERSION,
+         F.format_string("schema_version %d is not supported (only 1)", F.col("l_schema_version"))),
+        wrong("ts", "an RFC 3339 UTC timestamp string", _k("ts") != "STRING"),
+        (ev.BAD_TIMESTAMP, _has("ts") & ~F.col("ts_valid"),
+         F.format_string("ts '%s' is not an RFC 3339 UTC timestamp with fraction",
+                         F.substring(F.col("s_ts"), 1, 40))),
+    ]
+    for name in ("cluster", "recovery_id", "type"):
+        out += [
+            wrong(name, "a string", _k(name) != "STRING"),
+            (f"{ev.INVALID_VALUE}:{name}", _blank(F.col(f"s_{name}")),
+             F.lit(f"field '{name}' must not be empty")),
+        ]
+    for name, nullable in (("replica_id", False), ("leader_id", True), ("leader_epoch", True)):
+        ok = (_k(name) == "BIGINT") | ((_k(name) == "VOID") if nullable else F.lit(False))
+        out += [
+            wrong(name, "an integer or null" if nullable else "an integer", ~ok),
+            (f"{ev.INVALID_VALUE}:{name}", F.col(f"l_{name}") < 0,
+             F.format_string(f"{name} %d is negative", F.col(f"l_{name}"))),
+        ]
+    for name in ("old_uuid", "new_uuid"):
+        out.append(wrong(name, "a string or null", ~_k(name).isin("STRING", "VOID")))
+    out += [
+        wrong("detail", "an object", ~_k("detail").startswith("OBJECT")),
+        (f"{ev.INVALID_VALUE}:detail.reason",
+         (F.col("s_type") == ev.RECOVERY_FAILED) & _k("detail").startswith("OBJECT")
+         & ~F.coalesce((F.col("k_reason") == "STRING") & (F.length("s_reason") > 0), F.lit(False)),
+         F.lit("recovery_failed needs detail.reason (a string)")),
+    ]
+    return out
+
+
+def _json_kind(c: Column) -> Column:
+    """The JSON kind of a variant, in the words of Python's json module (list, int, ...)."""
+    s = F.schema_of_variant(c)
+    return (
+        F.when(s.startswith("ARRAY"), F.lit("list"))
+        .when(s == "STRING", F.lit("str"))
+        .when(s == "BIGINT", F.lit("int"))
+        .when(s == "BOOLEAN", F.lit("bool"))
+        .when(s == "VOID", F.lit("NoneType"))
+        .otherwise(F.lit("float"))
+    )
+
+
+def parse_lines(lines: DataFrame) -> DataFrame:
+    """One row per input line (PARSED_COLUMNS): a clean event, or the reason it is not one.
+
+    ``lines`` has ``value`` (the line) and ``source`` (the file it came from)."""
+    # 1. The parse: the line wrapped in [ ] so that exactly one JSON value is accepted.
+    wrapped = F.try_parse_json(F.concat(F.lit("["), F.col("value"), F.lit("]")))
+    s1 = lines.select("value", "source", _blank(F.col("value")).alias("blank"), wrapped.alias("w"))
+    malformed = (
+        F.col("w").isNull()
+        | F.try_variant_get("w", "$[0]", "variant").isNull()
+        | F.try_variant_get("w", "$[1]", "variant").isNotNull()
+    )
+    s2 = s1.select(
+        "value", "source", "blank", "w",
+        F.coalesce(~F.col("blank") & malformed, F.lit(False)).alias("malformed"),
+        F.try_variant_get("w", "$[0]", "map<string,variant>").alias("m"),
+    )
+    # 2. The fields, once each.
+    m = F.col("m")
+    s3 = s2.select(
+        "value", "source", "blank", "w", "malformed", "m",
+        *[m.getItem(n).alias(f"f_{n}") for n in ev.REQUIRED_FIELDS],
+    )
+    reason_v = F.try_variant_get("f_detail", "$.reason", "variant")
+    s4 = s3.select(
+        "*",
+        *[F.schema_of_variant(f"f_{n}").alias(f"k_{n}") for n in ev.REQUIRED_FIELDS],
+        *[F.try_variant_get(f"f_{n}", "$", "string").alias(f"s_{n}") for n in _STRING_FIELDS],
+        *[F.try_variant_get(f"f_{n}", "$", "long").alias(f"l_{n}") for n in _INT_FIELDS],
+        F.schema_of_variant(reason_v).alias("k_reason"),
+        F.try_variant_get(reason_v, "$", "string").alias("s_reason"),
+        F.try_variant_get("f_detail", "$.engine", "string").alias("engine"),
+        F.try_variant_get("f_detail", "$.order", "string").alias("order"),
+    )
+    # Typed values only where the JSON type is right (try_variant_get would cast "3" to 3).
+    s4 = s4.select(
+        *[c for c in s4.columns if not c.startswith(("s_", "l_"))],
+        *[F.when(_k(n) == "STRING", F.col(f"s_{n}")).alias(f"s_{n}") for n in _STRING_FIELDS],
+        *[F.when(_k(n) == "BIGINT", F.col(f"l_{n}")).alias(f"l_{n}") for n in _INT_FIELDS],
+        F.col("s_reason"),
+    )
+    ts_valid, ts_ms = _ts_parts(F.col("s_ts"))
+    s5 = s4.select("*", ts_valid.alias("ts_valid"), ts_ms.alias("ts_ms_v"))
+    # 3. The first fatal problem (check_event's order), then the tolerated notes.
+    checks = _checks()
+    code: Column = F.lit(None).cast("string")
+    for c, cond, _ in reversed(checks):
+        code = F.when(F.coalesce(cond, F.lit(False)), F.lit(c)).otherwise(code)
+    code = (
+        F.when(F.col("blank"), F.lit(ev.BLANK_LINE))
+        .when(F.col("malformed"), F.lit(ev.MALFORMED_JSON))
+        .when(m.isNull(), F.lit(ev.NOT_AN_OBJECT))
+        .otherwise(code)
+    )
+    known = F.array(*[F.lit(n) for n in ev.REQUIRED_FIELDS])
+    n_present = sum((F.col(f"f_{n}").isNotNull().cast("int") for n in ev.REQUIRED_FIELDS), F.lit(0))
+    s_type = F.col("s_type")
+    unknown = (F.col("k_type") == "STRING") & ~_blank(s_type) & ~s_type.isin(*ev.KNOWN_TYPES)
+    s6 = s5.select(
+        "*", code.alias("fatal"),
+        F.coalesce(~F.col("malformed") & unknown, F.lit(False)).alias("unknown"),
+        F.coalesce(~F.col("malformed") & (F.size(m) > n_present), F.lit(False)).alias("extra"),
+    )
+    return _finish(s6, checks, known)
+
+
+def _finish(df: DataFrame, checks: list[tuple[str, Column, Column]], known: Column) -> DataFrame:
+    """The output row: reason, notes, example and message (built only for lines with a
+    problem), and the event's typed fields for clean lines."""
+    fatal, unknown, extra = F.col("fatal"), F.col("unknown"), F.col("extra")
+    reason = F.coalesce(fatal, F.when(unknown, F.lit(ev.UNKNOWN_TYPE)))
+    unknown_msg = F.format_string("unknown event type '%s' (skipped)", F.substring("s_type", 1, 40))
+    extra_names = F.array_sort(F.array_except(F.map_keys("m"), known))
+    extra_msg = F.concat(F.lit("extra field(s) ignored: "), F.array_join(F.slice(extra_names, 1, 5), ", "))
+    fatal_msg: Column = F.lit(None).cast("string")
+    for c, _, msg in reversed(checks):
+        fatal_msg = F.when(fatal == c, msg).otherwise(fatal_msg)
+    fatal_msg = (
+        F.when(fatal == ev.BLANK_LINE, F.lit("blank line (skipped)"))
+        .when(fatal == ev.MALFORMED_JSON,
+              F.lit("not valid JSON (a syntax error, a duplicate key, NaN, a lone surrogate or "
+                    "trailing data)"))
+        .when(fatal == ev.NOT_AN_OBJECT,
+              F.concat(F.lit("an event must be a JSON object, got "),
+                       _json_kind(F.try_variant_get("w", "$[0]", "variant"))))
+        .otherwise(fatal_msg)
+    )
+    message = F.when(
+        reason.isNotNull() | extra,
+        F.coalesce(fatal_msg, F.concat_ws("; ", F.when(unknown, unknown_msg), F.when(extra, extra_msg))),
+    )
+    # Plain CASE, no array_compact: a higher-order function is not compiled by Spark and would
+    # make the whole projection run interpreted.
+    fatal_unknown = fatal.isNotNull() & unknown
+    notes = (
+        F.when(fatal_unknown & extra, F.array(F.lit(ev.UNKNOWN_TYPE), F.lit(ev.EXTRA_FIELDS)))
+        .when(fatal_unknown, F.array(F.lit(ev.UNKNOWN_TYPE)))
+        .when(extra, F.array(F.lit(ev.EXTRA_FIELDS)))
+        .otherwise(F.array().cast("array<string>"))
+    )
+    short_source = F.substring_index(F.regexp_replace("source", "/+$", ""), "/", -2)
+    shown = F.concat(short_source, F.lit(": "), F.substring("value", 1, EXAMPLE_CHARS))
+    example = F.when(reason.isNotNull() | extra, shown)
+    ok = reason.isNull()
+    return df.select(
+        reason.alias("reason"), notes.alias("notes"), example.alias("example"), message.alias("message"),
+        F.when(ok, F.col("ts_ms_v")).alias("ts_ms"),
+        *[F.when(ok, F.col(f"s_{n}")).alias(n)
+          for n in ("cluster", "recovery_id", "type", "old_uuid", "new_uuid")],
+        *[F.when(ok, F.col(f"l_{n}")).alias(n) for n in ("replica_id", "leader_id", "leader_epoch")],
+        F.when(ok & (F.col("s_type") == ev.RECOVERY_FAILED), F.col("s_reason")).alias("failure_reason"),
+        F.when(ok, F.col("engine")).alias("engine"),
+        F.when(ok, F.col("order")).alias("order"),
+    )
