@@ -12,6 +12,7 @@ import signal
 import sys
 
 from quorum.client import QuorumClient
+from quorum.types import KraftError
 
 from .server import KafkaWireServer
 
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m quorum.kafka", description=__doc__.split("\n\n")[0])
     p.add_argument("--listen", required=True, type=_hostport, help="HOST:PORT to answer Kafka's protocol on")
     p.add_argument("--bootstrap", required=True, help="the quorum's nodes, HOST:PORT[,...]")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback --listen (no TLS, no auth)")
     p.add_argument(
         "--advertise", type=_hostport, default=None, help="HOST:PORT clients reach this listener at"
     )
@@ -46,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         client = QuorumClient(a.bootstrap, timeout=10.0)
-        server = KafkaWireServer(client, a.listen[0], a.listen[1], advertised=a.advertise)
+        server = KafkaWireServer(
+            client, a.listen[0], a.listen[1], advertised=a.advertise, insecure=a.insecure
+        )
         try:
             await server.start()
             print(f"Kafka listener on {a.listen[0]}:{server.port}", flush=True)
@@ -58,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(run())
+    except KraftError as e:
+        sys.stderr.write(f"{e}\n")
+        return 2
     except OSError as e:
         sys.stderr.write(f"UNAVAILABLE: --listen {a.listen[0]}:{a.listen[1]}: {e.strerror or e}\n")
         return 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import struct
 import uuid as _uuid
@@ -84,6 +85,15 @@ def kafka_code(e: KraftError) -> int:
     return _TO_KAFKA.get(e.code, -1)  # -1: UNKNOWN_SERVER_ERROR
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def to_kafka_uuid(value: str | None) -> _uuid.UUID:
     """Our canonical storage UUID -> the Uuid Kafka puts on the wire ("" -> Kafka's zero Uuid)."""
     return _uuid.UUID(value) if value else _uuid.UUID(int=0)
@@ -108,7 +118,16 @@ class KafkaWireServer:
         *,
         cluster_id: str | None = None,
         advertised: tuple[str, int] | None = None,
+        insecure: bool = False,
     ) -> None:
+        if not insecure and not is_loopback(host):
+            # Secure by default: this listener speaks plaintext Kafka without authentication and
+            # can change the voter set, so it stays on loopback unless the user says otherwise.
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"Kafka listener {host}:{port}: it has no TLS or authentication, so it binds to loopback "
+                "only (127.0.0.1, ::1, localhost) unless --insecure is given",
+            )
         self.backend = backend
         self.host, self.port = host, port
         self.cluster_id = cluster_id
@@ -367,3 +386,20 @@ class KafkaWireServer:
 
     async def _remove_voter(self, req: Any, resp_cls: Any) -> Any:
         return await self._change(req, resp_cls, "remove")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"--kafka-listen {text!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+async def start_kafka_listener(
+    listen: str, backend: QuorumBackend, *, insecure: bool = False
+) -> KafkaWireServer:
+    """Start the listener of ``kraftkeeper start --kafka-listen HOST:PORT`` (or the gateway)."""
+    host, port = parse_listen(listen)
+    server = KafkaWireServer(backend, host, port, insecure=insecure)
+    await server.start()
+    return server

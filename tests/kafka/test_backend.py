@@ -23,7 +23,9 @@ def _uuid(k: KafkaControllers, i: int) -> str:
 
 async def _healthy(q: KafkaQuorum) -> dict[str, Any] | None:
     d = await q.describe()
-    return d if len(d["voters"]) == 3 and all(v["lag"] == 0 for v in d["voters"]) else None
+    # The cluster id comes from DescribeCluster, which a controller answers once it is ready.
+    ok = d["cluster_id"] and len(d["voters"]) == 3 and all(v["lag"] == 0 for v in d["voters"])
+    return d if ok else None
 
 
 async def test_describe_maps_kafka_quorum(kafka_controllers: KafkaControllers) -> None:

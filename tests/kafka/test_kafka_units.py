@@ -20,7 +20,8 @@ from kraftkeeper_operator.kafka.backend import (
 from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_properties
 
 from quorum.kafka.schemas import membership_messages
-from quorum.types import ErrorCode
+from quorum.kafka.server import is_loopback, parse_listen
+from quorum.types import ErrorCode, KraftError
 
 
 def test_directory_id_forms_round_trip() -> None:
@@ -149,3 +150,19 @@ def test_watch_refuses_bad_input(tmp_path: Path, args: list[str], needle: str) -
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("INVALID_REQUEST:") and needle in last, out.stderr
+
+
+def test_kafka_listener_stays_on_loopback_unless_insecure() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "quorum.kafka", "--listen", "0.0.0.0:0", "--bootstrap", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("INVALID_REQUEST:") and "loopback" in last, out.stderr
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("kafka.example")
+    with pytest.raises(KraftError, match="expected HOST:PORT"):
+        parse_listen("nohost")

@@ -81,8 +81,8 @@ def test_watch_heals_the_leader_then_another_controller(
             assert [e["type"] for e in evs] == SUCCESS
             assert {e["old_uuid"] for e in evs} == {old}
             assert {e["cluster"] for e in evs} == {k.cluster_id}
-        st = w.status()
-        assert st["phase"] == "Running" and st["cluster"] == k.cluster_id
+        st = poll(lambda: (s := w.status())["phase"] == "Running" and s, 60, "the watcher's Running status")
+        assert st["cluster"] == k.cluster_id
         metric = f'kraftkeeper_operator_recoveries_total{{quorum="{k.cluster_id}",result="completed"}} 2.0'
         assert metric in w.metrics()
     finally:
