@@ -47,7 +47,6 @@ from typing import Protocol
 
 from quorum.core.messages import Message, is_request
 from quorum.core.roles import RoleName
-from quorum.records import encode_batch, encode_control_batch
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, OffsetAndEpoch, QuorumState
 
 
@@ -86,12 +85,6 @@ class LeaderBatch:
     def items(self) -> tuple[bytes, ...] | tuple[ControlRecord, ...]:
         """What ``LogStorage.append`` encodes: the data records or the control records."""
         return self.controls if self.controls else self.records
-
-    def encode(self) -> bytes:
-        """The batch's bytes (for tools that write a batch without a ``LogStorage``)."""
-        if self.controls:
-            return encode_control_batch(self.base_offset, self.epoch, self.controls, self.append_time_ms)
-        return encode_batch(self.base_offset, self.epoch, self.records, self.append_time_ms)
 
     def info(self, size_bytes: int = 0) -> BatchInfo:
         return BatchInfo(self.base_offset, self.epoch, self.count, size_bytes, self.controls)
