@@ -221,7 +221,7 @@ class MembershipMixin(ReplicationMixin):
             if not ids:
                 self._reject(request_id, ErrorCode.INVALID_REQUEST, "the target voter set is empty")
                 return
-            if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+            if len(set(ids)) != len(ids) or any(not 0 <= i < 1 << 31 for i in ids):
                 self._reject(request_id, ErrorCode.INVALID_REQUEST, f"bad target voter ids {list(ids)}")
                 return
             target = tuple(sorted(ids))

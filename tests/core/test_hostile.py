@@ -80,3 +80,14 @@ def test_requests_do_not_redirect_peer_endpoints() -> None:
 
     f.step(BeginQuorumEpochRequest(f.next_corr(), CLUSTER, 1, 1, 2, UUIDS[2], leader_endpoint="evil:9"))
     assert f.core.role_name == "follower" and f.core.leader_endpoint() == "n1:1"
+
+
+def test_reassign_to_ids_outside_int32_is_refused() -> None:
+    h = leader()
+    for ids in ([1 << 31], [-1], [2, 2]):
+        h.core.reassign(40, ids, h.now)
+        h.drain()
+        (res,) = [a for a in h.admin if a.request_id == 40]
+        assert res.error is ErrorCode.INVALID_REQUEST and "bad target voter ids" in res.message
+        h.admin.clear()
+    assert h.core.voters().target_voters is None
