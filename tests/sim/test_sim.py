@@ -1,6 +1,6 @@
 """Seeded simulation runs. Every run interleaves arriving messages with in-flight fsyncs and
 checks the invariants of tests/sim/checks.py after every event; ``SIM_SEED=N`` reruns one
-seed, ``SIM_SEEDS=K`` changes how many run (1,030 seeds by default)."""
+seed, ``SIM_SEEDS=K`` changes how many run (1,060 seeds by default)."""
 
 from __future__ import annotations
 
