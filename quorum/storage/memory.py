@@ -1,4 +1,5 @@
-"""In-memory twins of the storage classes, for the simulation and fast tests.
+"""In-memory twins of the storage classes, for the simulation and fast tests: the ONE in-memory
+log of the project (the driver's ``LogPort`` in ``tests/sim`` and ``tests/core``).
 
 Same interfaces and the same semantics as the file implementations (the behavioural test
 suite in ``tests/storage`` runs against both), plus ``crash()``, which models a power loss:
