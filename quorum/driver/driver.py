@@ -14,8 +14,9 @@ asyncio node and a deterministic simulation can interleave other work between th
     inbound RPCs keep stepping the core; the simulation completes it later, or crashes first.
 ``finish(pending)``
     ``core.advance``, send the messages, apply the commit, complete client waits, publish the
-    role. Refuses to run before ``persist`` when something needed persisting: this is the one
-    place persist-before-send is enforced.
+    role. Refuses to run before ``persist`` when something needed persisting, and refuses to
+    send a Fetch whose offset claims more than the durable log: this is the one place
+    persist-before-send is enforced.
 
 Only one Ready is in flight at a time; whatever the core queues meanwhile waits for the next.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quorum.core.messages import FetchRequest
 from quorum.core.raft import RaftCore
 from quorum.core.ready import LeaderBatch, Ready
 from quorum.driver.ports import Clock, LogPort, QuorumStatePort, Sink, SnapshotPort, StateMachine, Transport
@@ -145,6 +147,13 @@ class Driver:
         ready = pending.ready
         self.core.advance(ready, durable)
         for out in ready.messages:
+            msg = out.message
+            if isinstance(msg, FetchRequest) and msg.fetch_offset > self.ports.log.flushed_end_offset:
+                # The leader would count records we could still lose (issue 12): a core bug.
+                raise RuntimeError(
+                    f"driver: a Fetch at offset {msg.fetch_offset} would claim more than the "
+                    f"durable log end {self.ports.log.flushed_end_offset}"
+                )
             self.ports.transport.send(out)
         sink = self.ports.sink
         if ready.commit is not None:

@@ -59,18 +59,21 @@ def response_during_persist(h: Harness, fetch: FetchRequest) -> None:
     h.drain()
 
 
-@pytest.mark.parametrize("core_cls", [RaftCore, OldRaftCore], ids=["fixed", "old"])
-def test_fetch_offset_never_beyond_the_durable_end(core_cls: type[RaftCore]) -> None:
-    h, claims, fetch = follower(core_cls)
+def test_old_core_claims_beyond_the_durable_end_and_the_driver_refuses() -> None:
+    """The old core path: a Fetch at offset 2 rode on the Ready in flight while the durable
+    log ended at 0. The driver now refuses to send such a Fetch (and dies loudly)."""
+    h, claims, fetch = follower(OldRaftCore)
+    with pytest.raises(RuntimeError, match="offset 2 would claim more than the durable log end 0"):
+        response_during_persist(h, fetch)
+    assert all(off <= durable for off, durable in claims.claims)
+
+
+def test_fetch_offset_never_beyond_the_durable_end() -> None:
+    h, claims, fetch = follower(RaftCore)
     response_during_persist(h, fetch)
-    beyond = [(off, durable) for off, durable in claims.claims if off > durable]
-    if core_cls is OldRaftCore:
-        # The old path: a Fetch at offset 2 left while the durable log ended at 0.
-        assert (2, 0) in beyond
-    else:
-        assert beyond == []
-        # ... and the follower still fetches on, from the durable end, once it is durable.
-        assert claims.claims[-1] == (2, 2) and h.durable_end == 2
+    assert all(off <= durable for off, durable in claims.claims)
+    # ... and the follower still fetches on, from its log end, once that is durable.
+    assert claims.claims[-1] == (2, 2) and h.durable_end == 2
 
 
 def test_nothing_queued_after_ready_joins_the_ready_in_flight() -> None:
