@@ -2,20 +2,22 @@
 
 The cluster is the real thing: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 kubelet + containerd, kube-proxy and CoreDNS as host processes, pods on a private CNI bridge
-that never leaves the machine. It is brought up once per test session and torn down at the end
+that never leaves the machine. It is brought up once for this test package (package-scoped
+fixtures: it is gone before the rest of the suite runs, so it takes no CPU from other tests) and
+torn down at the end
 (everything stopped by PID, mounts, iptables chains and sysctls put back); a cluster that was
 already running (`scripts/k8s-node.sh up` by hand) is used as it is and left running.
 
 Fixtures:
 
-- ``node_cluster`` (session): a :class:`NodeCluster` with ``kubeconfig``, ``kubectl(...)``,
+- ``node_cluster`` (package): a :class:`NodeCluster` with ``kubeconfig``, ``kubectl(...)``,
   ``helm(...)``, ``get_json(...)`` and ``wait_for(...)``;
-- ``kk_image`` (session): the product image built by scripts/build-image.sh (as a user does)
+- ``kk_image`` (package): the product image built by scripts/build-image.sh (as a user does)
   and imported into the node's containerd; its reference;
-- ``operator_release`` (session): ``helm install`` of charts/kraftkeeper into namespace
+- ``operator_release`` (package): ``helm install`` of charts/kraftkeeper into namespace
   ``kraftkeeper-system`` (the operator runs as a pod from the image with the chart's RBAC,
   probes and security context); the namespace name;
-- ``quorum_ns`` (session): namespace ``kk-e2e`` under the ``restricted`` Pod Security level
+- ``quorum_ns`` (package): namespace ``kk-e2e`` under the ``restricted`` Pod Security level
   with e2e/sample.yaml applied (KRaftQuorum ``demo``), waited until Available; plus a client
   pod ``client`` running the image, from which the tests write through the client Service.
 
@@ -133,7 +135,7 @@ def _node(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]
     return subprocess.run(["bash", str(NODE_SH), *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_cluster() -> Iterator[NodeCluster]:
     if os.geteuid() != 0:
         pytest.skip("the single-node cluster needs root (kubelet, containerd, iptables, mounts)")
@@ -186,7 +188,7 @@ def _stop_engine() -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kk_image(node_cluster: NodeCluster) -> Iterator[str]:
     engine_was_running = _engine_running()
     build = subprocess.run(["bash", str(BUILD_IMAGE_SH), "build"], capture_output=True, text=True,
@@ -202,7 +204,7 @@ def kk_image(node_cluster: NodeCluster) -> Iterator[str]:
             _stop_engine()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator_release(node_cluster: NodeCluster, kk_image: str) -> str:
     repo, tag = kk_image.rsplit(":", 1)
     node_cluster.helm("upgrade", "--install", "kraftkeeper", str(REPO / "charts" / "kraftkeeper"),
@@ -247,7 +249,7 @@ def quorum_available(cluster: NodeCluster, ns: str = QUORUM_NS, name: str = QUOR
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def quorum_ns(node_cluster: NodeCluster, operator_release: str) -> str:
     c = node_cluster
     if c.get_json("namespace", QUORUM_NS) is None:

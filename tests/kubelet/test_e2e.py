@@ -6,7 +6,7 @@ e2e/sample.yaml` in a namespace that enforces the `restricted` Pod Security leve
 the client Service from a client pod, and a lost disk (pod deleted together with its PVC) that
 heals with no human step while a client keeps writing. Every acknowledged write reads back.
 
-One cluster, one operator and one quorum are shared by every test of the session (the fixtures in
+One cluster, one operator and one quorum are shared by every test of this package (the fixtures in
 conftest.py); the tests run in file order and each leaves the quorum Available with 3 voters.
 """
 

@@ -7,9 +7,11 @@ with every acknowledged write read back.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from tests.kubelet.conftest import (
     OPERATOR_NS,
     QUORUM,
     QUORUM_NS,
+    REPO,
     NodeCluster,
     quorum_available,
 )
@@ -162,5 +165,86 @@ def test_operator_pod_deleted_mid_recovery_resumes(node_cluster: NodeCluster, qu
     final = c.wait_for("the quorum Available with 3 voters", lambda: quorum_available(c), timeout=120,
                        context=c.describe)
     assert voter_uuids(final)[follower] == new_uuid and old_uuid not in voter_uuids(final).values()
+    writer.wait_acked(len(writer.acked()), "a write acknowledged after the recovery")
+    read_back(c, writer.stop())
+
+
+def _available_pv(c: NodeCluster) -> dict[str, Any]:
+    pvs = c.get_json("pv", "-l", "kraftkeeper.io/test-node=local")["items"]
+    free = [p for p in pvs
+            if p.get("status", {}).get("phase") == "Available" and not p["spec"].get("claimRef")]
+    assert free, "no Available local PV left (scripts/k8s-node.sh makes KK_NODE_PVS of them)"
+    return sorted(free, key=lambda p: p["metadata"]["name"])[-1]  # type: ignore[no-any-return]
+
+
+def test_volume_of_another_cluster_crash_loops_and_is_never_a_replacement(
+        node_cluster: NodeCluster, quorum_ns: str) -> None:
+    """A replaced disk that turns out to hold another cluster's data (formatted for another
+    cluster id): the pod crash-loops, the operator must not take it for a replacement (no voter
+    change, its storage UUID never enters the voter set), the quorum keeps serving with 2 of 3;
+    replacing that volume by an empty one then heals as usual."""
+    c = node_cluster
+    st = quorum_available(c)
+    assert st is not None, c.describe()
+    follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
+    before = voter_uuids(st)
+    recoveries_before = len(st.get("recoveries") or [])
+    pod, pvc = f"{QUORUM}-{follower - 1}", f"data-{QUORUM}-{follower - 1}"
+
+    # A volume formatted for another cluster, pre-bound to the claim the StatefulSet will re-create.
+    pv = _available_pv(c)
+    data_dir = Path(pv["spec"]["local"]["path"]) / "kraft"
+    fmt = subprocess.run([str(REPO / ".venv" / "bin" / "kraftkeeper"), "format", "--dir", str(data_dir),
+                          "--cluster-id", "b3RoZXItY2x1c3Rlcg", "--node-id", str(follower)],
+                         capture_output=True, text=True, timeout=60)
+    assert fmt.returncode == 0, fmt.stderr
+    foreign_uuid = fmt.stdout.split()[-1]
+    assert UUID.match(foreign_uuid), fmt.stdout
+    for path in (data_dir.parent, data_dir, *data_dir.iterdir()):
+        os.chown(path, 10001, 10001)
+    c.kubectl("patch", "pv", pv["metadata"]["name"], "--type=merge",
+              "-p", json.dumps({"spec": {"claimRef": {"namespace": QUORUM_NS, "name": pvc}}}))
+
+    writer = Writer(c, "foreign")
+    writer.wait_acked(0, "the writer's first acknowledged write")
+    c.kubectl("delete", "pvc", pvc, "-n", QUORUM_NS, "--wait=false")
+    c.kubectl("delete", "pod", pod, "-n", QUORUM_NS, "--wait=false")
+
+    def crash_looping() -> bool:
+        p = c.get_json("pod", pod, "-n", QUORUM_NS) or {}
+        statuses = (p.get("status", {}).get("initContainerStatuses") or []) + \
+            (p.get("status", {}).get("containerStatuses") or [])
+        return any(s.get("restartCount", 0) >= 2 for s in statuses)
+
+    c.wait_for(f"{pod} crash-looping on the foreign volume", crash_looping, timeout=240, interval=2,
+               context=c.describe)
+    bound = c.get_json("pvc", pvc, "-n", QUORUM_NS)
+    assert bound["spec"]["volumeName"] == pv["metadata"]["name"], bound["spec"]
+    status = c.quorum().get("status") or {}
+    recs = (status.get("recoveries") or [])[recoveries_before:]
+    listed = {str(v.get("uuid")) for v in (status.get("voters") or []) + (status.get("observers") or [])}
+    assert foreign_uuid not in listed, status
+    assert not [r for r in recs if r.get("newUuid") == foreign_uuid], recs
+    assert voter_uuids(status) == before, "no voter change while the replacement crash-loops"
+    events = c.kubectl("get", "events", "-n", QUORUM_NS,
+                       "--field-selector", f"involvedObject.name={pod}").stdout
+    assert "BackOff" in events, events
+    # The quorum still has 2 of 3 voters and keeps acknowledging writes.
+    writer.wait_acked(len(writer.acked()), "a write acknowledged while the replacement crash-loops")
+
+    # The administrator replaces the bad volume by an empty one: the usual recovery follows.
+    c.kubectl("delete", "pvc", pvc, "-n", QUORUM_NS, "--wait=false")
+    c.kubectl("delete", "pod", pod, "-n", QUORUM_NS, "--wait=false")
+
+    def recovered() -> dict[str, Any] | None:
+        s = c.quorum().get("status") or {}
+        done = [r for r in (s.get("recoveries") or [])[recoveries_before:] if r.get("result") == "Succeeded"]
+        return done[-1] if done else None
+
+    rec = c.wait_for("the recovery onto an empty volume", recovered, timeout=300, context=c.describe)
+    final = c.wait_for("the quorum Available with 3 voters", lambda: quorum_available(c), timeout=120,
+                       context=c.describe)
+    assert rec["replicaId"] == follower
+    assert voter_uuids(final)[follower] not in (before[follower], foreign_uuid)
     writer.wait_acked(len(writer.acked()), "a write acknowledged after the recovery")
     read_back(c, writer.stop())
