@@ -138,6 +138,10 @@ def compute(
         "max_total_ms": pick("total", "max_ms"),
         "p50_under_replicated_ms": pick("under_replicated", "p50_ms"),
         "p99_under_replicated_ms": pick("under_replicated", "p99_ms"),
+        "p50_exposure_ms": pick("exposure", "p50_ms"),
+        "p99_exposure_ms": pick("exposure", "p99_ms"),
+        "max_exposure_ms": pick("exposure", "max_ms"),
+        "days": len(day),
         "first_day": None if day.empty else str(day["date"].min()),
         "last_day": None if day.empty else str(day["date"].max()),
     }

@@ -1,222 +1,33 @@
 """The HTML report: one self-contained page drawn from the job's small tables.
 
-Plots are matplotlib figures embedded as inline SVG (text kept as text, so the page is
-searchable); the style sheet is inline; there is no script and no external resource, so the
-file opens anywhere, offline. Pure: pandas frames in, a string out (no Spark here).
+Written for the SRE who opens it after an incident: one sentence at the top says what happened
+(how many recoveries, how long the slowest took, how long the quorum ran with a dead voter),
+with its numbers taken from the same rows as the tables below; every duration is in human units
+over an interval named as in ``kraftkeeper_reports.intervals``. The page adapts to its input:
+with few recoveries each one is drawn and labelled (no one-bar histograms); a daily trend only
+with several days; a cluster comparison only with several clusters; engines and orders side by
+side only when the events name more than one. The inline style sheet is the only style; there
+is no script and no external resource, so the file opens anywhere, offline. Pure: pandas frames
+in, a string out (no Spark here).
 """
 
 from __future__ import annotations
 
 import html
-import io
-import math
 from datetime import UTC, datetime
-from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display; must precede pyplot
-import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.ticker import FuncFormatter
 
+from kraftkeeper_reports import plots
+from kraftkeeper_reports.intervals import BY_NAME, PHASES
+from kraftkeeper_reports.plots import ALL, FEW, NO_VALUE, SEVERAL_DAYS, fmt_ms
 from kraftkeeper_reports.tables import ReportTables
 
-ALL = "(all)"
-NO_VALUE = "\u2013"  # an en dash where there is no number
-PHASES = ("catch_up", "add_voter", "remove_voter", "under_replicated", "exposure", "total")
-PHASE_TITLES = {
-    "catch_up": "Catch-up: detection → caught up",
-    "add_voter": "AddVoter: caught up → committed",
-    "remove_voter": "RemoveVoter: AddVoter → RemoveVoter committed",
-    "under_replicated": "Without full voter count: detection → AddVoter committed",
-    "exposure": "Dead voter in set: detection → RemoveVoter committed",
-    "total": "Total: detection → recovery completed",
-}
-COLORS = {
-    "catch_up": "#4C78A8",
-    "add_voter": "#F58518",
-    "remove_voter": "#54A24B",
-    "finish": "#B279A2",
-    "under_replicated": "#E45756",
-    "exposure": "#9D755D",
-    "total": "#1B2A41",
-}
-ACTION_COLORS = {"rejected": "#E45756", "excluded": "#F58518", "skipped": "#BAB0AC", "ignored": "#72B7B2"}
-
-plt.rcParams.update(
-    {
-        "svg.fonttype": "none",
-        "font.family": "DejaVu Sans",
-        "font.size": 10,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-        "axes.titlesize": 11,
-        "axes.titleweight": "bold",
-    }
-)
+__all__ = ["fmt_ms", "render_html", "summary_sentence"]
 
 
-def fmt_ms(ms: float | int | None) -> str:
-    """A duration for people: 840 ms, 12.3 s, 4.5 min, 1.2 h."""
-    if ms is None or (isinstance(ms, float) and math.isnan(ms)):
-        return NO_VALUE
-    v = float(ms)
-    if v < 1000:
-        return f"{v:.0f} ms"
-    if v < 60_000:
-        return f"{v / 1000:.1f} s"
-    if v < 3_600_000:
-        return f"{v / 60_000:.1f} min"
-    return f"{v / 3_600_000:.1f} h"
-
-
-_MS_TICKS = FuncFormatter(lambda x, _pos: fmt_ms(x) if x > 0 else "0")
-
-
-def _svg(fig: Any, label: str) -> str:
-    buf = io.StringIO()
-    # No RDF metadata block: it only adds namespace URLs and a date (the page stays reproducible).
-    fig.savefig(buf, format="svg", bbox_inches="tight",
-                metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
-    plt.close(fig)
-    svg = buf.getvalue()
-    svg = svg[svg.index("<svg") :]  # drop the XML prolog and doctype: inline SVG needs neither
-    return f'<figure class="plot" data-plot="{html.escape(label)}">{svg}</figure>'
-
-
-def _empty(label: str, why: str) -> str:
-    return f'<figure class="plot empty" data-plot="{html.escape(label)}"><p>{html.escape(why)}</p></figure>'
-
-
-def plot_distributions(hist: pd.DataFrame, stats: pd.DataFrame) -> str:
-    if hist.empty:
-        return _empty("distributions", "No completed recovery: no phase durations to show.")
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.2))
-    for ax, phase in zip(axes.flat, PHASES, strict=True):
-        h = hist[hist["phase"] == phase]
-        ax.set_title(PHASE_TITLES[phase], fontsize=9.5)
-        if h.empty:
-            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center")
-            continue
-        ax.bar(h["bin_lo_ms"], h["count"], width=h["bin_hi_ms"] - h["bin_lo_ms"], align="edge",
-               color=COLORS[phase], alpha=0.85)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(_MS_TICKS)
-        ax.set_ylabel("recoveries")
-        row = stats[(stats["cluster"] == ALL) & (stats["phase"] == phase)]
-        if not row.empty:
-            r = row.iloc[0]
-            for col, style in (("p50_ms", "-"), ("p90_ms", "--"), ("p99_ms", ":")):
-                v = float(r[col])
-                ax.axvline(max(v, 1.0), color="#222", linestyle=style, linewidth=1)
-                ax.text(max(v, 1.0), ax.get_ylim()[1] * 0.97, f" {col[:3]} {fmt_ms(v)}", fontsize=7.5,
-                        va="top", rotation=90, ha="right")
-    fig.suptitle("How long each phase takes (completed recoveries; log scale)", fontweight="bold")
-    fig.tight_layout()
-    return _svg(fig, "distributions")
-
-
-def plot_clusters(stats: pd.DataFrame) -> str:
-    s = stats[(stats["cluster"] != ALL) & (stats["phase"].isin(["total", "catch_up", "under_replicated"]))]
-    if s.empty:
-        return _empty("clusters", "No completed recovery per cluster.")
-    order = (
-        s[s["phase"] == "total"].sort_values("p50_ms")["cluster"].tolist()
-        or sorted(s["cluster"].unique().tolist())
-    )
-    fig, ax = plt.subplots(figsize=(11, 0.42 * len(order) + 1.6))
-    y = {c: i for i, c in enumerate(order)}
-    offsets = {"total": 0.22, "under_replicated": 0.0, "catch_up": -0.22}
-    for phase, off in offsets.items():
-        p = s[s["phase"] == phase]
-        ys = [y[c] + off for c in p["cluster"]]
-        ax.hlines(ys, p["p50_ms"], p["p99_ms"], color=COLORS[phase], linewidth=3, alpha=0.6)
-        ax.scatter(p["p50_ms"], ys, color=COLORS[phase], s=28, zorder=3, label=f"{PHASE_TITLES[phase]}")
-        ax.scatter(p["p90_ms"], ys, color=COLORS[phase], s=28, marker="|", zorder=3)
-        ax.scatter(p["max_ms"], ys, color=COLORS[phase], s=14, marker="x", zorder=3)
-    ax.set_yticks(range(len(order)), order)
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(_MS_TICKS)
-    ax.set_xlabel("duration (log scale): dot = p50, bar to p99, | = p90, x = max")
-    ax.set_title("Per cluster: recovery time (sorted by median total)")
-    ax.legend(loc="lower right", fontsize=8, frameon=False)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return _svg(fig, "clusters")
-
-
-def plot_gantt(slow: pd.DataFrame) -> str:
-    if slow.empty:
-        return _empty("gantt", "No completed recovery: no timeline to show.")
-    fig, ax = plt.subplots(figsize=(11, 0.36 * len(slow) + 1.6))
-    segments = (
-        ("catch_up", "t_detected", "t_caught_up", "catch-up"),
-        ("add_voter", "t_caught_up", "t_add_voter_committed", "AddVoter"),
-        ("remove_voter", "t_add_voter_committed", "t_remove_voter_committed", "RemoveVoter"),
-        ("finish", "t_remove_voter_committed", "t_completed", "finish"),
-    )
-    labels = []
-    for i, (_, r) in enumerate(slow.iloc[::-1].iterrows()):
-        t0 = float(r["t_detected"])
-        for key, a, b, name in segments:
-            start, end = (float(r[a]) - t0) / 1000.0, (float(r[b]) - t0) / 1000.0
-            ax.barh(i, max(end - start, 0.0), left=start, color=COLORS[key], height=0.6,
-                    label=name if i == 0 else None)
-        ax.text((float(r["t_completed"]) - t0) / 1000.0, i,
-                f"  {fmt_ms(r['total_ms'])} (AddVoter {fmt_ms(r['add_voter_ms'])}, "
-                f"RemoveVoter {fmt_ms(r['remove_voter_ms'])})", va="center", fontsize=7.5)
-        labels.append(f"{r['cluster']} {r['recovery_id']}")
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.set_xlabel("seconds since the disk replacement was detected")
-    ax.set_title(f"Timelines of the {len(slow)} slowest recoveries")
-    ax.legend(loc="lower right", fontsize=8, frameon=False)
-    xmax = max((float(r["t_completed"]) - float(r["t_detected"])) / 1000.0 for _, r in slow.iterrows())
-    ax.set_xlim(0, xmax * 1.45)
-    fig.tight_layout()
-    return _svg(fig, "gantt")
-
-
-def plot_daily(day: pd.DataFrame) -> str:
-    if day.empty:
-        return _empty("daily", "No finished recovery: no daily trend.")
-    d = day.copy()
-    d["date"] = pd.to_datetime(d["date"])
-    fig, ax = plt.subplots(figsize=(11, 3.8))
-    ax.bar(d["date"], d["completed"], color="#9ecae1", label="completed")
-    ax.bar(d["date"], d["failed"], bottom=d["completed"], color="#E45756", label="failed")
-    ax.set_ylabel("recoveries per day")
-    ax2 = ax.twinx()
-    ax2.plot(d["date"], d["p50_total_ms"] / 60_000, color="#1B2A41", marker="o", ms=3, label="p50 total")
-    ax2.plot(d["date"], d["p90_total_ms"] / 60_000, color="#1B2A41", linestyle="--", label="p90 total")
-    ax2.set_ylabel("total recovery time (minutes)")
-    ax2.set_ylim(bottom=0)
-    ax2.spines["right"].set_visible(True)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8, ncol=4, frameon=False)
-    ax.set_title("Daily trend (UTC day of detection)")
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    return _svg(fig, "daily")
-
-
-def plot_bad_input(bad: pd.DataFrame) -> str:
-    if bad.empty:
-        return _empty("bad-input", "No bad input: every line is a valid event, every recovery consistent.")
-    g = bad.groupby(["level", "reason", "action"], as_index=False).agg(count=("count", "sum"))
-    g = g.sort_values(by="count")
-    fig, ax = plt.subplots(figsize=(11, 0.34 * len(g) + 1.4))
-    labels = [f"{r.reason} ({r.level})" for r in g.itertuples()]
-    ax.barh(labels, g["count"], color=[ACTION_COLORS.get(a, "#888") for a in g["action"]])
-    for i, (c, a) in enumerate(zip(g["count"], g["action"], strict=True)):
-        ax.text(c, i, f"  {c:,} {a}", va="center", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("lines (line level) or recoveries (recovery level), log scale")
-    ax.set_title("Bad input by reason")
-    ax.set_xlim(right=max(g["count"]) * 8)
-    fig.tight_layout()
-    return _svg(fig, "bad-input")
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
 
 
 def _table(df: pd.DataFrame, cls: str = "") -> str:
@@ -226,7 +37,8 @@ def _table(df: pd.DataFrame, cls: str = "") -> str:
         cells = []
         for v in r:
             num = isinstance(v, int | float) and not isinstance(v, bool)
-            cells.append(f'<td class="{"num" if num else ""}">{html.escape(str(v))}</td>')
+            cls = "num" if num else ("nw" if len(str(v)) <= 24 else "")  # short text: keep "1.5 min" whole
+            cells.append(f'<td class="{cls}">{html.escape(str(v))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
@@ -237,7 +49,8 @@ def _stats_table(stats: pd.DataFrame, cluster: str) -> pd.DataFrame:
     s = s.sort_values("order")
     return pd.DataFrame(
         {
-            "phase": s["phase"].map(PHASE_TITLES),
+            "interval": s["phase"].map(lambda p: BY_NAME[p].title),
+            "what it measures": s["phase"].map(lambda p: BY_NAME[p].meaning),
             "recoveries": s["recoveries"].astype(int),
             "p50": s["p50_ms"].map(fmt_ms),
             "p90": s["p90_ms"].map(fmt_ms),
@@ -247,6 +60,55 @@ def _stats_table(stats: pd.DataFrame, cluster: str) -> pd.DataFrame:
     )
 
 
+def _metric(key: str, text: str) -> str:
+    return f'<b data-metric="{key}">{html.escape(text)}</b>'
+
+
+def _all_row(stats: pd.DataFrame, phase: str) -> pd.Series | None:
+    row = stats[(stats["cluster"] == ALL) & (stats["phase"] == phase)]
+    return None if row.empty else row.iloc[0]
+
+
+def summary_sentence(t: ReportTables) -> str:
+    """What happened, in one sentence (HTML): its durations come from the "(all)" rows of
+    ``phase_stats`` (the table under "Interval durations"), its counts from ``summary``."""
+    s = t.summary
+    recs, done = int(s.get("recoveries") or 0), int(s.get("completed") or 0)
+    failed = int(s.get("failed") or 0)
+    clusters = int(s.get("clusters") or 0)
+    if recs == 0:
+        return "No recovery in this event log."
+    first, last = s.get("first_day"), s.get("last_day")
+    when = f"on {first}" if first == last else f"between {first} and {last}"
+    parts = [
+        f"{_metric('recoveries', f'{recs:,}')} recover{'y' if recs == 1 else 'ies'} of a replaced disk "
+        f"in {clusters:,} cluster{'' if clusters == 1 else 's'} {when}: "
+        f"{_metric('completed', f'{done:,}')} completed, {_metric('failed', f'{failed:,}')} failed"
+    ]
+    others = recs - done - failed
+    if others:
+        parts[0] += f", {others:,} still in progress or inconsistent"
+    total, exposure = _all_row(t.phase_stats, "total"), _all_row(t.phase_stats, "exposure")
+    text = parts[0] + "."
+    if total is not None:
+        text += (f" The slowest took {_metric('max_total_ms', fmt_ms(total['max_ms']))} "
+                 f"(total: detection → recovery completed)")
+        if done > 1:
+            text += f", the median {_metric('p50_total_ms', fmt_ms(total['p50_ms']))}"
+        text += "."
+    if exposure is not None:
+        worst = _metric("max_exposure_ms", fmt_ms(exposure["max_ms"]))
+        if done > 1:
+            median = _metric("p50_exposure_ms", fmt_ms(exposure["p50_ms"]))
+            text += f" The quorum ran with a dead voter for {median} at the median and at most {worst}"
+        else:
+            text += f" The quorum ran with a dead voter for {worst}"
+        text += " (detection → RemoveVoter committed: one failure less tolerated meanwhile)."
+    if failed:
+        text += f" {failed:,} failed recover{'y' if failed == 1 else 'ies'} left the dead voter in the set."
+    return text
+
+
 def _card(value: str, label: str, tone: str = "") -> str:
     return (
         f'<div class="card {tone}"><div class="v">{html.escape(value)}</div>'
@@ -254,22 +116,160 @@ def _card(value: str, label: str, tone: str = "") -> str:
     )
 
 
+def _cards(t: ReportTables) -> str:
+    s = t.summary
+    failed, done = int(s.get("failed") or 0), int(s.get("completed") or 0)
+    fail_rate = f"{100.0 * failed / (failed + done):.1f} %" if failed + done else NO_VALUE
+    total, exposure = _all_row(t.phase_stats, "total"), _all_row(t.phase_stats, "exposure")
+
+    def v(row: pd.Series | None, col: str) -> str:
+        return NO_VALUE if row is None else fmt_ms(row[col])
+
+    return "".join([
+        _card(f"{done:,}", "completed", "good"),
+        _card(f"{failed:,} ({fail_rate})", "failed", "bad" if failed else ""),
+        _card(v(total, "p50_ms"), "median total (detection → completed)"),
+        _card(v(total, "max_ms"), "slowest total"),
+        _card(v(exposure, "max_ms" if done <= FEW else "p99_ms"),
+              f"{'longest' if done <= FEW else 'p99'} dead voter in set (detection → RemoveVoter committed)"),
+        _card(f"{int(s.get('rejected_lines') or 0):,}", f"bad lines of {int(s.get('lines') or 0):,}",
+              "bad" if s.get("rejected_lines") else ""),
+    ])
+
+
+def _section(ident: str, title: str, body: str) -> str:
+    return f'<section id="{ident}"><h2>{html.escape(title)}</h2>\n{body}\n</section>'
+
+
+def _intervals_section(t: ReportTables) -> str:
+    done = int(t.summary.get("completed") or 0)
+    if done == 0:
+        return _section("phases", "Interval durations", _note("No completed recovery: no durations to show."))
+    each = done <= min(FEW, len(t.slowest))
+    plot = plots.plot_each(t.slowest) if each else plots.plot_distributions(t.phase_histogram, t.phase_stats)
+    note = _note("Completed recoveries only. Percentiles are exact (linear interpolation between ranks). "
+                 "Every interval starts and ends at the first event of its type in the recovery's log.")
+    return _section("phases", "Interval durations", note + plot + plots_table(t))
+
+
+def plots_table(t: ReportTables) -> str:
+    return _table(_stats_table(t.phase_stats, ALL))
+
+
+def _clusters_section(t: ReportTables) -> str:
+    per = t.phase_stats[t.phase_stats["cluster"] != ALL]
+    names = sorted(per["cluster"].unique().tolist())
+    if len(names) < 2:
+        which = names[0] if names else NO_VALUE
+        return _section("clusters", "Clusters",
+                        _note(f"All completed recoveries are from one cluster ({which}): nothing to "
+                              "compare."))
+    tot = per[per["phase"] == "total"]
+    tbl = pd.DataFrame({"cluster": tot["cluster"], "completed": tot["recoveries"].astype(int),
+                        "p50 total": tot["p50_ms"].map(fmt_ms), "p99 total": tot["p99_ms"].map(fmt_ms),
+                        "max total": tot["max_ms"].map(fmt_ms)})
+    return _section("clusters", "Clusters compared",
+                    plots.plot_groups(per, "cluster", "Per cluster (sorted by median total)", "clusters")
+                    + _table(tbl))
+
+
+def _compare_section(t: ReportTables) -> str:
+    c = t.compare
+    if c is None or c.empty:
+        return ""
+    c = c.assign(group=c["engine"] + " · " + c["order"])
+    if c["group"].nunique() < 2:
+        return ""
+    wide = []
+    for g, rows in c.groupby("group", sort=True):
+        r = {p: rows[rows["phase"] == p].iloc[0] for p in rows["phase"]}
+        if "total" not in r or "exposure" not in r:
+            continue
+        tot, exp = r["total"], r["exposure"]
+        wide.append({"engine · order": g, "completed": int(tot["recoveries"]),
+                     "p50 total": fmt_ms(tot["p50_ms"]), "p99 total": fmt_ms(tot["p99_ms"]),
+                     "p50 dead voter in set": fmt_ms(exp["p50_ms"]),
+                     "max dead voter in set": fmt_ms(exp["max_ms"])})
+    body = _note("Side by side by the engine and the voter-change order named in the events' detail "
+                 "(detail.engine, detail.order).")
+    body += plots.plot_groups(c, "group", "Per engine and order (sorted by median total)", "compare")
+    return _section("compare", "Engines and orders compared", body + _table(pd.DataFrame(wide)))
+
+
+def _timeline_section(t: ReportTables) -> str:
+    slow = t.slowest
+    if slow.empty:
+        return _section("slowest", "Timelines", _note("No completed recovery: no timeline to show."))
+    every = int(t.summary.get("completed") or 0) <= len(slow)
+    tbl = pd.DataFrame(
+        {"cluster": slow["cluster"], "recovery": slow["recovery_id"], "replica": slow["replica_id"],
+         "detected (UTC)": [datetime.fromtimestamp(float(x) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+                            for x in slow["t_detected"]],
+         **{BY_NAME[p].title: slow[f"{p}_ms"].map(fmt_ms) for p in PHASES}}
+    )
+    title = "Every recovery" if every else "Slowest recoveries"
+    return _section("slowest", title, plots.plot_gantt(slow, every) + _table(tbl))
+
+
+def _daily_section(t: ReportTables) -> str:
+    if len(t.daily) < SEVERAL_DAYS:
+        n = len(t.daily)
+        days = f"{n} day{'' if n == 1 else 's'}"
+        return _section("daily", "Daily trend",
+                        _note(f"{days} of finished recoveries: a trend needs at least {SEVERAL_DAYS}."))
+    return _section("daily", "Daily trend", plots.plot_daily(t.daily))
+
+
+def _failures_section(t: ReportTables) -> str:
+    fails = t.failures[t.failures["cluster"] == ALL]
+    if fails.empty:
+        return _section("failures", "Failures by reason", _note("No recovery failed."))
+    tbl = pd.DataFrame({"reason": fails["failure_reason"], "failures": fails["failures"].astype(int),
+                        "median time to give up (detection → recovery failed)":
+                            fails["p50_give_up_ms"].map(fmt_ms)})
+    return _section("failures", "Failures by reason", _table(tbl))
+
+
+def _bad_section(t: ReportTables) -> str:
+    note = _note("Nothing is dropped silently: rejected lines are left out of the analysis, skipped ones are "
+                 "unknown event types or blank lines (allowed), ignored ones are extra fields (allowed); "
+                 "excluded recoveries are inconsistent and left out of the durations.")
+    if t.bad_input.empty:
+        return _section("bad-input", "Bad input",
+                        _note("None: every line is a valid event, every recovery consistent."))
+    rows = []
+    for r in t.bad_input.to_dict("records"):
+        exs = "".join(f'<div class="ex">{html.escape(str(x))}</div>' for x in list(r["examples"])[:3])
+        rows.append(
+            f"<tr><td>{html.escape(str(r['level']))}</td><td><b>{html.escape(str(r['code']))}</b>"
+            f"<div class='ex'>{html.escape(str(r['message'] or ''))}</div></td>"
+            f"<td>{html.escape(str(r['action']))}</td><td class='num'>{int(r['count']):,}</td>"
+            f"<td>{exs}</td></tr>"
+        )
+    tbl = ("<table><thead><tr><th>level</th><th>reason</th><th>action</th><th>count</th><th>examples</th>"
+           f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    return _section("bad-input", "Bad input", note + plots.plot_bad_input(t.bad_input) + tbl)
+
+
 CSS = """
 body{font-family:"DejaVu Sans",system-ui,sans-serif;margin:0;color:#1b2a41;background:#f6f7f9}
 header{background:#1b2a41;color:#fff;padding:22px 32px}
 header h1{margin:0 0 4px;font-size:24px} header p{margin:0;opacity:.8;font-size:13px}
 main{padding:20px 32px;max-width:1280px}
+p.summary{font-size:17px;line-height:1.5;background:#fff;border-left:5px solid #4C78A8;padding:12px 18px;
+  margin:4px 0 16px;box-shadow:0 1px 3px #0002}
 .cards{display:flex;flex-wrap:wrap;gap:12px;margin:8px 0 20px}
-.card{background:#fff;border-radius:8px;padding:12px 18px;min-width:150px;box-shadow:0 1px 3px #0002}
-.card .v{font-size:26px;font-weight:bold} .card .l{font-size:12px;color:#555}
+.card{background:#fff;border-radius:8px;padding:12px 18px;min-width:150px;max-width:260px;
+  box-shadow:0 1px 3px #0002}
+.card .v{font-size:24px;font-weight:bold} .card .l{font-size:12px;color:#555}
 .card.bad .v{color:#c0392b} .card.good .v{color:#2e7d32}
 section{background:#fff;border-radius:8px;padding:16px 20px;margin:0 0 20px;box-shadow:0 1px 3px #0002}
-section h2{margin:0 0 8px;font-size:18px} section p.note{color:#555;font-size:13px;margin:4px 0 10px}
+section h2{margin:0 0 8px;font-size:18px} p.note{color:#555;font-size:13px;margin:4px 0 10px}
 figure.plot{margin:0} figure.plot svg{max-width:100%;height:auto}
 table{border-collapse:collapse;font-size:12.5px;margin:8px 0}
 th,td{padding:4px 9px;border-bottom:1px solid #e3e6ea;text-align:left}
-th{background:#eef1f5} td.num{text-align:right;font-variant-numeric:tabular-nums}
-td code{font-size:11px;word-break:break-all}
+th{background:#eef1f5} td.nw{white-space:nowrap}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .ex{font-family:monospace;font-size:11px;word-break:break-all;color:#444}
 """
 
@@ -277,60 +277,13 @@ td code{font-size:11px;word-break:break-all}
 def render_html(t: ReportTables) -> str:
     """The whole page."""
     s = t.summary
-    recs = int(s.get("recoveries") or 0)
-    failed = int(s.get("failed") or 0)
-    finished = failed + int(s.get("completed") or 0)
-    fail_rate = f"{100.0 * failed / finished:.1f} %" if finished else NO_VALUE
     gen = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     days = f"{s.get('first_day')} → {s.get('last_day')}" if s.get("first_day") else "no finished recovery"
-    cards = "".join(
-        [
-            _card(f"{recs:,}", f"recoveries in {int(s.get('clusters') or 0)} clusters"),
-            _card(f"{int(s.get('completed') or 0):,}", "completed", "good"),
-            _card(f"{failed:,} ({fail_rate})", "failed", "bad" if failed else ""),
-            _card(fmt_ms(s.get("p50_total_ms")), "median time to recover"),  # type: ignore[arg-type]
-            _card(fmt_ms(s.get("p99_total_ms")), "p99 time to recover"),  # type: ignore[arg-type]
-            _card(fmt_ms(s.get("p99_under_replicated_ms")),  # type: ignore[arg-type]
-                  "p99 time without full voter count"),
-            _card(fmt_ms(s.get("max_total_ms")), "slowest recovery"),  # type: ignore[arg-type]
-            _card(f"{int(s.get('rejected_lines') or 0):,}", f"bad lines of {int(s.get('lines') or 0):,}",
-                  "bad" if s.get("rejected_lines") else ""),
-        ]
-    )
-    fails = t.failures[t.failures["cluster"] == ALL].copy()
-    fails_tbl = pd.DataFrame(
-        {"reason": fails["failure_reason"], "failures": fails["failures"].astype(int),
-         "median time to give up": fails["p50_give_up_ms"].map(fmt_ms)}
-    )
-    per_cluster = t.phase_stats[(t.phase_stats["phase"] == "total") & (t.phase_stats["cluster"] != ALL)]
-    cl_tbl = pd.DataFrame(
-        {"cluster": per_cluster["cluster"], "completed": per_cluster["recoveries"].astype(int),
-         "p50": per_cluster["p50_ms"].map(fmt_ms), "p90": per_cluster["p90_ms"].map(fmt_ms),
-         "p99": per_cluster["p99_ms"].map(fmt_ms), "max": per_cluster["max_ms"].map(fmt_ms)}
-    )
-    bad_rows = []
-    for r in t.bad_input.to_dict("records"):
-        exs = "".join(f'<div class="ex">{html.escape(str(x))}</div>' for x in list(r["examples"])[:3])
-        bad_rows.append(
-            f"<tr><td>{html.escape(str(r['level']))}</td><td><b>{html.escape(str(r['code']))}</b>"
-            f"<div class='ex'>{html.escape(str(r['message'] or ''))}</div></td>"
-            f"<td>{html.escape(str(r['action']))}</td><td class='num'>{int(r['count']):,}</td>"
-            f"<td>{exs}</td></tr>"
-        )
-    bad_tbl = (
-        "<table><thead><tr><th>level</th><th>reason</th><th>action</th><th>count</th><th>examples</th>"
-        f"</tr></thead><tbody>{''.join(bad_rows)}</tbody></table>"
-        if bad_rows else "<p>None.</p>"
-    )
-    slow = t.slowest
-    slow_tbl = pd.DataFrame(
-        {"cluster": slow["cluster"], "recovery": slow["recovery_id"], "replica": slow["replica_id"],
-         "detected (UTC)": [datetime.fromtimestamp(float(x) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-                            for x in slow["t_detected"]],
-         "catch-up": slow["catch_up_ms"].map(fmt_ms), "AddVoter": slow["add_voter_ms"].map(fmt_ms),
-         "RemoveVoter": slow["remove_voter_ms"].map(fmt_ms), "total": slow["total_ms"].map(fmt_ms)}
-    )
     e = html.escape
+    body = "\n".join([
+        _intervals_section(t), _compare_section(t), _timeline_section(t), _clusters_section(t),
+        _daily_section(t), _failures_section(t), _bad_section(t),
+    ])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -338,39 +291,11 @@ def render_html(t: ReportTables) -> str:
 <style>{CSS}</style></head>
 <body>
 <header><h1>KRaftKeeper disk-failure recovery report</h1>
-<p>{e(days)} · {int(s.get('events') or 0):,} events from {e(str(s.get('inputs')))}
-· generated {gen}</p></header>
+<p>{e(days)} · {int(s.get('events') or 0):,} events in {int(s.get('lines') or 0):,} lines from
+{e(str(s.get('inputs')))} · generated {gen}</p></header>
 <main>
-<div class="cards" id="headline">{cards}</div>
-<section id="phases"><h2>Phase durations</h2>
-<p class="note">Completed recoveries only. Percentiles are exact (linear interpolation between ranks).
-"Without full voter count" runs from detection until the replacement (id, new UUID) is a committed voter
-(KIP-856 AddVoter); "dead voter in set" until the old (id, UUID) is removed.</p>
-{plot_distributions(t.phase_histogram, t.phase_stats)}
-{_table(_stats_table(t.phase_stats, ALL))}
-</section>
-<section id="clusters"><h2>Clusters compared</h2>
-{plot_clusters(t.phase_stats)}
-{_table(cl_tbl)}
-</section>
-<section id="slowest"><h2>Slowest recoveries</h2>
-<p class="note">Catch-up (fetching the log as an observer) dominates; AddVoter and RemoveVoter commit in
-milliseconds, so their durations are written beside each bar.</p>
-{plot_gantt(slow)}
-{_table(slow_tbl)}
-</section>
-<section id="daily"><h2>Daily trend</h2>
-{plot_daily(t.daily)}
-</section>
-<section id="failures"><h2>Failures by reason</h2>
-{_table(fails_tbl) if not fails_tbl.empty else "<p>No recovery failed.</p>"}
-</section>
-<section id="bad-input"><h2>Bad input</h2>
-<p class="note">Nothing is dropped silently: rejected lines are left out of the analysis, skipped ones are
-unknown event types or blank lines (allowed), ignored ones are extra fields (allowed); excluded
-recoveries are inconsistent and left out of the durations.</p>
-{plot_bad_input(t.bad_input)}
-{bad_tbl}
-</section>
+<p class="summary" id="summary">{summary_sentence(t)}</p>
+<div class="cards" id="headline">{_cards(t)}</div>
+{body}
 </main></body></html>
 """

@@ -41,7 +41,7 @@ def test_fmt_ms_units() -> None:
 def test_page_for_input_without_recoveries_is_complete_and_escaped() -> None:
     page = render_html(empty_tables())
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert "No completed recovery" in page and "No finished recovery" in page
+    assert "No completed recovery" in page and "No recovery in this event log." in page
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;in&gt;" in page
     assert 'data-plot="bad-input"' in page and "<svg" in page  # the one plot with data is drawn
