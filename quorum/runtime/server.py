@@ -19,7 +19,7 @@ import json
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -108,34 +108,60 @@ def _uuid_field(value: Any, name: str = "uuid") -> str:
         raise KraftError(ErrorCode.INVALID_REQUEST, f"field {name}: {value!r} is not a UUID") from None
 
 
-def build_app(node: NodeApi, *, max_body: int, middlewares: Sequence[Middleware] = ()) -> web.Application:
-    """The node's routes. ``middlewares`` run inside the error mapping (issue 8: TLS peer
-    identity, authentication, authorization)."""
-    app = web.Application(middlewares=[errors_middleware, *middlewares], client_max_size=max_body)
+_KV_PREFIX = "/v1/kv/"
 
-    async def rpc(request: web.Request) -> web.Response:
-        body = await request.read()
-        out = await node.handle_rpc(request.match_info["rpc"], body, request.get("peer"))
-        return web.Response(body=out, content_type="application/octet-stream")
 
-    def key_of(request: web.Request) -> str:
-        return unquote(request.match_info["key"])
+def key_of(request: web.Request) -> str:
+    """The key of ``/v1/kv/{key}``, percent-decoded exactly ONCE from the raw path (issue 8:
+    with a second decoding ``%2541`` and ``A`` were the same key), UTF-8 strictly."""
+    raw = request.raw_path.split("?", 1)[0]
+    if not raw.startswith(_KV_PREFIX) or len(raw) == len(_KV_PREFIX):
+        raise KraftError(ErrorCode.INVALID_REQUEST, "missing key in /v1/kv/{key}")
+    try:
+        return unquote_to_bytes(raw[len(_KV_PREFIX) :]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise KraftError(ErrorCode.INVALID_REQUEST, "key is not valid UTF-8 once percent-decoded") from None
 
+
+def _parse_reassign(obj: dict[str, Any]) -> list[int] | None:
+    if obj.get("cancel") is True and "voters" not in obj:
+        return None
+    v = obj.get("voters")
+    if (
+        not isinstance(v, list)
+        or not v
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
+    ):
+        raise KraftError(ErrorCode.INVALID_REQUEST, "field voters must be a non-empty list of replica ids")
+    if len(set(v)) != len(v):
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"voters {v} has duplicates")
+    return list(v)
+
+
+def _kv_routes(app: web.Application, node: NodeApi) -> None:
     async def kv_put(request: web.Request) -> web.Response:
+        key = key_of(request)
         value = await request.read()
-        offset = await node.put(key_of(request), value)
+        offset = await node.put(key, value)
         return web.json_response({"offset": offset})
 
     async def kv_get(request: web.Request) -> web.Response:
-        value = await node.get(key_of(request))
+        key = key_of(request)
+        value = await node.get(key)
         if value is None:
-            raise KraftError(ErrorCode.NOT_FOUND, f"key {key_of(request)!r} does not exist")
+            raise KraftError(ErrorCode.NOT_FOUND, f"key {key!r} does not exist")
         return web.Response(body=value, content_type="application/octet-stream")
 
     async def kv_delete(request: web.Request) -> web.Response:
         offset = await node.delete(key_of(request))
         return web.json_response({"offset": offset})
 
+    app.router.add_put("/v1/kv/{key:.+}", kv_put)
+    app.router.add_get("/v1/kv/{key:.+}", kv_get)
+    app.router.add_delete("/v1/kv/{key:.+}", kv_delete)
+
+
+def _admin_routes(app: web.Application, node: NodeApi) -> None:
     async def describe(request: web.Request) -> web.Response:
         return web.json_response(node.describe())
 
@@ -151,28 +177,30 @@ def build_app(node: NodeApi, *, max_body: int, middlewares: Sequence[Middleware]
             raise KraftError(
                 ErrorCode.INVALID_REQUEST, f"voter id {request.match_info['id']!r} is not an integer"
             ) from None
-        result = await node.remove_voter(vid, _uuid_field(unquote(request.match_info["uuid"])))
+        result = await node.remove_voter(vid, _uuid_field(request.match_info["uuid"]))
         return web.json_response(result)
 
     async def reassign(request: web.Request) -> web.Response:
         obj = await _json_object(request, {"voters", "cancel"})
-        if obj.get("cancel") is True and "voters" not in obj:
-            ids = None
-        else:
-            v = obj.get("voters")
-            if (
-                not isinstance(v, list)
-                or not v
-                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
-            ):
-                raise KraftError(
-                    ErrorCode.INVALID_REQUEST, "field voters must be a non-empty list of replica ids"
-                )
-            if len(set(v)) != len(v):
-                raise KraftError(ErrorCode.INVALID_REQUEST, f"voters {v} has duplicates")
-            ids = list(v)
-        result = await node.reassign(ids)
+        result = await node.reassign(_parse_reassign(obj))
         return web.json_response(result, status=202)
+
+    app.router.add_get("/v1/quorum/describe", describe)
+    app.router.add_post("/v1/quorum/voters", add_voter)
+    app.router.add_delete("/v1/quorum/voters/{id}/{uuid}", remove_voter)
+    app.router.add_post("/v1/quorum/reassign", reassign)
+
+
+def _node_routes(app: web.Application, node: NodeApi) -> None:
+    """Node-to-node RPCs and the per-node observability endpoints (any role answers)."""
+
+    async def rpc(request: web.Request) -> web.Response:
+        body = await request.read()
+        out = await node.handle_rpc(request.match_info["rpc"], body, request.get("peer"))
+        return web.Response(body=out, content_type="application/octet-stream")
+
+    async def log_state(request: web.Request) -> web.Response:
+        return web.json_response(node.log_state())
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=node.metrics_text(), content_type="text/plain", charset="utf-8")
@@ -186,21 +214,19 @@ def build_app(node: NodeApi, *, max_body: int, middlewares: Sequence[Middleware]
         return web.json_response(info, status=200 if ok else 503)
 
     app.router.add_post("/raft/v1/{rpc}", rpc)
-    app.router.add_put("/v1/kv/{key:.+}", kv_put)
-    app.router.add_get("/v1/kv/{key:.+}", kv_get)
-    app.router.add_delete("/v1/kv/{key:.+}", kv_delete)
-    app.router.add_get("/v1/quorum/describe", describe)
-    app.router.add_post("/v1/quorum/voters", add_voter)
-    app.router.add_delete("/v1/quorum/voters/{id}/{uuid}", remove_voter)
-    app.router.add_post("/v1/quorum/reassign", reassign)
-
-    async def log_state(request: web.Request) -> web.Response:
-        return web.json_response(node.log_state())
-
     app.router.add_get("/v1/node/log-state", log_state)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+
+
+def build_app(node: NodeApi, *, max_body: int, middlewares: Sequence[Middleware] = ()) -> web.Application:
+    """The node's routes. ``middlewares`` run inside the error mapping (issue 8: TLS peer
+    identity, authentication, authorization)."""
+    app = web.Application(middlewares=[errors_middleware, *middlewares], client_max_size=max_body)
+    _kv_routes(app, node)
+    _admin_routes(app, node)
+    _node_routes(app, node)
     return app
 
 
