@@ -119,7 +119,13 @@ class WatchState:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kraftkeeper operator watch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--kafka-bootstrap-controllers", required=True, metavar="HOST:PORT[,HOST:PORT...]")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--kafka-bootstrap-controllers", metavar="HOST:PORT[,HOST:PORT...]")
+    where.add_argument(
+        "--kafka-bootstrap-servers",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="brokers, when the controllers cannot be reached directly (they forward to the controller)",
+    )
     p.add_argument("--events", required=True, metavar="DIR", help="recovery event log directory")
     p.add_argument("--name", default=None, help="cluster name in the event log (default: Kafka's cluster id)")
     p.add_argument(
@@ -296,7 +302,11 @@ def watch_main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         policy = policy_from_args(a)
-        bootstrap = parse_bootstrap(a.kafka_bootstrap_controllers)
+        bootstrap = (
+            parse_bootstrap(a.kafka_bootstrap_controllers)
+            if a.kafka_bootstrap_controllers
+            else parse_bootstrap(a.kafka_bootstrap_servers, "--kafka-bootstrap-servers")
+        )
         settings = ClientSettings.from_properties(a.kafka_client_config) if a.kafka_client_config else None
         events = Path(a.events)
         events.mkdir(parents=True, exist_ok=True)

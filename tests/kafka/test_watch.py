@@ -182,3 +182,28 @@ def test_retired_directory_id_is_never_re_added(kafka_controllers: KafkaControll
         assert w.types().count("disk_replacement_detected") == 1
     finally:
         w.stop()
+
+
+def test_watch_through_a_broker_only(kafka_controllers: KafkaControllers, tmp_path: Path) -> None:
+    """Only a broker's address is given: the broker forwards DescribeQuorum, RemoveRaftVoter and
+    AddRaftVoter to the active controller."""
+    k = kafka_controllers
+    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    broker = k.add_broker()
+    w = Watcher(
+        broker.endpoint, tmp_path / "events", "--stabilization-seconds", "0", flag="--kafka-bootstrap-servers"
+    ).start()
+    try:
+        poll(
+            lambda: w.status().get("phase") == "Running",
+            120,
+            "the watcher sees the quorum through the broker",
+        )
+        victim = next(i for i in k.controllers if i != d["leader_id"])
+        new = str(base64_to_uuid(k.replace_disk(victim)))
+        healed = poll(lambda: whole(k), 180, f"controller {victim} healed through the broker")
+        assert (victim, new) in {(v["id"], v["uuid"]) for v in healed["voters"]}
+        evs = recovery_of(w, victim, new)
+        assert [e["type"] for e in evs] == SUCCESS and {e["cluster"] for e in evs} == {k.cluster_id}
+    finally:
+        w.stop()

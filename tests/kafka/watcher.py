@@ -37,8 +37,11 @@ def poll(cond: Callable[[], T | None], within: float, what: str, interval: float
 
 
 class Watcher:
-    def __init__(self, bootstrap: str, events: Path, *extra: str) -> None:
+    def __init__(
+        self, bootstrap: str, events: Path, *extra: str, flag: str = "--kafka-bootstrap-controllers"
+    ) -> None:
         self.bootstrap = bootstrap
+        self.flag = flag
         self.events = events
         self.extra = list(extra)
         self.port = free_port()
@@ -55,7 +58,7 @@ class Watcher:
                     "quorum.cli",
                     "operator",
                     "watch",
-                    "--kafka-bootstrap-controllers",
+                    self.flag,
                     self.bootstrap,
                     "--events",
                     str(self.events),

@@ -1,7 +1,9 @@
 """The Kafka membership backend: :class:`KafkaQuorum` implements the operator's ``QuorumApi``
 (describe / add_voter / remove_voter) against an Apache Kafka 4.x controller quorum.
 
-It talks to the controllers directly (``bootstrap.controllers``, KIP-919): DescribeQuorum
+It talks to the controllers directly (``bootstrap.controllers``, KIP-919), or to brokers where
+that is all the user gives (a broker forwards DescribeQuorum, AddRaftVoter and RemoveRaftVoter to
+the active controller and answers like the raft leader): DescribeQuorum
 (kafka-python's message classes) to the raft leader, found by asking each bootstrap controller in
 turn (a non-leader answers NOT_LEADER_OR_FOLLOWER) and remembered; AddRaftVoter and
 RemoveRaftVoter (KIP-853, classes generated from Kafka's published schemas, schemas.py) to the same
@@ -123,7 +125,7 @@ def uuid_to_base64(value: str) -> str:
     return base64.urlsafe_b64encode(_uuid.UUID(value).bytes).decode().rstrip("=")
 
 
-def parse_bootstrap(text: str) -> list[tuple[str, int]]:
+def parse_bootstrap(text: str, option: str = "--kafka-bootstrap-controllers") -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     for item in text.split(","):
         item = item.strip()
@@ -131,10 +133,10 @@ def parse_bootstrap(text: str) -> list[tuple[str, int]]:
             continue
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"--kafka-bootstrap-controllers: {item!r} is not HOST:PORT")
+            raise ValueError(f"{option}: {item!r} is not HOST:PORT")
         out.append((host.strip("[]"), int(port)))
     if not out:
-        raise ValueError("--kafka-bootstrap-controllers: no HOST:PORT given")
+        raise ValueError(f"{option}: no HOST:PORT given")
     return out
 
 
@@ -177,13 +179,18 @@ class KafkaQuorum:
             await c.close()
 
     async def _cluster_id(self, c: KafkaConnection) -> str | None:
-        """KIP-919: DescribeCluster v1+ with EndpointType 2 (controller) is answered by controllers."""
+        """DescribeCluster: a controller answers EndpointType 2 (KIP-919), a broker type 1."""
         if API_DESCRIBE_CLUSTER not in c.api_versions:
             return None
-        v = c.version_for(API_DESCRIBE_CLUSTER, 1, 2)
-        req = DescribeClusterRequest(include_cluster_authorized_operations=False, endpoint_type=2)
-        resp = await c.request(req, v, self.timeout)
-        return str(resp.cluster_id) if resp.error_code == 0 and resp.cluster_id else None
+        v = c.version_for(API_DESCRIBE_CLUSTER, 0, 2)
+        for endpoint_type in (2, 1) if v >= 1 else (1,):
+            req = DescribeClusterRequest(
+                include_cluster_authorized_operations=False, endpoint_type=endpoint_type
+            )
+            resp = await c.request(req, v, self.timeout)
+            if resp.error_code == 0 and resp.cluster_id:
+                return str(resp.cluster_id)
+        return None
 
     async def close(self) -> None:
         for addr in list(self._conns):

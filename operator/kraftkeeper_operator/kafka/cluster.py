@@ -153,6 +153,7 @@ class KafkaControllers:
     java: str = "java"
     security: KafkaSecurity | None = None
     controllers: dict[int, ControllerProc] = field(default_factory=dict)
+    brokers: dict[int, ControllerProc] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -171,6 +172,18 @@ class KafkaControllers:
 
     def _write_config(self, c: ControllerProc) -> Path:
         cfg = c.dir / "server.properties"
+        if c.node_id in self.brokers:
+            cfg.write_text(
+                "process.roles=broker\n"
+                f"node.id={c.node_id}\n"
+                f"listeners=PLAINTEXT://{c.endpoint}\nadvertised.listeners=PLAINTEXT://{c.endpoint}\n"
+                "inter.broker.listener.name=PLAINTEXT\ncontroller.listener.names=CONTROLLER\n"
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
+                f"controller.quorum.bootstrap.servers={self.bootstrap}\n"
+                f"log.dirs={c.data_dir}\noffsets.topic.replication.factor=1\n"
+                "transaction.state.log.replication.factor=1\n"
+            )
+            return cfg
         props = {
             "process.roles": "controller",
             "node.id": str(c.node_id),
@@ -244,8 +257,21 @@ class KafkaControllers:
             if got != ids[i]:
                 raise RuntimeError(f"node {i} formatted with directory id {got}, expected {ids[i]}")
 
+    def add_broker(self, node_id: int = 100) -> ControllerProc:
+        """A broker (``process.roles=broker``) on its own port, formatted and started; for the
+        "only a broker address is given" path. Listed in ``brokers``, stopped by ``stop_all``."""
+        d = self.root / f"broker-{node_id}"
+        d.mkdir(exist_ok=True)
+        b = ControllerProc(node_id, free_port(), d)
+        self.brokers[node_id] = b
+        self._storage_format(b, "--no-initial-controllers")
+        self.start_proc(b)
+        return b
+
     def start(self, i: int) -> None:
-        c = self.controllers[i]
+        self.start_proc(self.controllers[i])
+
+    def start_proc(self, c: ControllerProc) -> None:
         if c.running():
             return
         self._write_config(c)
@@ -268,7 +294,9 @@ class KafkaControllers:
 
     def stop(self, i: int, *, kill: bool = False, grace: float = 20.0) -> None:
         """Stop controller ``i`` (SIGTERM, SIGKILL after ``grace``; SIGKILL at once with ``kill``)."""
-        c = self.controllers[i]
+        self.stop_proc(self.controllers[i], kill=kill, grace=grace)
+
+    def stop_proc(self, c: ControllerProc, *, kill: bool = False, grace: float = 20.0) -> None:
         p = c.proc
         if p is None or p.poll() is not None:
             c.proc = None
@@ -284,6 +312,8 @@ class KafkaControllers:
         c.proc = None
 
     def stop_all(self, *, kill: bool = False) -> None:
+        for b in self.brokers.values():
+            self.stop_proc(b, kill=kill)
         for i in self.controllers:
             self.stop(i, kill=kill)
 
