@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from kraftkeeper_reports.events import RecoveryEvent
+from kraftkeeper_reports.events import RecoveryEvent, parse_ts_ms
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quorum.types import KraftError
@@ -47,7 +47,7 @@ from quorum.types import KraftError
 from .controller import RecoveryController
 from .kafka.backend import KafkaQuorum, parse_bootstrap
 from .kafka.wire import ClientConfigError, ClientSettings
-from .recovery import Order, PolicyError, Recovery, RecoveryPolicy
+from .recovery import Order, Phase, PolicyError, Recovery, RecoveryPolicy
 from .telemetry import EventLogSink, EventSink, OperatorMetrics
 
 log = logging.getLogger("kraftkeeper.operator.watch")
@@ -167,6 +167,35 @@ def policy_from_args(a: argparse.Namespace) -> RecoveryPolicy:
     )
 
 
+def retired_from_event_log(events: Path, cluster: str) -> list[Recovery]:
+    """Completed recoveries of ``cluster`` as the event log tells them: with no state file (lost,
+    or a new machine) the watcher still knows which directory ids it retired, so an old disk that
+    comes back is never taken for a new one (KAFKA-19850). Unreadable lines are skipped, counted."""
+    out: dict[str, Recovery] = {}
+    bad = 0
+    for f in sorted(events.rglob("*.jsonl")):
+        for line in f.read_text(errors="replace").splitlines():
+            try:
+                e = json.loads(line)
+                if e.get("cluster") != cluster or e.get("type") != "recovery_completed":
+                    continue
+                ts = parse_ts_ms(str(e["ts"])) or 0
+                out[str(e["recovery_id"])] = Recovery(
+                    str(e["recovery_id"]),
+                    int(e["replica_id"]),
+                    str(e["old_uuid"]),
+                    str(e["new_uuid"]),
+                    Phase.COMPLETED,
+                    ts,
+                    finished_ms=ts,
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                bad += 1
+    if bad:
+        log.warning("%d unreadable lines in the event log under %s were skipped", bad, events)
+    return sorted(out.values(), key=lambda r: r.finished_ms or 0)
+
+
 class Watcher:
     """One watched Kafka quorum: the controller, its state file and its HTTP endpoints."""
 
@@ -211,13 +240,18 @@ class Watcher:
                 self.last = {"phase": "Starting", "passes": self.passes, "error": "cluster id unknown"}
                 return None
             self.name = self.api.cluster_id
+        records = self.state.records
+        if not records:
+            records = await asyncio.to_thread(retired_from_event_log, self.events, self.name)
+            if records:
+                log.info("no state file: %d completed recoveries taken from the event log", len(records))
         self.ctl = RecoveryController(
             self.api,
             self.policy,
             cluster=self.name,
             sink=_sink(self.events, self.name),
             metrics=self.metrics,
-            records=self.state.records,
+            records=records,
             persist=self._persist,
             desired_ids=None,  # Kafka has no reassignment: voter ids are the user's business
         )

@@ -159,6 +159,12 @@ def test_retired_directory_id_is_never_re_added(kafka_controllers: KafkaControll
         poll(lambda: whole(k), 180, f"controller {victim} healed")
         assert [e["type"] for e in recovery_of(w, victim, new)] == SUCCESS
 
+        # The watcher restarts and its state file is lost: the event log still names the retired id.
+        w.stop()
+        (tmp_path / "events" / "_watch-state.json").unlink()
+        w = Watcher(k.bootstrap, tmp_path / "events", "--stabilization-seconds", "0").start()
+        poll(lambda: "1 completed recoveries taken from the event log" in w.log.read_text(), 60, "log")
+
         # The old disk comes back (a stale volume re-attached): same id, the retired directory id.
         k.stop(victim, kill=True)
         shutil.rmtree(k.controllers[victim].data_dir)
