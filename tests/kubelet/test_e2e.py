@@ -153,6 +153,10 @@ def test_quorum_forms_under_restricted_pod_security(node_cluster: NodeCluster, q
     assert len(set(uuids.values())) == 3
     assert st["leaderId"] in uuids and st["leaderEpoch"] >= 1
     assert st["phase"] == "Running", st
+    # Bootstrap published voters whose UUIDs were not known yet; no status write may have been
+    # refused for it (issue 11 saw a 422 on `voters[0].uuid: ""`).
+    log = c.kubectl("logs", "-n", OPERATOR_NS, "deploy/kraftkeeper").stdout
+    assert not re.search(r"Unprocessable|Invalid value|[Pp]atching failed", log), log[-4000:]
 
 
 def test_writes_through_the_client_service(node_cluster: NodeCluster, quorum_ns: str) -> None:
@@ -201,7 +205,22 @@ def _replace_disk(c: NodeCluster, ordinal: int, prefix: str) -> dict[str, Any]:
     assert rec["replicaId"] == replica_id and rec.get("newUuid") == new_uuid, rec
     new_pv = c.get_json("pvc", pvc, "-n", QUORUM_NS)["spec"]["volumeName"]
     assert new_pv != old_pv, "the StatefulSet's new claim must be bound to a fresh volume"
+    _assert_story_told(c, str(rec["recoveryId"]))
     return rec
+
+
+def _assert_story_told(c: NodeCluster, recovery_id: str) -> None:
+    """A person reading the KRaftQuorum's Events and the operator's log sees every step."""
+    events = c.get_json("events", "-n", QUORUM_NS,
+                        "--field-selector", "involvedObject.kind=KRaftQuorum")["items"]
+    reasons = {e["reason"] for e in events if recovery_id in e.get("message", "")}
+    for step in ("DiskReplacementDetected", "AddVoterCommitted", "RemoveVoterCommitted", "RecoveryCompleted"):
+        assert step in reasons, f"no {step} Event for recovery {recovery_id}: {sorted(reasons)}"
+    log = c.kubectl("logs", "-n", OPERATOR_NS, "deploy/kraftkeeper").stdout
+    ours = "\n".join(line for line in log.splitlines() if f"recovery {recovery_id}" in line)
+    for step in ("disk_replacement_detected", "add_voter_committed", "remove_voter_committed",
+                 "recovery_completed"):
+        assert step in ours, f"the operator's log lacks {step} for recovery {recovery_id}:\n{log[-3000:]}"
 
 
 def test_disk_replacement_of_a_follower_under_writes(node_cluster: NodeCluster, quorum_ns: str) -> None:
