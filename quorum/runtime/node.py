@@ -16,15 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
 from quorum.core.raft import RaftCore
-from quorum.driver import AsyncRunner, Driver, Pending, Ports, StorageReader, load_latest_snapshot
+from quorum.driver import AsyncRunner, Driver, Ports, StorageReader, load_latest_snapshot
 from quorum.runtime import kv as kvmod
 from quorum.runtime.config import NodeConfig
 from quorum.runtime.metrics import Registry
+from quorum.runtime.observe import Observer
 from quorum.runtime.peers import InboundCheck, Peers
 from quorum.runtime.ports import CountingLog, NodeSink
 from quorum.runtime.snapshots import Snapshotter
@@ -40,8 +40,6 @@ from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 __all__ = ["Node"]
 
 log = logging.getLogger("kraftkeeper.node")
-
-STALL_S = 30.0  # a persist (quorum-state save + fsync) this long means the disk is wedged
 
 
 class Node:
@@ -96,9 +94,9 @@ class Node:
             inbound_check,
         )
         self.driver, self.runner = self._build_driver(applied_end, applied_epoch)
-        self._busy_mark = 0.0
-        self._idle_since = time.monotonic()
-        self._stall: tuple[Pending, float] | None = None  # (Ready in flight, first seen)
+        self.observer = Observer(
+            self.node_id, self.core, self.driver, self.runner, self.applier, self.metrics
+        )
 
     def _build_driver(self, applied_end: int, applied_epoch: int) -> tuple[Driver, AsyncRunner]:
         """The one driver (``quorum.driver``) over this node's parts as its ports."""
@@ -275,21 +273,7 @@ class Node:
 
     # ---- observability ------------------------------------------------------------------------
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Live unless a Ready has been in flight (its quorum-state save or fsync running) for
-        more than ``STALL_S`` (issue 8: a wedged driver must fail the liveness probe; a dead
-        one already stops the process). No storage UUID: issue 8 forbids revealing it
-        unauthenticated."""
-        pending = self.driver.in_flight
-        now = time.monotonic()
-        if pending is None:
-            self._stall = None
-        elif self._stall is None or self._stall[0] is not pending:
-            self._stall = (pending, now)
-        stalled = self._stall is not None and now - self._stall[1] > STALL_S
-        info = {"status": "stalled" if stalled else "ok", "node_id": self.node_id}
-        if stalled:
-            info["message"] = f"a storage write has been in flight for over {STALL_S:.0f}s"
-        return not stalled, info
+        return self.observer.health()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         return self.view.readiness()
@@ -310,20 +294,4 @@ class Node:
         }
 
     def metrics_text(self) -> str:
-        r = self.metrics
-        for name, value in self.core.metrics().items():
-            if isinstance(value, str):
-                r.set_state(name, value, help=f"raft {name} (KIP-595 / KIP-704)")
-            elif isinstance(value, int | float):
-                r.set(name, float(value), help=f"raft {name} (KIP-595 / KIP-856)")
-        r.set("applied-offset", self.applier.applied_end, help="Exclusive end offset applied to the KV store")
-        r.set("kv-keys", len(self.applier.kv.data), help="Keys in the KV store")
-        elapsed = time.monotonic() - self._idle_since
-        busy = self.runner.busy_seconds - self._busy_mark
-        r.set(
-            "poll-idle-ratio",
-            max(0.0, 1.0 - busy / elapsed) if elapsed > 0 else 1.0,
-            help="Share of time the driver loop waited for work since the last scrape (KIP-595)",
-        )
-        self._idle_since, self._busy_mark = time.monotonic(), self.runner.busy_seconds
-        return r.render()
+        return self.observer.metrics_text()

@@ -14,7 +14,7 @@ import pytest
 
 from quorum.core.ready import Ready
 from quorum.driver import Pending
-from quorum.runtime import node as node_module
+from quorum.runtime import observe
 from quorum.runtime.api import NodeApi
 from quorum.runtime.config import NodeConfig
 from quorum.runtime.node import Node
@@ -107,7 +107,7 @@ def test_health_fails_when_a_storage_write_stalls(tmp_path: Path, monkeypatch: p
         try:
             ok, info = node.health()
             assert ok and info == {"status": "ok", "node_id": 1}
-            monkeypatch.setattr(node_module, "STALL_S", 0.0)
+            monkeypatch.setattr(observe, "STALL_S", 0.0)
             node.driver.in_flight = Pending(Ready(), None, True)  # persist started, never ends
             node.health()  # first seen now
             await _until(lambda: asyncio.sleep(0, not node.health()[0]), "health to fail")
