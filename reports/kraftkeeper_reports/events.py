@@ -386,49 +386,31 @@ class RecoveryEvent:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_record(self, cluster: str, ts: datetime | int | str | None = None) -> dict[str, Any]:
-        """The full event-log record (interface field order) for ``cluster`` at ``ts``."""
-        return make_event(
-            self.type, cluster, self.recovery_id, self.replica_id, self.old_uuid, self.new_uuid,
-            self.leader_id, self.leader_epoch, self.detail, ts,
-        )
-
-
-def make_event(
-    type: str,
-    cluster: str,
-    recovery_id: str,
-    replica_id: int,
-    old_uuid: str | None,
-    new_uuid: str | None,
-    leader_id: int | None,
-    leader_epoch: int | None,
-    detail: dict[str, Any] | None = None,
-    ts: datetime | int | str | None = None,
-) -> dict[str, Any]:
-    """One event as a dict, fields in the interface's order. ``ts``: a datetime (aware, or naive
-    meaning UTC), epoch milliseconds, an RFC 3339 string, or None for now."""
-    if ts is None:
-        ts_s = format_ts(int(datetime.now(UTC).timestamp() * 1000))
-    elif isinstance(ts, datetime):
-        aware = ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
-        ts_s = format_ts(int(aware.timestamp() * 1000))
-    elif isinstance(ts, int):
-        ts_s = format_ts(ts)
-    else:
-        ts_s = ts
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "ts": ts_s,
-        "cluster": cluster,
-        "recovery_id": recovery_id,
-        "type": type,
-        "replica_id": replica_id,
-        "old_uuid": old_uuid,
-        "new_uuid": new_uuid,
-        "leader_id": leader_id,
-        "leader_epoch": leader_epoch,
-        "detail": dict(detail) if detail else {},
-    }
+        """The full event-log record, fields in the interface's order, for ``cluster`` at ``ts``:
+        a datetime (aware, or naive meaning UTC), epoch milliseconds, an RFC 3339 string, or None
+        for now."""
+        if ts is None:
+            ts_s = format_ts(int(datetime.now(UTC).timestamp() * 1000))
+        elif isinstance(ts, datetime):
+            aware = ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+            ts_s = format_ts(int(aware.timestamp() * 1000))
+        elif isinstance(ts, int):
+            ts_s = format_ts(ts)
+        else:
+            ts_s = ts
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "ts": ts_s,
+            "cluster": cluster,
+            "recovery_id": self.recovery_id,
+            "type": self.type,
+            "replica_id": self.replica_id,
+            "old_uuid": self.old_uuid,
+            "new_uuid": self.new_uuid,
+            "leader_id": self.leader_id,
+            "leader_epoch": self.leader_epoch,
+            "detail": dict(self.detail) if self.detail else {},
+        }
 
 
 class EventLogWriter:
