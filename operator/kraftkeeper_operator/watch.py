@@ -167,33 +167,50 @@ def policy_from_args(a: argparse.Namespace) -> RecoveryPolicy:
     )
 
 
-def retired_from_event_log(events: Path, cluster: str) -> list[Recovery]:
-    """Completed recoveries of ``cluster`` as the event log tells them: with no state file (lost,
-    or a new machine) the watcher still knows which directory ids it retired, so an old disk that
-    comes back is never taken for a new one (KAFKA-19850). Unreadable lines are skipped, counted."""
-    out: dict[str, Recovery] = {}
+def records_from_event_log(events: Path, cluster: str) -> list[Recovery]:
+    """Recoveries of ``cluster`` as the event log tells them, for a watcher without a state file
+    (lost, or a new machine): completed ones, so the directory ids they retired stay retired and
+    an old disk that comes back is never taken for a new one (KAFKA-19850); and one stopped between
+    RemoveRaftVoter and AddRaftVoter (phase Removed), so it is finished: the quorum alone cannot
+    tell that the missing voter id should come back. Unreadable lines are skipped, counted."""
+    by_id: dict[str, list[dict[str, Any]]] = {}
     bad = 0
     for f in sorted(events.rglob("*.jsonl")):
         for line in f.read_text(errors="replace").splitlines():
             try:
                 e = json.loads(line)
-                if e.get("cluster") != cluster or e.get("type") != "recovery_completed":
-                    continue
-                ts = parse_ts_ms(str(e["ts"])) or 0
-                out[str(e["recovery_id"])] = Recovery(
-                    str(e["recovery_id"]),
-                    int(e["replica_id"]),
-                    str(e["old_uuid"]),
-                    str(e["new_uuid"]),
-                    Phase.COMPLETED,
-                    ts,
-                    finished_ms=ts,
-                )
-            except (ValueError, KeyError, TypeError, AttributeError):
+                if e.get("cluster") == cluster and e.get("recovery_id"):
+                    by_id.setdefault(str(e["recovery_id"]), []).append(e)
+            except (ValueError, AttributeError):
                 bad += 1
     if bad:
         log.warning("%d unreadable lines in the event log under %s were skipped", bad, events)
-    return sorted(out.values(), key=lambda r: r.finished_ms or 0)
+    out: list[Recovery] = []
+    for rid, evs in by_id.items():
+        types = {str(e.get("type")) for e in evs}
+        try:
+            first, last = evs[0], evs[-1]
+            start = parse_ts_ms(str(first["ts"])) or 0
+            end = parse_ts_ms(str(last["ts"])) or start
+            rec = Recovery(
+                rid,
+                int(first["replica_id"]),
+                str(first["old_uuid"]),
+                str(first["new_uuid"]),
+                Phase.COMPLETED,
+                start,
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+        if "recovery_completed" in types:
+            rec.finished_ms = end
+        elif "remove_voter_committed" in types and not types & {"add_voter_committed", "recovery_failed"}:
+            rec.phase = Phase.REMOVED
+            rec.remove_committed_ms = end
+        else:
+            continue
+        out.append(rec)
+    return sorted(out, key=lambda r: r.finished_ms or r.detected_ms)
 
 
 class Watcher:
@@ -242,9 +259,9 @@ class Watcher:
             self.name = self.api.cluster_id
         records = self.state.records
         if not records:
-            records = await asyncio.to_thread(retired_from_event_log, self.events, self.name)
+            records = await asyncio.to_thread(records_from_event_log, self.events, self.name)
             if records:
-                log.info("no state file: %d completed recoveries taken from the event log", len(records))
+                log.info("no state file: %d recoveries taken from the event log", len(records))
         self.ctl = RecoveryController(
             self.api,
             self.policy,
