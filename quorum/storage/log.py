@@ -26,10 +26,9 @@ only the last segment receives writes):
   decreasing epochs -- raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset,
   and nothing is modified: committed data is never dropped silently.
 
-Known limit: an append that rolls a segment writes the old segment's tail and the new segment
-before one flush, so a power cut can tear a NON-final segment whose successor exists. Recovery
-then refuses to open (CORRUPT_LOG) although nothing in the torn part was ever acknowledged (a
-flush fsyncs the older segment first). Safe, but the node needs its disk replaced.
+Why only the last segment can be torn: a roll makes the finished segment and its directory
+entry durable before the new segment receives a byte (``_seal``), so the writes in flight at
+a crash are always in the last segment.
 
 Durability: ``append*`` write into the page cache; ``flush`` fsyncs every segment written since
 the last flush (plus the directory when segments were created) and advances
@@ -195,10 +194,26 @@ class SegmentedLog:
         return Segment(self.directory, base, fd, self.unflushed_in_memory)
 
     def _roll(self) -> Segment:
+        self._seal(self._segments[-1])
         seg = self._create_segment(self.end_offset)
         self._segments.append(seg)
         self._bases.append(seg.base)
         return seg
+
+    def _seal(self, seg: Segment) -> None:
+        """Make a finished segment (and its directory entry) durable before the next segment
+        receives a byte, so that a power cut can tear only the LAST segment, the one case
+        recovery may repair. Without it, an append that rolls leaves the old segment's tail and
+        the new segment in the page cache together, and a cut could tear a non-final segment:
+        recovery would then refuse the log although nothing torn was ever acknowledged. Once
+        per ``segment_bytes``, so the fsync on the caller's thread is rare."""
+        seg.flush_pending()
+        if self.fsync:
+            if seg.fd >= 0:
+                os.fdatasync(seg.fd)
+            if self._dir_dirty:
+                fsync_dir(self.directory)
+                self._dir_dirty = False
 
     def _write_run(self, seg: Segment, data: memoryview) -> None:
         seg.write(data)

@@ -12,7 +12,8 @@ as a power cut loses what the page cache held; without it a killed process's wri
 the page cache and a process-level test cannot see a durability bug. Reads serve the pending
 bytes too (the leader serves unflushed batches to followers). ``flush_pending`` runs in a worker
 thread while the event loop appends and reads, hence the lock; truncation never runs during a
-flush (the node's Ready loop awaits the flush).
+flush (the node's Ready loop awaits the flush); ``flush_lock`` keeps a seal at a segment roll
+and the log's flush from writing the same pending bytes twice.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Segment:
         "base",
         "created",
         "fd",
+        "flush_lock",
         "lock",
         "name",
         "next_offset",
@@ -82,6 +84,8 @@ class Segment:
         self.pending: bytearray | None = bytearray() if unflushed_in_memory else None
         self.pending_at = 0
         self.lock = threading.Lock() if unflushed_in_memory else None
+        # One flush_pending at a time (the log's flush in a worker thread, a seal on the loop).
+        self.flush_lock = threading.Lock() if unflushed_in_memory else None
 
     def add(self, base_offset: int, position: int, size: int, count: int) -> None:
         self.offsets.append(base_offset)
@@ -123,7 +127,12 @@ class Segment:
         """Write the pending bytes to the file (power-loss mode; a no-op otherwise)."""
         if self.pending is None:
             return
-        assert self.lock is not None
+        assert self.flush_lock is not None
+        with self.flush_lock:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        assert self.pending is not None and self.lock is not None
         with self.lock:
             if not self.created:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)

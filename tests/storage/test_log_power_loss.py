@@ -21,19 +21,19 @@ def _fill(log: SegmentedLog, n: int, epoch: int = 1) -> None:
         log.append(log.end_offset, epoch, [b"x" * (i % 50 + 1)] * (i % 3 + 1))
 
 
-def _power_cut(path: Path) -> SegmentedLog:
+def _power_cut(path: Path, segment_bytes: int = 512) -> SegmentedLog:
     """What a restart after power loss sees: a fresh open of the files (the old object, and
     the bytes it holds in memory, are abandoned)."""
-    return SegmentedLog(path, segment_bytes=512)
+    return SegmentedLog(path, segment_bytes=segment_bytes)
 
 
 def test_unflushed_batches_are_readable_then_lost_at_power_cut(tmp_path: Path) -> None:
-    log = SegmentedLog(tmp_path, segment_bytes=512, unflushed_in_memory=True)
+    log = SegmentedLog(tmp_path, segment_bytes=1 << 20, unflushed_in_memory=True)
     _fill(log, 30)
     log.flush()
     durable_end = log.end_offset
     durable_bytes = log.read(0, 1 << 20)
-    _fill(log, 20, epoch=2)  # rolls segments, none of it flushed
+    _fill(log, 20, epoch=2)  # none of it flushed
     assert log.end_offset > durable_end and log.flushed_end_offset == durable_end
     unflushed = log.read(durable_end, 1 << 20)
     batches, _ = records.decode_batches(unflushed, verify_crc=True)
@@ -47,8 +47,22 @@ def test_unflushed_batches_are_readable_then_lost_at_power_cut(tmp_path: Path) -
     finally:
         after.close()
     log.close()  # a clean close flushes: now everything is there
-    with SegmentedLog(tmp_path, segment_bytes=512) as reopened:
+    with SegmentedLog(tmp_path, segment_bytes=1 << 20) as reopened:
         assert reopened.last_epoch == 2 and reopened.end_offset > durable_end
+
+
+def test_a_roll_seals_the_finished_segment(tmp_path: Path) -> None:
+    """Only the LAST segment may be torn by a power cut (the recovery rule): a roll makes the
+    finished segment durable before the next one gets a byte, flush or no flush."""
+    log = SegmentedLog(tmp_path, segment_bytes=512, unflushed_in_memory=True)
+    _fill(log, 60)  # several rolls, never flushed
+    bases = sorted({seg_base for _o, seg_base, _p in log.batch_infos()})
+    assert len(bases) >= 3 and log.flushed_end_offset == 0
+    with _power_cut(tmp_path) as after:
+        assert after.end_offset == bases[-1]  # everything before the active segment survived
+        whole = after.read(0, 1 << 20)
+        assert records.decode_batches(whole, verify_crc=True)[0]
+    log.close()
 
 
 def test_without_the_mode_a_crash_keeps_unflushed_writes(tmp_path: Path) -> None:
