@@ -8,9 +8,11 @@ For each size, each engine runs in its own process (so memory is its own), while
 samples the process tree with psutil every 0.1 s:
 
 * spark:  ``python -m kraftkeeper_reports.job`` on ``local[2]``: parse and validate every line
-  (per-reason counts), sessionise, phase percentiles per cluster and overall, failures, daily
-  trend, slowest recoveries, Parquet/CSV tables and the HTML report. Wall time includes JVM
-  start. "driver peak" = the driver's Python + its JVM; Python workers are shown apart.
+  in the JVM (Spark's JSON parser into VARIANT, SQL checks; per-reason counts with examples),
+  sessionise, phase percentiles per cluster and overall, failures, daily trend, slowest
+  recoveries, engine comparison, Parquet/CSV tables and the HTML report. Wall time includes JVM
+  start. "driver peak" = the driver's Python + its JVM (in local mode the executors are threads
+  of that JVM); any Python worker would count in "all".
 * pandas: the same per-line classification (``events.classify_line``), then groupby per
   recovery, exact percentiles per phase (numpy, linear), failures and daily counts; no report.
 * duckdb: ``read_json`` with ``ignore_errors`` (a line DuckDB cannot read is skipped without a
@@ -18,7 +20,9 @@ samples the process tree with psutil every 0.1 s:
   exact), 2 threads.
 
 Events per second = input lines / wall time. Each engine prints the overall p50 of the total
-recovery time, so the table also shows that the three agree.
+recovery time, so the table also shows that the three agree. For Spark the script also checks
+that every input line is accounted for (events + rejected + skipped lines = lines) and prints
+Spark's wall time as a multiple of DuckDB's.
 """
 
 from __future__ import annotations
@@ -243,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
                 wall, drv, tot, _ = measure(cmd, env)
                 summary = json.loads((out / "tables" / "summary.json").read_text())
                 p50 = float(summary["p50_total_ms"] or 0.0)
+                counted = sum(int(summary[k]) for k in ("events", "rejected_lines", "skipped_lines"))
+                print(f"# spark accounted for {counted:,} of {lines:,} lines "
+                      f"({summary['events']:,} events, {summary['rejected_lines']:,} rejected, "
+                      f"{summary['skipped_lines']:,} skipped)", file=sys.stderr)
+                if counted != lines or int(summary["lines"]) != lines:
+                    raise SystemExit(f"bench: spark accounted for {counted:,} lines of {lines:,}")
             else:
                 cmd = [sys.executable, __file__, "--engine", eng, "--events", str(data)]
                 wall, drv, tot, out_s = measure(cmd, env)
@@ -264,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['events']:>11,} | {r['engine']:7} | {r['wall_s']:>8.1f} | {r['eps']:>11,.0f} | "
               f"{ratio:>7.2f}x | {mib(r['driver_peak']):>15} | {mib(r['total_peak']):>12} | "
               f"{r['p50_total_ms'] / 1000:>8.1f} s |")
+    for n in sorted({r["events"] for r in rows}):
+        by = {r["engine"]: r for r in rows if r["events"] == n}
+        if "spark" in by and "duckdb" in by:
+            print(f"\n{n:,} events: spark wall time = {by['spark']['wall_s'] / by['duckdb']['wall_s']:.2f}x "
+                  f"duckdb's; spark driver peak {mib(by['spark']['driver_peak'])}")
     return 0
 
 

@@ -141,6 +141,7 @@ class _DayJob:
     profiles: tuple[ClusterProfile, ...]
     degraded_cluster: int
     degraded_days: tuple[int, int]
+    engines: tuple[str, ...] = ()
 
 
 def _line(
@@ -215,6 +216,15 @@ def _generate_day(job: _DayJob) -> GenerateStats:
             starts = sorted(rng.randrange(0, 86_400_000) for _ in range(count))
             out = handles[ci % len(handles)]
             catch_median_ms = 1500.0 + prof.log_mb / prof.fetch_mb_s * 1000.0
+            engine_detail = ""
+            if job.engines:
+                # Which engine runs this cluster, and its voter-change order (Kafka refuses a
+                # second directory id for a voter id, so it removes first: RemoveThenAdd).
+                engine = job.engines[ci % len(job.engines)]
+                order = "RemoveThenAdd" if engine == "kafka" else "AddThenRemove"
+                engine_detail = f',"engine":"{engine}","order":"{order}"'
+                if engine == "kafka":
+                    catch_median_ms *= 1.3
             fail_rate = min(0.9, prof.fail_rate * job.failure_scale * (3.0 if degraded else 1.0))
             for seq, t0 in enumerate(starts):
                 rid = f"r-{job.day:%Y%m%d}-{ci:03d}-{seq:06d}"
@@ -236,7 +246,7 @@ def _generate_day(job: _DayJob) -> GenerateStats:
                     _lines.append((typ, lead, ep, detail))
                     _times.append(at)
 
-                add(ev.DISK_REPLACEMENT_DETECTED, t, f'{{"log_bytes":{log_bytes}}}')
+                add(ev.DISK_REPLACEMENT_DETECTED, t, f'{{"log_bytes":{log_bytes}{engine_detail}}}')
                 failed: str | None = None
                 if rng.random() < fail_rate:
                     failed = rng.choices(ev.FAILURE_REASONS, weights=(0.5, 0.3, 0.2))[0]
@@ -323,10 +333,14 @@ def generate(
     failure_scale: float = 1.0,
     files_per_day: int = 2,
     workers: int = 1,
+    engines: tuple[str, ...] = (),
 ) -> GenerateStats:
     """Write about ``events`` events (within one recovery's worth per day and cluster) under
     ``out`` and return what was written. ``malformed_rate``: fraction of lines damaged (each
-    kind equally likely) and, times four, of recoveries given an anomaly; 0 for clean data."""
+    kind equally likely) and, times four, of recoveries given an anomaly; 0 for clean data.
+    ``engines`` (e.g. ("kraftkeeper", "kafka")): clusters take turns, and each recovery's
+    detection event names its engine and voter-change order in ``detail`` (the report then
+    compares them side by side)."""
     if events <= 0 or clusters <= 0 or days <= 0 or files_per_day <= 0:
         raise ValueError("events, clusters, days and files_per_day must be positive")
     if not 0.0 <= malformed_rate < 0.25:
@@ -352,7 +366,7 @@ def generate(
                 counts.append((ci, n))
         jobs.append(
             _DayJob(start + timedelta(d), d, tuple(counts), str(out), files_per_day, seed, malformed_rate,
-                    failure_scale, profiles, degraded_cluster, (d0, min(days, d0 + 7)))
+                    failure_scale, profiles, degraded_cluster, (d0, min(days, d0 + 7)), tuple(engines))
         )
     Path(out).mkdir(parents=True, exist_ok=True)
     stats = GenerateStats()

@@ -8,6 +8,7 @@ recovery": the replacement catches up as an observer, is added with AddVoter, th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -62,6 +63,23 @@ TOTAL: Final = Interval(
 INTERVALS: Final = (CATCH_UP, ADD_VOTER, REMOVE_VOTER, UNDER_REPLICATED, EXPOSURE, TOTAL)
 BY_NAME: Final = {i.name: i for i in INTERVALS}
 PHASES: Final = tuple(i.name for i in INTERVALS)
+
+
+NO_VALUE: Final = "\u2013"  # an en dash where there is no number
+
+
+def fmt_ms(ms: float | int | None) -> str:
+    """A duration for people: 840 ms, 12.3 s, 4.5 min, 1.2 h (never scientific notation)."""
+    if ms is None or (isinstance(ms, float) and math.isnan(ms)):
+        return NO_VALUE
+    v = float(ms)
+    if v < 1000:
+        return f"{v:.0f} ms"
+    if v < 60_000:
+        return f"{v / 1000:.1f} s"
+    if v < 3_600_000:
+        return f"{v / 60_000:.1f} min"
+    return f"{v / 3_600_000:.1f} h"
 
 
 def durations(first_ms: Mapping[str, int]) -> dict[str, int | None]:

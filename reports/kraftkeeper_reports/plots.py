@@ -21,10 +21,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from kraftkeeper_reports.intervals import BY_NAME, PHASES
+from kraftkeeper_reports.intervals import BY_NAME, PHASES, fmt_ms
 
 ALL = "(all)"
-NO_VALUE = "\u2013"  # an en dash where there is no number
 FEW = 30  # up to this many completed recoveries, each one is drawn and labelled
 SEVERAL_DAYS = 3  # a daily trend needs at least this many days
 PHASE_TITLES = {name: BY_NAME[name].title for name in PHASES}
@@ -51,20 +50,6 @@ plt.rcParams.update(
         "axes.formatter.useoffset": False,
     }
 )
-
-
-def fmt_ms(ms: float | int | None) -> str:
-    """A duration for people: 840 ms, 12.3 s, 4.5 min, 1.2 h."""
-    if ms is None or (isinstance(ms, float) and math.isnan(ms)):
-        return NO_VALUE
-    v = float(ms)
-    if v < 1000:
-        return f"{v:.0f} ms"
-    if v < 60_000:
-        return f"{v / 1000:.1f} s"
-    if v < 3_600_000:
-        return f"{v / 60_000:.1f} min"
-    return f"{v / 3_600_000:.1f} h"
 
 
 def _plain(x: float) -> str:

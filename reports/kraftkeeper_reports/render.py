@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from kraftkeeper_reports import plots
-from kraftkeeper_reports.intervals import BY_NAME, PHASES
-from kraftkeeper_reports.plots import ALL, FEW, NO_VALUE, SEVERAL_DAYS, fmt_ms
+from kraftkeeper_reports.intervals import BY_NAME, NO_VALUE, PHASES, fmt_ms
+from kraftkeeper_reports.plots import ALL, FEW, SEVERAL_DAYS
 from kraftkeeper_reports.tables import ReportTables
 
 __all__ = ["fmt_ms", "render_html", "summary_sentence"]

@@ -5,6 +5,7 @@ records every recovery in order."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,12 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert "<svg" in html or "data:image/png;base64" in html
     assert (d / ".kraftkeeper-demo").exists()  # a second demo run here may replace this one
     assert "replacing the disk of node" in p.stdout and "every acknowledged key is there" in p.stdout
+    # The console names each interval as the report does, and its numbers are the report's.
+    totals = re.findall(r"Total: detection → recovery completed: (\S+ \S+)", p.stdout)
+    assert len(totals) == 2, p.stdout
+    assert "dead voter in set" in p.stdout.lower() and "demo wall clock" in p.stdout
+    for value in totals:
+        assert f">{value}<" in html, value
     events = [
         json.loads(line)
         for f in sorted((d / "events").rglob("*.jsonl"))

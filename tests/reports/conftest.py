@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.reports.util import run_job
+
 
 def java_major() -> int:
     java = shutil.which("java")
@@ -79,3 +81,27 @@ def report_run(
         rc = main(["--events", str(clean_events[0]), "--out", str(out), "--top", "12"])
     assert rc == 0
     return out, buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def demo_report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's size: 3 recoveries of one cluster on one day, clean."""
+    from kraftkeeper_reports.generate import generate
+
+    src = tmp_path_factory.mktemp("demo-events")
+    stats = generate(src, events=21, clusters=1, days=1, seed=3, malformed_rate=0.0)
+    assert stats.recoveries == 3 and stats.outcomes["completed"] == 3
+    return run_job(src, tmp_path_factory.mktemp("demo-report"))
+
+
+@pytest.fixture(scope="session")
+def fleet_report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fleet: 100k recoveries over 8 clusters and 10 days, two engines (Kafka and ours, each
+    with its voter-change order), some bad input."""
+    from kraftkeeper_reports.generate import generate
+
+    src = tmp_path_factory.mktemp("fleet-events")
+    stats = generate(src, events=700_000, clusters=8, days=10, seed=5, malformed_rate=0.0005,
+                     files_per_day=1, workers=2, engines=("kraftkeeper", "kafka"))
+    assert stats.recoveries >= 99_000
+    return run_job(src, tmp_path_factory.mktemp("fleet-report"))
