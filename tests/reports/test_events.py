@@ -81,6 +81,17 @@ def test_classify_line_outcomes() -> None:
     assert u.event is None and u.problem is not None and u.problem.code == "unknown_type"
 
 
+def test_strict_json_rules_shared_with_spark() -> None:
+    # What Spark's parser refuses is malformed here too (kraftkeeper_reports.parse).
+    for text in ('{"a":1,"a":2}', '{"d":{"x":1,"x":2}}', '{"a":NaN}', '{"a":Infinity}', '{"a":"\\ud800"}',
+                 '{"a":1} x', '{"a":1},{"b":2}'):
+        c = ev.classify_line(text)
+        assert c.problem is not None and c.problem.code == "malformed_json", text
+    assert ev.classify_line('{"a":"\\ud83d\\ude00"}').problem.code == "missing_field:schema_version"  # type: ignore[union-attr]
+    assert ev.classify_line("\u3000\t").problem == ev.Problem(ev.BLANK_LINE, "blank line (skipped)")
+    assert [p.code for p in ev.check_event(good(replica_id=2**63))] == ["wrong_type:replica_id"]
+
+
 def test_timestamps_round_trip() -> None:
     assert ev.format_ts(1795308293123) == "2026-11-22T00:44:53.123Z"
     assert ev.parse_ts_ms("2026-11-22T00:44:53.123Z") == 1795308293123
@@ -98,7 +109,7 @@ def test_json_schema_agrees_with_validator() -> None:
         [1], good(replica_id="3"), good(schema_version=2), good(ts="2026-11-22T00:44:53Z"),
         good(ts="2026-11-22T00:44:53.1+02:00"), good(replica_id=-1), good(cluster=""), good(detail=[]),
         good(type=ev.RECOVERY_FAILED, detail={}), {k: v for k, v in good().items() if k != "new_uuid"},
-        good(leader_epoch=True),
+        good(leader_epoch=True), good(replica_id=2**63), good(replica_id=2**63 - 1),
     ]
     for s in samples:
         assert v.is_valid(s) == (ev.validate_event(s) == []), s
