@@ -8,7 +8,8 @@ caches. The jar is read in place (a zip file), through a small package whose res
 serves ``zipfile.Path`` entries, so kafka-python's ``load_json`` finds them as it finds its own.
 
 The jar is looked up, in order: ``KRAFTKEEPER_KAFKA_CLIENTS_JAR``; a ``kafka-clients-*.jar`` in
-``KRAFTKEEPER_KAFKA_LIBS``; the newest cached ``kafka-*/libs``. Without one the membership calls
+``KRAFTKEEPER_KAFKA_LIBS``, then in ``$KAFKA_HOME/libs`` (a Kafka installation, 3.9 or later);
+the newest cached ``kafka-*/libs``. Without one the membership calls
 fail with a clear error naming the missing jar and the script that fetches it; DescribeQuorum
 (from kafka-python's own schemas) still works. Both sides use this module: the operator's Kafka
 backend (client) and the node's Kafka-wire listener (server, ``quorum.kafka.server``).
@@ -47,6 +48,8 @@ def find_clients_jar() -> Path:
     dirs: list[Path] = []
     if os.environ.get("KRAFTKEEPER_KAFKA_LIBS"):
         dirs.append(Path(os.environ["KRAFTKEEPER_KAFKA_LIBS"]))
+    if os.environ.get("KAFKA_HOME"):  # a Kafka installation's own jars
+        dirs.append(Path(os.environ["KAFKA_HOME"]) / "libs")
     dirs += sorted(cache_dir().glob("kafka-*/libs"), reverse=True)
     for d in dirs:
         jars = sorted(d.glob("kafka-clients-*.jar"), reverse=True)
@@ -54,7 +57,8 @@ def find_clients_jar() -> Path:
             return jars[0]
     raise SchemaJarMissing(
         "no kafka-clients jar found (it carries Kafka's message schemas for AddRaftVoter / "
-        "RemoveRaftVoter): run scripts/kafka.sh install, or set KRAFTKEEPER_KAFKA_CLIENTS_JAR"
+        "RemoveRaftVoter): set KAFKA_HOME to a Kafka 3.9+ installation, or KRAFTKEEPER_KAFKA_CLIENTS_JAR, "
+        "or run scripts/kafka.sh install"
     )
 
 

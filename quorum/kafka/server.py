@@ -28,7 +28,6 @@ listener runs inside a node or as a stand-alone gateway (``python -m quorum.kafk
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import struct
@@ -44,6 +43,7 @@ from kafka.protocol.admin import (  # type: ignore[import-untyped]
 from kafka.protocol.api_header import ResponseClassRegistry  # type: ignore[import-untyped]
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # type: ignore[import-untyped]
 
+from quorum.client import QuorumClient
 from quorum.types import ErrorCode, KraftError
 
 from .schemas import SchemaJarMissing, membership_messages
@@ -134,6 +134,7 @@ class KafkaWireServer:
         self.advertised = advertised
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         try:
             self._membership: dict[str, Any] | None = membership_messages()
         except SchemaJarMissing as e:
@@ -157,14 +158,15 @@ class KafkaWireServer:
         log.info("Kafka listener on %s:%d", self.host, self.port)
 
     async def close(self) -> None:
+        """Stop accepting, close every open connection (its handler then sees end of stream)."""
         if self._server is not None:
             self._server.close()
+        for w in list(self._writers):
+            w.close()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
+        if self._server is not None:
             await self._server.wait_closed()
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
 
     # -- connection loop ------------------------------------------------------------------------
 
@@ -172,6 +174,7 @@ class KafkaWireServer:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
+        self._writers.add(writer)
         peer = writer.get_extra_info("peername")
         try:
             while True:
@@ -196,6 +199,7 @@ class KafkaWireServer:
             return
         finally:
             writer.close()
+            self._writers.discard(writer)
             if task is not None:
                 self._tasks.discard(task)
 
@@ -403,3 +407,43 @@ async def start_kafka_listener(
     server = KafkaWireServer(backend, host, port, insecure=insecure)
     await server.start()
     return server
+
+
+class NodeKafkaListener:
+    """The listener of ``kraftkeeper start --kafka-listen HOST:PORT``: it asks the quorum through
+    the node's own HTTP API (and its voters', to follow the leader), so it needs nothing of the
+    node's internals. Refused on a TLS node: it has no TLS or authentication of its own, and would
+    let anyone who reaches it change the voter set without the credentials the node requires."""
+
+    def __init__(self, server: KafkaWireServer, client: QuorumClient) -> None:
+        self.server, self.client = server, client
+
+    @classmethod
+    async def start(
+        cls,
+        kafka_listen: str,
+        node_endpoint: str,
+        voter_endpoints: list[str],
+        *,
+        tls: bool,
+        insecure: bool = False,
+    ) -> NodeKafkaListener:
+        if tls:
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                "--kafka-listen: not available with TLS on (the Kafka listener has no TLS or "
+                "authentication yet); run `python -m quorum.kafka` on a trusted host instead",
+            )
+        client = QuorumClient(
+            [node_endpoint, *[e for e in voter_endpoints if e != node_endpoint]], timeout=10.0
+        )
+        try:
+            server = await start_kafka_listener(kafka_listen, client, insecure=insecure)
+        except BaseException:
+            await client.close()
+            raise
+        return cls(server, client)
+
+    async def close(self) -> None:
+        await self.server.close()
+        await self.client.close()

@@ -6,6 +6,7 @@ refusals, and Kafka's answers to API keys and versions we do not serve."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -21,8 +22,11 @@ from typing import Any
 import pytest
 from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse  # type: ignore[import-untyped]
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # type: ignore[import-untyped]
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import JVM_OPTS, free_port, kafka_tools_libs
 
+from quorum.kafka.server import NodeKafkaListener
+from quorum.types import ErrorCode, KraftError
 from tests.engine.cluster import LocalCluster
 from tests.kafka.watcher import poll
 
@@ -258,3 +262,30 @@ def test_unknown_apis_and_versions_get_kafka_answers(quorum: tuple[LocalCluster,
     # the listener logs why.
     assert _exchange(gw.port, struct.pack(">ihhih", 10, 999, 0, 9, -1)) is None
     poll(lambda: "API key 999 v0 is not served" in gw.log.read_text(), 30, "the listener's log line")
+
+
+async def test_node_listener_serves_our_own_kafka_client(quorum: tuple[LocalCluster, Gateway]) -> None:
+    """The in-node listener (``start --kafka-listen``) read by the operator's Kafka backend: both
+    ends are ours, the quorum is real, and the describe objects agree."""
+    c, _ = quorum
+    endpoints = [c.endpoint(i) for i in (1, 2, 3)]
+    port = free_port()
+    listener = await NodeKafkaListener.start(f"127.0.0.1:{port}", endpoints[0], endpoints, tls=False)
+    q = KafkaQuorum(f"127.0.0.1:{port}")
+    try:
+        d = await q.describe()
+        ours = await asyncio.to_thread(c.describe)
+        assert d["cluster_id"] == ours["cluster_id"] and d["leader_id"] == ours["leader_id"]
+        assert {(v["id"], v["uuid"], v["endpoint"]) for v in d["voters"]} == {
+            (v["id"], v["uuid"], v["endpoint"]) for v in ours["voters"]
+        }
+        # Our refusal travels as Kafka's error and comes back as our code.
+        v1 = next(v for v in ours["voters"] if v["id"] == 1)
+        with pytest.raises(KraftError) as e:
+            await q.add_voter(1, v1["uuid"])
+        assert e.value.code is ErrorCode.VOTER_ALREADY_ADDED
+    finally:
+        await q.close()
+        await listener.close()
+    with pytest.raises(KraftError, match="not available with TLS"):
+        await NodeKafkaListener.start(f"127.0.0.1:{port}", endpoints[0], endpoints, tls=True)
