@@ -126,7 +126,15 @@ def test_membership_messages_come_from_the_jar(kafka_jars: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        ([], "--kafka-bootstrap-controllers"),
+        (["--events", "E"], "--kafka-bootstrap-controllers"),
+        (
+            ["--kafka-bootstrap-servers", "b:1", "--kafka-bootstrap-controllers", "c:1", "--events", "E"],
+            "not allowed",
+        ),
+        (
+            ["--kafka-bootstrap-servers", "b", "--events", "E"],
+            "--kafka-bootstrap-servers: 'b' is not HOST:PORT",
+        ),
         (["--kafka-bootstrap-controllers", "nohost", "--events", "E"], "not HOST:PORT"),
         (["--kafka-bootstrap-controllers", "h:1", "--events", "E", "--order", "Sideways"], "--order"),
         (
