@@ -40,14 +40,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quorum.client import QuorumClient
 from quorum.runtime.config import load_config
+from quorum.security.clientconfig import ENV_VAR as CLIENT_CONFIG_ENV
+from quorum.security.clientconfig import ClientConfig, load_client_config
 from quorum.types import KraftError
 
 from .controller import ControllerStatus, RecoveryController
 from .localcluster import DEFAULT_BASE_PORT, ClusterLayout, meta_uuid, pid_alive, replace_disk, write_atomic
+from .localtls import CertRotator, LocalTls, add_tls_args, remove_client_json, tls_from_args
 from .recovery import Order, PolicyError, Recovery, RecoveryPolicy
 from .supervisor import Supervisor
 from .survivor import LogState, choose_survivor, probe_log_state
 from .telemetry import EventLogSink, OperatorMetrics
+from .view import QuorumView
 
 log = logging.getLogger("kraftkeeper.operator.local")
 
@@ -144,20 +148,31 @@ async def run_local(
     interval: float = 0.5,
     stop: asyncio.Event | None = None,
     node_config: Path | None = None,
+    tls: LocalTls | None = None,
 ) -> None:
-    """Supervise the cluster and run the recovery controller until ``stop`` is set."""
+    """Supervise the cluster and run the recovery controller until ``stop`` is set. With
+    ``tls`` (the default of the command line) the nodes serve https with mutual TLS between
+    them, the controller uses the admin credential, and certificates are renewed before expiry
+    (localtls.py); without it the nodes serve plaintext HTTP on loopback and no client.json
+    exists."""
     stop = stop or asyncio.Event()
     pidfile = _claim(layout)
     try:
         # Before any node runs: the one moment an initial format is safe (localcluster.py).
         await asyncio.to_thread(layout.bootstrap)
+        cfg: ClientConfig | None = None
+        if tls is not None:
+            cfg = await asyncio.to_thread(tls.provision)
+        else:
+            await asyncio.to_thread(remove_client_json, layout.dir)
     except BaseException:
         pidfile.unlink(missing_ok=True)
         raise
     metrics = OperatorMetrics()
     state_path = layout.dir / "operator-state.json"
     saved = await asyncio.to_thread(LocalState.load, state_path)
-    client = QuorumClient([layout.endpoint(i) for i in range(1, layout.nodes + 1)], timeout=3.0)
+    bootstrap = [layout.endpoint(i) for i in range(1, layout.nodes + 1)]
+    client = QuorumClient(bootstrap, timeout=3.0, client_config=cfg)
     ctl = RecoveryController(
         client,
         policy,
@@ -178,40 +193,66 @@ async def run_local(
     ctl.persist = persist
     server = _StatusServer(metrics)
     await server.start(layout.base_port)
-    sup = Supervisor(layout, node_config)
+    sup = Supervisor(layout, node_config, tls.node_args() if tls is not None else None)
     unclean = _Unclean(layout, sup, ctl, client)
+    rotator = CertRotator(tls, sup.restart, max_lag=policy.max_lag) if tls is not None else None
     try:
         while not stop.is_set():
             await sup.supervise_once()
             await unclean.maybe_run()
-            await _controller_pass(ctl, sup, server, interval)
+            view = await _controller_pass(ctl, sup, server, interval)
+            if tls is not None and rotator is not None:
+                await _rotate(tls, rotator, view, ctl, unclean, bootstrap)
+                server.last["certificateRotations"] = {str(k): v for k, v in rotator.rotations.items()}
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), ctl.wake_in(interval))
     finally:
         await sup.stop_all()
-        await client.close()
+        await unclean.client.close()
         await server.stop()
         with contextlib.suppress(FileNotFoundError):
             pidfile.unlink()
 
 
+async def _rotate(
+    tls: LocalTls,
+    rotator: CertRotator,
+    view: QuorumView | None,
+    ctl: RecoveryController,
+    unclean: _Unclean,
+    bootstrap: list[str],
+) -> None:
+    """Certificate renewal: the operator's own admin credential (then a new client, since the
+    TLS context holds the old one), and the nodes' certificates one at a time (localtls.py)."""
+    try:
+        if await asyncio.to_thread(tls.renew_admin_if_due):
+            old = unclean.client
+            cfg = await asyncio.to_thread(load_client_config, tls.client_json)
+            unclean.client = ctl.api = QuorumClient(bootstrap, timeout=3.0, client_config=cfg)
+            await old.close()
+        await rotator.step(view)
+    except (KraftError, OSError, ValueError) as e:  # retried on the next pass
+        log.error("certificate renewal failed: %s", e)
+
+
 async def _controller_pass(
     ctl: RecoveryController, sup: Supervisor, server: _StatusServer, interval: float
-) -> None:
+) -> QuorumView | None:
     try:
         st: ControllerStatus = await asyncio.wait_for(ctl.reconcile(), timeout=max(5.0, 4 * interval))
     except TimeoutError:
         log.warning("reconcile took too long; retrying")
-        return
+        return None
     except Exception:  # the supervisor must outlive any controller bug
         log.exception("reconcile failed")
-        return
+        return None
     last = st.to_status()
     last["supervisor"] = {
         str(n.index): {"pid": n.proc.pid if n.proc else None, "restarts": n.restarts}
         for n in sup.nodes.values()
     }
     server.last = last
+    return st.view
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,6 +408,7 @@ def local_main(argv: list[str]) -> int:
         help="JSON/TOML config file passed to every node (`kraftkeeper start --config`)",
     )
     _policy_args(p)
+    add_tls_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -375,6 +417,7 @@ def local_main(argv: list[str]) -> int:
             # The nodes' own loader: a bad file is refused here, naming the key, not by N crash loops.
             load_config(a.node_config)
         layout = ClusterLayout.load_or_create(Path(a.dir), a.nodes, a.base_port)
+        tls = tls_from_args(a, layout.dir, layout.cluster_id, list(range(1, layout.nodes + 1)))
     except (PolicyError, ValueError) as e:
         sys.stderr.write(f"INVALID_REQUEST: {e}\n")
         return 2
@@ -389,14 +432,18 @@ def local_main(argv: list[str]) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_local(layout, policy, interval=a.interval, stop=stop, node_config=node_config)
+        await run_local(layout, policy, interval=a.interval, stop=stop, node_config=node_config, tls=tls)
 
     try:
         asyncio.run(main())
+    except KraftError as e:  # the TLS directory belongs to another cluster, or does not parse
+        sys.stderr.write(f"{e.code.value}: {e.message}\n")
+        return 2
     except (RuntimeError, OSError) as e:
         sys.stderr.write(f"UNAVAILABLE: {e}\n")
         return 1
     return 0
+
 
 
 def replace_disk_main(argv: list[str]) -> int:
@@ -405,7 +452,19 @@ def replace_disk_main(argv: list[str]) -> int:
     p.add_argument("--dir", required=True)
     p.add_argument("--node", type=int, required=True)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument(
+        "--client-config",
+        default=None,
+        help="client config JSON (as every client command; default $KRAFTKEEPER_CLIENT_CONFIG); "
+        "checked, though replace-disk itself only acts on the directory",
+    )
     a = p.parse_args(argv)
+    try:
+        if a.client_config or os.environ.get(CLIENT_CONFIG_ENV):
+            load_client_config(a.client_config or os.environ[CLIENT_CONFIG_ENV])
+    except KraftError as e:
+        sys.stderr.write(f"{e.code.value}: {e.message}\n")
+        return 2
     try:
         layout = ClusterLayout.load(Path(a.dir))
         new = replace_disk(layout, a.node, timeout=a.timeout)

@@ -51,9 +51,12 @@ class NodeProc:
 class Supervisor:
     """Starts, watches and restarts the node processes of one local cluster."""
 
-    def __init__(self, layout: ClusterLayout, node_config: Path | None = None) -> None:
+    def __init__(
+        self, layout: ClusterLayout, node_config: Path | None = None, node_args: list[str] | None = None
+    ) -> None:
         self.layout = layout
         self.node_config = node_config  # passed to every node as ``start --config``
+        self.node_args = list(node_args or [])  # e.g. ``--tls-dir DIR/tls`` (localtls.py)
         self.nodes = {i: NodeProc(i) for i in range(1, layout.nodes + 1)}
         self.stopping = False
         self.internal_hold: set[int] = set()  # nodes the supervisor itself keeps stopped
@@ -92,6 +95,7 @@ class Supervisor:
             "--voters",
             lay.voters(),
             *(["--config", str(self.node_config)] if self.node_config is not None else []),
+            *self.node_args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=n.log_fh,
             stderr=n.log_fh,
@@ -100,6 +104,14 @@ class Supervisor:
         n.started_at = time.monotonic()
         write_atomic(lay.control() / f"node-{n.index}.pid", f"{n.proc.pid}\n")
         log.info("started node %d (pid %d) on %s", n.index, n.proc.pid, lay.endpoint(n.index))
+
+    async def restart(self, i: int) -> None:
+        """Stop node i gracefully; the next :meth:`supervise_once` starts it again at once (a
+        planned restart, e.g. with a renewed certificate, is not a crash: no back-off)."""
+        n = self.nodes[i]
+        await self._stop(n)
+        n.next_start = 0.0
+        n.restarts += 1
 
     async def _stop(self, n: NodeProc, grace: float = STOP_GRACE_S) -> None:
         p = n.proc

@@ -393,7 +393,7 @@ def test_disk_replacement_is_recovered_without_a_human(
 ) -> None:
     ns = namespace
     # Real node processes stand in for the pods q-0..q-2; supervision only (no local recovery).
-    nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"])
+    nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"], insecure=True)
     overrides = ",".join(f"{ns}/q/{k}={nodes.endpoint(k + 1)}" for k in range(3))
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     try:
@@ -509,7 +509,7 @@ def test_scale_down_reassigns_before_shrinking(
     kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
 ) -> None:
     ns = namespace
-    nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"])
+    nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"], insecure=True)
     overrides = ",".join(f"{ns}/s/{k}={nodes.endpoint(k + 1)}" for k in range(3))
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     sts_path = f"/apis/apps/v1/namespaces/{ns}/statefulsets/s"
@@ -576,7 +576,9 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
     once, and it serves the keys it had."""
     ns, name = namespace, "u"
     q = parse_spec({"metadata": {"name": name, "namespace": ns}, "spec": {"voters": 3}})
-    nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"], cluster_id=q.cluster_id)
+    nodes = LocalCluster(
+        tmp_path / "nodes", 3, extra=["--no-recovery"], insecure=True, cluster_id=q.cluster_id
+    )
     overrides = ",".join(f"{ns}/{name}/{k}={nodes.endpoint(k + 1)}" for k in range(3))
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     holds: list[Path] = []
@@ -779,7 +781,11 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(
     cfg = tmp_path / "node.json"
     cfg.write_text(json.dumps(STALE_NODE_CONFIG))
     nodes = LocalCluster(
-        tmp_path / "nodes", 5, extra=["--no-recovery", "--node-config", str(cfg)], cluster_id=q.cluster_id
+        tmp_path / "nodes",
+        5,
+        extra=["--no-recovery", "--node-config", str(cfg)],
+        cluster_id=q.cluster_id,
+        insecure=True,
     )
     overrides = ",".join(f"{ns}/{name}/{k}={nodes.endpoint(k + 1)}" for k in range(5))
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)

@@ -69,18 +69,26 @@ def poll(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: fl
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def kk(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+def kk(
+    *args: str, timeout: float = 60.0, client_config: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; ``client_config`` goes through ``KRAFTKEEPER_CLIENT_CONFIG`` (a TLS cluster)."""
+    env = {k: v for k, v in os.environ.items() if k != "KRAFTKEEPER_CLIENT_CONFIG"}
+    if client_config is not None:
+        env["KRAFTKEEPER_CLIENT_CONFIG"] = str(client_config)
     return subprocess.run(
         [sys.executable, "-m", "quorum.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=env,
     )
 
 
 class LocalCluster:
-    """``kraftkeeper operator local`` in a subprocess."""
+    """``kraftkeeper operator local`` in a subprocess: TLS and credentials on (its default),
+    unless ``insecure``; :meth:`kk` runs a client command with the cluster's ``client.json``."""
 
     def __init__(
         self,
@@ -90,9 +98,11 @@ class LocalCluster:
         extra: list[str] | None = None,
         cluster_id: str | None = None,
         base_port: int | None = None,
+        insecure: bool = False,
     ) -> None:
         self.dir = d
         self.nodes = nodes
+        self.insecure = insecure
         # A given base port: supervising an existing cluster directory again (it is fixed there).
         self.base = base_port if base_port is not None else free_base_port(nodes)
         if cluster_id is not None:
@@ -118,6 +128,7 @@ class LocalCluster:
                 str(self.base),
                 "--interval",
                 "0.3",
+                *(["--insecure"] if insecure else []),
                 *(extra or []),
             ],
             stdout=self.log.open("wb"),
@@ -127,6 +138,15 @@ class LocalCluster:
 
     def endpoint(self, i: int) -> str:
         return f"127.0.0.1:{self.base + i}"
+
+    @property
+    def client_config(self) -> Path | None:
+        return None if self.insecure else self.dir / "client.json"
+
+    def kk(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        if self.client_config is not None:
+            poll("client.json written", self.client_config.exists, timeout=60)
+        return kk(*args, timeout=timeout, client_config=self.client_config)
 
     def bootstrap(self) -> str:
         return ",".join(self.endpoint(i) for i in range(1, self.nodes + 1))
@@ -141,7 +161,7 @@ class LocalCluster:
             return str(r.read().decode())
 
     def describe(self) -> dict[str, Any] | None:
-        out = kk("quorum", "describe", "--bootstrap", self.bootstrap(), "--json", timeout=30)
+        out = self.kk("quorum", "describe", "--bootstrap", self.bootstrap(), "--json", timeout=30)
         if out.returncode != 0:
             return None
         data: dict[str, Any] = json.loads(out.stdout)
@@ -186,7 +206,7 @@ def run_format_container(
     """Run the StatefulSet's format init container command for pod ``ordinal`` the way the kubelet
     would (the one part that cannot run here), with its volumes at local paths. The same command
     performs a requested unclean recovery (manifests.format_command)."""
-    (fmt,) = sts["spec"]["template"]["spec"]["initContainers"]
+    fmt = next(c for c in sts["spec"]["template"]["spec"]["initContainers"] if c["name"] == "format")
     assert fmt["command"][:2] == ["sh", "-c"]
     script = fmt["command"][2].replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
     env = {
@@ -266,7 +286,7 @@ def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]
     eps = ",".join(c.endpoint(i) for i in (b, *rest))
     put = poll(
         "fresh = yes committed at a newer epoch",
-        lambda: (p := kk("kv", "put", "--bootstrap", eps, "fresh", "yes")).returncode == 0 and p,
+        lambda: (p := c.kk("kv", "put", "--bootstrap", eps, "fresh", "yes")).returncode == 0 and p,
         timeout=120,
         every=0.5,
     )

@@ -18,7 +18,6 @@ from tests.operator.operator_nodes import (
     STALE_NODE_CONFIG,
     LocalCluster,
     engine_missing,
-    kk,
     make_stale_longer_log,
     poll,
 )
@@ -206,10 +205,10 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
             ),
             timeout=90,
         )
-        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
+        assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
         victim = int(first["leader_id"])  # the leader's disk is the awkward one
         old = next(v["uuid"] for v in first["voters"] if v["id"] == victim)
-        out = kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
+        out = c.kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
         assert out.returncode == 0, out.stderr
         new = out.stdout.strip().splitlines()[-1]
         assert new != old
@@ -238,7 +237,7 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
             e["cluster"] == "demo" and e["replica_id"] == victim for e in events if e["recovery_id"] == rid
         )
         assert 'kraftkeeper_operator_recoveries_total{quorum="demo",result="completed"} 1.0' in c.metrics()
-        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
+        got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert got.returncode == 0 and got.stdout.strip() == "v1"  # nothing committed was lost
     finally:
         rc = c.stop()
@@ -280,7 +279,7 @@ def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -
             lambda: (x := c.describe()) and x["leader_id"] > 0 and all(v["uuid"] for v in x["voters"]) and x,
             timeout=90,
         )
-        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
+        assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
         poll(
             "k1 on every voter",
             lambda: (
@@ -304,9 +303,9 @@ def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -
             return x if [v["id"] for v in x["voters"]] == [1] else None
 
         poll("node 1 sole voter, RECOVERED", sole_voter, timeout=120)
-        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
+        got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert got.returncode == 0 and got.stdout.strip() == "v1"  # the survivor had it
-        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k2", "v2").returncode == 0  # writable again
+        assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k2", "v2").returncode == 0  # writable again
         events = [e for e in read_events(d) if e["type"] == "unclean_recovery"]
         assert len(events) == 1
         assert events[0]["replica_id"] == 1 and "no live majority" in events[0]["detail"]["reason"]
@@ -327,13 +326,18 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(tmp_path: 
     cfg = tmp_path / "node.json"
     cfg.write_text(json.dumps(STALE_NODE_CONFIG))
     d = tmp_path / "s"
-    c = LocalCluster(d, 5, extra=["--no-recovery", "--node-config", str(cfg)])
+    # Plaintext: the stale writes are sent by hand, without a client (operator_nodes._put_nowait).
+    c = LocalCluster(d, 5, extra=["--no-recovery", "--node-config", str(cfg)], insecure=True)
     holds: list[Path] = []
     try:
         stale, fresh = make_stale_longer_log(c, holds)
         assert c.stop() == 0, c.tail()
         c = LocalCluster(
-            d, 5, extra=["--node-config", str(cfg), "--unclean-after-seconds", "1"], base_port=c.base
+            d,
+            5,
+            extra=["--node-config", str(cfg), "--unclean-after-seconds", "1"],
+            base_port=c.base,
+            insecure=True,
         )
         events = poll(
             "an unclean recovery",
@@ -349,10 +353,10 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(tmp_path: 
         assert cands[str(stale)][0] < cands[str(fresh)][0]  # ... because its last epoch is older
         poll(
             "the committed write readable after the recovery",
-            lambda: kk("kv", "get", "--bootstrap", c.bootstrap(), "fresh").stdout.strip() == "yes",
+            lambda: c.kk("kv", "get", "--bootstrap", c.bootstrap(), "fresh").stdout.strip() == "yes",
             timeout=120,
         )
-        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "stale-0")
+        got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "stale-0")
         assert got.returncode != 0 and "NOT_FOUND" in got.stderr, got
     finally:
         for h in holds:
@@ -378,7 +382,7 @@ def test_local_mode_remove_then_add_order(tmp_path: Path) -> None:
         )
         victim = next(v["id"] for v in first["voters"] if v["id"] != first["leader_id"])
         old = next(v["uuid"] for v in first["voters"] if v["id"] == victim)
-        out = kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
+        out = c.kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
         assert out.returncode == 0, out.stderr
         new = out.stdout.strip().splitlines()[-1]
         done = poll(
@@ -419,11 +423,11 @@ def test_two_disks_replaced_in_a_five_node_cluster_recover_one_after_the_other(t
             ),
             timeout=120,
         )
-        assert kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
+        assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
         victims = [v["id"] for v in first["voters"] if v["id"] != first["leader_id"]][:2]
         news = {}
         for node in victims:  # the second while the first recovery is still running
-            out = kk("cluster", "replace-disk", "--dir", str(d), "--node", str(node))
+            out = c.kk("cluster", "replace-disk", "--dir", str(d), "--node", str(node))
             assert out.returncode == 0, out.stderr
             news[node] = out.stdout.strip().splitlines()[-1]
 
@@ -442,7 +446,7 @@ def test_two_disks_replaced_in_a_five_node_cluster_recover_one_after_the_other(t
         # One change at a time: every start is followed by its own commit before the next start.
         for (a, ida), (b, idb) in zip(changes[::2], changes[1::2], strict=True):
             assert a.endswith("_started") and b == a.replace("_started", "_committed") and ida == idb
-        got = kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
+        got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert got.returncode == 0 and got.stdout.strip() == "v1"
     finally:
         assert c.stop() == 0, c.tail()

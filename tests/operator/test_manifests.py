@@ -130,7 +130,7 @@ def test_bootstrap_configmap_is_owned_mounted_and_only_the_flag_form_carries_the
     pod = statefulset(q, owner, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
     vol = next(v for v in pod["volumes"] if v["name"] == "bootstrap")
     assert vol["configMap"] == {"name": "q-bootstrap"}  # not optional: no flag, no pod
-    (fmt,) = pod["initContainers"]
+    fmt = next(c for c in pod["initContainers"] if c["name"] == "format")
     assert {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True} in fmt["volumeMounts"]
 
 

@@ -1,0 +1,272 @@
+"""TLS of a local cluster (``kraftkeeper operator local``): secure by default (issue 8).
+
+Under DIR the supervisor keeps::
+
+    tls/ca.crt, tls/ca.key         the cluster's CA (quorum/security/pki.py), made once
+    tls/node-<i>.crt, .key         node i's certificate: URI SAN kraftkeeper://CLUSTER_ID/replica/i
+    tls/admin.crt, admin.key       the operator's own admin credential
+    client.json                    the admin client config (interfaces.md "Security"), mode 0600
+
+:class:`LocalTls` issues what is missing, what does not name the right (cluster, replica), and
+what expires within ``renew_before``; certificates are issued for ``validity``. A cluster
+directory made with ``--insecure`` and started later without it simply gets its CA then; with
+``--insecure`` no ``client.json`` is left behind (a stale one would point at nothing that serves
+TLS).
+
+Rotation (:class:`CertRotator`): node certificates are renewed before they expire, one node at a
+time, and never while the quorum is not fully healthy: a node is renewed only when every voter of
+1..N is in the leader's voter set, caught up, and fetched recently, and no voter change is in
+flight; the renewed node is restarted with its new certificate, and the next node waits until this
+one fetched from the leader again after its restart. So at most one voter is ever down for a
+rotation, which a quorum of 3 or more survives (a quorum of 1 has a short outage: it has no other
+voter). The CA stays, so peers keep trusting the renewed node. ``kraftkeeper cluster
+replace-disk`` wipes only ``node-<i>/``; the certificate under ``tls/`` still binds replica i, so
+nothing is re-issued for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+
+from quorum.security.clientconfig import ClientConfig, load_client_config
+from quorum.security.pki import (
+    CA_CERT,
+    CertificateAuthority,
+    identity_from_cert,
+    init_ca,
+    issue_client,
+    issue_node,
+    load_ca,
+    write_private,
+)
+from quorum.types import ErrorCode, KraftError
+
+from .view import QuorumView
+
+log = logging.getLogger("kraftkeeper.operator.local")
+
+ADMIN_NAME = "admin"
+DEFAULT_VALIDITY = dt.timedelta(days=365)
+DEFAULT_RENEW_BEFORE = dt.timedelta(days=30)
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd])$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, option: str) -> dt.timedelta:
+    """``30s``, ``15m``, ``12h``, ``365d``; ValueError naming ``option`` otherwise."""
+    m = _DURATION.match(text.strip())
+    if m is None or float(m.group(1)) <= 0:
+        raise ValueError(f"{option} {text!r}: expected a positive duration such as 30s, 15m, 12h or 365d")
+    return dt.timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _cert(path: Path) -> x509.Certificate | None:
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class LocalTls:
+    """The credentials of one local cluster (module docstring)."""
+
+    dir: Path  # the cluster directory
+    cluster_id: str
+    node_ids: list[int]
+    validity: dt.timedelta = DEFAULT_VALIDITY
+    renew_before: dt.timedelta = DEFAULT_RENEW_BEFORE
+
+    def __post_init__(self) -> None:
+        if self.renew_before >= self.validity:
+            raise ValueError(
+                f"--renew-before ({self.renew_before}) must be shorter than --cert-validity ({self.validity})"
+            )
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.dir / "tls"
+
+    @property
+    def client_json(self) -> Path:
+        return self.dir / "client.json"
+
+    def node_args(self) -> list[str]:
+        return ["--tls-dir", str(self.tls_dir)]
+
+    def _ca(self) -> CertificateAuthority:
+        if not (self.tls_dir / CA_CERT).exists():
+            log.info("created the cluster CA in %s", self.tls_dir)
+            return init_ca(self.tls_dir, self.cluster_id)
+        ca = load_ca(self.tls_dir)
+        if ca.cluster_id != self.cluster_id:
+            raise KraftError(
+                ErrorCode.INCONSISTENT_CLUSTER_ID,
+                f"{self.tls_dir / CA_CERT} is the CA of cluster {ca.cluster_id!r}, not {self.cluster_id!r}",
+            )
+        return ca
+
+    def node_cert(self, i: int) -> Path:
+        return self.tls_dir / f"node-{i}.crt"
+
+    def needs_renewal(self, path: Path, now: dt.datetime | None = None, replica: int | None = None) -> bool:
+        """Missing, unreadable, naming another identity, or expiring within ``renew_before``."""
+        cert = _cert(path)
+        if cert is None:
+            return True
+        if replica is not None:
+            try:
+                ident = identity_from_cert(cert)
+            except KraftError:
+                return True
+            if ident.cluster_id != self.cluster_id or ident.replica_id != replica:
+                return True
+        return cert.not_valid_after_utc <= (now or dt.datetime.now(dt.UTC)) + self.renew_before
+
+    def _days(self) -> float:
+        return self.validity.total_seconds() / 86400.0
+
+    def issue_node(self, i: int) -> None:
+        issue_node(self._ca(), i, days=self._days())
+        log.info("issued the certificate of node %d (valid %s)", i, self.validity)
+
+    def renew_admin_if_due(self) -> bool:
+        """Re-issue the admin credential when due; True if it was (the caller rebuilds clients)."""
+        if not self.needs_renewal(self.tls_dir / f"{ADMIN_NAME}.crt"):
+            return False
+        issue_client(self._ca(), ADMIN_NAME, "admin", days=self._days())
+        log.info("issued the admin credential (valid %s)", self.validity)
+        return True
+
+    def provision(self) -> ClientConfig:
+        """Make every credential ready before any node starts; writes ``client.json``."""
+        self._ca()
+        for i in self.node_ids:
+            if self.needs_renewal(self.node_cert(i), replica=i):
+                self.issue_node(i)
+        self.renew_admin_if_due()
+        cfg = {
+            "ca_file": f"tls/{CA_CERT}",
+            "cert_file": f"tls/{ADMIN_NAME}.crt",
+            "key_file": f"tls/{ADMIN_NAME}.key",
+        }
+        write_private(self.client_json, (json.dumps(cfg, indent=2) + "\n").encode())
+        return load_client_config(self.client_json)
+
+
+def add_tls_args(p: argparse.ArgumentParser) -> None:
+    """The TLS options of ``kraftkeeper operator local``."""
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS and no credentials: nodes serve plaintext HTTP on loopback, no client.json is written",
+    )
+    p.add_argument(
+        "--cert-validity",
+        default=f"{DEFAULT_VALIDITY.days}d",
+        help="validity of the node and admin certificates issued (30s, 15m, 12h, 365d; default %(default)s)",
+    )
+    p.add_argument(
+        "--renew-before",
+        default=f"{DEFAULT_RENEW_BEFORE.days}d",
+        help="renew a certificate this long before it expires, one node at a time (default %(default)s)",
+    )
+
+
+def tls_from_args(a: argparse.Namespace, d: Path, cluster_id: str, node_ids: list[int]) -> LocalTls | None:
+    """None with ``--insecure``; ValueError naming a bad duration option."""
+    validity = parse_duration(a.cert_validity, "--cert-validity")
+    renew_before = parse_duration(a.renew_before, "--renew-before")
+    tls = LocalTls(d, cluster_id, node_ids, validity, renew_before)  # checks the pair
+    return None if a.insecure else tls
+
+
+def remove_client_json(d: Path) -> None:
+    """``--insecure``: no client config may point at a TLS setup that is not serving."""
+    try:
+        os.unlink(d / "client.json")
+        log.warning("--insecure: removed %s (the nodes serve plaintext HTTP on loopback)", d / "client.json")
+    except FileNotFoundError:
+        pass
+
+
+def _healthy(view: QuorumView | None, ids: list[int], max_lag: int, now_ms: int, fresh_ms: int) -> bool:
+    """Every voter of ``ids`` is in the voter set, caught up and fetching; no change in flight."""
+    if view is None or view.pending is not None or view.target_voters is not None:
+        return False
+    by_id = {v.id: v for v in view.voters}
+    if sorted(by_id) != sorted(ids) or len(view.voters) != len(ids):
+        return False
+    for i, v in by_id.items():
+        if i == view.leader_id:
+            continue
+        if not 0 <= v.lag <= max_lag or v.last_fetch_ms < now_ms - fresh_ms:
+            return False
+    return True
+
+
+class CertRotator:
+    """Renews node certificates one node at a time (module docstring). ``restart`` stops a node
+    so that the supervisor starts it again with the new certificate."""
+
+    def __init__(
+        self,
+        tls: LocalTls,
+        restart: Callable[[int], Awaitable[None]],
+        *,
+        max_lag: int = 100,
+        fresh_ms: int = 3000,
+    ) -> None:
+        self.tls, self.restart = tls, restart
+        self.max_lag, self.fresh_ms = max_lag, fresh_ms
+        self.in_flight: tuple[int, int] | None = None  # (node, restart time in ms)
+        self.rotations: dict[int, int] = {}  # node -> renewals done (status, tests)
+
+    def _back(self, view: QuorumView | None, node: int, since_ms: int) -> bool:
+        if view is None:
+            return False
+        if view.leader_id == node:
+            return True  # it was elected again: it runs, with its new certificate
+        return any(
+            v.id == node and v.last_fetch_ms >= since_ms and 0 <= v.lag <= self.max_lag for v in view.voters
+        )
+
+    async def step(self, view: QuorumView | None) -> int | None:
+        """One pass: finish the rotation in flight, else start the next due one. Returns the
+        node restarted by this pass, if any."""
+        now_ms = int(time.time() * 1000)
+        if self.in_flight is not None:
+            node, since = self.in_flight
+            if not self._back(view, node, since):
+                return None
+            log.info("node %d is back in the quorum with its renewed certificate", node)
+            self.in_flight = None
+        due = [i for i in self.tls.node_ids if self.tls.needs_renewal(self.tls.node_cert(i), replica=i)]
+        if not due:
+            return None
+        if not _healthy(view, self.tls.node_ids, self.max_lag, now_ms, self.fresh_ms):
+            log.info("certificate renewal of node(s) %s waits for a fully healthy quorum", due)
+            return None
+        node = min(due, key=lambda i: _expiry(self.tls.node_cert(i)))
+        self.tls.issue_node(node)
+        self.in_flight = (node, now_ms)
+        self.rotations[node] = self.rotations.get(node, 0) + 1
+        log.info("restarting node %d with its renewed certificate", node)
+        await self.restart(node)
+        return node
+
+
+def _expiry(path: Path) -> dt.datetime:
+    cert = _cert(path)
+    return cert.not_valid_after_utc if cert is not None else dt.datetime.min.replace(tzinfo=dt.UTC)
