@@ -86,7 +86,9 @@ def _kill_together(c: LocalCluster, nodes: list[int]) -> None:
 
 
 def test_acknowledged_writes_survive_majority_power_loss(tmp_path: Path) -> None:
-    cfg = {"log": {"unflushed_in_memory": True}}
+    # Small segments and snapshots so that rolls, snapshots and segment deletion happen under
+    # the load and the cuts too.
+    cfg = {"log": {"unflushed_in_memory": True, "segment_bytes": 4096}, "snapshot": {"max_bytes": 8000}}
     with LocalCluster(tmp_path, 3, config=cfg).up() as c:
         c.leader()
         assert "test-only power-loss mode" in c.log_text(1)
