@@ -1,6 +1,6 @@
-"""The HTML report opened in real headless Chromium over the DevTools protocol: the page loads
-from the file alone (no network), draws every plot, logs no error, and a screenshot is not
-blank."""
+"""The HTML report opened in real headless Chromium over the DevTools protocol, at the demo's
+size and a fleet's: the page loads from the file alone (no network), draws every plot, logs no
+error, and a full-page screenshot (kept as an artefact, see ``artefacts_dir``) is not blank."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.reports.util import artefacts_dir
+
 pytestmark = [pytest.mark.browser, pytest.mark.spark]
 
 CHROMIUM_FLAGS = [
@@ -22,7 +24,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
 ]
-PLOTS = ["distributions", "clusters", "gantt", "daily", "bad-input"]
+WIDTH = 1300
 
 
 class Cdp:
@@ -79,12 +81,12 @@ async def wait_for_port(profile: Path, proc: asyncio.subprocess.Process) -> tupl
     raise AssertionError("chromium did not open its DevTools port within 60 s")
 
 
-async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path: Path) -> None:
+async def screenshot(report: Path, profile: Path) -> tuple[dict[str, Any], bytes, list[dict[str, Any]]]:
+    """Open ``report`` in headless Chromium: what the page holds, a full-page PNG, and the
+    browser's events (errors, requests)."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("needs Debian's chromium (scripts/install-system.sh install)")
-    report = (report_run[0] / "report.html").resolve()
-    profile = tmp_path / "profile"
     proc = await asyncio.create_subprocess_exec(
         chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
@@ -100,7 +102,7 @@ async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path
             sid = attached["sessionId"]
             for domain in ("Page", "Runtime", "Log", "Network"):
                 await cdp.call(f"{domain}.enable", sid)
-            await cdp.call("Emulation.setDeviceMetricsOverride", sid, width=1300, height=1000,
+            await cdp.call("Emulation.setDeviceMetricsOverride", sid, width=WIDTH, height=1000,
                            deviceScaleFactor=1, mobile=False)
             cdp.events.clear()
             await cdp.call("Page.navigate", sid, url=report.as_uri())
@@ -110,13 +112,14 @@ async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path
                 name: f.dataset.plot, svg: !!f.querySelector('svg'),
                 w: f.getBoundingClientRect().width, h: f.getBoundingClientRect().height,
                 shapes: f.querySelectorAll('path, rect, use').length})),
+              summary: document.querySelector('#summary').innerText,
               headline: document.querySelector('#headline').innerText,
               title: document.title, height: document.body.scrollHeight})"""
             res = await cdp.call("Runtime.evaluate", sid, expression=probe, returnByValue=True)
             page = json.loads(res["result"]["value"])
-            shot = await cdp.call("Page.captureScreenshot", sid, format="png")
-            png = base64.b64decode(shot["data"])
-            (tmp_path / "report.png").write_bytes(png)
+            height = min(int(page["height"]), 16_000)
+            shot = await cdp.call("Page.captureScreenshot", sid, format="png", captureBeyondViewport=True,
+                                  clip={"x": 0, "y": 0, "width": WIDTH, "height": height, "scale": 1})
             await cdp.call("Browser.close")
             cdp.reader.cancel()
     finally:
@@ -127,28 +130,51 @@ async def test_report_renders_in_chromium(report_run: tuple[Path, str], tmp_path
         except TimeoutError:
             proc.kill()
             await proc.wait()
+    return page, base64.b64decode(shot["data"]), cdp.events
 
+
+def check_in_browser(
+    page: dict[str, Any], png: bytes, events: list[dict[str, Any]], plots: list[str]
+) -> None:
     assert page["title"] == "KRaftKeeper recovery report"
-    assert [p["name"] for p in page["plots"]] == PLOTS
+    assert [p["name"] for p in page["plots"]] == plots
     for p in page["plots"]:
         assert p["svg"] and p["w"] > 300 and p["h"] > 150 and p["shapes"] > 10, p
-    assert "median time to recover" in page["headline"] and "failed" in page["headline"]
+    assert "recover" in page["summary"] and "slowest took" in page["summary"]
+    assert "completed" in page["headline"] and "failed" in page["headline"]
     errors = [
-        e for e in cdp.events
+        e for e in events
         if e.get("method") == "Runtime.exceptionThrown"
         or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
         or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
     ]
     assert errors == []
-    requests = [e for e in cdp.events if e.get("method") == "Network.requestWillBeSent"]
-    urls = [e["params"]["request"]["url"] for e in requests]
+    urls = [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
     assert urls and all(u.startswith(("file:", "data:")) for u in urls), urls  # self-contained
-
-    # The screenshot is a real picture: mostly light background with a good share of ink.
+    # The screenshot is a real picture of the whole page: light background, a good share of ink.
     import matplotlib.image
 
     img = matplotlib.image.imread(io.BytesIO(png), format="png")
-    assert img.shape[0] == 1000 and img.shape[1] == 1300
+    assert img.shape[1] == WIDTH and img.shape[0] == min(int(page["height"]), 16_000)
     rgb = img[..., :3]
     ink = (rgb.mean(axis=2) < 0.85).mean()
-    assert 0.05 < ink < 0.9 and rgb.std() > 0.1
+    assert 0.03 < ink < 0.9 and rgb.std() > 0.1
+
+
+@pytest.mark.parametrize(
+    ("which", "plots"),
+    [
+        ("demo_report", ["each", "gantt"]),
+        ("fleet_report", ["distributions", "compare", "gantt", "clusters", "daily", "bad-input"]),
+    ],
+)
+async def test_report_renders_in_chromium(
+    which: str, plots: list[str], request: pytest.FixtureRequest, tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    out: Path = request.getfixturevalue(which)
+    page, png, events = await screenshot((out / "report.html").resolve(), tmp_path / "profile")
+    keep = artefacts_dir(tmp_path_factory) / f"{which}.png"
+    keep.write_bytes(png)
+    print(f"screenshot of {out / 'report.html'}: {keep}")
+    check_in_browser(page, png, events, plots)
