@@ -35,6 +35,7 @@ from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.intervals import CATCH_UP, EXPOSURE, TOTAL, durations, first_timestamps, fmt_ms
 from kraftkeeper_reports.job import run_report
 from quorum.client import QuorumClient
+from quorum.security.clientconfig import load_client_config
 from quorum.types import KraftError
 
 
@@ -133,7 +134,10 @@ async def _run_cluster(d: Path, recoveries: int, keys_per_round: int, stabilizat
     finally:
         os.close(log_fd)
     try:
-        async with QuorumClient(bootstrap, timeout=30) as client:
+        # TLS is on by default: the supervisor writes the admin client config before any node runs.
+        cfg_file = d / "client.json"
+        await _wait(lambda: _exists(cfg_file), 60, f"{cfg_file} (the admin client config)")
+        async with QuorumClient(bootstrap, timeout=30, client_config=load_client_config(cfg_file)) as client:
             desc = await _wait(lambda: _described(client), 90, "a leader to be elected")
             _say(
                 f"leader is node {desc['leader_id']} at epoch {desc['leader_epoch']}; voters "
@@ -222,6 +226,10 @@ async def _report_recovery(events_dir: Path, new_uuid: str, wall_s: float) -> No
         _say(f"  {i.title}: {fmt_ms(d[i.name])}")
     _say(f"  (demo wall clock, replace-disk command started → new voter set seen: {fmt_ms(wall_s * 1000)}; "
          "it includes stopping, formatting and restarting the node before detection)")
+
+
+async def _exists(p: Path) -> bool:
+    return await asyncio.to_thread(p.exists)
 
 
 async def _all_completed(events_dir: Path, n: int) -> bool:
