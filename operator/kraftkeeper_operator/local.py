@@ -46,8 +46,9 @@ from quorum.types import KraftError
 
 from .controller import ControllerStatus, RecoveryController
 from .localcluster import DEFAULT_BASE_PORT, ClusterLayout, meta_uuid, pid_alive, replace_disk, write_atomic
-from .localtls import CertRotator, LocalTls, add_tls_args, remove_client_json, tls_from_args
+from .localtls import LocalTls, add_tls_args, remove_client_json, tls_from_args
 from .recovery import Order, PolicyError, Recovery, RecoveryPolicy
+from .rotation import CertRotator
 from .supervisor import Supervisor
 from .survivor import LogState, choose_survivor, probe_log_state
 from .telemetry import EventLogSink, OperatorMetrics
@@ -195,7 +196,10 @@ async def run_local(
     await server.start(layout.base_port)
     sup = Supervisor(layout, node_config, tls.node_args() if tls is not None else None)
     unclean = _Unclean(layout, sup, ctl, client)
-    rotator = CertRotator(tls, sup.restart, max_lag=policy.max_lag) if tls is not None else None
+    rotator = None
+    if tls is not None:
+        ids = tls.node_ids
+        rotator = CertRotator(tls.due, tls.renew_node, sup.restart, lambda: ids, max_lag=policy.max_lag)
     try:
         while not stop.is_set():
             await sup.supervise_once()

@@ -13,13 +13,10 @@ directory made with ``--insecure`` and started later without it simply gets its 
 ``--insecure`` no ``client.json`` is left behind (a stale one would point at nothing that serves
 TLS).
 
-Rotation (:class:`CertRotator`): node certificates are renewed before they expire, one node at a
-time, and never while the quorum is not fully healthy: a node is renewed only when every voter of
-1..N is in the leader's voter set, caught up, and fetched recently, and no voter change is in
-flight; the renewed node is restarted with its new certificate, and the next node waits until this
-one fetched from the leader again after its restart. So at most one voter is ever down for a
-rotation, which a quorum of 3 or more survives (a quorum of 1 has a short outage: it has no other
-voter). The CA stays, so peers keep trusting the renewed node. ``kraftkeeper cluster
+Rotation (rotation.py's :class:`CertRotator`, with :meth:`LocalTls.due` and
+:meth:`LocalTls.issue_node`): node certificates are renewed before they expire, one node at a time,
+never while the quorum is not fully healthy, and the node is restarted with its new certificate.
+The CA stays, so peers keep trusting the renewed node. ``kraftkeeper cluster
 replace-disk`` wipes only ``node-<i>/``; the certificate under ``tls/`` still binds replica i, so
 nothing is re-issued for it.
 """
@@ -27,13 +24,12 @@ nothing is re-issued for it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
 import logging
 import os
 import re
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +47,6 @@ from quorum.security.pki import (
     write_private,
 )
 from quorum.types import ErrorCode, KraftError
-
-from .view import QuorumView
 
 log = logging.getLogger("kraftkeeper.operator.local")
 
@@ -137,6 +131,14 @@ class LocalTls:
     def _days(self) -> float:
         return self.validity.total_seconds() / 86400.0
 
+    async def due(self) -> list[int]:
+        """The nodes whose certificate needs renewal, soonest expiry first."""
+        due = [i for i in self.node_ids if self.needs_renewal(self.node_cert(i), replica=i)]
+        return sorted(due, key=lambda i: _expiry(self.node_cert(i)))
+
+    async def renew_node(self, i: int) -> None:
+        await asyncio.to_thread(self.issue_node, i)
+
     def issue_node(self, i: int) -> None:
         issue_node(self._ca(), i, days=self._days())
         log.info("issued the certificate of node %d (valid %s)", i, self.validity)
@@ -199,72 +201,6 @@ def remove_client_json(d: Path) -> None:
         log.warning("--insecure: removed %s (the nodes serve plaintext HTTP on loopback)", d / "client.json")
     except FileNotFoundError:
         pass
-
-
-def _healthy(view: QuorumView | None, ids: list[int], max_lag: int, now_ms: int, fresh_ms: int) -> bool:
-    """Every voter of ``ids`` is in the voter set, caught up and fetching; no change in flight."""
-    if view is None or view.pending is not None or view.target_voters is not None:
-        return False
-    by_id = {v.id: v for v in view.voters}
-    if sorted(by_id) != sorted(ids) or len(view.voters) != len(ids):
-        return False
-    for i, v in by_id.items():
-        if i == view.leader_id:
-            continue
-        if not 0 <= v.lag <= max_lag or v.last_fetch_ms < now_ms - fresh_ms:
-            return False
-    return True
-
-
-class CertRotator:
-    """Renews node certificates one node at a time (module docstring). ``restart`` stops a node
-    so that the supervisor starts it again with the new certificate."""
-
-    def __init__(
-        self,
-        tls: LocalTls,
-        restart: Callable[[int], Awaitable[None]],
-        *,
-        max_lag: int = 100,
-        fresh_ms: int = 3000,
-    ) -> None:
-        self.tls, self.restart = tls, restart
-        self.max_lag, self.fresh_ms = max_lag, fresh_ms
-        self.in_flight: tuple[int, int] | None = None  # (node, restart time in ms)
-        self.rotations: dict[int, int] = {}  # node -> renewals done (status, tests)
-
-    def _back(self, view: QuorumView | None, node: int, since_ms: int) -> bool:
-        if view is None:
-            return False
-        if view.leader_id == node:
-            return True  # it was elected again: it runs, with its new certificate
-        return any(
-            v.id == node and v.last_fetch_ms >= since_ms and 0 <= v.lag <= self.max_lag for v in view.voters
-        )
-
-    async def step(self, view: QuorumView | None) -> int | None:
-        """One pass: finish the rotation in flight, else start the next due one. Returns the
-        node restarted by this pass, if any."""
-        now_ms = int(time.time() * 1000)
-        if self.in_flight is not None:
-            node, since = self.in_flight
-            if not self._back(view, node, since):
-                return None
-            log.info("node %d is back in the quorum with its renewed certificate", node)
-            self.in_flight = None
-        due = [i for i in self.tls.node_ids if self.tls.needs_renewal(self.tls.node_cert(i), replica=i)]
-        if not due:
-            return None
-        if not _healthy(view, self.tls.node_ids, self.max_lag, now_ms, self.fresh_ms):
-            log.info("certificate renewal of node(s) %s waits for a fully healthy quorum", due)
-            return None
-        node = min(due, key=lambda i: _expiry(self.tls.node_cert(i)))
-        self.tls.issue_node(node)
-        self.in_flight = (node, now_ms)
-        self.rotations[node] = self.rotations.get(node, 0) + 1
-        log.info("restarting node %d with its renewed certificate", node)
-        await self.restart(node)
-        return node
 
 
 def _expiry(path: Path) -> dt.datetime:
