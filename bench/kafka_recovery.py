@@ -1,9 +1,11 @@
 """Healing a replaced Kafka controller disk: ``kraftkeeper operator watch`` against Kafka's own
 auto-join and against the manual ``kafka-metadata-quorum`` path, on identical replacements.
 
-Each mode gets a fresh quorum of three real Kafka 4.x controllers on loopback (jars from
-scripts/kafka.sh). One replacement = SIGKILL a follower controller, wipe its disk, format it with
-``--no-initial-controllers`` (new directory id), start it. Measured: from that restart to the
+One quorum of three real Kafka 4.x controllers on loopback (jars from scripts/kafka.sh); the rounds
+interleave the modes so load changes on the machine hit them alike. One replacement = SIGKILL a
+follower controller, wipe its disk, format it with ``--no-initial-controllers`` (new directory id),
+start it (with ``controller.quorum.auto.join.enable=true`` in the auto-join mode only; the watcher
+runs only during its own modes). Measured: from that restart to the
 moment DescribeQuorum shows the whole voter set again, with the new directory id and every voter
 caught up (polled every 50 ms through the same protocol client the watcher uses).
 
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -126,59 +129,92 @@ def _manual(k: KafkaControllers, victim: int, old_b64: str) -> None:
     _tool(k, "--command-config", str(cfg), "add-controller")
 
 
-def run_mode(mode: str, rounds: int, work: Path, libs: Path) -> list[float]:
-    k = KafkaControllers(work / mode, libs, auto_join=mode == "auto-join")
-    watcher: subprocess.Popen[bytes] | None = None
-    times: list[float] = []
+def _start_watcher(k: KafkaControllers, work: Path, mode: str, tag: str) -> subprocess.Popen[bytes]:
+    port = free_port()
+    stab = "0" if mode == "watch-0" else "10"
+    with open(work / f"watch-{tag}.log", "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quorum.cli",
+                "operator",
+                "watch",
+                "--kafka-bootstrap-controllers",
+                k.bootstrap,
+                "--events",
+                str(work / f"events-{tag}"),
+                "--stabilization-seconds",
+                stab,
+                "--interval",
+                "0.2",
+                "--metrics-port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def running() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
+                return bool(json.loads(r.read()).get("phase") == "Running")
+        except OSError:
+            return False
+
+    _poll(running, 60, "the watcher's first healthy pass")
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def replace_once(k: KafkaControllers, work: Path, mode: str, tag: str, n: int) -> float:
+    """One identical replacement healed by ``mode``; seconds from the restart to a whole voter set."""
+    d = _describe(k)
+    assert d is not None
+    victims = [i for i in k.controllers if i != d["leader_id"]]
+    victim = victims[n % len(victims)]
+    old_b64 = k.controllers[victim].directory_id() or ""
+    watcher = _start_watcher(k, work, mode, tag) if mode.startswith("watch") else None
+    try:
+        k.stop(victim, kill=True)
+        k.wipe_and_format(victim)
+        k.auto_join = mode == "auto-join"  # only the joining controller's setting matters
+        t0 = time.monotonic()
+        k.start(victim)
+        if mode == "manual":
+            _manual(k, victim, old_b64)
+        _poll(lambda: _whole(k), 300, f"{mode}: whole voter set")
+        return time.monotonic() - t0
+    finally:
+        k.auto_join = False
+        if watcher is not None:
+            _stop(watcher)
+
+
+def run(modes: list[str], rounds: int, work: Path, libs: Path) -> dict[str, list[float]]:
+    """One quorum; rounds interleave the modes (A B C D, A B C D, ...) so that a change in the
+    machine's load during the run affects every mode alike."""
+    k = KafkaControllers(work / "kafka", libs)
+    times: dict[str, list[float]] = {m: [] for m in modes}
     try:
         k.format_all()
         k.start_all()
         _poll(lambda: _whole(k), 180, "three caught-up voters")
-        if mode.startswith("watch"):
-            stab = "0" if mode == "watch-0" else "10"
-            with open(work / f"{mode}-watch.log", "wb") as log:
-                watcher = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "quorum.cli",
-                        "operator",
-                        "watch",
-                        "--kafka-bootstrap-controllers",
-                        k.bootstrap,
-                        "--events",
-                        str(work / f"{mode}-events"),
-                        "--stabilization-seconds",
-                        stab,
-                        "--interval",
-                        "0.2",
-                        "--metrics-port",
-                        str(free_port()),
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
         for r in range(rounds):
-            d = _describe(k)
-            assert d is not None
-            victim = [i for i in k.controllers if i != d["leader_id"]][r % 2]
-            old_b64 = k.controllers[victim].directory_id() or ""
-            k.stop(victim, kill=True)
-            k.wipe_and_format(victim)
-            t0 = time.monotonic()
-            k.start(victim)
-            if mode == "manual":
-                _manual(k, victim, old_b64)
-            _poll(lambda: _whole(k), 300, f"{mode}: whole voter set")
-            times.append(time.monotonic() - t0)
-            print(f"{mode} round {r + 1}: {times[-1]:.2f} s", file=sys.stderr, flush=True)
+            for n, m in enumerate(modes):
+                t = replace_once(k, work, m, f"{m}-{r}", r * len(modes) + n)
+                times[m].append(t)
+                print(f"{m} round {r + 1}: {t:.2f} s", file=sys.stderr, flush=True)
+                _poll(lambda: _whole(k), 120, "a settled quorum")
     finally:
-        if watcher is not None:
-            watcher.send_signal(signal.SIGTERM)
-            try:
-                watcher.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                watcher.kill()
         k.stop_all(kill=True)
     return times
 
@@ -203,17 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-kafka-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[float]] = {}
     try:
-        for m in modes:
-            results[m] = run_mode(m, a.rounds, work, libs)
+        results = run(modes, a.rounds, work, libs)
     finally:
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
-    print(
-        f"\nReplaced Kafka controller restart -> whole voter set (s), {a.rounds} rounds, load {load:.1f}\n"
-    )
+    print(f"\nReplaced Kafka controller restart -> whole voter set (s), {a.rounds} rounds, load {load:.1f}\n")
     print("| mode | median | min | max |")
     print("| --- | --- | --- | --- |")
     for m, ts in results.items():

@@ -285,7 +285,7 @@ class Watcher:
         ctl = await self._ensure_controller()
         if ctl is not None:
             try:
-                st = await asyncio.wait_for(ctl.reconcile(), timeout=max(30.0, 4 * self.interval))
+                st = await asyncio.wait_for(ctl.reconcile(), timeout=max(120.0, 4 * self.interval))
                 self.last = st.to_status()
                 if st.view is not None and st.view.leader_id >= 0:
                     self.last["clusterId"] = self.api.cluster_id

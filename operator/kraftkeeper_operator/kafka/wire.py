@@ -281,7 +281,12 @@ class KafkaConnection:
 
     async def request(self, msg: Any, version: int, within: float | None = None) -> Any:
         t = within if within is not None else self.settings.request_timeout_ms / 1000
-        return await asyncio.wait_for(self._request(msg, version), t)
+        try:
+            return await asyncio.wait_for(self._request(msg, version), t)
+        except TimeoutError:
+            # A response may still arrive: this connection's framing can no longer be trusted.
+            self._close_now()
+            raise
 
     async def _request(self, msg: Any, version: int) -> Any:
         async with self._lock:
