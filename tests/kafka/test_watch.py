@@ -57,6 +57,18 @@ def whole(k: KafkaControllers) -> dict[str, Any] | None:
 
 
 def recovery_of(w: Watcher, replica: int, new: str) -> list[dict[str, Any]]:
+    """The events of the one recovery that brought (replica, new) in, once it logged its end (the
+    quorum may show the new voter a moment before the watcher has the AddRaftVoter answer)."""
+
+    def ended() -> bool:
+        return any(
+            e["type"] in ("recovery_completed", "recovery_failed")
+            and e["replica_id"] == replica
+            and e["new_uuid"] == new
+            for e in w.events_list()
+        )
+
+    poll(ended, 60, f"the end of the recovery of ({replica}, {new}) in the event log")
     evs = w.events_list()
     ids = {e["recovery_id"] for e in evs if e["replica_id"] == replica and e["new_uuid"] == new}
     assert len(ids) == 1, f"expected one recovery of ({replica}, {new}), got {ids}"
