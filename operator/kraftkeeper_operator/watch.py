@@ -118,7 +118,13 @@ class WatchState:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kraftkeeper operator watch", description=__doc__.split("\n\n")[0])
+    p = _Parser(
+        prog="kraftkeeper operator watch",
+        description=__doc__.split("\n\n")[0],
+        epilog="The default order is RemoveThenAdd: Kafka 4.x keeps one directory id per voter id and "
+        "refuses AddRaftVoter for a second one (DUPLICATE_VOTER), so AddThenRemove cannot work against it. "
+        f"Progress is kept in DIR/{STATE_FILE} and, failing that, read back from the event log.",
+    )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--kafka-bootstrap-controllers", metavar="HOST:PORT[,HOST:PORT...]")
     where.add_argument(
@@ -141,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--live-window-seconds", type=float, default=5.0)
     p.add_argument("--no-recovery", action="store_true", help="observe and report only; never change voters")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between controller passes")
-    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics, /status, /healthz here")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--state", default=None, metavar="FILE", help=f"progress file (default DIR/{STATE_FILE})")
     return p
