@@ -228,3 +228,30 @@ def test_watch_through_a_broker_only(kafka_controllers: KafkaControllers, tmp_pa
         assert [e["type"] for e in evs] == SUCCESS and {e["cluster"] for e in evs} == {k.cluster_id}
     finally:
         w.stop()
+
+
+def test_add_then_remove_is_refused_by_kafka_and_changes_nothing(
+    kafka_controllers: KafkaControllers, tmp_path: Path
+) -> None:
+    """Kafka keeps one directory id per voter id: AddThenRemove ends in recovery_failed naming
+    DUPLICATE_VOTER, and the voter set is left as it was (the reason RemoveThenAdd is the default)."""
+    k = kafka_controllers
+    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    w = Watcher(
+        k.bootstrap, tmp_path / "events", "--stabilization-seconds", "0", "--order", "AddThenRemove"
+    ).start()
+    try:
+        victim = next(i for i in k.controllers if i != d["leader_id"])
+        old = uuid_of(k, victim)
+        new = str(base64_to_uuid(k.replace_disk(victim)))
+        evs = recovery_of(w, victim, new)
+        assert [e["type"] for e in evs] == [
+            "disk_replacement_detected",
+            "replica_caught_up",
+            "add_voter_started",
+            "recovery_failed",
+        ]
+        assert "DUPLICATE_VOTER" in evs[-1]["detail"]["reason"]
+        assert (victim, old) in {(v["id"], v["uuid"]) for v in describe(k)["voters"]}
+    finally:
+        w.stop()
