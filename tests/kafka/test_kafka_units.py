@@ -4,6 +4,7 @@ refusals of bad input."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,8 @@ from kraftkeeper_operator.kafka.backend import (
     uuid_to_base64,
 )
 from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_properties
+from kraftkeeper_operator.recovery import Phase
+from kraftkeeper_operator.watch import records_from_event_log
 
 from quorum.kafka.schemas import membership_messages
 from quorum.kafka.server import is_loopback, parse_listen
@@ -174,3 +177,44 @@ def test_kafka_listener_stays_on_loopback_unless_insecure() -> None:
     assert not is_loopback("0.0.0.0") and not is_loopback("kafka.example")
     with pytest.raises(KraftError, match="expected HOST:PORT"):
         parse_listen("nohost")
+
+
+def test_records_from_event_log(tmp_path: Path) -> None:
+    def ev(
+        t: str, rid: str, replica: int = 3, cluster: str = "c", ts: str = "2026-01-01T00:00:00.000Z"
+    ) -> str:
+        return json.dumps(
+            {
+                "schema_version": 1,
+                "ts": ts,
+                "cluster": cluster,
+                "recovery_id": rid,
+                "type": t,
+                "replica_id": replica,
+                "old_uuid": f"old-{rid}",
+                "new_uuid": f"new-{rid}",
+                "leader_id": 1,
+                "leader_epoch": 2,
+                "detail": {},
+            }
+        )
+
+    day = tmp_path / "date=2026-01-01"
+    day.mkdir()
+    lines = [
+        ev("disk_replacement_detected", "a"),
+        ev("remove_voter_committed", "a"),
+        ev("add_voter_committed", "a"),
+        ev("recovery_completed", "a", ts="2026-01-01T00:00:05.000Z"),
+        ev("disk_replacement_detected", "b", 2),
+        ev("remove_voter_committed", "b", 2),
+        ev("disk_replacement_detected", "f"),
+        ev("recovery_failed", "f"),
+        ev("recovery_completed", "x", cluster="other"),
+        "{not json",
+    ]
+    (day / "events-c.jsonl").write_text("\n".join(lines) + "\n")
+    recs = {r.recovery_id: r for r in records_from_event_log(tmp_path, "c")}
+    assert set(recs) == {"a", "b"}
+    assert recs["a"].phase is Phase.COMPLETED and recs["a"].old_uuid == "old-a" and recs["a"].finished_ms
+    assert recs["b"].phase is Phase.REMOVED and recs["b"].replica_id == 2 and recs["b"].remove_committed_ms
