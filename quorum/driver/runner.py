@@ -30,6 +30,7 @@ class AsyncRunner:
         self.busy_seconds = 0.0  # time spent carrying out Readies (KIP-595 poll-idle-ratio)
         self._wake = asyncio.Event()
         self._stopping = False
+        self.turned_at = time.monotonic()  # last turn of the loop (issue 8: /healthz bound)
 
     @property
     def core(self) -> RaftCore:
@@ -83,6 +84,7 @@ class AsyncRunner:
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
+            self.turned_at = time.monotonic()
             while True:
                 ready = driver.core.ready()
                 if ready.is_empty():
@@ -92,6 +94,7 @@ class AsyncRunner:
                 if pending.needs_persist:
                     await loop.run_in_executor(self.executor, driver.persist, pending)
                 driver.finish(pending)
+                self.turned_at = time.monotonic()
                 self.busy_seconds += time.monotonic() - t0
                 # Give request handlers a turn: a busy core must never starve the network.
                 await asyncio.sleep(0)

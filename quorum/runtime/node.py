@@ -268,6 +268,18 @@ class Node:
 
     async def reassign(self, ids: list[int] | None) -> dict[str, Any]:
         target = None if ids is None else tuple(ids)
+        ls = self.core.leader_state()
+        if target is not None and ls is not None:
+            # Issue 8: a target id must be a voter or an observer the leader knows to be caught
+            # up, so a reassignment cannot name replicas that do not exist ({"voters": [10**30]}).
+            voters = self.core.voters().ids()
+            ready = {k.id for k in ls.progress if self.core.caught_up(ls, k)}
+            unknown = [i for i in target if i not in voters and i not in ready]
+            if unknown:
+                raise KraftError(
+                    ErrorCode.REPLICA_NOT_CAUGHT_UP,
+                    f"reassign: replica(s) {unknown} are neither voters nor caught-up observers",
+                )
         await self._admin_call(lambda rid: self.core.reassign(rid, target, self.clock.now_ms()))
         return {"target_voters": ids, **self._voters_view()}
 

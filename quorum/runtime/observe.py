@@ -11,9 +11,12 @@ from quorum.driver import AsyncRunner, Driver, Pending
 from quorum.runtime.metrics import Registry
 from quorum.runtime.statemachine import Applier
 
-__all__ = ["STALL_S", "Observer"]
+__all__ = ["LOOP_S", "STALL_S", "Observer"]
 
 STALL_S = 30.0  # a persist (quorum-state save + fsync) this long means the disk is wedged
+# The ticker wakes the driver loop every tick; no turn for this long (outside a persist, which
+# STALL_S covers) means the loop is wedged: liveness fails so the kubelet restarts the node.
+LOOP_S = 30.0
 
 
 class Observer:
@@ -38,9 +41,9 @@ class Observer:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Live unless a Ready has been in flight (its quorum-state save or fsync running) for
-        more than ``STALL_S`` (issue 8: a wedged driver must fail the liveness probe; a dead
-        one already stops the process). No storage UUID: issue 8 forbids revealing it
-        unauthenticated."""
+        more than ``STALL_S``, or the driver loop has not turned for ``LOOP_S`` (issue 8: a
+        wedged driver must fail the liveness probe; a dead one already stops the process). No
+        storage UUID: issue 8 forbids revealing it unauthenticated."""
         pending = self.driver.in_flight
         now = time.monotonic()
         if pending is None:
@@ -48,10 +51,16 @@ class Observer:
         elif self._stall is None or self._stall[0] is not pending:
             self._stall = (pending, now)
         stalled = self._stall is not None and now - self._stall[1] > STALL_S
-        info = {"status": "stalled" if stalled else "ok", "node_id": self.node_id}
+        idle = now - self.runner.turned_at
+        wedged = pending is None and idle > LOOP_S
+        info: dict[str, Any] = {"status": "ok", "node_id": self.node_id}
         if stalled:
+            info["status"] = "stalled"
             info["message"] = f"a storage write has been in flight for over {STALL_S:.0f}s"
-        return not stalled, info
+        elif wedged:
+            info["status"] = "wedged"
+            info["message"] = f"the driver loop has not turned for {idle:.0f}s (bound {LOOP_S:.0f}s)"
+        return not (stalled or wedged), info
 
     def metrics_text(self) -> str:
         r = self.metrics

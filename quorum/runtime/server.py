@@ -15,7 +15,7 @@ body); a middleware that authenticates the caller may store the peer's identity 
 
 from __future__ import annotations
 
-import json
+import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -25,6 +25,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from quorum.runtime.api import NodeApi
+from quorum.runtime.limits import LIMITS_KEY, GuardedProtocol, Limits, body_middleware, connection_middleware
+from quorum.security.strictjson import INT32, get_int, loads_strict
 from quorum.types import ErrorCode, KraftError, canonical_uuid
 
 STATUS_FOR: dict[ErrorCode, int] = {
@@ -78,34 +80,37 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         )
 
 
-async def _json_object(request: web.Request, allowed: set[str]) -> dict[str, Any]:
-    raw = await request.read()
-    try:
-        obj = json.loads(raw)
-    except ValueError as e:
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"body is not JSON: {e}") from None
+async def _json_object(request: web.Request, allowed: set[str], what: str) -> dict[str, Any]:
+    """An admin body through the shared strict decoder (issue 8: deep nesting, duplicate keys,
+    NaN are a 400 naming the problem, never a 500)."""
+    obj = loads_strict(await request.read(), what)
     if not isinstance(obj, dict):
-        raise KraftError(ErrorCode.INVALID_REQUEST, "body must be a JSON object")
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"{what}: body must be a JSON object")
     unknown = sorted(set(obj) - allowed)
     if unknown:
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"unknown field(s): {', '.join(unknown)}")
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"{what}: unknown field(s): {', '.join(unknown)}")
     return obj
 
 
-def _int_field(obj: dict[str, Any], name: str) -> int:
-    v = obj.get(name)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"field {name} must be a non-negative integer, got {v!r}")
-    return v
+def _id_field(obj: dict[str, Any], name: str, what: str) -> int:
+    """A replica id: an integer in 0..2**31-1 (KIP-595 schemas: int32)."""
+    return get_int(obj, name, what, (0, INT32[1]))
 
 
 def _uuid_field(value: Any, name: str = "uuid") -> str:
-    if not isinstance(value, str):
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"field {name} must be a UUID string, got {value!r}")
+    if not isinstance(value, str) or len(value) > 64:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, f"field {name} must be a UUID string, got {_short(value)}"
+        )
     try:
         return canonical_uuid(value)
     except ValueError:
         raise KraftError(ErrorCode.INVALID_REQUEST, f"field {name}: {value!r} is not a UUID") from None
+
+
+def _short(v: Any) -> str:
+    s = repr(v) if not isinstance(v, int) or abs(v) < 10**30 else "<huge integer>"
+    return s if len(s) <= 60 else s[:57] + "..."
 
 
 _KV_PREFIX = "/v1/kv/"
@@ -124,18 +129,19 @@ def key_of(request: web.Request) -> str:
 
 
 def _parse_reassign(obj: dict[str, Any]) -> list[int] | None:
+    what = "reassign"
     if obj.get("cancel") is True and "voters" not in obj:
         return None
     v = obj.get("voters")
-    if (
-        not isinstance(v, list)
-        or not v
-        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
-    ):
-        raise KraftError(ErrorCode.INVALID_REQUEST, "field voters must be a non-empty list of replica ids")
-    if len(set(v)) != len(v):
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"voters {v} has duplicates")
-    return list(v)
+    if not isinstance(v, list) or not v or len(v) > 64:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"{what}: field voters must be a non-empty list of at most 64 replica ids",
+        )
+    ids = [_id_field({"voters": i}, "voters", what) for i in v]
+    if len(set(ids)) != len(ids):
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"{what}: voters {ids} has duplicates")
+    return ids
 
 
 def _kv_routes(app: web.Application, node: NodeApi) -> None:
@@ -166,22 +172,22 @@ def _admin_routes(app: web.Application, node: NodeApi) -> None:
         return web.json_response(node.describe())
 
     async def add_voter(request: web.Request) -> web.Response:
-        obj = await _json_object(request, {"id", "uuid"})
-        result = await node.add_voter(_int_field(obj, "id"), _uuid_field(obj.get("uuid")))
+        obj = await _json_object(request, {"id", "uuid"}, "add voter")
+        result = await node.add_voter(_id_field(obj, "id", "add voter"), _uuid_field(obj.get("uuid")))
         return web.json_response(result)
 
     async def remove_voter(request: web.Request) -> web.Response:
-        try:
-            vid = int(request.match_info["id"])
-        except ValueError:
+        raw_id = request.match_info["id"]
+        if not raw_id.isascii() or not raw_id.isdigit() or len(raw_id) > 10 or int(raw_id) > INT32[1]:
             raise KraftError(
-                ErrorCode.INVALID_REQUEST, f"voter id {request.match_info['id']!r} is not an integer"
-            ) from None
+                ErrorCode.INVALID_REQUEST, f"voter id {raw_id[:20]!r} is not an integer in 0..{INT32[1]}"
+            )
+        vid = int(raw_id)
         result = await node.remove_voter(vid, _uuid_field(request.match_info["uuid"]))
         return web.json_response(result)
 
     async def reassign(request: web.Request) -> web.Response:
-        obj = await _json_object(request, {"voters", "cancel"})
+        obj = await _json_object(request, {"voters", "cancel"}, "reassign")
         result = await node.reassign(_parse_reassign(obj))
         return web.json_response(result, status=202)
 
@@ -220,25 +226,63 @@ def _node_routes(app: web.Application, node: NodeApi) -> None:
     app.router.add_get("/readyz", readyz)
 
 
-def build_app(node: NodeApi, *, max_body: int, middlewares: Sequence[Middleware] = ()) -> web.Application:
+def build_app(
+    node: NodeApi,
+    *,
+    max_body: int,
+    middlewares: Sequence[Middleware] = (),
+    limits: Limits | None = None,
+) -> web.Application:
     """The node's routes. ``middlewares`` run inside the error mapping (issue 8: TLS peer
-    identity, authentication, authorization)."""
-    app = web.Application(middlewares=[errors_middleware, *middlewares], client_max_size=max_body)
+    identity, authentication, authorization); the connection limits wrap everything and the
+    body budget runs after authentication (:mod:`quorum.runtime.limits`)."""
+    lim = limits if limits is not None else Limits()
+    lim.max_body = max_body
+    app = web.Application(
+        middlewares=[connection_middleware(lim), errors_middleware, *middlewares, body_middleware(lim)],
+        client_max_size=max_body,
+    )
+    app[LIMITS_KEY] = lim
     _kv_routes(app, node)
     _admin_routes(app, node)
     _node_routes(app, node)
     return app
 
 
+class _GuardedSite(web.TCPSite):
+    """A TCP site whose connections go through :class:`GuardedProtocol` (the connection cap
+    and the head and idle deadlines) and whose TLS handshakes are bounded."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, **kw: Any) -> None:
+        super().__init__(runner, host, port, **kw)
+        self._limits = limits
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        lim = self._limits
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: GuardedProtocol(server(), lim),
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            ssl_handshake_timeout=lim.handshake_timeout_s if self._ssl_context is not None else None,
+        )
+
+
 async def start_server(
     app: web.Application, listen: str, ssl_context: ssl.SSLContext | None = None
 ) -> web.AppRunner:
     """Serve ``app`` on ``listen`` (HOST:PORT); the caller cleans the runner up."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    lim = app.get(LIMITS_KEY) or Limits()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=lim.idle_timeout_s)
     await runner.setup()
     host, _, port = listen.rpartition(":")
-    site = web.TCPSite(
-        runner, host or "0.0.0.0", int(port), reuse_address=True, backlog=1024, ssl_context=ssl_context
+    site = _GuardedSite(
+        runner, host or "0.0.0.0", int(port), lim, reuse_address=True, backlog=1024, ssl_context=ssl_context
     )
     try:
         await site.start()
