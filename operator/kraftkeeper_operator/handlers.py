@@ -35,6 +35,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .kube import KubeApi
+from .kubetls import network_policy
 from .manifests import (
     BOOTSTRAP_ANNOTATION,
     GROUP,
@@ -146,20 +147,28 @@ async def reconcile(
         replicas = max(int(current["spec"].get("replicas") or 0), q.voters)
         ann = (current["metadata"].get("annotations") or {}).get(BOOTSTRAP_ANNOTATION)
         bootstrap = int(ann) if ann and ann.isdigit() else q.voters
+    waiting: kopf.TemporaryError | None = None
     try:
         for obj in (
             bootstrap_configmap(q, owner, bootstrapped=False),  # before the pods that mount it
             headless_service(q, owner),
             client_service(q, owner),
             pod_disruption_budget(q, owner),
-            statefulset(q, owner, replicas=replicas, bootstrap_voters=bootstrap),
+            network_policy(q, owner),
         ):
             await ctx.kube.apply(obj)
+        try:  # the TLS Secrets before the pods that mount them (quorumtls.py)
+            cfg = await ctx.quorum_tls(q.cluster).ensure(ctx.kube, q, owner, replicas)
+        except kopf.TemporaryError as e:  # cert-manager has not issued yet: pods wait for it too
+            waiting, cfg = e, None
+        await ctx.kube.apply(statefulset(q, owner, replicas=replicas, bootstrap_voters=bootstrap))
     except kopf.PermanentError as e:
         _invalid(patch, generation, str(e))
         kopf.warn(body, reason="InvalidSpec", message=str(e))
         raise
-    await configure(ctx, q, body, replicas)
+    if waiting is not None:
+        raise waiting
+    await configure(ctx, q, body, replicas, cfg)
     patch.status["observedGeneration"] = generation
     if (body.get("status") or {}).get("phase") in (None, "Failed", "Pending"):
         patch.status["phase"] = "Bootstrapping"
@@ -174,6 +183,10 @@ async def delete(meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any) -> Non
     ns, name = str(meta["namespace"]), str(meta["name"])
     await ctx.forget(f"{ns}/{name}")
     await ctx.kube.delete_owned(ns, name)
+    # cert-manager Certificates, whatever the mode was: a 404 (or no CRD) is nothing to do
+    await ctx.kube.delete_certificates(
+        ns, [f"{name}-operator", f"{name}-client", *(f"{name}-node-{i}" for i in range(1, 10))]
+    )
     logger.info("deleted the objects of %s/%s; PVCs are retained", ns, name)
 
 

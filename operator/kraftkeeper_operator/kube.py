@@ -15,6 +15,7 @@ is the spec's fault: ``kopf.PermanentError``, retrying cannot help. Anything els
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -75,6 +76,7 @@ class KubeApi:
         self.core = k8s.CoreV1Api(api)
         self.policy = k8s.PolicyV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
+        self.networking = k8s.NetworkingV1Api(api)
 
     @classmethod
     async def connect(cls) -> KubeApi:
@@ -101,7 +103,16 @@ class KubeApi:
             "Service": self.core.patch_namespaced_service,
             "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
             "ConfigMap": self.core.patch_namespaced_config_map,
+            "Secret": self.core.patch_namespaced_secret,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
         }
+        if kind == "Certificate":  # cert-manager's (kubetls.py)
+            group, version = obj["apiVersion"].split("/")
+            call = self.custom.patch_namespaced_custom_object(
+                group, version, ns, "certificates", name, obj, **kw
+            )
+            await _call(f"{kind} {ns}/{name}", call)
+            return
         if kind not in patchers:
             raise ValueError(f"apply: unsupported kind {kind}")
         await _call(f"{kind} {ns}/{name}", patchers[kind](name, ns, obj, **kw))
@@ -129,11 +140,36 @@ class KubeApi:
         )
         await _call(f"status of KRaftQuorum {ns}/{name}", call)
 
+    async def secret_data(self, ns: str, name: str) -> dict[str, str] | None:
+        """A Secret's ``data`` (base64 values), None if it does not exist."""
+        sec = await _call(f"Secret {ns}/{name}", self.core.read_namespaced_secret(name, ns), missing_ok=True)
+        return None if sec is None else dict(sec.data or {})
+
+    async def create_secret(self, obj: dict[str, Any]) -> bool:
+        """Create a Secret only if it does not exist (False then): the CA is never replaced."""
+        ns = obj["metadata"]["namespace"]
+        try:
+            body: Any = obj  # the client takes plain dicts as well as its models
+            await self.core.create_namespaced_secret(ns, body, field_manager=FIELD_MANAGER)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise api_error(f"Secret {ns}/{obj['metadata']['name']}", e) from e
+        except OSError as e:
+            raise kopf.TemporaryError(f"creating a Secret: API unreachable: {e}", delay=_RETRY_DELAY_S) from e
+        return True
+
     async def configmap_data(self, ns: str, name: str) -> dict[str, str] | None:
         cm = await _call(
             f"ConfigMap {ns}/{name}", self.core.read_namespaced_config_map(name, ns), missing_ok=True
         )
         return None if cm is None else dict(cm.data or {})
+
+    async def pod_start_time(self, ns: str, name: str) -> dt.datetime | None:
+        """When the pod's containers were started (``status.startTime``), None if no pod."""
+        pod = await _call(f"Pod {ns}/{name}", self.core.read_namespaced_pod(name, ns), missing_ok=True)
+        started = None if pod is None or pod.status is None else pod.status.start_time
+        return started if isinstance(started, dt.datetime) else None
 
     async def delete_pod(self, ns: str, name: str) -> None:
         """Delete a pod (no pod: nothing to do; its StatefulSet creates it again)."""
@@ -148,8 +184,20 @@ class KubeApi:
             ("Service", lambda: self.core.delete_namespaced_service(name, ns)),
             ("Service", lambda: self.core.delete_namespaced_service(f"{name}-headless", ns)),
             ("ConfigMap", lambda: self.core.delete_namespaced_config_map(f"{name}-bootstrap", ns)),
+            ("NetworkPolicy", lambda: self.networking.delete_namespaced_network_policy(name, ns)),
+            ("Secret", lambda: self.core.delete_namespaced_secret(f"{name}-tls", ns)),
+            ("Secret", lambda: self.core.delete_namespaced_secret(f"{name}-client", ns)),
+            ("Secret", lambda: self.core.delete_namespaced_secret(f"{name}-ca", ns)),
         ):
             await _call(f"deleting {what} of {ns}/{name}", call(), missing_ok=True)
+
+
+    async def delete_certificates(self, ns: str, names: list[str]) -> None:
+        """cert-manager Certificates (their Secrets are cert-manager's: owned by the Certificate
+        only when cert-manager is told to); 404, also for a missing CRD, is nothing to do."""
+        for n in names:
+            call = self.custom.delete_namespaced_custom_object("cert-manager.io", "v1", ns, "certificates", n)
+            await _call(f"deleting Certificate {ns}/{n}", call, missing_ok=True)
 
 
 class ConfigMapRequestStore:

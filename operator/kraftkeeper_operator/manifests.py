@@ -57,10 +57,11 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .recovery import PolicyError, RecoveryPolicy
+from .tlsspec import TlsSpec, TlsSpecError, apply_to_pod, parse_client_selector, parse_tls, start_args
 from .unclean import MARKER_PREFIX, UNCLEAN_KEY
 
 GROUP = "kraftkeeper.io"
@@ -97,6 +98,8 @@ class QuorumSpec:
     policy: RecoveryPolicy
     event_log: str  # "stdout" or an absolute path
     generation: int
+    tls: TlsSpec = field(default_factory=TlsSpec)  # tlsspec.py; kubetls.py makes its Secrets
+    client_selector: tuple[dict[str, Any], ...] = ()  # NetworkPolicy peers allowed as clients
 
     @property
     def headless(self) -> str:
@@ -171,7 +174,9 @@ def parse_spec(body: Mapping[str, Any]) -> QuorumSpec:
             )
     try:
         policy = RecoveryPolicy.from_spec(spec.get("recovery"), spec.get("uncleanRecovery"))
-    except PolicyError as e:
+        tls = parse_tls(spec.get("tls"))
+        clients = parse_client_selector(spec.get("clientSelector"), str(meta["name"]))
+    except (PolicyError, TlsSpecError) as e:
         raise SpecError(str(e)) from None
     return QuorumSpec(
         namespace=str(meta.get("namespace") or "default"),
@@ -189,6 +194,8 @@ def parse_spec(body: Mapping[str, Any]) -> QuorumSpec:
         policy=policy,
         event_log=log_path,
         generation=int(meta.get("generation") or 0),
+        tls=tls,
+        client_selector=tuple(clients),
     )
 
 
@@ -289,7 +296,7 @@ def _node_container(
 ) -> dict[str, Any]:
     """The quorum node container of the StatefulSet's pod template."""
     start = (
-        f"exec kraftkeeper start --dir {DATA_DIR} --listen 0.0.0.0:{q.port} --insecure "
+        f"exec kraftkeeper start --dir {DATA_DIR} --listen 0.0.0.0:{q.port} {start_args(q.tls)} "
         f'--advertise "$(POD_NAME).{q.headless}.{q.namespace}.svc:{q.port}" '
         f'--voters "{q.voters_arg(bootstrap_voters)}"'
     )
@@ -360,6 +367,7 @@ def statefulset(
         ],
         "terminationGracePeriodSeconds": 30,
     }
+    apply_to_pod(pod_spec, q.name, q.tls, env, _container_security())
     sched = q.scheduling
     for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName"):
         if sched.get(key):

@@ -25,11 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorum.client import QuorumClient
+from quorum.security.clientconfig import ClientConfig
 
 from .controller import ControllerStatus, RecoveryController
 from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, kube_event_sink
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
+from .quorumtls import QuorumTls
 from .recovery import QuorumView, Recovery
+from .rotation import CertRotator
 from .survivor import Probe, probe_log_state
 from .telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink
 from .unclean import STATUS_PREFIX, UncleanCoordinator
@@ -61,6 +64,8 @@ class Managed:
     ever_available: bool = False
     bootstrap_flagged: bool = False  # data.bootstrapped written (re-written once after a restart)
     last_status: dict[str, Any] = field(default_factory=dict)
+    client_config: ClientConfig | None = None  # the operator's admin credential (quorumtls.py)
+    rotator: CertRotator | None = None  # node certificate renewal, one pod at a time
 
     def recoveries_status(self) -> list[dict[str, Any]]:
         """``status.recoveries``: the disk replacements, then the unclean request (newest last,
@@ -90,7 +95,11 @@ class OperatorContext:
     quorum_timeout: float = 3.0
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     managed: dict[str, Managed] = field(default_factory=dict)
+    tls: dict[str, QuorumTls] = field(default_factory=dict)
     metrics_runner: Any = None
+
+    def quorum_tls(self, key: str) -> QuorumTls:
+        return self.tls.setdefault(key, QuorumTls())
 
     @staticmethod
     def settings_from_env() -> tuple[float, float]:
@@ -113,6 +122,9 @@ class OperatorContext:
         m = self.managed.pop(key, None)
         if m is not None:
             await m.controller.api.close()
+        t = self.tls.pop(key, None)
+        if t is not None:
+            t.close()
         self.metrics.forget(key)
 
     async def close(self) -> None:
@@ -156,15 +168,22 @@ def _records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
     return records
 
 
-async def configure(ctx: OperatorContext, q: QuorumSpec, body: Mapping[str, Any], replicas: int) -> Managed:
-    """Create or update the in-memory controller of one resource."""
+async def configure(
+    ctx: OperatorContext,
+    q: QuorumSpec,
+    body: Mapping[str, Any],
+    replicas: int,
+    client_config: ClientConfig | None = None,
+) -> Managed:
+    """Create or update the in-memory controller of one resource; ``client_config`` is the
+    operator's admin credential for the quorum (None: plaintext, ``spec.tls.mode: Disabled``)."""
     key = q.cluster
     eps = endpoints(q, replicas, ctx.overrides)
     desired = list(range(1, q.voters + 1))
     m = ctx.managed.get(key)
     if m is None:
         status = body.get("status") or {}
-        client = QuorumClient(eps, timeout=ctx.quorum_timeout)
+        client = QuorumClient(eps, timeout=ctx.quorum_timeout, client_config=client_config)
         ctl = RecoveryController(
             client,
             q.policy,
@@ -180,6 +199,8 @@ async def configure(ctx: OperatorContext, q: QuorumSpec, body: Mapping[str, Any]
         store = ConfigMapRequestStore(ctx.kube, q)
         unclean = UncleanCoordinator(store, ctl.sink, cluster=key, probe=prober, metrics=ctx.metrics)
         m = Managed(q, prober, ctl, unclean, replicas, eps, last_status=dict(status))
+        m.client_config = client_config
+        _set_rotator(ctx, m)
 
         async def persist(_: list[dict[str, Any]], m: Managed = m) -> None:
             await m.persist(ctx.kube)
@@ -191,15 +212,28 @@ async def configure(ctx: OperatorContext, q: QuorumSpec, body: Mapping[str, Any]
     m.spec, m.replicas = q, replicas
     m.controller.set_policy(q.policy)
     m.controller.desired_ids = desired
-    if eps != m.endpoints:
+    if eps != m.endpoints or client_config != m.client_config:
         old = m.prober.client
-        m.prober.client = QuorumClient(eps, timeout=ctx.quorum_timeout)
-        m.controller.api, m.endpoints = m.prober.client, eps
+        m.prober.client = QuorumClient(eps, timeout=ctx.quorum_timeout, client_config=client_config)
+        m.controller.api, m.endpoints, m.client_config = m.prober.client, eps, client_config
         await old.close()
+    _set_rotator(ctx, m)
     if q.event_log != old_log:
         m.controller.sink = m.unclean.sink = event_sink(q)
     m.unclean.store = ConfigMapRequestStore(ctx.kube, q)
     return m
+
+
+def _set_rotator(ctx: OperatorContext, m: Managed) -> None:
+    """Renewal one pod at a time: Operator mode renews the certificates itself; with
+    cert-manager only the restarts are the operator's (quorumtls.py ``due``)."""
+    if not m.spec.tls.enabled:
+        m.rotator = None
+    elif m.rotator is None:
+        m.rotator = ctx.quorum_tls(m.spec.cluster).rotator(
+            ctx.kube, lambda: (m.spec, m.replicas), owner_reference_of(m.spec)
+        )
+        m.rotator.max_lag = m.spec.policy.max_lag
 
 
 def quorum_bootstrapped(view: QuorumView | None) -> bool:
@@ -226,6 +260,8 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
     if note:
         st.annotate_lost("UncleanRecoveryRequested" if m.unclean.outstanding() else None, note)
     await _flag_bootstrapped(ctx, m, st.view)
+    if m.rotator is not None and not lost:
+        await m.rotator.step(st.view)
     await _finish_scale_down(ctx, m, st.view)
     await _write_status(ctx, m, st)
 

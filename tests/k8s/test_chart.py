@@ -139,11 +139,20 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
         for role in roles:
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-                assert "secrets" not in rule["resources"], rule
+                if "secrets" in rule["resources"]:  # by name only: never list or watch Secrets
+                    assert rule["resources"] == ["secrets"], rule
+                    assert "list" not in rule["verbs"] and "watch" not in rule["verbs"], rule
                 if rule["resources"] == ["pods"]:
                     assert sorted(rule["verbs"]) == ["delete", "get", "list", "watch"]
                 if rule["resources"] == ["persistentvolumeclaims"]:
                     assert "create" not in rule["verbs"] and "update" not in rule["verbs"]
+    # The chart pins the event-log directory (spec.eventLog.path cannot leave it) and tells the
+    # operator its own pods' namespace and labels (the quorums' NetworkPolicies admit them).
+    pod = by_kind(render(helm), "Deployment")[0]["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["KRAFTKEEPER_EVENT_LOG_DIR"]["value"] == "/data"
+    assert "app.kubernetes.io/component=operator" in env["KRAFTKEEPER_OPERATOR_POD_LABELS"]["value"]
+    assert env["KRAFTKEEPER_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     # Watching named namespaces: the only cluster-wide grant is reading CRDs.
     docs = render(helm, *all_toggles(["a", "b"]))
     assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["a", "b"]
@@ -265,9 +274,13 @@ def test_helm_install_against_the_api_server(
         ("", "pods", "", "delete"), ("", "persistentvolumeclaims", "", "delete"),
         ("", "events", "", "create"),
         ("", "configmaps", "", "create"), ("", "configmaps", "", "patch"),  # the <name>-bootstrap flag
+        ("", "secrets", "", "get"), ("", "secrets", "", "create"),  # TLS: the quorum's Secrets, by name
+        ("networking.k8s.io", "networkpolicies", "", "patch"),
+        ("cert-manager.io", "certificates", "", "patch"),
     ]
     denied = [
-        ("", "secrets", "", "get"), ("", "pods", "exec", "create"),
+        ("", "secrets", "", "list"), ("", "secrets", "", "watch"),  # never enumerate Secrets
+        ("", "pods", "exec", "create"),
         ("", "persistentvolumeclaims", "", "create"),
         ("apps", "deployments", "", "create"), ("kraftkeeper.io", "kraftquorums", "", "delete"),
     ]

@@ -94,6 +94,10 @@ def operator(
     print("operator log:\n" + op.tail())  # shown by pytest when the test failed
 
 
+# The stand-in node processes (operator_nodes.LocalCluster) serve plaintext on loopback.
+PLAINTEXT = {"mode": "Disabled"}
+
+
 def kq(name: str, voters: int = 3, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "kraftkeeper.io/v1alpha1",
@@ -400,7 +404,13 @@ def test_disk_replacement_is_recovered_without_a_human(
         create(
             kube,
             ns,
-            kq("q", 3, recovery={"stabilizationSeconds": 1}, eventLog={"path": str(tmp_path / "ev")}),
+            kq(
+                "q",
+                3,
+                recovery={"stabilizationSeconds": 1},
+                eventLog={"path": str(tmp_path / "ev")},
+                tls=PLAINTEXT,  # the stand-in nodes serve plaintext
+            ),
         )
 
         def status() -> dict[str, Any]:
@@ -514,7 +524,7 @@ def test_scale_down_reassigns_before_shrinking(
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     sts_path = f"/apis/apps/v1/namespaces/{ns}/statefulsets/s"
     try:
-        create(kube, ns, kq("s", 3))
+        create(kube, ns, kq("s", 3, tls=PLAINTEXT))
 
         def status() -> dict[str, Any]:
             return (get(kube, KQ.format(ns=ns) + "/s") or {}).get("status") or {}
@@ -603,7 +613,8 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
         return next((float(x[len(prefix) :]) for x in text.splitlines() if x.startswith(prefix)), -1.0)
 
     try:
-        create(kube, ns, kq(name, 3, eventLog={"path": str(ev_dir)}))  # uncleanRecovery: default off
+        # uncleanRecovery: default off
+        create(kube, ns, kq(name, 3, eventLog={"path": str(ev_dir)}, tls=PLAINTEXT))
         first = kube.wait_for(
             "u Running with 3 known voters",
             lambda: (
@@ -793,7 +804,7 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(
     kq_path = KQ.format(ns=ns) + f"/{name}"
     cm_path = f"/api/v1/namespaces/{ns}/configmaps/{name}-bootstrap"
     try:
-        create(kube, ns, kq(name, 5))  # uncleanRecovery: off while the case is built
+        create(kube, ns, kq(name, 5, tls=PLAINTEXT))  # uncleanRecovery: off while the case is built
         kube.wait_for(
             "5 known voters in status",
             lambda: (

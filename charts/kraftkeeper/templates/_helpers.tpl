@@ -86,4 +86,18 @@ all namespaces are watched, or by one Role per watched namespace.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+# TLS (spec.tls, issue 8): the quorum's Secrets (NAME-ca, NAME-tls, NAME-client; and cert-manager's
+# NAME-operator-tls, read only) are read by name: no list or watch, so the operator cannot
+# enumerate the namespace's other Secrets.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, update, patch, delete]
+# The quorum's NetworkPolicy (peers, the operator, spec.clientSelector).
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, update, patch, delete]
+# cert-manager Certificates when spec.tls.certManager names an issuer (no CA key is ever read).
+- apiGroups: [cert-manager.io]
+  resources: [certificates]
+  verbs: [get, create, update, patch, delete]
 {{- end }}

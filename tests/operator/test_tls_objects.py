@@ -1,0 +1,215 @@
+"""spec.tls / spec.clientSelector validation, the TLS parts of the pods, the NetworkPolicy, the
+cert-manager Certificates, the operator-held CA (tlsspec.py, kubetls.py), and the
+one-node-at-a-time renewal rule (rotation.py). No API server here: tests/k8s has those."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from kraftkeeper_operator.kubetls import OperatorCa, cert_due, certificates, network_policy
+from kraftkeeper_operator.manifests import SpecError, parse_spec, statefulset
+from kraftkeeper_operator.rotation import CertRotator
+from kraftkeeper_operator.tlsspec import SECRETS_MOUNT, TLS_MOUNT, parse_tls
+from kraftkeeper_operator.view import QuorumView, Replica
+
+from quorum.security.pki import Identity, identity_from_cert, peer_hostname
+
+OWNER = {"apiVersion": "kraftkeeper.io/v1alpha1", "kind": "KRaftQuorum", "name": "q", "uid": "u-1"}
+
+
+def spec(**s: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "q", "namespace": "ns", "uid": "u-1"}, "spec": {"voters": 3, **s}}
+
+
+@pytest.mark.parametrize(
+    ("tls", "field"),
+    [
+        ("on", "spec.tls: must be an object"),
+        ({"mode": "Strict"}, "spec.tls.mode"),
+        ({"mode": "CertManager"}, "spec.tls.certManager"),
+        ({"mode": "Operator", "certManager": {"issuerRef": {"name": "x"}}}, "spec.tls.certManager"),
+        ({"certManager": {"issuerRef": {"name": "Bad Name"}}}, "issuerRef.name"),
+        ({"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}, "issuerRef.kind"),
+        ({"certManager": {"issuerRef": {"name": "x", "secretPath": "/x"}}}, "secretPath"),
+        ({"caFile": "/etc/shadow"}, "caFile"),  # nothing in spec.tls names a path
+        ({"validityDays": True}, "spec.tls.validityDays"),
+        ({"validityDays": 10, "renewBeforeDays": 10}, "spec.tls.renewBeforeDays"),
+    ],
+)
+def test_bad_tls_specs_are_refused_naming_the_field(tls: Any, field: str) -> None:
+    with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+        parse_spec(spec(tls=tls))
+
+
+@pytest.mark.parametrize(
+    "sel",
+    ["app", [{"podSelector": {"matchLabels": {"a": 1}}}], [{"ipBlock": {"cidr": "0.0.0.0/0"}}], [{}]],
+)
+def test_bad_client_selectors_are_refused(sel: Any) -> None:
+    with pytest.raises(SpecError, match=r"spec\.clientSelector"):
+        parse_spec(spec(clientSelector=sel))
+
+
+def test_tls_defaults_to_the_operator_mode() -> None:
+    assert parse_tls(None).mode == "Operator" and parse_tls({}).enabled
+    t = parse_tls({"certManager": {"issuerRef": {"name": "ca"}}})
+    assert t.cert_manager and t.issuer_kind == "Issuer" and t.issuer_group == "cert-manager.io"
+    assert not parse_tls({"mode": "Disabled"}).enabled
+
+
+def test_pods_start_with_tls_and_only_their_own_key() -> None:
+    pod = statefulset(parse_spec(spec()), OWNER, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
+    node = pod["containers"][0]
+    assert "--insecure" not in node["command"][-1] and f"--ca {TLS_MOUNT}/ca.crt" in node["command"][-1]
+    assert {m["name"] for m in node["volumeMounts"]} == {"data", "tmp", "tls"}  # never the Secret
+    assert node["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    plain = statefulset(parse_spec(spec(tls={"mode": "Disabled"})), OWNER, replicas=3, bootstrap_voters=3)
+    pod2 = plain["spec"]["template"]["spec"]
+    assert "--insecure" in pod2["containers"][0]["command"][-1]
+    assert [c["name"] for c in pod2["initContainers"]] == ["format"]
+
+
+def _run_tls_init(
+    pod: dict[str, Any], secrets: Path, out: Path, ordinal: int
+) -> subprocess.CompletedProcess[str]:
+    """The tls init container's command, run as the kubelet would, its volumes at local paths."""
+    c = next(c for c in pod["initContainers"] if c["name"] == "tls")
+    script = c["command"][2].replace(SECRETS_MOUNT, str(secrets)).replace(TLS_MOUNT, str(out))
+    env = {**os.environ, "POD_NAME": f"q-{ordinal}"}
+    return subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_the_tls_init_container_copies_only_its_replicas_files(tmp_path: Path) -> None:
+    pod = statefulset(parse_spec(spec()), OWNER, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
+    secrets, out = tmp_path / "s", tmp_path / "o"
+    secrets.mkdir()
+    out.mkdir()
+    (secrets / "ca.crt").write_text("CA")
+    for i in (1, 2, 3):
+        (secrets / f"node-{i}.crt").write_text(f"crt{i}")
+        (secrets / f"node-{i}.key").write_text(f"key{i}")
+    p = _run_tls_init(pod, secrets, out, ordinal=1)  # pod q-1 is replica 2
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in out.iterdir()) == ["ca.crt", "node.crt", "node.key"]
+    assert (out / "node.key").read_text() == "key2" and (out / "ca.crt").read_text() == "CA"
+    assert oct((out / "node.key").stat().st_mode & 0o777) == "0o600"
+    (secrets / "node-3.key").unlink()
+    p = _run_tls_init(pod, secrets, tmp_path, ordinal=2)
+    assert p.returncode == 1 and "no certificate for replica 3" in p.stdout
+
+
+def test_network_policy_admits_peers_the_operator_and_the_selected_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KRAFTKEEPER_OPERATOR_NAMESPACE", "kk-system")
+    monkeypatch.setenv("KRAFTKEEPER_OPERATOR_POD_LABELS", "app.kubernetes.io/instance=kk,role=op")
+    sel = [{"podSelector": {"matchLabels": {"app": "payments"}}}]
+    np = network_policy(parse_spec(spec(clientSelector=sel, ports={"client": 9100})), OWNER)
+    peers, op, clients = np["spec"]["ingress"]
+    assert peers["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "q"
+    assert op["from"] == [
+        {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/instance": "kk", "role": "op"}},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kk-system"}},
+        }
+    ]
+    assert clients["from"] == sel
+    assert all(r["ports"] == [{"protocol": "TCP", "port": 9100}] for r in (peers, op, clients))
+    monkeypatch.setenv("KRAFTKEEPER_OPERATOR_POD_LABELS", "nonsense")
+    with pytest.raises(ValueError, match="KRAFTKEEPER_OPERATOR_POD_LABELS"):
+        network_policy(parse_spec(spec()), OWNER)
+
+
+def test_cert_manager_certificates_bind_each_replica() -> None:
+    q = parse_spec(spec(tls={"certManager": {"issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}))
+    certs = {c["metadata"]["name"]: c["spec"] for c in certificates(q, OWNER, 3)}
+    assert set(certs) == {"q-node-1", "q-node-2", "q-node-3", "q-operator", "q-client"}
+    assert certs["q-node-2"]["uris"] == [Identity(q.cluster_id, replica_id=2).uri()]
+    assert "q-1.q-headless.ns.svc" in certs["q-node-2"]["dnsNames"]
+    assert peer_hostname(q.cluster_id, 2) in certs["q-node-2"]["dnsNames"]
+    assert certs["q-operator"]["uris"][0].endswith("/client/operator?role=admin")
+
+
+def test_operator_ca_issues_node_certificates_and_refuses_another_clusters_ca() -> None:
+    q = parse_spec(spec())
+    ca = OperatorCa(q)
+    try:
+        crt, key = ca.node(2)
+        cert = x509.load_pem_x509_certificate(crt)
+        assert identity_from_cert(cert).replica_id == 2 and key.startswith(b"-----BEGIN")
+        assert not cert_due(crt, dt.timedelta(days=30), Identity(q.cluster_id, replica_id=2))
+        assert cert_due(crt, dt.timedelta(days=100))  # valid 90 days by default
+        assert cert_due(crt, dt.timedelta(0), Identity(q.cluster_id, replica_id=3))  # another replica
+        assert cert_due(b"garbage", dt.timedelta(0))
+        cfg = ca.admin_config()
+        assert cfg.cert_file is not None and identity_from_cert(
+            x509.load_pem_x509_certificate(cfg.cert_file.read_bytes())
+        ).role == "admin"
+        crt_pem, key_pem = ca.ca_pems()
+    finally:
+        ca.close()
+    assert not ca.dir.exists()
+    other = parse_spec({**spec(), "metadata": {"name": "other", "namespace": "ns"}})
+    with pytest.raises(ValueError, match="not"):
+        OperatorCa(other, crt_pem, key_pem)
+
+
+# ---------------------------------------------------------------------------------------------
+# rotation.py
+
+
+def view(leader: int, lags: dict[int, int], fetched: dict[int, int], **kw: Any) -> QuorumView:
+    voters = tuple(
+        Replica(i, f"u{i}", lag=lags.get(i, 0), last_fetch_ms=fetched.get(i, 0)) for i in sorted(lags)
+    )
+    return QuorumView(leader, 5, 100, voters, **kw)
+
+
+def test_rotation_renews_one_node_at_a_time_and_waits_for_it_to_return() -> None:
+    due = {1, 2, 3}
+    restarted: list[int] = []
+
+    async def get_due() -> list[int]:
+        return sorted(due)
+
+    async def renew(i: int) -> None:
+        due.discard(i)
+
+    async def restart(i: int) -> None:
+        restarted.append(i)
+
+    r = CertRotator(get_due, renew, restart, lambda: [1, 2, 3], max_lag=10, fresh_ms=3000)
+
+    async def run() -> None:
+        import time
+
+        now = int(time.time() * 1000) - 100  # fetched before any restart below
+        fresh = {1: now, 2: now, 3: now}
+        # Not healthy (node 3 lags): nothing starts.
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 50}, fresh)) is None
+        # A voter change in flight: nothing starts either.
+        pending = view(2, {1: 0, 2: 0, 3: 0}, fresh, target_voters=(1, 2))
+        assert await r.step(pending) is None
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, fresh)) == 1
+        # Node 1 has not fetched since its restart: node 2 must wait, healthy or not.
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, fresh)) is None
+        later = int(time.time() * 1000) + 1000
+        back = {1: later, 2: later, 3: later}
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, back)) == 2
+        # Node 2 (the leader) comes back leading again: that counts as back.
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, back)) == 3
+        not_yet = {1: later, 2: later, 3: now}  # node 3 last fetched before its restart
+        assert await r.step(view(1, {1: 0, 2: 0, 3: 0}, not_yet)) is None
+        assert r.in_flight is not None and r.in_flight[0] == 3
+
+    asyncio.run(run())
+    assert restarted == [1, 2, 3] and r.rotations == {1: 1, 2: 1, 3: 1}
