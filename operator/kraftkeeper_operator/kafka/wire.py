@@ -155,7 +155,13 @@ def _resolve(base: Path, value: str) -> str:
 
 
 def _ssl_context(props: dict[str, str], base: Path) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
+    # As Kafka's Java client: a configured truststore is the only trust anchor; without one, the
+    # system's CAs.
+    own_trust = any(
+        k in props for k in ("ssl.truststore.location", "ssl.ca.location", "ssl.truststore.certificates")
+    )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if own_trust else ssl.create_default_context()
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ttype = props.get("ssl.truststore.type", "PEM").upper()
     ktype = props.get("ssl.keystore.type", "PEM").upper()
     if "ssl.truststore.location" in props or "ssl.ca.location" in props:
