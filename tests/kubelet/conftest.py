@@ -215,9 +215,13 @@ def operator_release(node_cluster: NodeCluster, kk_image: str) -> str:
     return OPERATOR_NS
 
 
+# Where the client pod mounts the quorum's application credential when the operator issues one
+# (Secret NAME-client with client.json, TLS on): the tests' clients use it when it is there.
+CLIENT_CONFIG = "/etc/kraftkeeper/client/client.json"
 CLIENT_POD = {
     "apiVersion": "v1", "kind": "Pod",
-    "metadata": {"name": "client", "labels": {"app": "kk-e2e-client"}},
+    # kraftkeeper.io/client: the label the quorum's NetworkPolicy lets in by default.
+    "metadata": {"name": "client", "labels": {"app": "kk-e2e-client", "kraftkeeper.io/client": QUORUM}},
     "spec": {
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                             "seccompProfile": {"type": "RuntimeDefault"}},
@@ -229,10 +233,12 @@ CLIENT_POD = {
             "env": [{"name": "HOME", "value": "/tmp"}],
             "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "capabilities": {"drop": ["ALL"]}},
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                             {"name": "client", "mountPath": "/etc/kraftkeeper/client", "readOnly": True}],
             "resources": {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"memory": "192Mi"}},
         }],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "volumes": [{"name": "tmp", "emptyDir": {}},
+                    {"name": "client", "secret": {"secretName": f"{QUORUM}-client", "optional": True}}],
     },
 }
 
@@ -249,6 +255,14 @@ def quorum_available(cluster: NodeCluster, ns: str = QUORUM_NS, name: str = QUOR
     return None
 
 
+def wait_available(cluster: NodeCluster, voters: int = 3) -> dict[str, Any]:
+    """Each test starts from a quorum the operator reports Available (it may still be settling
+    after the previous test's restarts)."""
+    return cluster.wait_for(f"KRaftQuorum demo Available with {voters} voters",
+                            lambda: quorum_available(cluster, voters=voters), timeout=180,
+                            context=cluster.describe)
+
+
 @pytest.fixture(scope="package")
 def quorum_ns(node_cluster: NodeCluster, operator_release: str) -> str:
     c = node_cluster
@@ -258,8 +272,9 @@ def quorum_ns(node_cluster: NodeCluster, operator_release: str) -> str:
               "pod-security.kubernetes.io/enforce=restricted",
               "pod-security.kubernetes.io/enforce-version=v1.30")
     c.kubectl("apply", "-n", QUORUM_NS, "-f", str(REPO / "e2e" / "sample.yaml"))
-    c.kubectl("apply", "-n", QUORUM_NS, "-f", "-", stdin=json.dumps(CLIENT_POD))
     c.wait_for("KRaftQuorum demo Available with 3 voters", lambda: quorum_available(c), timeout=300,
                context=c.describe)
+    # After the quorum is up, so that its client credential (if any) exists when the pod mounts it.
+    c.kubectl("apply", "-n", QUORUM_NS, "-f", "-", stdin=json.dumps(CLIENT_POD))
     c.kubectl("wait", "-n", QUORUM_NS, "--for=condition=Ready", "pod/client", "--timeout=120s")
     return QUORUM_NS

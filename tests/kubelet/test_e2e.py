@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 
-from tests.kubelet.conftest import OPERATOR_NS, QUORUM, QUORUM_NS, NodeCluster, quorum_available
+from tests.kubelet.conftest import (
+    CLIENT_CONFIG,
+    OPERATOR_NS,
+    QUORUM,
+    QUORUM_NS,
+    NodeCluster,
+    quorum_available,
+    wait_available,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -31,13 +39,20 @@ RECOVERY_TIMEOUT_S = 300.0
 # Runs inside the client pod: writes PREFIX-0, PREFIX-1, ... through the client Service until
 # /tmp/stop-PREFIX exists, printing "ACK key" only for writes the quorum acknowledged. A failed
 # write is retried with the same key and value (a put is idempotent), so nothing is skipped.
-WRITER = """
-import asyncio, os, sys
+CLIENT = f"""
+import os
 from quorum.client import QuorumClient
+from quorum.security.clientconfig import load_client_config
+def client(boot, timeout):
+    cfg = load_client_config("{CLIENT_CONFIG}") if os.path.exists("{CLIENT_CONFIG}") else None
+    return QuorumClient(boot, timeout=timeout, client_config=cfg)
+"""
+WRITER = CLIENT + """
+import asyncio, sys
 prefix, boot = sys.argv[1], sys.argv[2]
 async def main():
     i = 0
-    async with QuorumClient(boot, timeout=5) as c:
+    async with client(boot, 5) as c:
         while not os.path.exists("/tmp/stop-" + prefix):
             key = f"{prefix}-{i}"
             try:
@@ -54,14 +69,13 @@ asyncio.run(main())
 """
 
 # Runs inside the client pod: reads every key given on stdin back, prints the ones that differ.
-READER = """
+READER = CLIENT + """
 import asyncio, sys
-from quorum.client import QuorumClient
 boot = sys.argv[1]
 keys = sys.stdin.read().split()
 async def main():
     bad = 0
-    async with QuorumClient(boot, timeout=10) as c:
+    async with client(boot, 10) as c:
         for key in keys:
             want = ("value-" + key.rsplit("-", 1)[1]).encode()
             got = await c.get(key)
@@ -114,8 +128,10 @@ def read_back(cluster: NodeCluster, keys: list[str]) -> None:
 
 
 def kv(cluster: NodeCluster, *args: str) -> str:
-    return cluster.kubectl("exec", "-n", QUORUM_NS, "client", "--", "kraftkeeper", "kv", *args,
-                           "--bootstrap", CLIENT_BOOTSTRAP).stdout
+    """`kraftkeeper kv ...` in the client pod, with the mounted client credential when there is one."""
+    script = (f'[ -f {CLIENT_CONFIG} ] && export KRAFTKEEPER_CLIENT_CONFIG={CLIENT_CONFIG}; '
+              f'exec kraftkeeper kv "$@" --bootstrap {CLIENT_BOOTSTRAP}')
+    return cluster.kubectl("exec", "-n", QUORUM_NS, "client", "--", "sh", "-c", script, "kv", *args).stdout
 
 
 def voter_uuids(status: dict[str, Any]) -> dict[int, str]:
@@ -145,8 +161,7 @@ def test_quorum_forms_under_restricted_pod_security(node_cluster: NodeCluster, q
     pods = c.get_json("pods", "-n", quorum_ns, "-l", "app.kubernetes.io/component=quorum")["items"]
     assert sorted(p["metadata"]["name"] for p in pods) == ["demo-0", "demo-1", "demo-2"]
     assert all(p["status"]["phase"] == "Running" for p in pods), [p["status"]["phase"] for p in pods]
-    st = quorum_available(c)
-    assert st is not None, c.describe()
+    st = wait_available(c)
     uuids = voter_uuids(st)
     assert sorted(uuids) == [1, 2, 3], st["voters"]
     assert all(UUID.match(u) for u in uuids.values()), st["voters"]
@@ -168,8 +183,7 @@ def test_writes_through_the_client_service(node_cluster: NodeCluster, quorum_ns:
 def _replace_disk(c: NodeCluster, ordinal: int, prefix: str) -> dict[str, Any]:
     """Deletes pod demo-ORDINAL together with its PVC under continuous writes, waits for the
     operator's recovery, checks the new voter and that every acknowledged write reads back."""
-    st = quorum_available(c)
-    assert st is not None, c.describe()
+    st = wait_available(c)
     replica_id = ordinal + 1
     old_uuid = voter_uuids(st)[replica_id]
     recoveries_before = len(st.get("recoveries") or [])
@@ -224,15 +238,13 @@ def _assert_story_told(c: NodeCluster, recovery_id: str) -> None:
 
 
 def test_disk_replacement_of_a_follower_under_writes(node_cluster: NodeCluster, quorum_ns: str) -> None:
-    st = quorum_available(node_cluster)
-    assert st is not None
+    st = wait_available(node_cluster)
     follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
     _replace_disk(node_cluster, follower - 1, "follower")
 
 
 def test_disk_replacement_of_the_leader_under_writes(node_cluster: NodeCluster, quorum_ns: str) -> None:
-    st = quorum_available(node_cluster)
-    assert st is not None
+    st = wait_available(node_cluster)
     _replace_disk(node_cluster, int(st["leaderId"]) - 1, "leader")
 
 
@@ -248,8 +260,7 @@ def test_pdb_refuses_evicting_two_quorum_pods_at_once(node_cluster: NodeCluster,
     """A node drain evicts pod after pod; the PodDisruptionBudget (maxUnavailable 1 of 3) lets the
     first go and refuses the second while the first is not back, so a majority always stays."""
     c = node_cluster
-    st = quorum_available(c)
-    assert st is not None
+    st = wait_available(c)
     follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
     other = next(i for i in sorted(voter_uuids(st)) if i not in (follower, st["leaderId"]))
     def pdb_allows_one() -> bool:

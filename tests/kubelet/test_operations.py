@@ -26,6 +26,7 @@ from tests.kubelet.conftest import (
     REPO,
     NodeCluster,
     quorum_available,
+    wait_available,
 )
 from tests.kubelet.test_e2e import UUID, Writer, read_back, voter_uuids
 
@@ -48,8 +49,7 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 def test_scale_3_to_5_to_3_under_writes(node_cluster: NodeCluster, quorum_ns: str) -> None:
     c = node_cluster
-    st = quorum_available(c)
-    assert st is not None, c.describe()
+    st = wait_available(c)
     before = voter_uuids(st)
     writer = Writer(c, "scale")
     writer.wait_acked(0, "the writer's first acknowledged write")
@@ -85,8 +85,7 @@ def test_image_change_rolls_one_pod_at_a_time(node_cluster: NodeCluster, quorum_
     load = subprocess.run(["bash", str(NODE_SH), "load-image", new_image], capture_output=True, text=True,
                           timeout=600)
     assert load.returncode == 0, load.stderr
-    st = quorum_available(c)
-    assert st is not None, c.describe()
+    st = wait_available(c)
     before = voter_uuids(st)
     writer = Writer(c, "roll")
     writer.wait_acked(0, "the writer's first acknowledged write")
@@ -127,8 +126,7 @@ def test_operator_pod_deleted_mid_recovery_resumes(node_cluster: NodeCluster, qu
     observer with its new UUID, the voter change not done yet): the Deployment's new operator pod
     picks the recovery up from what the quorum says and finishes it, with no human step."""
     c = node_cluster
-    st = quorum_available(c)
-    assert st is not None, c.describe()
+    st = wait_available(c)
     follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
     old_uuid = voter_uuids(st)[follower]
     recoveries_before = len(st.get("recoveries") or [])
@@ -184,8 +182,7 @@ def test_volume_of_another_cluster_crash_loops_and_is_never_a_replacement(
     change, its storage UUID never enters the voter set), the quorum keeps serving with 2 of 3;
     replacing that volume by an empty one then heals as usual."""
     c = node_cluster
-    st = quorum_available(c)
-    assert st is not None, c.describe()
+    st = wait_available(c)
     follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
     before = voter_uuids(st)
     recoveries_before = len(st.get("recoveries") or [])
