@@ -89,9 +89,10 @@ install_packages() {
   [ -z "$missing" ] && return 0
   log "installing Debian packages:$missing"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  # Other installers may hold the dpkg lock (dev.sh runs several, tests install Docker): wait.
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
   # shellcheck disable=SC2086
-  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends $missing >/dev/null
 }
 
 # The node binaries are built with Go's default cgo setting, like kube-apiserver: they then share
