@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -68,6 +69,20 @@ def _check_inputs(events: list[str]) -> list[str]:
     return out
 
 
+class _Timer:
+    """Where the job's time goes: with KK_REPORT_TIMINGS=1, each step's wall time on stderr."""
+
+    def __init__(self) -> None:
+        self.on = os.environ.get("KK_REPORT_TIMINGS") == "1"
+        self.t = time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        if self.on:
+            print(f"# report timing: {step} {now - self.t:.1f} s", file=sys.stderr, flush=True)
+        self.t = now
+
+
 def compute(
     spark: SparkSession, paths: list[str], top: int = 20, out: Path | None = None,
     collect_recoveries: bool = False,
@@ -79,6 +94,7 @@ def compute(
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: {first}") from e
     parsed = tf.parse_lines(lines).persist(StorageLevel.MEMORY_AND_DISK)
+    timer = _Timer()
     try:
         counts = parsed.agg(
             F.count(F.lit(1)).alias("lines"),
@@ -87,6 +103,7 @@ def compute(
         assert counts is not None
         n_lines = int(counts["lines"] or 0)
         n_events = int(counts["events"] or 0)
+        timer("read and parse every line")
         if n_lines == 0:
             where = ", ".join(paths)
             raise ReportError("INVALID_REQUEST", f"no events found at {where}: the files are empty")
@@ -94,6 +111,7 @@ def compute(
         try:
             problems = tf.line_problems(parsed).unionByName(tf.recovery_problems(recoveries))
             bad = tf.bad_input(problems).toPandas()
+            timer("sessionise, bad input")
             stats = tf.phase_stats(recoveries).toPandas()
             hist = tf.phase_histogram(recoveries).toPandas()
             outc = tf.outcomes(recoveries).toPandas()
@@ -101,6 +119,7 @@ def compute(
             day = tf.daily(recoveries).toPandas()
             slow = tf.slowest(recoveries, top).toPandas()
             comp = tf.compare(recoveries).toPandas()
+            timer("small tables")
             rec_pd = recoveries.toPandas() if collect_recoveries else None
             if out is not None:
                 tables = out / "tables"
@@ -109,6 +128,7 @@ def compute(
                 rec.withColumn("problems", F.concat_ws(";", "problems")).write.mode("overwrite").option(
                     "header", "true"
                 ).csv(str(tables / "recoveries.csv"))
+                timer("per-recovery table written")
         finally:
             recoveries.unpersist()
     finally:

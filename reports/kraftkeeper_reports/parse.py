@@ -142,27 +142,84 @@ def _json_kind(c: Column) -> Column:
     )
 
 
+# The exact form the writer emits (EventLogWriter, compact JSON in the interface's field order)
+# for a step that is plainly valid: simple strings (no escapes, the names not blank), integers
+# that fit in 64 bits, a known type other than recovery_failed (whose detail.reason must be
+# checked), a millisecond UTC timestamp. Lines of this form are read by Spark's typed JSON
+# reader (the fast path); every other line goes through the full checks below.
+_STR = r'"[^"\\\x00-\x1F]*"'
+_NAME = r'"[^"\\\x00-\x1F' + _WS_CLASS[1:-1] + r'][^"\\\x00-\x1F]*"'
+_NUM = r"(0|[1-9][0-9]{0,17})"
+_FAST_TYPES = "|".join(t for t in ev.KNOWN_TYPES if t != ev.RECOVERY_FAILED)
+CANONICAL = (
+    r'^\{"schema_version":1,"ts":"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z",'
+    rf'"cluster":{_NAME},"recovery_id":{_NAME},"type":"({_FAST_TYPES})","replica_id":{_NUM},'
+    rf'"old_uuid":(null|{_STR}),"new_uuid":(null|{_STR}),"leader_id":(null|{_NUM}),'
+    rf'"leader_epoch":(null|{_NUM}),"detail":\{{.*\}}\}}$'
+)
+_FAST_SCHEMA = (
+    "schema_version BIGINT, ts STRING, cluster STRING, recovery_id STRING, type STRING, replica_id BIGINT, "
+    "old_uuid STRING, new_uuid STRING, leader_id BIGINT, leader_epoch BIGINT, detail STRING"
+)
+
+
 def parse_lines(lines: DataFrame) -> DataFrame:
     """One row per input line (PARSED_COLUMNS): a clean event, or the reason it is not one.
 
-    ``lines`` has ``value`` (the line) and ``source`` (the file it came from)."""
+    ``lines`` has ``value`` (the line) and ``source`` (the file it came from). Lines in the
+    writer's exact form take the fast path (a regular expression, then Spark's typed JSON
+    reader); the detail object must then read back as the same text (so nothing is hidden in
+    it), have no escapes and no duplicate key. Everything else takes :func:`parse_general`."""
+    j = F.from_json("value", _FAST_SCHEMA, {"allowNonNumericNumbers": "false", "allowSingleQuotes": "false"})
+    keep = [c for c in lines.columns if c not in ("value", "source")]  # carried through (tests)
+    pre = lines.select("value", "source", *keep, F.when(F.col("value").rlike(CANONICAL), j).alias("j"))
+    detail = F.col("j.detail")
+    ts_ok, ts_ms = _ts_parts(F.col("j.ts"))
+    ok = F.coalesce(
+        detail.isNotNull()
+        & F.col("value").endswith(F.concat(F.lit('"detail":'), detail, F.lit("}")))
+        & ~detail.contains("\\")
+        & (~detail.contains(",") | F.try_parse_json(detail).isNotNull())  # duplicate keys
+        & ts_ok,
+        F.lit(False),
+    )
+    pre = pre.select("value", "source", *keep, "j", ok.alias("ok"), ts_ms.alias("ts_ms"))
+
+    def in_detail(key: str) -> Column:
+        return F.when(detail.contains(f'"{key}"'), F.get_json_object(detail, f"$.{key}"))
+
+    fast = pre.where("ok").select(
+        F.lit(None).cast("string").alias("reason"), F.array().cast("array<string>").alias("notes"),
+        F.lit(None).cast("string").alias("example"), F.lit(None).cast("string").alias("message"),
+        "ts_ms",
+        *[F.col(f"j.{n}").alias(n) for n in ("cluster", "recovery_id", "type", "old_uuid", "new_uuid")],
+        *[F.col(f"j.{n}").alias(n) for n in ("replica_id", "leader_id", "leader_epoch")],
+        F.lit(None).cast("string").alias("failure_reason"),
+        in_detail("engine").alias("engine"), in_detail("order").alias("order"), *keep,
+    )
+    return fast.unionByName(parse_general(pre.where(~F.col("ok")).select("value", "source", *keep)))
+
+
+def parse_general(lines: DataFrame) -> DataFrame:
+    """Every check of ``events.classify_line`` on any line (the slow path)."""
     # 1. The parse: the line wrapped in [ ] so that exactly one JSON value is accepted.
     wrapped = F.try_parse_json(F.concat(F.lit("["), F.col("value"), F.lit("]")))
-    s1 = lines.select("value", "source", _blank(F.col("value")).alias("blank"), wrapped.alias("w"))
+    keep = [c for c in lines.columns if c not in ("value", "source")]
+    s1 = lines.select("value", "source", *keep, _blank(F.col("value")).alias("blank"), wrapped.alias("w"))
     malformed = (
         F.col("w").isNull()
         | F.try_variant_get("w", "$[0]", "variant").isNull()
         | F.try_variant_get("w", "$[1]", "variant").isNotNull()
     )
     s2 = s1.select(
-        "value", "source", "blank", "w",
+        "value", "source", *keep, "blank", "w",
         F.coalesce(~F.col("blank") & malformed, F.lit(False)).alias("malformed"),
         F.try_variant_get("w", "$[0]", "map<string,variant>").alias("m"),
     )
     # 2. The fields, once each.
     m = F.col("m")
     s3 = s2.select(
-        "value", "source", "blank", "w", "malformed", "m",
+        "value", "source", *keep, "blank", "w", "malformed", "m",
         *[m.getItem(n).alias(f"f_{n}") for n in ev.REQUIRED_FIELDS],
     )
     reason_v = F.try_variant_get("f_detail", "$.reason", "variant")
@@ -205,10 +262,12 @@ def parse_lines(lines: DataFrame) -> DataFrame:
         F.coalesce(~F.col("malformed") & unknown, F.lit(False)).alias("unknown"),
         F.coalesce(~F.col("malformed") & (F.size(m) > n_present), F.lit(False)).alias("extra"),
     )
-    return _finish(s6, checks, known)
+    return _finish(s6, checks, known, keep)
 
 
-def _finish(df: DataFrame, checks: list[tuple[str, Column, Column]], known: Column) -> DataFrame:
+def _finish(
+    df: DataFrame, checks: list[tuple[str, Column, Column]], known: Column, keep: list[str]
+) -> DataFrame:
     """The output row: reason, notes, example and message (built only for lines with a
     problem), and the event's typed fields for clean lines."""
     fatal, unknown, extra = F.col("fatal"), F.col("unknown"), F.col("extra")
@@ -255,4 +314,5 @@ def _finish(df: DataFrame, checks: list[tuple[str, Column, Column]], known: Colu
         F.when(ok & (F.col("s_type") == ev.RECOVERY_FAILED), F.col("s_reason")).alias("failure_reason"),
         F.when(ok, F.col("engine")).alias("engine"),
         F.when(ok, F.col("order")).alias("order"),
+        *keep,
     )

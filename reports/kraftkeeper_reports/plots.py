@@ -208,7 +208,8 @@ def plot_groups(stats: pd.DataFrame, key: str, title: str, label: str) -> str:
     duration_axis(ax, float(stats["max_ms"].max()), log=True, low_ms=max(lo, 1.0))
     ax.set_xlabel("duration (log axis): dot = p50, bar to p99, x = max")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / (len(order) + 1) - 0.12), ncol=3, fontsize=8,
+              frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return _svg(fig, label, points)

@@ -27,7 +27,7 @@ def build_session(master: str | None = None, app_name: str = "kraftkeeper-report
 
     * UTC session time zone: event timestamps are UTC and days in the trend are UTC days;
     * ANSI mode off, so a failed cast yields null (the job counts bad values, it never aborts);
-    * Arrow for toPandas / mapInPandas;
+    * Arrow for toPandas (the small tables; no line goes through Python: ``parse`` runs in the JVM);
     * small shuffles: the per-recovery tables are small next to the event log.
     """
     if is_local(master):

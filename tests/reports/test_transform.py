@@ -174,6 +174,7 @@ def test_spark_rules_are_the_python_rules(spark: Any) -> None:
 
     from kraftkeeper_reports.generate import _damage
     from kraftkeeper_reports.parse import parse_lines
+    from pyspark.sql import functions as F
 
     rng = random.Random(11)
     base = [line(t, f"r-{i}", i * 1000 + off) for i in range(3) for t, off in STEPS]
@@ -196,9 +197,26 @@ def test_spark_rules_are_the_python_rules(spark: Any) -> None:
         json.dumps(dict(big, type=ev.RECOVERY_FAILED, detail={"reason": 3})),
         json.dumps(dict(big, detail=[], extra=1, other=2)),
     ]
+    # The same objects in the writer's compact form, which takes the parser's fast path.
+    for text in list(samples):
+        try:
+            obj = ev.loads_strict(text)
+        except ValueError:
+            continue
+        samples.append(json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
+    samples += [
+        '{"schema_version":1,"ts":"2026-11-22T00:00:00.000Z","cluster":"c","recovery_id":"r","type":'
+        '"replica_caught_up","replica_id":1,"old_uuid":null,"new_uuid":"n","leader_id":1,"leader_epoch":2,'
+        + d + "}"
+        for d in ('"detail":{"a":1},"x":{}', '"detail":{"a":1,"a":2}', '"detail":{"a":NaN}',
+                  '"detail":{\'a\':1}', '"detail":{"a":"\\ud800"}', '"detail":{"a":1}} x {}',
+                  '"detail":{"engine":"kafka","order":"RemoveThenAdd"}', '"detail":{}')
+    ]
     rows = [(s, "file:/d/date=x/f.jsonl") for s in samples]
     df = spark.createDataFrame(rows, "value string, source string")
-    got = parse_lines(df).select("reason", "notes", "ts_ms", "replica_id", "failure_reason").collect()
+    df = df.withColumn("i", F.monotonically_increasing_id())
+    got = parse_lines(df).orderBy("i").select("reason", "notes", "ts_ms", "replica_id", "failure_reason",
+                                             "engine").collect()
     assert len(got) == len(samples)
     mismatches = []
     for s, row in zip(samples, got, strict=True):
@@ -209,4 +227,5 @@ def test_spark_rules_are_the_python_rules(spark: Any) -> None:
         if c.problem is None and c.event is not None:
             assert row["replica_id"] == c.event["replica_id"]
     assert mismatches == []
+    assert "kafka" in [r["engine"] for r in got]
     assert len({r["reason"] for r in got}) >= 15  # the samples exercise most reasons
