@@ -96,14 +96,22 @@ def test_watch_over_sasl_ssl(secure_controllers: KafkaControllers, tmp_path: Pat
     bad = tmp_path / "wrong.properties"
     bad.write_text(k.security.client_properties(password="not-the-password"))
 
-    w = Watcher(k.bootstrap, tmp_path / "bad-events", "--kafka-client-config", str(bad)).start()
-    try:
-        st = poll(lambda: (s := w.status()).get("error") and s, 60, "an error status")
-        assert st["phase"] == "QuorumLost" and "SASL authentication failed" in st["error"], st
-        w.passes_after(3)
-        assert w.events_list() == []
-    finally:
-        w.stop()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    other_ca, _ = make_pki(foreign)
+    untrusted = tmp_path / "untrusted.properties"
+    untrusted.write_text(k.security.client_properties().replace(str(k.security.ca_pem), str(other_ca)))
+    for props, why in ((bad, "SASL authentication failed"), (untrusted, "TLS handshake failed")):
+        w = Watcher(
+            k.bootstrap, tmp_path / f"events-{props.stem}", "--kafka-client-config", str(props)
+        ).start()
+        try:
+            st = poll(lambda w=w: (s := w.status()).get("error") and s, 60, "an error status")
+            assert st["phase"] == "QuorumLost" and why in st["error"], st
+            w.passes_after(3)
+            assert w.events_list() == []
+        finally:
+            w.stop()
 
     w = Watcher(
         k.bootstrap, tmp_path / "events", "--kafka-client-config", str(good), "--stabilization-seconds", "0"
