@@ -68,6 +68,24 @@ OPERATOR_NAME = "operator"  # the operator's admin client certificate
 DEFAULT_OPERATOR_LABELS = {"app.kubernetes.io/name": "kraftkeeper", "app.kubernetes.io/component": "operator"}
 
 
+def day_seconds() -> float:
+    """Seconds in one of ``spec.tls``'s days: 86400, except under the test hook
+    ``KRAFTKEEPER_TLS_DAY_SECONDS`` (as ``KRAFTKEEPER_ENDPOINT_OVERRIDES``: tests with a running
+    quorum need certificates that expire within minutes)."""
+    raw = os.environ.get("KRAFTKEEPER_TLS_DAY_SECONDS", "").strip()
+    try:
+        value = float(raw) if raw else 86400.0
+    except ValueError:
+        raise ValueError(f"KRAFTKEEPER_TLS_DAY_SECONDS={raw!r}: must be a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"KRAFTKEEPER_TLS_DAY_SECONDS={raw!r}: must be > 0")
+    return value
+
+
+def tls_days(days: int) -> dt.timedelta:
+    return dt.timedelta(seconds=days * day_seconds())
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -244,7 +262,7 @@ class OperatorCa:
 
     @property
     def days(self) -> float:
-        return float(self.q.tls.validity_days)
+        return tls_days(self.q.tls.validity_days).total_seconds() / 86400.0
 
     def ca_pems(self) -> tuple[bytes, bytes]:
         return (self.dir / CA_CERT).read_bytes(), (self.dir / CA_KEY).read_bytes()
@@ -266,7 +284,7 @@ class OperatorCa:
 
     def admin_config(self) -> ClientConfig:
         """The operator's admin credential, issued now if missing or due."""
-        renew = dt.timedelta(days=self.q.tls.renew_before_days)
+        renew = tls_days(self.q.tls.renew_before_days)
         crt = self.dir / f"{OPERATOR_NAME}.crt"
         if self.admin is None or cert_due(crt.read_bytes() if crt.exists() else None, renew):
             crt, key = issue_client(self.ca, OPERATOR_NAME, "admin", days=self.days)

@@ -248,6 +248,7 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
     m = ctx.managed.get(key)
     if m is None:
         return  # not configured (yet) or invalid spec
+    await _refresh_credential(ctx, m)
     st = await m.controller.reconcile()
     lost = st.condition("QuorumLost").status
     if st.view is not None and not lost:
@@ -264,6 +265,18 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
         await m.rotator.step(st.view)
     await _finish_scale_down(ctx, m, st.view)
     await _write_status(ctx, m, st)
+
+
+async def _refresh_credential(ctx: OperatorContext, m: Managed) -> None:
+    """A renewed admin credential needs a new client (its TLS context holds the old one)."""
+    t = ctx.tls.get(m.spec.cluster)
+    if t is None or not await t.refresh(ctx.kube, m.spec):
+        return
+    old = m.prober.client
+    m.prober.client = QuorumClient(m.endpoints, timeout=ctx.quorum_timeout, client_config=t.config)
+    m.controller.api, m.client_config = m.prober.client, t.config
+    await old.close()
+    log.info("%s: the operator's admin credential was renewed", m.spec.cluster)
 
 
 async def _flag_bootstrapped(ctx: OperatorContext, m: Managed, view: QuorumView | None) -> None:

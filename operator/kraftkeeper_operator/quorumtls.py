@@ -35,6 +35,7 @@ from .kubetls import (
     client_json,
     not_before,
     secret,
+    tls_days,
     unb64,
 )
 from .manifests import QuorumSpec
@@ -52,6 +53,7 @@ class QuorumTls:
         self.ca: OperatorCa | None = None
         self.cm_dir: Path | None = None
         self.config: ClientConfig | None = None
+        self.cm_data: dict[str, str] | None = None  # cert-manager's Secret as last loaded
 
     def close(self) -> None:
         if self.ca is not None:
@@ -86,6 +88,7 @@ class QuorumTls:
                 self.config = await asyncio.to_thread(client_config_from_secret, q, data, self.cm_dir)
             except ValueError as e:
                 raise kopf.TemporaryError(str(e), delay=WAIT_S) from e
+            self.cm_data = data
             return self.config
         ca = await self._ca(kube, q, owner)
         await self._node_secret(kube, q, owner, ca, replicas, renew=())
@@ -147,13 +150,35 @@ class QuorumTls:
     ) -> None:
         name = f"{q.name}-client"
         old = await kube.secret_data(q.namespace, name) or {}
-        renew = dt.timedelta(days=q.tls.renew_before_days)
+        renew = tls_days(q.tls.renew_before_days)
         if not cert_due(unb64(old, "tls.crt"), renew) and unb64(old, "ca.crt") == ca.ca_pems()[0]:
             return
         crt, key = await asyncio.to_thread(ca.client)
         data = {"ca.crt": ca.ca_pems()[0], "tls.crt": crt, "tls.key": key, "client.json": client_json()}
         await kube.apply(secret(q, owner, name, data))
         log.info("%s: issued the applications' client credential (Secret %s)", q.cluster, name)
+
+    async def refresh(self, kube: KubeApi, q: QuorumSpec) -> bool:
+        """Keep the operator's own credential fresh (every daemon pass): Operator mode re-issues
+        it when due, CertManager mode reloads cert-manager's renewed Secret. True if it changed
+        (the caller rebuilds its client: a TLS context holds the old certificate)."""
+        if not q.tls.enabled or self.config is None:
+            return False
+        if q.tls.cert_manager:
+            data = await kube.secret_data(q.namespace, f"{q.name}-operator-tls")
+            if not data or data == self.cm_data or self.cm_dir is None:
+                return False
+            try:
+                self.config = await asyncio.to_thread(client_config_from_secret, q, data, self.cm_dir)
+            except ValueError:
+                return False
+            self.cm_data = data
+            return True
+        if self.ca is None:
+            return False
+        before = self.ca.admin
+        self.config = await asyncio.to_thread(self.ca.admin_config)
+        return self.config is not before
 
     async def due(self, kube: KubeApi, q: QuorumSpec, replicas: int) -> list[int]:
         """Replica ids to restart: Operator mode, those whose node certificate expires within
@@ -173,7 +198,7 @@ class QuorumTls:
         if self.ca is None:
             return []
         data = await kube.secret_data(q.namespace, f"{q.name}-tls") or {}
-        renew = dt.timedelta(days=q.tls.renew_before_days)
+        renew = tls_days(q.tls.renew_before_days)
         return [i for i in range(1, replicas + 1) if cert_due(unb64(data, f"node-{i}.crt"), renew)]
 
     def rotator(self, kube: KubeApi, get: Any, owner: Mapping[str, Any]) -> CertRotator:

@@ -6,7 +6,9 @@ are refused by the schema or reported in status, naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import datetime as dt
 import http.client
 import json
 import ssl
@@ -26,6 +28,7 @@ from quorum.security.pki import identity_from_cert, init_ca, issue_client, peer_
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.test_operator import KQ, Operator, create, get, kq
 from tests.operator.operator_nodes import LocalCluster, engine_missing, free_base_port
+from tests.operator.test_local_tls import _Writer
 
 pytestmark = pytest.mark.k8s
 
@@ -263,21 +266,30 @@ def test_bad_tls_specs_the_schema_cannot_see_are_reported(
 
 @pytest.mark.slow
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
-def test_operator_reaches_a_tls_quorum_with_its_own_admin_credential(
-    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
+def test_operator_reaches_a_tls_quorum_and_renews_certificates_under_writes(
+    kube: KubeEnv,
+    kraftquorum_crd: dict[str, Any],
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Real node processes stand in for the pods (no kubelet here), serving TLS with certificates
     of the quorum's CA from Secret NAME-ca: the operator, holding only its in-memory admin
-    credential, describes the quorum and publishes its voters; a client without a credential
-    is refused."""
+    credential, describes the quorum and publishes its voters; a client without a credential is
+    refused. With a "day" of 10 s (test hook) certificates live 60 s and are renewed 40 s before
+    expiry: every node certificate in NAME-tls is renewed, and the operator renews its own
+    credential and still reaches the quorum after the first one expired, while a client writes;
+    every acknowledged write reads back. (No pod restarts here: nothing runs pods.)"""
     ns, name = namespace, "tq"
+    monkeypatch.setenv("KRAFTKEEPER_TLS_DAY_SECONDS", "10")
     q = parse_spec({"metadata": {"name": name, "namespace": ns}, "spec": {"voters": 3}})
     base = free_base_port(3)
     overrides = ",".join(f"{ns}/{name}/{k}=127.0.0.1:{base + k + 1}" for k in range(3))
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     nodes: LocalCluster | None = None
+    writer: _Writer | None = None
     try:
-        create(kube, ns, kq(name, 3))
+        create(kube, ns, kq(name, 3, tls={"validityDays": 6, "renewBeforeDays": 4}))
         ca = kube.wait_for("Secret tq-ca", lambda: secret_data(kube, ns, "tq-ca"), timeout=60)
         tls_dir = tmp_path / "nodes" / "tls"
         tls_dir.mkdir(parents=True)
@@ -302,8 +314,38 @@ def test_operator_reaches_a_tls_quorum_with_its_own_admin_credential(
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"https://127.0.0.1:{base + 1}/v1/quorum/describe", timeout=5, context=ctx)
         assert e.value.code == 401
+        # Renewal while a client writes.
+        first = kube.wait_for("Secret tq-tls", lambda: secret_data(kube, ns, "tq-tls"), timeout=30)
+        serials = {i: _cert(first[f"node-{i}.crt"]).serial_number for i in (1, 2, 3)}
+        first_expiry = _cert(first["node-1.crt"]).not_valid_after_utc  # the admin's: issued alike
+        writer = _Writer(nodes)
+        writer.start()
+
+        def renewed() -> dict[str, bytes] | None:
+            d = secret_data(kube, ns, "tq-tls") or {}
+            new = {i: _cert(d[f"node-{i}.crt"]).serial_number for i in (1, 2, 3) if f"node-{i}.crt" in d}
+            return d if all(new.get(i, serials[i]) != serials[i] for i in (1, 2, 3)) else None
+
+        kube.wait_for("every node certificate renewed", renewed, timeout=120)
+        # The operator still reaches the quorum after its first credential expired.
+        kube.wait_for(
+            "the first certificates expired",
+            lambda: dt.datetime.now(dt.UTC) > first_expiry + dt.timedelta(seconds=5),
+            timeout=120,
+        )
+        before = int(((get(kube, kq_path) or {}).get("status") or {}).get("leaderEpoch") or 0)
+        assert nodes.kk("quorum", "describe", "--bootstrap", nodes.bootstrap()).returncode == 0
+        assert "admin credential was renewed" in op.log.read_text(errors="replace"), op.tail()
+        kube.wait_for("status still Running", running, timeout=60)
+        assert int((get(kube, kq_path) or {})["status"]["leaderEpoch"]) >= before
+        assert len(writer.acked) > 20
         assert op.proc.poll() is None, op.tail()
     finally:
+        if writer is not None:
+            writer.stop_flag.set()
+            writer.join(timeout=60)
+            lost = asyncio.run(writer.read_back()) if nodes is not None else []
+            assert lost == [], f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
         if nodes is not None:
             assert nodes.stop() == 0, nodes.tail()
         op.stop()
