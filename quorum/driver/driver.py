@@ -6,12 +6,14 @@ and the core tests alike. A Ready is carried out in three synchronous phases so 
 asyncio node and a deterministic simulation can interleave other work between them:
 
 ``begin(ready)``
-    page-cache work: truncate, snapshot chunks / install, append; the leader's fast path
-    (Fetch responses for what was just written leave before the fsync). Returns a
+    page-cache work: truncate, install (with its last snapshot chunks), append; the leader's
+    fast path (Fetch responses for what was just written leave before the fsync) and the
+    follower's (the next FetchSnapshot leaves before this chunk is written). Returns a
     :class:`Pending` saying what must be persisted.
 ``persist(pending)``
-    blocking: save the quorum state, fsync the log. The node runs it in an executor while
-    inbound RPCs keep stepping the core; the simulation completes it later, or crashes first.
+    blocking: write fetched snapshot chunks, save the quorum state, fsync the log. The node
+    runs it in an executor while inbound RPCs keep stepping the core; the simulation
+    completes it later, or crashes first.
 ``finish(pending)``
     ``core.advance``, send the messages, apply the commit, complete client waits, publish the
     role. Refuses to run before ``persist`` when something needed persisting, and refuses to
@@ -23,12 +25,13 @@ Only one Ready is in flight at a time; whatever the core queues meanwhile waits 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from quorum.core.messages import FetchRequest
+from quorum.core.messages import FetchRequest, FetchSnapshotRequest
 from quorum.core.raft import RaftCore
-from quorum.core.ready import LeaderBatch, Ready
+from quorum.core.ready import LeaderBatch, Outbound, Ready, SnapshotChunk
 from quorum.driver.ports import Clock, LogPort, QuorumStatePort, Sink, SnapshotPort, StateMachine, Transport
+from quorum.driver.recent import RecentBatches
 from quorum.records import data_records, decode_batches
 from quorum.types import ErrorCode, KraftError, LogSummary, OffsetAndEpoch, QuorumState
 
@@ -61,10 +64,14 @@ class Pending:
     flush: bool
     persisted: bool = False
     durable_end: int = -1
+    # FetchSnapshot chunks written by ``persist`` (off the loop), and the messages ``finish``
+    # still has to send (``begin`` may have sent the FetchSnapshot requests already).
+    chunks: list[SnapshotChunk] = field(default_factory=list)
+    messages: list[Outbound] = field(default_factory=list)
 
     @property
     def needs_persist(self) -> bool:
-        return self.quorum_state is not None or self.flush
+        return self.quorum_state is not None or self.flush or bool(self.chunks)
 
 
 @dataclass
@@ -90,6 +97,7 @@ class Driver:
         self.applied_end = applied_end
         self.applied_epoch = applied_epoch
         self.in_flight: Pending | None = None
+        self.recent = RecentBatches()  # appended, not yet applied: applied without a read-back
         self.published = core.role_view()  # replaced by the first Ready's role_change
 
     # ------------------------------------------------------------------ phases
@@ -106,28 +114,48 @@ class Driver:
                     f"truncation to {ready.truncate_to} below the applied offset {self.applied_end}",
                 )
             log.truncate_to(ready.truncate_to)
-        for ch in ready.snapshot_chunks:
-            if ch.position == 0:
-                self.ports.snapshots.begin_download(ch.snapshot_id)
-            self.ports.snapshots.write_chunk(ch.snapshot_id, ch.position, ch.data)
+            self.recent.clear()
+        chunks: list[SnapshotChunk] = []
         if ready.install_snapshot is not None:
+            self._write_chunks(ready.snapshot_chunks)
             self._install_snapshot(ready.install_snapshot)
+        else:
+            chunks = ready.snapshot_chunks
         for b in ready.append:
             if isinstance(b, LeaderBatch):
                 log.append(b.base_offset, b.epoch, b.items(), b.append_time_ms)
+                self.recent.add_leader(b)
             else:
                 log.append_batches(b.data, b.infos)
+                self.recent.add_fetched(b)
         if ready.append and ready.quorum_state is None:
             # Fast path (leader): parked Fetches get what was just written before our fsync.
             # Not while this Ready's epoch change is unsaved: responses carry the epoch.
             for out in self.core.appended(log.end_offset, self.ports.clock.now_ms()):
                 self.ports.transport.send(out)
-        self.in_flight = Pending(ready, ready.quorum_state, ready.flush)
+        messages = ready.messages
+        if chunks and ready.quorum_state is None:
+            # KIP-630 catch-up pipelined: the next FetchSnapshot leaves now and travels while
+            # ``persist`` writes this chunk off the loop. It claims nothing durable (a download
+            # cut short restarts from position 0), so it need not wait for the write; chunks
+            # still reach the file in order (one Ready in flight at a time).
+            early = [o for o in messages if isinstance(o.message, FetchSnapshotRequest)]
+            for out in early:
+                self.ports.transport.send(out)
+            messages = [o for o in messages if not isinstance(o.message, FetchSnapshotRequest)]
+        self.in_flight = Pending(ready, ready.quorum_state, ready.flush, chunks=chunks, messages=messages)
         return self.in_flight
+
+    def _write_chunks(self, chunks: list[SnapshotChunk]) -> None:
+        for ch in chunks:
+            if ch.position == 0:
+                self.ports.snapshots.begin_download(ch.snapshot_id)
+            self.ports.snapshots.write_chunk(ch.snapshot_id, ch.position, ch.data)
 
     def persist(self, pending: Pending) -> int:
         """Phase 2 (blocking; safe to run in an executor: touches storage only). Returns the
         durable log end."""
+        self._write_chunks(pending.chunks)
         if pending.quorum_state is not None:
             self.ports.quorum_state.save(pending.quorum_state)
         if pending.flush:
@@ -146,7 +174,7 @@ class Driver:
         durable = pending.durable_end if pending.persisted else self.ports.log.flushed_end_offset
         ready = pending.ready
         self.core.advance(ready, durable)
-        for out in ready.messages:
+        for out in pending.messages:
             msg = out.message
             if isinstance(msg, FetchRequest) and msg.fetch_offset > self.ports.log.flushed_end_offset:
                 # The leader would count records we could still lose (issue 12): a core bug.
@@ -193,26 +221,45 @@ class Driver:
 
     def apply_to(self, commit: int) -> None:
         """Apply committed data batches below ``commit`` (control batches only advance the
-        applied offset; the core applied them when they were appended, KIP-856)."""
-        log, sm = self.ports.log, self.ports.state_machine
+        applied offset; the core applied them when they were appended, KIP-856). Batches this
+        node appended since it started come from memory (``recent``); others from the log."""
+        sm = self.ports.state_machine
         start = self.applied_end
         while self.applied_end < commit:
-            data = log.read(self.applied_end, APPLY_READ_BYTES, commit)
-            if not data:
-                break
-            batches, _used = decode_batches(data, verify_crc=False)
-            for b in batches:
-                if b.info.next_offset > commit:
+            b = self.recent.take(self.applied_end)
+            if b is None:
+                if not self._apply_from_log(commit):
                     break
-                if not b.info.is_control:
-                    sm.apply_batch(b.info.base_offset, data_records(b))
-                self.applied_end = b.info.next_offset
-                self.applied_epoch = b.info.epoch
-            else:
                 continue
-            break
+            if b.next_offset > commit:
+                self.recent.put_back(b)
+                break
+            if not b.is_control:
+                sm.apply_batch(b.base_offset, b.data())
+            self.applied_end = b.next_offset
+            self.applied_epoch = b.epoch
         if self.applied_end != start:
             self.ports.sink.applied(self.applied_end, self.applied_epoch)
+
+    def _apply_from_log(self, commit: int) -> bool:
+        """Apply committed batches read back from the log, up to the next one held in memory;
+        False if nothing could be applied."""
+        log, sm = self.ports.log, self.ports.state_machine
+        held = self.recent.peek_base()
+        stop = commit if held is None or held <= self.applied_end else min(commit, held)
+        data = log.read(self.applied_end, APPLY_READ_BYTES, stop)
+        if not data:
+            return False
+        start = self.applied_end
+        batches, _used = decode_batches(data, verify_crc=False)
+        for b in batches:
+            if b.info.next_offset > stop:
+                break
+            if not b.info.is_control:
+                sm.apply_batch(b.info.base_offset, data_records(b))
+            self.applied_end = b.info.next_offset
+            self.applied_epoch = b.info.epoch
+        return self.applied_end != start
 
     def _install_snapshot(self, sid: OffsetAndEpoch) -> None:
         try:
@@ -224,6 +271,7 @@ class Driver:
             self.core.snapshot_rejected(sid, str(e))
             return
         self.ports.log.reset_to_snapshot(sid)
+        self.recent.clear()
         self.applied_end = sid.offset
         self.applied_epoch = sid.epoch
         self.core.snapshot_installed(sid, tuple(controls))
