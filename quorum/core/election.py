@@ -315,6 +315,18 @@ class ElectionMixin(Transitions):
             err = ErrorCode.INVALID_REQUEST  # at the int32 limit: never adopted (issue 8)
         if err is None and req.leader_epoch < self.epoch:
             err = ErrorCode.FENCED_LEADER_EPOCH
+        voters = self.voters()
+        if (
+            err is None
+            and voters.voters
+            and not voters.contains(ReplicaKey(req.leader_id, req.leader_uuid))
+            and (isinstance(req, BeginQuorumEpochRequest) or req.leader_id != self.leader_id())
+        ):
+            # Issue 8: a replica outside our voter set cannot lead, so it cannot make us adopt
+            # its epoch either (a fake peer's BeginQuorumEpoch as leader 99 at epoch 1000 moved
+            # every node to epoch 1000); same rule as a Vote from a non-voter. The leader we
+            # follow may still resign after its own removal (EndQuorumEpoch, KAFKA-17608).
+            err = ErrorCode.NOT_VOTER
         if err is None:
             return False
         self.answer_leader_notice(req, err)
