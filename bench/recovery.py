@@ -11,7 +11,11 @@ restart it, and time the KIP-856 recovery by hand, as the operator would:
   passed the snapshot threshold, so this covers both paths;
 * **add-voter**: AddVoter (3, new UUID) until committed (KIP-856 handling step 7);
 * **remove-voter**: RemoveVoter (3, old UUID) until committed;
-* **total**: first Fetch until RemoveVoter committed.
+* **total**: first Fetch until RemoveVoter committed;
+* **copy limit**: beside it, in the same run, a plain copy of the leader's data directory (the
+  same bytes the replica had to receive: log segments and snapshot) to a fresh directory on the
+  same disk, each file fsynced, read in 8 MB chunks: what the disk allows without any protocol.
+  The report gives catch-up MB/s as a fraction of that copy's MB/s.
 
 Admin calls go to the node HTTP admin API (``POST /v1/quorum/voters``,
 ``DELETE /v1/quorum/voters/{id}/{uuid}``, ``GET /v1/quorum/describe``, docs/design.md) that
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -54,10 +59,38 @@ class RecoveryResult:
     total_s: float
     restart_to_first_fetch_s: float
     via_snapshot: bool
+    copy_s: float = 0.0
+    copy_mb_per_s: float = 0.0
+    catch_up_to_copy: float = 0.0  # catch-up MB/s / copy MB/s
 
 
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def copy_limit(src: Path, dst: Path, fsync: bool) -> tuple[int, float]:
+    """Copy every file under ``src`` to ``dst`` (same disk) in 8 MB reads, fsyncing each file
+    (and the directory) when ``fsync``; returns (bytes, seconds). The plain-copy limit that
+    catch-up is compared with."""
+    chunk = 8 * 1024 * 1024
+    total = 0
+    t0 = time.monotonic()
+    dst.mkdir(parents=True)
+    for i, p in enumerate(sorted(q for q in src.rglob("*") if q.is_file())):
+        with open(p, "rb") as fin, open(dst / f"{i:06d}-{p.name}", "wb") as fout:
+            while block := fin.read(chunk):
+                fout.write(block)
+                total += len(block)
+            fout.flush()
+            if fsync:
+                os.fsync(fout.fileno())
+    if fsync:
+        fd = os.open(dst, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return total, max(1e-6, time.monotonic() - t0)
 
 
 def parse_size(text: str) -> int:
@@ -233,11 +266,18 @@ def run_one(work: Path, size: int, value_size: int, concurrency: int, fsync: boo
             raise RuntimeError(f"voter set after recovery is wrong: {sorted(voters)}")
         # Snapshots are `*.checkpoint` files (Kafka naming, KIP-630).
         via_snapshot = any(p.suffix == ".checkpoint" for p in cluster.node_dir(victim).rglob("*"))
+        copied, copy_s = copy_limit(cluster.node_dir(lead_id), cluster.work / "copy-limit", fsync)
+        shutil.rmtree(cluster.work / "copy-limit", ignore_errors=True)
+        copy_rate = copied / MB / copy_s
+        rate = lead_dir / MB / catch_up_s
+        log(f"  catch-up {catch_up_s:.2f}s ({rate:.0f} MB/s); plain copy of {copied / MB:.0f} MB "
+            f"{copy_s:.2f}s ({copy_rate:.0f} MB/s); ratio {rate / copy_rate:.2f}")
         return RecoveryResult(
             size_bytes=size, filled_bytes=filled, leader_dir_bytes=lead_dir, fill_s=fill_s,
             catch_up_s=catch_up_s, catch_up_mb_per_s=lead_dir / MB / catch_up_s,
             add_voter_s=add_s, remove_voter_s=remove_s, total_s=(done_ms - first_fetch_ms) / 1000,
             restart_to_first_fetch_s=(first_fetch_ms - t_restart_ms) / 1000, via_snapshot=via_snapshot,
+            copy_s=copy_s, copy_mb_per_s=copy_rate, catch_up_to_copy=rate / copy_rate,
         )
     finally:
         cluster.stop()
@@ -253,7 +293,7 @@ def render(results: list[RecoveryResult]) -> str:
             f"{r.size_bytes / MB:>7.0f}MB {r.leader_dir_bytes / MB:>8.1f}MB {r.fill_s:>7.1f} "
             f"{r.restart_to_first_fetch_s:>16.2f} {r.catch_up_s:>10.2f} {r.catch_up_mb_per_s:>7.1f} "
             f"{r.add_voter_s * 1000:>12.1f} {r.remove_voter_s * 1000:>15.1f} {r.total_s:>8.2f} "
-            f"{'yes' if r.via_snapshot else 'no':>8}"
+            f"{'yes' if r.via_snapshot else 'no':>8} {r.copy_mb_per_s:>9.1f} {r.catch_up_to_copy:>7.2f}"
         )
     return "\n".join(lines)
 

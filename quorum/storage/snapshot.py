@@ -175,6 +175,9 @@ class SnapshotStore:
         self._ids: list[OffsetAndEpoch] = []
         self._read_fds: dict[OffsetAndEpoch, int] = {}
         self._downloads: dict[OffsetAndEpoch, tuple[int, int]] = {}  # id -> (fd, bytes written)
+        # What ``finish_download`` just verified and parsed, for the ``load`` that follows it
+        # (the install): a large snapshot is not read and parsed a second time (issue 10).
+        self._verified: tuple[OffsetAndEpoch, tuple[ControlRecord, ...], list[bytes]] | None = None
         removed = False
         for name in os.listdir(self.directory):
             if name.endswith(PART_SUFFIX):
@@ -306,12 +309,15 @@ class SnapshotStore:
         with open(part, "rb") as f:
             buf = f.read()
         try:
-            parse_snapshot(buf, snapshot_id, f"downloaded snapshot {snapshot_id}")
+            controls, chunks = parse_snapshot(buf, snapshot_id, f"downloaded snapshot {snapshot_id}")
         except KraftError:
             self.abort_download(snapshot_id)
             raise
+        del buf
         del self._downloads[snapshot_id]
-        return self._commit(snapshot_id, fd)
+        path = self._commit(snapshot_id, fd)
+        self._verified = (snapshot_id, controls, chunks)
+        return path
 
     def abort_download(self, snapshot_id: OffsetAndEpoch) -> None:
         d = self._downloads.pop(snapshot_id, None)
@@ -338,7 +344,11 @@ class SnapshotStore:
     ) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
         """(voter-set controls, state chunks) of a stored snapshot; a damaged file raises
         CORRUPT_LOG naming it. ``verify_crc=False`` skips the CRCs (not the framing checks)
-        for a snapshot ``finish_download`` has just verified."""
+        for a snapshot ``finish_download`` has just verified: its parsed content is then
+        handed over as it is, without reading the file again."""
+        verified, self._verified = self._verified, None
+        if not verify_crc and verified is not None and verified[0] == snapshot_id:
+            return verified[1], verified[2]
         fd = self._read_fd(snapshot_id)
         size = os.fstat(fd).st_size
         buf = os.pread(fd, size, 0)
@@ -361,6 +371,7 @@ class SnapshotStore:
             fsync_dir(self.directory)
 
     def close(self) -> None:
+        self._verified = None
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
