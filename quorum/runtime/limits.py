@@ -15,7 +15,8 @@ each sending a 4 MiB body took the leader to 720 MiB. Three rules fix that:
   defence); a body must arrive within ``body_timeout_s`` (408).
 * **Body budget**: the bodies being buffered at once share ``body_budget`` bytes; a request
   whose body does not fit gets 503 ``UNAVAILABLE`` at once instead of being buffered, so the
-  memory a node spends on request bodies is bounded whatever the number of connections.
+  memory a node spends on request bodies is bounded whatever the number of connections. Large
+  bodies leave a reserve for small ones (raft RPCs, ordinary writes).
   aiohttp's own flow control keeps an unread body to about 128 KiB per connection.
 
 The handshake of a TLS connection is bounded separately (``ssl_handshake_timeout``).
@@ -50,6 +51,8 @@ class Limits:
     idle_timeout_s: float = 120.0  # a keep-alive connection with no request at all
     body_budget: int = 64 * 1024 * 1024
     handshake_timeout_s: float = 10.0
+    small_body: int = 64 * 1024
+    small_reserve: int = 8 * 1024 * 1024
     max_body: int = 4 * 1024 * 1024 + 64 * 1024  # set by build_app to its client_max_size
     # live state
     guards: dict[object, GuardedProtocol] = field(default_factory=dict)  # transport -> guard
@@ -186,7 +189,10 @@ def body_middleware(limits: Limits) -> Any:
         if not request.body_exists:
             return await handler(request)
         want = min(request.content_length or limits.max_body, limits.max_body)
-        if limits.buffered + want > limits.body_budget:
+        # Large bodies may not take the last ``small_reserve`` bytes, so a flood of large
+        # PUTs never starves raft RPCs and ordinary small writes.
+        cap = limits.body_budget - (limits.small_reserve if want > limits.small_body else 0)
+        if limits.buffered + want > cap:
             limits.refused_bodies += 1
             raise KraftError(
                 ErrorCode.UNAVAILABLE,

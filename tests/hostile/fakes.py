@@ -1,0 +1,148 @@
+"""The attacker's tools for the hostile-peer suite (issue 8): raw HTTP requests (plaintext or
+TLS, with any certificate), raw RPC frames, a fake peer that answers as a "leader" would, and
+the end-of-test check that a node is serving with its committed data and voter set intact."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from quorum.core import messages as m
+from quorum.runtime import wire
+from quorum.types import ErrorCode, OffsetAndEpoch
+from tests.engine.cluster import free_ports, poll
+
+
+def request(
+    endpoint: str,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    ctx: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+    timeout: float = 30,
+) -> tuple[int, Any]:
+    """One HTTP request on a fresh connection; (status, JSON body or raw bytes)."""
+    host, _, port = endpoint.rpartition(":")
+    conn: http.client.HTTPConnection
+    if ctx is None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    else:
+        conn = _HostnameHTTPS(host, int(port), timeout=timeout, context=ctx, sni=server_hostname)
+    try:
+        conn.request(method, path, body=body or None)
+        r = conn.getresponse()
+        raw = r.read()
+        if r.getheader("Content-Type", "").startswith("application/json"):
+            return r.status, json.loads(raw)
+        return r.status, raw
+    finally:
+        conn.close()
+
+
+class _HostnameHTTPS(http.client.HTTPSConnection):
+    """HTTPS to 127.0.0.1 checking the certificate against another name (a node's peer name)."""
+
+    def __init__(
+        self, host: str, port: int, *, timeout: float, context: ssl.SSLContext, sni: str | None
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._sni = sni or host
+        self._ctx = context
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._ctx.wrap_socket(sock, server_hostname=self._sni)
+
+
+def rpc(endpoint: str, msg: Any, **kw: Any) -> tuple[int, Any]:
+    """POST a raft RPC message (any dataclass of quorum.core.messages) as its wire frame."""
+    return request(endpoint, "POST", f"/raft/v1/{m.RPC_PATHS[type(msg)]}", wire.encode(msg), **kw)
+
+
+def frame(header: bytes) -> bytes:
+    """A raw RPC frame around an arbitrary header (the Fetch header framing)."""
+    return len(header).to_bytes(4, "little") + header
+
+
+def fetch_header(cluster_id: str, replica: int, epoch: int) -> dict[str, Any]:
+    body = wire.encode(m.FetchRequest(1, cluster_id, replica, None, epoch, 0, 0, 0, 1024))
+    return dict(json.loads(wire.split_frame("fetch", body)[0]))
+
+
+@dataclass
+class Snapshot:
+    """What must survive every attack: leader, epoch, voter set and committed keys."""
+
+    leader: int
+    epoch: int
+    voters: list[tuple[int, str | None]]
+    keys: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class FakeLeader:
+    """A fake peer that answers every RPC as the leader of epoch 1000 would, naming a snapshot
+    of its own (the attack of issue 8: followers that believed it installed the snapshot)."""
+
+    cluster_id: str
+    hits: list[str] = field(default_factory=list)
+    endpoint: str = ""
+    _server: ThreadingHTTPServer | None = None
+
+    @contextmanager
+    def running(self) -> Iterator[FakeLeader]:
+        fake = self
+        port = free_ports(1)[0]
+        self.endpoint = f"127.0.0.1:{port}"
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                fake.hits.append(self.path)
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.path.endswith("/fetch_snapshot"):
+                    out = m.FetchSnapshotResponse(
+                        1, ErrorCode.NONE, 99, 1000, OffsetAndEpoch(10**6, 1000), 5, 0, b"evil!"
+                    )
+                else:
+                    out = m.FetchResponse(
+                        1, ErrorCode.NONE, 99, 1000, 10**6, 10**6, b"", None, OffsetAndEpoch(10**6, 1000)
+                    )
+                data = wire.encode(out)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), H)
+        t = threading.Thread(target=self._server.serve_forever, daemon=True)
+        t.start()
+        try:
+            yield self
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+            t.join(10)
+
+
+def wait_stable(describe: Any, timeout: float = 60) -> dict[str, Any]:
+    """The leader's describe once a leader with a committed high watermark is known."""
+
+    def find() -> dict[str, Any] | None:
+        d: dict[str, Any] = describe()
+        return d if d.get("leader_id", -1) >= 0 and d.get("high_watermark", 0) > 0 else None
+
+    return dict(poll(find, timeout, "a stable leader"))
