@@ -30,6 +30,7 @@ def request(
     ctx: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
     timeout: float = 30,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
     """One HTTP request on a fresh connection; (status, JSON body or raw bytes)."""
     host, _, port = endpoint.rpartition(":")
@@ -39,7 +40,7 @@ def request(
     else:
         conn = _HostnameHTTPS(host, int(port), timeout=timeout, context=ctx, sni=server_hostname)
     try:
-        conn.request(method, path, body=body or None)
+        conn.request(method, path, body=body or None, headers=headers or {})
         r = conn.getresponse()
         raw = r.read()
         if r.getheader("Content-Type", "").startswith("application/json"):
