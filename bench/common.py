@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,28 @@ def wait_until(cond: Callable[[], T | None], timeout: float, what: str, interval
         time.sleep(interval)
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """What a TLS client of a system under test presents: the CA that signed the servers and,
+    for mutual TLS, a client certificate and key (PEM files)."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        if self.cert and self.key:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+    def args(self) -> list[str]:
+        out = ["--ca", self.ca]
+        if self.cert and self.key:
+            out += ["--cert", self.cert, "--key", self.key]
+        return out
+
+
 def http_call(
     endpoint: str,
     method: str,
@@ -118,10 +141,15 @@ def http_call(
     body: bytes | None = None,
     timeout: float = 5.0,
     headers: dict[str, str] | None = None,
+    tls: TlsFiles | None = None,
 ) -> tuple[int, bytes]:
-    """One synchronous HTTP request to ``HOST:PORT``; returns (status, body)."""
+    """One synchronous HTTP request to ``HOST:PORT`` (HTTPS with ``tls``); returns (status, body)."""
     host, _, port = endpoint.rpartition(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn = (
+        http.client.HTTPConnection(host, int(port), timeout=timeout)
+        if tls is None
+        else http.client.HTTPSConnection(host, int(port), timeout=timeout, context=tls.context())
+    )
     try:
         conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()
@@ -130,7 +158,9 @@ def http_call(
         conn.close()
 
 
-def find_leader_by_421(endpoints: Sequence[str], probe_path: str, probe_body: bytes, timeout: float) -> str:
+def find_leader_by_421(
+    endpoints: Sequence[str], probe_path: str, probe_body: bytes, timeout: float, tls: TlsFiles | None = None
+) -> str:
     """Find the leader of a cluster that answers 421 + ``leader_endpoint`` (interfaces.md) by
     sending a real write to each node and following hints; returns the endpoint that took it."""
 
@@ -139,7 +169,7 @@ def find_leader_by_421(endpoints: Sequence[str], probe_path: str, probe_body: by
             target = ep
             for _ in range(4):  # follow at most a few hints; a stale hint is retried next poll
                 try:
-                    status, data = http_call(target, "PUT", probe_path, probe_body)
+                    status, data = http_call(target, "PUT", probe_path, probe_body, tls=tls)
                 except OSError:
                     break
                 if status == 200:
@@ -451,7 +481,13 @@ def run_wrk(endpoint: str, kind: str, size: int, clients: int, duration: float) 
 
 
 def run_asyncio_load(
-    endpoint: str, kind: str, size: int, clients: int, duration: float, rate: float | None = None
+    endpoint: str,
+    kind: str,
+    size: int,
+    clients: int,
+    duration: float,
+    rate: float | None = None,
+    tls: TlsFiles | None = None,
 ) -> LoadResult:
     """Run the asyncio generator in its own process (so it never shares a core's event loop
     with anything under test); closed loop, or open loop at ``rate`` writes/s."""
@@ -470,17 +506,30 @@ def run_asyncio_load(
     ]
     if rate is not None:
         args += ["--rate", str(rate)]
+    if tls is not None:
+        args += tls.args()
     out = run_python_module("bench.common", args, timeout=duration + 120)
     d = json.loads(out.strip().splitlines()[-1])
     return LoadResult(**{k: v for k, v in d.items() if k != "writes_per_s"})
 
 
 def run_load(
-    endpoint: str, kind: str, size: int, clients: int, duration: float, generator: str = "auto"
+    endpoint: str,
+    kind: str,
+    size: int,
+    clients: int,
+    duration: float,
+    generator: str = "auto",
+    tls: TlsFiles | None = None,
 ) -> LoadResult:
-    """Closed-loop run with the chosen generator (``auto``: wrk if installed, else asyncio)."""
+    """Closed-loop run with the chosen generator (``auto``: wrk if installed, else asyncio).
+    With ``tls`` only the asyncio generator can present a client certificate."""
     if generator == "auto":
-        generator = "wrk" if have_wrk() else "asyncio"
+        generator = "wrk" if have_wrk() and tls is None else "asyncio"
+    if generator == "wrk" and tls is not None:
+        raise ValueError("wrk cannot present a client certificate: use the asyncio generator for TLS")
+    if generator == "asyncio" and tls is not None:
+        return run_asyncio_load(endpoint, kind, size, clients, duration, tls=tls)
     if generator == "wrk":
         return run_wrk(endpoint, kind, size, clients, duration)
     if generator == "asyncio":
@@ -537,7 +586,13 @@ def _leader_hint(body: bytes) -> str | None:
 
 
 async def _asyncio_load(
-    endpoint: str, kind: str, size: int, clients: int, duration: float, rate: float | None
+    endpoint: str,
+    kind: str,
+    size: int,
+    clients: int,
+    duration: float,
+    rate: float | None,
+    tls: TlsFiles | None = None,
 ) -> LoadResult:
     """Closed loop: each connection sends its next write when the previous answer arrived.
     Open loop (``rate``): write i is due at ``start + i / rate`` whatever happened before; its
@@ -551,9 +606,13 @@ async def _asyncio_load(
     start = time.perf_counter() + 0.2  # connections are opened before the clock starts
     end = start + duration
 
+    ctx = tls.context() if tls is not None else None
+
     async def connect(ep: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         h, _, p = ep.rpartition(":")
-        return await asyncio.open_connection(h, int(p))
+        if ctx is None:
+            return await asyncio.open_connection(h, int(p))
+        return await asyncio.open_connection(h, int(p), ssl=ctx, server_hostname=h)
 
     async def worker(conn_no: int) -> None:
         nonlocal next_index
@@ -674,6 +733,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ld.add_argument("--clients", type=int, default=1)
     ld.add_argument("--duration", type=float, default=5.0)
     ld.add_argument("--rate", type=float, default=None, help="open loop at this many writes/s")
+    ld.add_argument("--ca", default=None, help="HTTPS: the CA file that signed the server")
+    ld.add_argument("--cert", default=None, help="HTTPS: client certificate (mutual TLS)")
+    ld.add_argument("--key", default=None, help="HTTPS: client key (mutual TLS)")
     ns = sub.add_parser("noop-server", help="a trivial aiohttp server answering 200 to everything")
     ns.add_argument("--port", type=int, required=True)
     args = ap.parse_args(argv)
@@ -684,7 +746,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--clients must be >= 1, --duration and --rate > 0, --size >= 0")
     use_uvloop()
     res = asyncio.run(
-        _asyncio_load(args.endpoint, args.kind, args.size, args.clients, args.duration, args.rate)
+        _asyncio_load(
+            args.endpoint,
+            args.kind,
+            args.size,
+            args.clients,
+            args.duration,
+            args.rate,
+            TlsFiles(args.ca, args.cert, args.key) if args.ca else None,
+        )
     )
     print(json.dumps(res.to_json()))
     return 0

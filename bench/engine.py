@@ -10,8 +10,17 @@ Systems (rows of the output):
 * ``kraftkeeper fsync`` / ``kraftkeeper nofsync``: ``kraftkeeper start`` x3, writes are
   ``PUT /v1/kv/{key}`` to the leader (interfaces.md); fsync is toggled through the config knob
   ``bench.common.FSYNC_CONFIG_KEY``.
+* ``kraftkeeper fsync+tls``: the same with ``--tls-dir`` (issue 8): mutual TLS between the
+  nodes, and every write over HTTPS with a ``readwrite`` client certificate.
 * ``etcd``: Debian's ``etcd`` (3.4) x3, writes through its grpc-gateway ``POST /v3/kv/put``
   (base64 key and value in JSON); etcd always fsyncs its WAL before acknowledging.
+* ``etcd tls``: the same with client and peer TLS and certificate checks on both
+  (``--client-cert-auth``, ``--peer-client-cert-auth``); certificates from ``quorum.security.pki``
+  (ECDSA P-256, as KRaftKeeper's), writes over HTTPS with a client certificate.
+
+TLS rows need a generator that presents a client certificate: the asyncio one. When any TLS row
+is requested and ``--generator auto``, every row uses it, so the cost of TLS printed at the end
+compares like with like.
 * ``pysyncobj batch`` / ``pysyncobj nobatch``: PySyncObj (a Python Raft library) x3, each node a
   process with an in-memory dict, no journal file (so no fsync), with the library's default
   ``appendEntriesUseBatch=True`` and with ``appendEntriesUseBatch=False``. A tiny aiohttp front
@@ -42,6 +51,7 @@ from typing import Any, Protocol
 from bench.common import (
     LoadResult,
     ProcessSet,
+    TlsFiles,
     find_leader_by_421,
     free_ports,
     have_wrk,
@@ -55,6 +65,7 @@ from bench.common import (
     value_bytes,
     wait_until,
 )
+from quorum.security.pki import init_ca, issue_client, issue_node
 
 START_TIMEOUT = 60.0
 
@@ -66,6 +77,7 @@ class Cluster(Protocol):
     family: str  # "kraftkeeper" | "etcd" | "pysyncobj"
     kind: str  # request shape for the generators: "kv" or "etcd"
     endpoints: list[str]  # client endpoints HOST:PORT, node 1 first
+    tls: TlsFiles | None  # what clients present (None: plaintext)
 
     def start(self) -> None: ...
 
@@ -82,10 +94,14 @@ class KraftKeeperCluster:
     family = "kraftkeeper"
     kind = "kv"
 
-    def __init__(self, work: Path, fsync: bool, extra_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, work: Path, fsync: bool, extra_config: dict[str, Any] | None = None, tls: bool = False
+    ) -> None:
         self.fsync = fsync
-        self.label = "kraftkeeper fsync" if fsync else "kraftkeeper nofsync"
-        self.work = work / ("kk-fsync" if fsync else "kk-nofsync")
+        self.label = ("kraftkeeper fsync" if fsync else "kraftkeeper nofsync") + ("+tls" if tls else "")
+        self.work = work / (("kk-fsync" if fsync else "kk-nofsync") + ("-tls" if tls else ""))
+        self.use_tls = tls
+        self.tls: TlsFiles | None = None
         self.extra_config = extra_config
         self.procs = ProcessSet(self.work / "logs")
         self.endpoints: list[str] = []
@@ -100,6 +116,8 @@ class KraftKeeperCluster:
         self.endpoints = [f"127.0.0.1:{p}" for p in ports]
         self.work.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(json.dumps(kraftkeeper_config(self.fsync, self.extra_config)))
+        if self.use_tls:
+            self.tls = _make_pki(self.work / "tls", self.cluster_id)
         for i in range(1, 4):
             self.format_node(i)
             self.start_node(i)
@@ -143,29 +161,56 @@ class KraftKeeperCluster:
                 voters,
                 "--config",
                 str(self.config_path),
+                *(["--tls-dir", str(self.work / "tls")] if self.tls is not None else []),
             ],
         )
 
     def _ready(self, i: int, ep: str) -> bool:
         self.procs.check_alive(f"node-{i}")
-        return http_call(ep, "GET", "/readyz", timeout=2)[0] == 200
+        return http_call(ep, "GET", "/readyz", timeout=2, tls=self.tls)[0] == 200
 
     def leader(self) -> str:
-        return find_leader_by_421(self.endpoints, _probe_path(), b"probe", START_TIMEOUT)
+        return find_leader_by_421(self.endpoints, _probe_path(), b"probe", START_TIMEOUT, tls=self.tls)
 
     def stop(self) -> None:
         self.procs.close()
 
 
+def _make_pki(directory: Path, cluster_id: str) -> TlsFiles:
+    """A CA, node certificates 1-3 (server and client use, 127.0.0.1) and a ``readwrite``
+    client certificate, made with our PKI module (ECDSA P-256)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = init_ca(directory, cluster_id)
+    for i in (1, 2, 3):
+        issue_node(ca, i)
+    cert, key = issue_client(ca, "bench", "readwrite")
+    return TlsFiles(str(directory / "ca.crt"), str(cert), str(key))
+
+
 class EtcdCluster:
-    label = "etcd"
     family = "etcd"
     kind = "etcd"
 
-    def __init__(self, work: Path) -> None:
-        self.work = work / "etcd"
+    def __init__(self, work: Path, tls: bool = False) -> None:
+        self.label = "etcd tls" if tls else "etcd"
+        self.work = work / ("etcd-tls" if tls else "etcd")
+        self.use_tls = tls
+        self.tls: TlsFiles | None = None
         self.procs = ProcessSet(self.work / "logs")
         self.endpoints: list[str] = []
+
+    def _tls_args(self, i: int) -> list[str]:
+        """Client and peer TLS with certificate checks on both (etcd's security guide)."""
+        if self.tls is None:
+            return []
+        d = self.work / "tls"
+        node = [str(d / f"node-{i + 1}.crt"), str(d / f"node-{i + 1}.key")]
+        return [
+            "--cert-file", node[0], "--key-file", node[1],
+            "--client-cert-auth", "--trusted-ca-file", self.tls.ca,
+            "--peer-cert-file", node[0], "--peer-key-file", node[1],
+            "--peer-client-cert-auth", "--peer-trusted-ca-file", self.tls.ca,
+        ]  # fmt: skip
 
     def start(self) -> None:
         etcd = shutil.which("etcd")
@@ -174,7 +219,10 @@ class EtcdCluster:
         ports = free_ports(6)
         client, peer = ports[:3], ports[3:]
         self.endpoints = [f"127.0.0.1:{p}" for p in client]
-        initial = ",".join(f"e{i + 1}=http://127.0.0.1:{p}" for i, p in enumerate(peer))
+        if self.use_tls:
+            self.tls = _make_pki(self.work / "tls", "etcd-bench")
+        sch = "https" if self.tls is not None else "http"
+        initial = ",".join(f"e{i + 1}={sch}://127.0.0.1:{p}" for i, p in enumerate(peer))
         token = f"bench-{secrets.token_hex(4)}"
         for i in range(3):
             self.procs.spawn(
@@ -186,13 +234,14 @@ class EtcdCluster:
                     "--data-dir",
                     str(self.work / f"e{i + 1}"),
                     "--listen-client-urls",
-                    f"http://{self.endpoints[i]}",
+                    f"{sch}://{self.endpoints[i]}",
                     "--advertise-client-urls",
-                    f"http://{self.endpoints[i]}",
+                    f"{sch}://{self.endpoints[i]}",
                     "--listen-peer-urls",
-                    f"http://127.0.0.1:{peer[i]}",
+                    f"{sch}://127.0.0.1:{peer[i]}",
                     "--initial-advertise-peer-urls",
-                    f"http://127.0.0.1:{peer[i]}",
+                    f"{sch}://127.0.0.1:{peer[i]}",
+                    *self._tls_args(i),
                     "--initial-cluster",
                     initial,
                     "--initial-cluster-state",
@@ -211,7 +260,9 @@ class EtcdCluster:
             for i, ep in enumerate(self.endpoints, start=1):
                 self.procs.check_alive(f"etcd-{i}")
                 try:
-                    status, body = http_call(ep, "POST", "/v3/maintenance/status", b"{}", timeout=2)
+                    status, body = http_call(
+                        ep, "POST", "/v3/maintenance/status", b"{}", timeout=2, tls=self.tls
+                    )
                 except OSError:
                     continue
                 if status != 200:
@@ -231,6 +282,8 @@ class EtcdCluster:
 class PySyncObjCluster:
     family = "pysyncobj"
     kind = "kv"
+
+    tls: TlsFiles | None = None
 
     def __init__(self, work: Path, batch: bool) -> None:
         self.batch = batch
@@ -352,6 +405,7 @@ class Row:
     label: str
     family: str
     size: int
+    tls: bool = False
     runs: dict[int, LoadResult] = field(default_factory=dict)
     half: LoadResult | None = None
     error: str | None = None
@@ -367,17 +421,18 @@ def _measure(
     half_load: bool,
     log: Any,
 ) -> Row:
-    row = Row(cluster.label, cluster.family, size)
+    row = Row(cluster.label, cluster.family, size, tls=cluster.tls is not None)
+    tls = cluster.tls
     leader = cluster.leader()
     # Warm-up: connections, JIT-free but cache- and page-cache-warm paths, first log segment.
-    run_load(leader, cluster.kind, size, max(clients), min(2.0, duration), generator)
+    run_load(leader, cluster.kind, size, max(clients), min(2.0, duration), generator, tls)
     for c in clients:
         leader = cluster.leader()
-        res = run_load(leader, cluster.kind, size, c, duration, generator)
+        res = run_load(leader, cluster.kind, size, c, duration, generator, tls)
         if res.ok == 0 or res.errors * 20 > res.ok:
             # A leader change during the run: find the new leader and measure once more.
             leader = cluster.leader()
-            res = run_load(leader, cluster.kind, size, c, duration, generator)
+            res = run_load(leader, cluster.kind, size, c, duration, generator, tls)
         row.runs[c] = res
         if res.errors * 20 > res.ok:
             # wrk counts non-2xx answers without keeping them: record one answer so the output
@@ -386,7 +441,7 @@ def _measure(
                 f"{c} clients: {res.errors} errors; a write now gets {_sample_answer(cluster, size)}"
             )
         log(
-            f"  {cluster.label:19} {size:>5} B {c:>4} clients: {res.writes_per_s:9.0f} w/s "
+            f"  {cluster.label:21} {size:>5} B {c:>4} clients: {res.writes_per_s:9.0f} w/s "
             f"p50 {res.p50_ms:7.2f} ms p99 {res.p99_ms:7.2f} ms errors {res.errors}"
         )
     if half_load and row.runs:
@@ -394,10 +449,10 @@ def _measure(
         if peak.writes_per_s > 0:
             leader = cluster.leader()
             row.half = run_asyncio_load(
-                leader, cluster.kind, size, peak.clients, duration, rate=peak.writes_per_s / 2
+                leader, cluster.kind, size, peak.clients, duration, rate=peak.writes_per_s / 2, tls=tls
             )
             log(
-                f"  {cluster.label:19} {size:>5} B half of peak ({peak.writes_per_s / 2:.0f}/s offered, "
+                f"  {cluster.label:21} {size:>5} B half of peak ({peak.writes_per_s / 2:.0f}/s offered, "
                 f"{peak.clients} conns): p99 {row.half.p99_ms:.2f} ms"
             )
     return row
@@ -408,9 +463,9 @@ def _sample_answer(cluster: Cluster, size: int) -> str:
         ep = cluster.endpoints[0]
         if cluster.kind == "etcd":
             body = json.dumps({"key": "YmVuY2g=", "value": ""}).encode()
-            status, data = http_call(ep, "POST", "/v3/kv/put", body, timeout=10)
+            status, data = http_call(ep, "POST", "/v3/kv/put", body, timeout=10, tls=cluster.tls)
         else:
-            status, data = http_call(ep, "PUT", _probe_path(), value_bytes(size), timeout=10)
+            status, data = http_call(ep, "PUT", _probe_path(), value_bytes(size), timeout=10, tls=cluster.tls)
     except OSError as e:
         return f"connection error {e}"
     return f"HTTP {status} {data[:160].decode(errors='replace')} from node 1"
@@ -455,8 +510,8 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
             f"== value size {size} B: committed writes/s, p50/p99 commit latency (ms), "
             f"ratio of writes/s vs etcd and vs best PySyncObj =="
         )
-        head = f"{'system':19} |" + "|".join(f"{f'{c} clients':^40}" for c in clients) + "| p99 @50% peak"
-        sub = f"{'':19} |" + "|".join(
+        head = f"{'system':21} |" + "|".join(f"{f'{c} clients':^40}" for c in clients) + "| p99 @50% peak"
+        sub = f"{'':21} |" + "|".join(
             f"{'w/s':>8} {'p50':>6} {'p99':>7} {'vsEtcd':>7} {'vsPSO':>7} " for _ in clients
         )
         lines += [head, sub, "-" * len(head)]
@@ -467,8 +522,14 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
                 if res is None:
                     cells.append(f"{'n/a':>40}")
                     continue
+                # TLS rows against etcd with TLS, plaintext rows against plaintext etcd
                 etcd = next(
-                    (x.runs[c].writes_per_s for x in srows if x.family == "etcd" and c in x.runs), None
+                    (
+                        x.runs[c].writes_per_s
+                        for x in srows
+                        if x.family == "etcd" and x.tls == r.tls and c in x.runs
+                    ),
+                    None,
                 )
                 pso = max(
                     (x.runs[c].writes_per_s for x in srows if x.family == "pysyncobj" and c in x.runs),
@@ -486,9 +547,9 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
                     half += f" (send lag p99 {r.half.send_lag_p99_ms:.1f} ms)"
                 if r.half.target_rate and achieved < 0.9 * r.half.target_rate:
                     half += " (below offered)"
-            line = f"{r.label:19} |" + "|".join(cells) + f"| {half}"
+            line = f"{r.label:21} |" + "|".join(cells) + f"| {half}"
             if r.error:
-                line = f"{r.label:19} | FAILED: {r.error}"
+                line = f"{r.label:21} | FAILED: {r.error}"
             lines.append(line)
         errs = [
             f"{r.label} {c} clients: {res.errors}" for r in srows for c, res in r.runs.items() if res.errors
@@ -497,7 +558,39 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
         if errs:
             lines.append("non-2xx answers or connection errors (not counted as writes): " + "; ".join(errs))
         lines += [f"note: {r.label}: {n}" for r in srows for n in r.notes]
+        lines += _tls_cost(srows, clients)
     return "\n".join(lines)
+
+
+def _tls_cost(srows: list[Row], clients: list[int]) -> list[str]:
+    """What TLS costs each system (writes/s and p99 against its plaintext row), and KRaftKeeper
+    with TLS against etcd with TLS at the largest client count (issue 8)."""
+    by_label = {r.label: r for r in srows if not r.error}
+    pairs = [("kraftkeeper fsync+tls", "kraftkeeper fsync"), ("etcd tls", "etcd")]
+    out: list[str] = []
+    for tls_label, plain_label in pairs:
+        t, p = by_label.get(tls_label), by_label.get(plain_label)
+        if t is None or p is None:
+            continue
+        cells = []
+        for c in clients:
+            if c in t.runs and c in p.runs and p.runs[c].writes_per_s > 0:
+                tr, pr = t.runs[c], p.runs[c]
+                cells.append(
+                    f"{c} clients {100 * (tr.writes_per_s / pr.writes_per_s - 1):+.0f}% w/s "
+                    f"(p99 {pr.p99_ms:.2f} -> {tr.p99_ms:.2f} ms)"
+                )
+        if cells:
+            out.append(f"cost of TLS, {tls_label} vs {plain_label}: " + "; ".join(cells))
+    kk, et = by_label.get("kraftkeeper fsync+tls"), by_label.get("etcd tls")
+    top = max(clients)
+    if kk is not None and et is not None and top in kk.runs and top in et.runs and et.runs[top].writes_per_s:
+        ratio = kk.runs[top].writes_per_s / et.runs[top].writes_per_s
+        out.append(
+            f"kraftkeeper fsync+tls vs etcd tls at {top} clients: {ratio:.2f}x writes/s "
+            f"({kk.runs[top].writes_per_s:.0f} vs {et.runs[top].writes_per_s:.0f})"
+        )
+    return out
 
 
 def parse_list(text: str, what: str) -> list[int]:
@@ -535,13 +628,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--peers",
-        default="etcd,pysyncobj",
-        help="comma-separated peers from etcd,pysyncobj; 'none' for kraftkeeper alone",
+        default="etcd,etcd-tls,pysyncobj",
+        help="comma-separated peers from etcd,etcd-tls,pysyncobj; 'none' for kraftkeeper alone",
     )
     ap.add_argument(
         "--kraftkeeper",
-        default="fsync,nofsync",
-        help="kraftkeeper configs from fsync,nofsync; 'none' to run the peers alone",
+        default="fsync,nofsync,fsync+tls",
+        help="kraftkeeper configs from fsync,nofsync,fsync+tls; 'none' to run the peers alone",
     )
     ap.add_argument(
         "--generator",
@@ -562,20 +655,25 @@ def _main(argv: Sequence[str] | None = None) -> int:
         ap.error("--duration must be > 0")
     peers = [] if a.peers == "none" else [p.strip() for p in a.peers.split(",") if p.strip()]
     kk = [] if a.kraftkeeper == "none" else [p.strip() for p in a.kraftkeeper.split(",") if p.strip()]
-    bad = [p for p in peers if p not in ("etcd", "pysyncobj")] + [
-        k for k in kk if k not in ("fsync", "nofsync")
+    bad = [p for p in peers if p not in ("etcd", "etcd-tls", "pysyncobj")] + [
+        k for k in kk if k not in ("fsync", "nofsync", "fsync+tls")
     ]
     if bad:
         ap.error(
             f"unknown system(s) {', '.join(bad)}: "
-            "--peers takes etcd,pysyncobj and --kraftkeeper fsync,nofsync"
+            "--peers takes etcd,etcd-tls,pysyncobj and --kraftkeeper fsync,nofsync,fsync+tls"
         )
+    any_tls = "etcd-tls" in peers or "fsync+tls" in kk
     generator = a.generator
     if generator == "auto":
-        generator = "wrk" if have_wrk() else "asyncio"
+        # TLS rows need client certificates, which only the asyncio generator presents; every
+        # row then uses it so the cost of TLS compares like with like.
+        generator = "wrk" if have_wrk() and not any_tls else "asyncio"
     if generator == "wrk" and not have_wrk():
         ap.error("--generator wrk: wrk is not installed (scripts/install-bench.sh install)")
-    if "etcd" in peers and shutil.which("etcd") is None:
+    if generator == "wrk" and any_tls:
+        ap.error("--generator wrk cannot present client certificates: leave out the TLS rows or use asyncio")
+    if {"etcd", "etcd-tls"} & set(peers) and shutil.which("etcd") is None:
         ap.error("--peers etcd: etcd is not installed (scripts/install-bench.sh install), or leave it out")
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-bench-"))
@@ -586,9 +684,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     clusters: list[Cluster] = []
     for k in kk:
-        clusters.append(KraftKeeperCluster(work, fsync=(k == "fsync")))
+        clusters.append(KraftKeeperCluster(work, fsync=k.startswith("fsync"), tls=k.endswith("+tls")))
     if "etcd" in peers:
         clusters.append(EtcdCluster(work))
+    if "etcd-tls" in peers:
+        clusters.append(EtcdCluster(work, tls=True))
     if "pysyncobj" in peers:
         clusters += [PySyncObjCluster(work, batch=True), PySyncObjCluster(work, batch=False)]
 

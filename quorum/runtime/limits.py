@@ -202,7 +202,11 @@ def body_middleware(limits: Limits) -> Any:
         limits.buffered += want
         try:
             try:
-                await asyncio.wait_for(request.read(), limits.body_timeout_s)
+                if request.content.is_eof():  # all of it already arrived: no deadline needed
+                    await request.read()
+                else:
+                    async with asyncio.timeout(limits.body_timeout_s):
+                        await request.read()
             except TimeoutError:
                 resp = web.json_response(
                     {

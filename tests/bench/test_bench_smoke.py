@@ -150,7 +150,7 @@ def test_kraftkeeper_side_quick(tmp_path: Path) -> None:
     # The asyncio generator here (wrk, when installed, drives the PySyncObj test above): it is
     # what a machine without scripts/install-bench.sh uses, so both paths stay tested.
     res = run_bench("bench.engine", "--quick", "--duration", "2", "--clients", "1,8", "--peers", "none",
-                    "--generator", "asyncio", "--json", str(out))
+                    "--kraftkeeper", "fsync,nofsync", "--generator", "asyncio", "--json", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["generator"] == "asyncio"
