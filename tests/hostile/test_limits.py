@@ -1,0 +1,151 @@
+"""The server limits of quorum/runtime/limits.py with small bounds, in-process on loopback (a
+real aiohttp server, real sockets): the connection cap evicts the oldest half-sent connection,
+the head deadline closes stalled connections, the body budget refuses what does not fit with
+503 while small bodies still pass, and /healthz fails when the driver loop stops turning."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+
+from quorum.runtime import observe
+from quorum.runtime.limits import Limits
+from quorum.runtime.server import build_app, start_server
+from tests.engine.cluster import free_ports
+
+
+class StubNode:
+    """Just enough of NodeApi for the KV routes and the probes."""
+
+    node_id = 1
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    async def put(self, key: str, value: bytes) -> int:
+        self.data[key] = value
+        return len(self.data)
+
+    async def get(self, key: str) -> bytes | None:
+        return self.data.get(key)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        return True, {"status": "ok"}
+
+
+async def _closed(reader: asyncio.StreamReader, within: float) -> bool:
+    """True once the server closed the connection (EOF or reset) within ``within`` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            return await reader.read(1024) == b""
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+async def _serve(limits: Limits) -> tuple[Any, str]:
+    app = build_app(StubNode(), max_body=1024 * 1024, limits=limits)  # type: ignore[arg-type]
+    ep = f"127.0.0.1:{free_ports(1)[0]}"
+    return await start_server(app, ep), ep
+
+
+def test_cap_evicts_the_oldest_half_sent_connection_and_head_deadline_closes() -> None:
+    async def go() -> None:
+        limits = Limits(max_connections=4, head_timeout_s=1.0)
+        runner, ep = await _serve(limits)
+        host, _, port = ep.rpartition(":")
+        try:
+            conns = []
+            for _ in range(4):
+                r, w = await asyncio.open_connection(host, int(port))
+                w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+                conns.append((r, w))
+            # wait until all four are admitted before the fifth comes
+            deadline = time.monotonic() + 10
+            while len(limits.guards) < 4:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            async with aiohttp.ClientSession() as s, s.get(f"http://{ep}/healthz") as resp:
+                assert resp.status == 200  # served: the oldest idle connection made room
+            assert await _closed(conns[0][0], 5)
+            assert limits.refused_connections >= 1
+            # the others are closed by the head deadline
+            for r, _ in conns[1:]:
+                assert await _closed(r, 10)
+            for _, w in conns:
+                w.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
+
+
+def test_body_budget_refuses_large_bodies_but_not_small_ones() -> None:
+    async def go() -> None:
+        limits = Limits(body_budget=1024 * 1024, small_reserve=256 * 1024, small_body=1024)
+        runner, ep = await _serve(limits)
+        host, _, port = ep.rpartition(":")
+        try:
+            # one connection holds a 700 KiB body, minus its last byte
+            _, w = await asyncio.open_connection(host, int(port))
+            size = 700 * 1024
+            w.write(f"PUT /v1/kv/big HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
+            w.write(b"x" * (size - 1))
+            await w.drain()
+            deadline = time.monotonic() + 10
+            while limits.buffered == 0:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            async with aiohttp.ClientSession() as s:
+                async with s.put(f"http://{ep}/v1/kv/big2", data=b"y" * (200 * 1024)) as resp:
+                    body = await resp.json()
+                    assert resp.status == 503 and body["error_code"] == "UNAVAILABLE"
+                    assert "budget" in body["message"]
+                async with s.put(f"http://{ep}/v1/kv/small", data=b"ok") as resp:
+                    assert resp.status == 200
+            assert limits.refused_bodies == 1
+            w.close()
+            deadline = time.monotonic() + 10
+            while limits.buffered:
+                assert time.monotonic() < deadline, "the held body's reservation was never released"
+                await asyncio.sleep(0.01)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
+
+
+def test_body_deadline_answers_408() -> None:
+    async def go() -> None:
+        limits = Limits(body_timeout_s=0.5)
+        runner, ep = await _serve(limits)
+        host, _, port = ep.rpartition(":")
+        try:
+            r, w = await asyncio.open_connection(host, int(port))
+            w.write(b"PUT /v1/kv/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+            async with asyncio.timeout(10):
+                status = await r.readline()
+            assert b" 408 " in status, status
+            w.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
+
+
+def test_healthz_fails_when_the_driver_loop_stops_turning(monkeypatch: Any) -> None:
+    runner = SimpleNamespace(turned_at=time.monotonic())
+    driver = SimpleNamespace(in_flight=None)
+    obs = observe.Observer(1, None, driver, runner, None, None)  # type: ignore[arg-type]
+    assert obs.health()[0]
+    runner.turned_at = time.monotonic() - observe.LOOP_S - 1
+    ok, info = obs.health()
+    assert not ok and info["status"] == "wedged" and "has not turned" in info["message"]
+    # a persist in flight is the storage rule's business, not this one's
+    driver.in_flight = object()
+    assert obs.health()[0]
