@@ -51,6 +51,7 @@ class Limits:
     idle_timeout_s: float = 120.0  # a keep-alive connection with no request at all
     body_budget: int = 64 * 1024 * 1024
     handshake_timeout_s: float = 10.0
+    linger_s: float = 2.0  # draining a refused body before closing (aiohttp lingering_time)
     small_body: int = 64 * 1024
     small_reserve: int = 8 * 1024 * 1024
     max_body: int = 4 * 1024 * 1024 + 64 * 1024  # set by build_app to its client_max_size

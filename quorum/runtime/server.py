@@ -278,7 +278,16 @@ async def start_server(
 ) -> web.AppRunner:
     """Serve ``app`` on ``listen`` (HOST:PORT); the caller cleans the runner up."""
     lim = app.get(LIMITS_KEY) or Limits()
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=lim.idle_timeout_s)
+    # lingering_time: after refusing a body (503 budget, 408 deadline) aiohttp drains what the
+    # client still sends so it can read the answer; 2 s (not aiohttp's 10 s) bounds how long
+    # a refused client keeps its connection, and how long it can delay a shutdown.
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=lim.idle_timeout_s,
+        lingering_time=lim.linger_s,
+    )
     await runner.setup()
     host, _, port = listen.rpartition(":")
     site = _GuardedSite(
