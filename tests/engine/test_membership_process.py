@@ -118,7 +118,19 @@ def test_reassignment_3_to_5_to_3_under_write_load(tmp_path: Path) -> None:
         t.start()
         try:
             poll(lambda: len(acked) > 50, 30, "writes flowing")
-            run_cli("quorum", "reassign", "--bootstrap", c.bootstrap, "--voters", "1,2,3,4,5")
+            # issue 8: a target must be a voter or a caught-up observer; 4 and 5 may still be
+            # catching up, so retry until the leader accepts it
+            poll(
+                lambda: (
+                    run_cli(
+                        "quorum", "reassign", "--bootstrap", c.bootstrap, "--voters", "1,2,3,4,5", check=False
+                    ).returncode
+                    == 0
+                ),
+                60,
+                "the reassignment to 1-5 accepted",
+                0.5,
+            )
             poll(
                 lambda: (
                     {v["id"] for v in c.describe()["voters"]} == {1, 2, 3, 4, 5}
