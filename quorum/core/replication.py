@@ -31,7 +31,16 @@ from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 
 
 class ReplicationMixin(ElectionMixin):
+    # When this leader last served a FetchSnapshot chunk (-1: never). A new snapshot deletes
+    # the one a replica is downloading, and its log prefix with it, so the download would start
+    # over (issue 10): the node's snapshotter waits while a download is going on.
+    snapshot_served_ms: int = -1
+
     # ================================================================== leader side
+
+    def snapshot_being_fetched(self, within_ms: int) -> bool:
+        """A replica fetched a snapshot chunk from this leader in the last ``within_ms``."""
+        return self.snapshot_served_ms >= 0 and self.now - self.snapshot_served_ms < within_ms
 
     def fetch_response(self, req: FetchRequest, code: ErrorCode, **kw: object) -> FetchResponse:
         return FetchResponse(
@@ -220,6 +229,7 @@ class ReplicationMixin(ElectionMixin):
         if req.position > size:
             answer(ErrorCode.POSITION_OUT_OF_RANGE)
             return
+        self.snapshot_served_ms = self.now
         answer(
             ErrorCode.NONE,
             snapshot_id=req.snapshot_id,

@@ -18,6 +18,13 @@ __all__ = ["Snapshotter"]
 
 log = logging.getLogger("kraftkeeper.node")
 
+# A replica downloading a snapshot asks for its next chunk at once; this long without a chunk
+# served, the download is over (or abandoned) and snapshots may be taken again.
+DOWNLOAD_QUIET_MS = 5_000
+# Deferring for a download stops here, so the log on disk stays bounded even if a replica
+# keeps re-fetching: past this many times ``snapshot.max_bytes`` a snapshot is taken anyway.
+DEFER_LIMIT = 8
+
 
 class Snapshotter:
     def __init__(
@@ -42,8 +49,14 @@ class Snapshotter:
         self.busy = False
 
     def due(self) -> bool:
-        """Enough log applied since the last snapshot (``snapshot.max_bytes``) and none running."""
-        return self.applier.bytes_since_snapshot >= self.snapshot_bytes and not self.busy
+        """Enough log applied since the last snapshot (``snapshot.max_bytes``) and none running,
+        and no replica downloading the current one: a new snapshot would delete it (and the log
+        before it) under the download, which would then start over (issue 10)."""
+        applied = self.applier.bytes_since_snapshot
+        if applied < self.snapshot_bytes or self.busy:
+            return False
+        downloading = self.core.snapshot_being_fetched(DOWNLOAD_QUIET_MS)
+        return not downloading or applied >= DEFER_LIMIT * self.snapshot_bytes
 
     async def take(self) -> None:
         """Snapshot the state machine at the applied offset, then let the log start move past

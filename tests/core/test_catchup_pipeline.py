@@ -147,3 +147,21 @@ def test_next_fetch_snapshot_leaves_before_the_chunk_is_written() -> None:
     # every chunk but the last: the request for the next position went out before its write
     for p in writes[:-1]:
         assert events.index(("request", p + 64)) < events.index(("write", p)), events
+
+
+def test_leader_knows_a_snapshot_is_being_fetched() -> None:
+    h = leader(snapshot_chunk_bytes=64)
+    _commit(h, 3)
+    assert not h.core.snapshot_being_fetched(5_000)  # never served one
+    hw = h.core.hw
+    sid = OffsetAndEpoch(hw, h.core.epoch_at(hw - 1))
+    h.store.snapshots.write(sid, h.core.controls_at(hw), [b"{}"])
+    h.log.delete_before(hw)
+    h.core.snapshot_taken(sid, min(h.log.log_start_offset, hw))
+    f = make(local=2, snapshot_chunk_bytes=64)
+    f.now = h.now
+    _wire(h, f)
+    assert f.store.snapshots.latest() == sid
+    assert h.core.snapshot_being_fetched(5_000)
+    h.tick(6_000)
+    assert not h.core.snapshot_being_fetched(5_000)
