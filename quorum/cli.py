@@ -86,6 +86,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         config_file=args.config,
         tls_options={k: getattr(args, k) for k in ("tls_dir", "cert", "key", "ca", "tokens")},
         insecure=args.insecure,
+        kafka_listen=args.kafka_listen,
     )
 
 
@@ -298,6 +299,11 @@ def _add_start_parser(sub: Any) -> None:
     s.add_argument("--key", help="its private key (PEM)")
     s.add_argument("--ca", help="the cluster CA certificate (PEM)")
     s.add_argument("--tokens", help="hashed bearer tokens file (default: TLS-DIR/tokens.json if present)")
+    s.add_argument(
+        "--kafka-listen",
+        metavar="HOST:PORT",
+        help="also answer Kafka's wire protocol here (kafka-metadata-quorum); loopback only, no TLS",
+    )
     s.add_argument(
         "--insecure",
         action="store_true",

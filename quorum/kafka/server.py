@@ -409,6 +409,24 @@ async def start_kafka_listener(
     return server
 
 
+def check_kafka_listen(kafka_listen: str, *, tls: bool, insecure: bool = False) -> None:
+    """Refuse ``--kafka-listen`` before the node starts: bad HOST:PORT, a non-loopback address
+    without ``--insecure``, or a TLS node (see :class:`NodeKafkaListener`)."""
+    host, port = parse_listen(kafka_listen)
+    if tls:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            "--kafka-listen: not available with TLS on (the Kafka listener has no TLS or "
+            "authentication yet); run `python -m quorum.kafka` on a trusted host instead",
+        )
+    if not insecure and not is_loopback(host):
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"--kafka-listen {host}:{port}: the Kafka listener has no TLS or authentication, so it binds "
+            "to loopback only (127.0.0.1, ::1, localhost) unless --insecure is given",
+        )
+
+
 class NodeKafkaListener:
     """The listener of ``kraftkeeper start --kafka-listen HOST:PORT``: it asks the quorum through
     the node's own HTTP API (and its voters', to follow the leader), so it needs nothing of the
@@ -428,12 +446,7 @@ class NodeKafkaListener:
         tls: bool,
         insecure: bool = False,
     ) -> NodeKafkaListener:
-        if tls:
-            raise KraftError(
-                ErrorCode.INVALID_REQUEST,
-                "--kafka-listen: not available with TLS on (the Kafka listener has no TLS or "
-                "authentication yet); run `python -m quorum.kafka` on a trusted host instead",
-            )
+        check_kafka_listen(kafka_listen, tls=tls, insecure=insecure)
         client = QuorumClient(
             [node_endpoint, *[e for e in voter_endpoints if e != node_endpoint]], timeout=10.0
         )

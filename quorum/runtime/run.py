@@ -67,6 +67,8 @@ async def serve_node(
     advertise: str | None = None,
     stop: asyncio.Event | None = None,
     tls: NodeTls | None = None,
+    kafka_listen: str | None = None,
+    kafka_insecure: bool = False,
 ) -> None:
     """Run one node and its server until ``stop`` is set (default: SIGTERM / SIGINT). With
     ``tls`` (issue 8): https, mutual TLS to peers, and the authorization middleware."""
@@ -96,9 +98,22 @@ async def serve_node(
             middlewares=tls.middlewares(cluster_id) if tls is not None else (),
         )
         runner = await start_server(app, listen, tls.server_context() if tls is not None else None)
+        kafka = None
         try:
+            if kafka_listen:  # Kafka's wire protocol too (quorum/kafka, checked in run_node)
+                from quorum.kafka.server import NodeKafkaListener
+
+                kafka = await NodeKafkaListener.start(
+                    kafka_listen,
+                    advertise or listen,
+                    list(voters.values()),
+                    tls=tls is not None,
+                    insecure=kafka_insecure,
+                )
             await node.run(stop)
         finally:
+            if kafka is not None:
+                await kafka.close()
             await runner.cleanup()
     finally:
         await transport.close()
@@ -113,6 +128,7 @@ def run_node(
     config_file: str | None = None,
     tls_options: dict[str, str | None] | None = None,
     insecure: bool = False,
+    kafka_listen: str | None = None,
 ) -> int:
     voter_map = parse_voters(voters)
     cfg = load_config(config_file)
@@ -126,10 +142,29 @@ def run_node(
     tls = load_node_tls(data_dir, tls_options or {})
     if tls is None:
         check_plaintext_listen(listen, insecure)
+    if kafka_listen:
+        # kafka-python is optional (the operator extra): imported only for --kafka-listen.
+        try:
+            from quorum.kafka.server import check_kafka_listen
+        except ImportError as e:
+            raise KraftError(
+                ErrorCode.UNSUPPORTED,
+                f"--kafka-listen needs kafka-python ({e}); install kraftkeeper[operator]",
+            ) from None
+        check_kafka_listen(kafka_listen, tls=tls is not None, insecure=insecure)
     _setup_logging(listen)
 
     async def main() -> None:
-        await serve_node(data_dir, listen, voter_map, cfg, advertise, tls=tls)
+        await serve_node(
+            data_dir,
+            listen,
+            voter_map,
+            cfg,
+            advertise,
+            tls=tls,
+            kafka_listen=kafka_listen,
+            kafka_insecure=insecure,
+        )
 
     try:
         import uvloop  # optional: a faster event loop for the HTTP paths
