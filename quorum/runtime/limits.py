@@ -34,7 +34,14 @@ from aiohttp import web
 
 from quorum.types import ErrorCode, KraftError
 
-__all__ = ["LIMITS_KEY", "GuardedProtocol", "Limits", "body_middleware", "connection_middleware"]
+__all__ = [
+    "LIMITS_KEY",
+    "GuardedProtocol",
+    "Limits",
+    "body_middleware",
+    "connection_middleware",
+    "metrics_text",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,24 @@ class Limits:
             "refused_connections": self.refused_connections,
             "refused_bodies": self.refused_bodies,
         }
+
+
+_METRICS = {
+    "connections": ("gauge", "Open client and peer connections (issue 8 cap: max_connections)"),
+    "buffered_body_bytes": ("gauge", "Request body bytes reserved from the body budget right now"),
+    "refused_connections": ("counter", "Connections refused or evicted at the connection cap"),
+    "refused_bodies": ("counter", "Requests answered 503 because their body did not fit the budget"),
+}
+
+
+def metrics_text(limits: Limits, prefix: str = "kraftkeeper_http") -> str:
+    """The limits in Prometheus text format (appended to the node's /metrics)."""
+    out: list[str] = []
+    for name, value in limits.stats().items():
+        kind, help_text = _METRICS[name]
+        n = f"{prefix}_{name}" + ("_total" if kind == "counter" else "")
+        out += [f"# HELP {n} {help_text}", f"# TYPE {n} {kind}", f"{n} {value}"]
+    return "\n".join(out) + "\n"
 
 
 LIMITS_KEY = web.AppKey("limits", Limits)

@@ -25,7 +25,14 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from quorum.runtime.api import NodeApi
-from quorum.runtime.limits import LIMITS_KEY, GuardedProtocol, Limits, body_middleware, connection_middleware
+from quorum.runtime.limits import (
+    LIMITS_KEY,
+    GuardedProtocol,
+    Limits,
+    body_middleware,
+    connection_middleware,
+)
+from quorum.runtime.limits import metrics_text as limits_metrics
 from quorum.security.strictjson import INT32, get_int, loads_strict
 from quorum.types import ErrorCode, KraftError, canonical_uuid
 
@@ -209,7 +216,11 @@ def _node_routes(app: web.Application, node: NodeApi) -> None:
         return web.json_response(node.log_state())
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=node.metrics_text(), content_type="text/plain", charset="utf-8")
+        text = node.metrics_text()
+        lim = request.app.get(LIMITS_KEY)
+        if lim is not None:
+            text = text.rstrip("\n") + "\n" + limits_metrics(lim)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def healthz(request: web.Request) -> web.Response:
         ok, info = node.health()

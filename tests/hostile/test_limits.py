@@ -36,6 +36,9 @@ class StubNode:
     def health(self) -> tuple[bool, dict[str, Any]]:
         return True, {"status": "ok"}
 
+    def metrics_text(self) -> str:
+        return "# TYPE kraftkeeper_stub gauge\nkraftkeeper_stub 1\n"
+
 
 async def _closed(reader: asyncio.StreamReader, within: float) -> bool:
     """True once the server closed the connection (EOF or reset) within ``within`` seconds."""
@@ -109,6 +112,9 @@ def test_body_budget_refuses_large_bodies_but_not_small_ones() -> None:
                 async with s.put(f"http://{ep}/v1/kv/small", data=b"ok") as resp:
                     assert resp.status == 200
             assert limits.refused_bodies == 1
+            async with aiohttp.ClientSession() as s, s.get(f"http://{ep}/metrics") as resp:
+                text = await resp.text()
+            assert "kraftkeeper_http_refused_bodies_total 1\n" in text and "kraftkeeper_stub 1" in text
             w.close()
             deadline = time.monotonic() + 10
             while limits.buffered:
