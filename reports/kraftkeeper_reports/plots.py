@@ -90,7 +90,9 @@ def duration_axis(ax: Any, top_ms: float, axis: str = "x", log: bool = False, lo
     a = ax.xaxis if axis == "x" else ax.yaxis
     top = max(float(top_ms), 1.0)
     if log:
-        ticks = [t for t in _LOG_TICKS_MS if low_ms / 1.5 <= t <= top * 1.5] or [1]
+        ticks = [t for t in _LOG_TICKS_MS if low_ms / 1.5 <= t <= top * 1.5]
+        if len(ticks) < 3:  # a narrow range: 1-2-5 steps in human units
+            ticks = [t for t in _STEPS_MS if low_ms / 1.5 <= t <= top * 1.5] or [1]
         a.set_major_locator(FixedLocator(ticks))
         a.set_major_formatter(FuncFormatter(lambda v, _p: _ms_tick(v)))
     else:
