@@ -194,7 +194,8 @@ def test_interrupt_cleans_up_every_process(tmp_path: Path) -> None:
         kids = me.children(recursive=True)
         assert len(kids) >= 3
         os.kill(bench.pid, signal.SIGINT)  # what Ctrl-C delivers
-        assert bench.wait(60) == 130
+        # Generous: a first run in a fresh venv (cold caches, a loaded CI machine) stops slowly.
+        assert bench.wait(180) == 130
         assert "interrupted: all benchmark processes stopped" in err.read_text()
         _, alive = psutil.wait_procs(kids, timeout=30)
         assert alive == [], f"left running after Ctrl-C: {alive}"

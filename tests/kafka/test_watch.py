@@ -146,6 +146,10 @@ def test_watch_majority_down_attempts_nothing(kafka_controllers: KafkaController
         down = [i for i in k.controllers if i != d["leader_id"]]
         for i in down:
             k.stop(i, kill=True)
+        # Wait until the watcher sees the majority gone: for the live window after a kill, a
+        # voter's last fetch is still recent and counts it live (the policy's
+        # live_window_seconds), so a replacement caught up inside that window could be acted on.
+        poll(lambda: w.status().get("phase") == "QuorumLost", 120, "QuorumLost reported")
         # One of the lost controllers even comes back on a new disk: still no majority.
         k.replace_disk(down[0])
         st = poll(lambda: (s := w.status()).get("phase") == "QuorumLost" and s, 120, "QuorumLost reported")
