@@ -34,9 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from kraftkeeper_reports.events import RecoveryEvent
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quorum.client import QuorumClient
 from quorum.runtime.config import load_config
@@ -49,6 +47,7 @@ from .localcluster import DEFAULT_BASE_PORT, ClusterLayout, meta_uuid, pid_alive
 from .localtls import LocalTls, add_tls_args, remove_client_json, tls_from_args
 from .recovery import Order, PolicyError, Recovery, RecoveryPolicy
 from .rotation import CertRotator
+from .statusserver import StatusServer
 from .supervisor import Supervisor
 from .survivor import LogState, choose_survivor, probe_log_state
 from .telemetry import EventLogSink, OperatorMetrics
@@ -93,38 +92,6 @@ class LocalState:
 
 # ---------------------------------------------------------------------------------------------
 # The supervisor's loop
-
-
-class _StatusServer:
-    """``/metrics``, ``/status`` and ``/healthz`` of the supervisor."""
-
-    def __init__(self, metrics: OperatorMetrics) -> None:
-        self.metrics = metrics
-        self.last: dict[str, Any] = {"conditions": [], "recoveries": []}
-        self.runner: web.AppRunner | None = None
-
-    async def start(self, port: int) -> None:
-        async def h_metrics(_: web.Request) -> web.Response:
-            body = generate_latest(self.metrics.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        async def h_status(_: web.Request) -> web.Response:
-            return web.json_response(self.last)
-
-        async def h_health(_: web.Request) -> web.Response:
-            return web.Response(text="ok\n")
-
-        app = web.Application()
-        app.add_routes(
-            [web.get("/metrics", h_metrics), web.get("/status", h_status), web.get("/healthz", h_health)]
-        )
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 def _claim(layout: ClusterLayout) -> Path:
@@ -192,8 +159,8 @@ async def run_local(
         await asyncio.to_thread(LocalState.save, state_path, records, list(ctl.known_voters))
 
     ctl.persist = persist
-    server = _StatusServer(metrics)
-    await server.start(layout.base_port)
+    server = StatusServer(metrics)
+    await server.start("127.0.0.1", layout.base_port)
     sup = Supervisor(layout, node_config, tls.node_args() if tls is not None else None)
     unclean = _Unclean(layout, sup, ctl, client)
     rotator = None
@@ -240,7 +207,7 @@ async def _rotate(
 
 
 async def _controller_pass(
-    ctl: RecoveryController, sup: Supervisor, server: _StatusServer, interval: float
+    ctl: RecoveryController, sup: Supervisor, server: StatusServer, interval: float
 ) -> QuorumView | None:
     try:
         st: ControllerStatus = await asyncio.wait_for(ctl.reconcile(), timeout=max(5.0, 4 * interval))

@@ -38,9 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from kraftkeeper_reports.events import RecoveryEvent, parse_ts_ms
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quorum.types import KraftError
 
@@ -48,6 +46,7 @@ from .controller import RecoveryController
 from .kafka.backend import KafkaQuorum, parse_bootstrap
 from .kafka.wire import ClientConfigError, ClientSettings
 from .recovery import Order, Phase, PolicyError, Recovery, RecoveryPolicy
+from .statusserver import StatusServer
 from .telemetry import EventLogSink, EventSink, OperatorMetrics
 
 log = logging.getLogger("kraftkeeper.operator.watch")
@@ -317,9 +316,10 @@ class Watcher:
             self._phase = phase
 
     async def run(self, stop: asyncio.Event, metrics_host: str, metrics_port: int | None) -> None:
-        runner: web.AppRunner | None = None
+        server: StatusServer | None = None
         if metrics_port is not None:
-            runner = await self._serve(metrics_host, metrics_port)
+            server = StatusServer(self.metrics, lambda: self.last)
+            await server.start(metrics_host, metrics_port)
         try:
             while not stop.is_set():
                 await self.run_once()
@@ -329,28 +329,8 @@ class Watcher:
                     await asyncio.wait_for(stop.wait(), pause)
         finally:
             await self.api.close()
-            if runner is not None:
-                await runner.cleanup()
-
-    async def _serve(self, host: str, port: int) -> web.AppRunner:
-        async def h_metrics(_: web.Request) -> web.Response:
-            body = generate_latest(self.metrics.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        async def h_status(_: web.Request) -> web.Response:
-            return web.json_response(self.last)
-
-        async def h_health(_: web.Request) -> web.Response:
-            return web.Response(text="ok\n")
-
-        app = web.Application()
-        app.add_routes(
-            [web.get("/metrics", h_metrics), web.get("/status", h_status), web.get("/healthz", h_health)]
-        )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, host, port).start()
-        return runner
+            if server is not None:
+                await server.stop()
 
 
 def watch_main(argv: list[str]) -> int:

@@ -1,0 +1,59 @@
+"""The small HTTP server of the local supervisor (``operator local``) and of ``operator watch``:
+``/metrics`` (Prometheus text from the operator's registry), ``/status`` (JSON: the last controller
+status) and ``/healthz`` (``ok``). One implementation, so both modes answer alike.
+
+The status is whatever ``status()`` returns at request time (by default ``self.last``, which the
+owner replaces after every controller pass); the server never computes anything itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .telemetry import OperatorMetrics
+
+
+class StatusServer:
+    """``/metrics``, ``/status`` and ``/healthz`` on ``host:port`` until :meth:`stop`."""
+
+    def __init__(self, metrics: OperatorMetrics, status: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.metrics = metrics
+        self.last: dict[str, Any] = {"conditions": [], "recoveries": []}
+        self._status = status if status is not None else (lambda: self.last)
+        self.runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        async def h_metrics(_: web.Request) -> web.Response:
+            body = generate_latest(self.metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def h_status(_: web.Request) -> web.Response:
+            return web.json_response(self._status())
+
+        async def h_health(_: web.Request) -> web.Response:
+            return web.Response(text="ok\n")
+
+        app = web.Application()
+        app.add_routes(
+            [web.get("/metrics", h_metrics), web.get("/status", h_status), web.get("/healthz", h_health)]
+        )
+        return app
+
+    async def start(self, host: str, port: int) -> None:
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.runner = runner
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
