@@ -96,9 +96,10 @@ def test_helm_lint(helm: Path) -> None:
         (["--set", "serviceAccount.create=false"], "serviceAccount.name is required"),
         (["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.service.enabled=false"],
          "metrics.serviceMonitor.enabled needs metrics.service.enabled"),
+        (["--set", "rbac.scope=everywhere"], "/rbac/scope"),
     ],
     ids=["two-replicas", "bad-pull-policy", "misspelt-key", "bad-log-level", "bad-port", "sa-without-name",
-         "monitor-without-service"],
+         "monitor-without-service", "bad-rbac-scope"],
 )
 def test_bad_values_are_refused_naming_the_value(helm: Path, args: list[str], expected: str) -> None:
     proc = subprocess.run([str(helm), "template", "kk", str(CHART), *args],
@@ -110,12 +111,42 @@ def test_bad_values_are_refused_naming_the_value(helm: Path, args: list[str], ex
 def test_default_render(helm: Path) -> None:
     docs = render(helm)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    # Namespace-scoped RBAC by default (issue 8): the operator watches the release namespace only.
+    assert kinds == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
     dep = by_kind(docs, "Deployment")[0]
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][:3] == ["operator", "run", "--standalone"]
-    assert "--all-namespaces" in c["args"]
+    assert "--namespace=kk-system" in c["args"] and "--all-namespaces" not in c["args"]
+    assert by_kind(docs, "Role")[0]["metadata"]["namespace"] == "kk-system"
     assert c["image"] == "kraftkeeper:0.1.0"
+
+
+def test_rbac_scope_cluster_and_watch_namespaces(helm: Path) -> None:
+    # rbac.scope=cluster: one ClusterRole (+ CRD and namespace reads for kopf), all namespaces.
+    docs = render(helm, "--set", "rbac.scope=cluster")
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
+                                               "ServiceAccount"]
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args and not [a for a in args if a.startswith("--namespace")]
+    binding = by_kind(docs, "ClusterRoleBinding")[0]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kk-kraftkeeper", "namespace": "kk-system"}]
+    # Cluster scope narrowed to named namespaces: kopf watches only those.
+    docs = render(helm, "--set", "rbac.scope=cluster", "--set", "operator.watchNamespaces={a,b}")
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=a", "--namespace=b"]
+    # Namespace scope with named namespaces: a Role + RoleBinding in each (not in the release
+    # namespace, which is not watched), bound to the release's ServiceAccount, nothing cluster-wide.
+    docs = render(helm, "--set", "operator.watchNamespaces={kk-e2e,b}")
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["b", "kk-e2e"]
+    for rb in by_kind(docs, "RoleBinding"):
+        assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kk-kraftkeeper"}
+        assert rb["subjects"][0]["namespace"] == "kk-system"
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=kk-e2e", "--namespace=b"]
+    # No RBAC objects at all when the user manages RBAC.
+    docs = render(helm, "--set", "rbac.create=false")
+    assert not {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in docs}
 
 
 def test_restricted_security_context(helm: Path) -> None:
@@ -133,7 +164,7 @@ def test_restricted_security_context(helm: Path) -> None:
 
 
 def test_rbac_is_least_privilege(helm: Path) -> None:
-    for docs in (render(helm), render(helm, *all_toggles(["a", "b"]))):
+    for docs in (render(helm), render(helm, *all_toggles(["a", "b"])), render(helm, "--set", "rbac.scope=cluster")):
         roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
         assert roles
         for role in roles:
@@ -153,13 +184,10 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     assert env["KRAFTKEEPER_EVENT_LOG_DIR"]["value"] == "/data"
     assert "app.kubernetes.io/component=operator" in env["KRAFTKEEPER_OPERATOR_POD_LABELS"]["value"]
     assert env["KRAFTKEEPER_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    # Watching named namespaces: the only cluster-wide grant is reading CRDs.
+    # Watching named namespaces with the default (namespace) scope: no cluster-wide grant at all.
     docs = render(helm, *all_toggles(["a", "b"]))
     assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["a", "b"]
-    (cluster_role,) = by_kind(docs, "ClusterRole")
-    assert cluster_role["rules"] == [{"apiGroups": ["apiextensions.k8s.io"],
-                                      "resources": ["customresourcedefinitions"],
-                                      "verbs": ["get", "list", "watch"]}]
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
 
 
 @pytest.mark.parametrize("toggles", [False, True], ids=["default", "all-toggles"])

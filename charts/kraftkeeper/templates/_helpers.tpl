@@ -45,8 +45,20 @@ app.kubernetes.io/part-of: kraftkeeper
 {{- end }}
 
 {{/*
-The operator's permissions (least privilege, see docs/operator.md). Used by a ClusterRole when
-all namespaces are watched, or by one Role per watched namespace.
+The namespaces the operator watches, comma-separated: operator.watchNamespaces, else the release
+namespace with rbac.scope namespace; empty means every namespace (rbac.scope cluster only).
+*/}}
+{{- define "kraftkeeper.watched" -}}
+{{- if .Values.operator.watchNamespaces }}
+{{- join "," .Values.operator.watchNamespaces }}
+{{- else if ne .Values.rbac.scope "cluster" }}
+{{- .Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's permissions (least privilege, see docs/operator.md). Used by one Role per watched
+namespace (rbac.scope namespace) or by the ClusterRole (rbac.scope cluster).
 */}}
 {{- define "kraftkeeper.rules" -}}
 # The custom resources: watched, annotated by kopf (progress), finalizers, status.
