@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kraftkeeper_reports.events import RecoveryEvent, parse_ts_ms
+from kraftkeeper_reports.events import DISK_REPLACEMENT_DETECTED, RecoveryEvent, parse_ts_ms
 
 from quorum.types import KraftError
 
@@ -68,6 +69,21 @@ class _CrashBefore:
             log.error("failpoint %s=crash-before:%s: exiting now", FAILPOINT_ENV, self.type)
             logging.shutdown()
             os._exit(FAILPOINT_EXIT)
+        self.sink.emit(event)
+
+
+class _EngineTagged:
+    """Names the engine and the voter-change order in each detection event's ``detail``
+    (``engine``: ``kafka``, ``order``: the policy's), so the report compares Kafka recoveries by
+    this watcher with other engines and with Kafka's own auto-join side by side."""
+
+    def __init__(self, sink: EventSink, order: str) -> None:
+        self.sink, self.order = sink, order
+
+    def emit(self, event: RecoveryEvent) -> None:
+        if event.type == DISK_REPLACEMENT_DETECTED:
+            tags = {"engine": "kafka", "order": self.order}
+            event = dataclasses.replace(event, detail={**event.detail, **tags})
         self.sink.emit(event)
 
 
@@ -271,7 +287,7 @@ class Watcher:
             self.api,
             self.policy,
             cluster=self.name,
-            sink=_sink(self.events, self.name),
+            sink=_EngineTagged(_sink(self.events, self.name), self.policy.order.value),
             metrics=self.metrics,
             records=records,
             persist=self._persist,
