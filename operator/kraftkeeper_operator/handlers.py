@@ -34,6 +34,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .kafka.kube import is_kafka, reconcile_kafka
 from .kube import KubeApi
 from .kubetls import network_policy
 from .manifests import (
@@ -130,6 +131,9 @@ async def reconcile(
     body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any
 ) -> None:
     ctx = context(memo)
+    if is_kafka(body):  # an existing Kafka controller quorum: no objects, only membership (kafka/kube.py)
+        await reconcile_kafka(body, patch)
+        return
     generation = int(meta.get("generation") or 0)
     try:
         q = parse_spec(body)

@@ -1,0 +1,447 @@
+"""A KRaftQuorum that points at an existing Apache Kafka 4.x controller quorum (``spec.kafka``).
+
+The operator then runs no engine: no StatefulSet, Services, PodDisruptionBudget, NetworkPolicy or
+TLS objects. It only repairs membership (KIP-853 AddRaftVoter / RemoveRaftVoter) with the same
+:class:`~..controller.RecoveryController` as for our own quorums, through
+:class:`~.backend.KafkaQuorum` as its ``QuorumApi``; ``status`` (voters with directory ids as
+canonical UUIDs, leader, epoch, conditions Available / Degraded / Recovering / QuorumLost), the
+Kubernetes Events and the event log are the same.
+
+* handlers.py's create / update / resume handler hands such a resource to
+  :func:`reconcile_kafka` (validation; a bad spec is ``status.phase=Failed`` with an
+  ``InvalidSpec`` condition naming the field, and a Warning Event); the CRD schema refuses most bad
+  specs before that (engine fields next to ``spec.kafka``, order AddThenRemove);
+* :func:`kafka_daemon` (a kopf daemon for resources with ``spec.kafka`` only) runs the per-quorum
+  passes; its ``body`` is kopf's live view, so a spec change takes effect on the next pass;
+* client settings: ``spec.kafka.clientSecretRef`` names a Secret whose key (default
+  ``client.properties``) is a Kafka client properties file (``security.protocol``, ``ssl.*``,
+  ``sasl.*``, as ``--command-config``). Relative file names in it (PEM truststore / keystore) name
+  other keys of the same Secret: they are written to a private temporary directory only while the
+  TLS context loads them. The Secret is re-read every :data:`SECRET_REFRESH_S`; a changed one
+  gives a new client. A missing Secret (``Pending``) or an unusable file (``Failed``) is reported
+  in status and retried, since the Secret may be fixed without touching the KRaftQuorum.
+
+Order: RemoveThenAdd only. Kafka keeps one directory id per voter id and answers AddRaftVoter for a
+second one with DUPLICATE_VOTER (KIP-853), so AddThenRemove cannot work (watch.py says more).
+
+Restart safety: the recovery records go to ``status.recoveries`` and the controllers' listeners to
+``status.kafka.controllers`` before every voter change (the controller's ``persist`` hook), so an
+operator restarted between RemoveRaftVoter and AddRaftVoter knows the old directory id and where
+the new controller listens (Kafka lists only the voters' endpoints).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from ..controller import ControllerStatus, RecoveryController
+from ..manifests import GROUP, PLURAL, VERSION, QuorumSpec, SpecError, parse_spec
+from ..policy import Order, PolicyError, RecoveryPolicy
+from ..quorums import OperatorContext, event_sink, known_voters
+from ..records import Recovery
+from .backend import KafkaQuorum, parse_bootstrap
+from .wire import ClientConfigError, ClientSettings, parse_properties
+
+log = logging.getLogger("kraftkeeper.operator.kafka")
+
+MEMO_KEY = "kraftkeeper"  # handlers.py puts the OperatorContext there (its MEMO_KEY)
+DEFAULT_SECRET_KEY = "client.properties"
+SECRET_REFRESH_S = 10.0
+# Fields that only make sense when the operator runs the engine. Those with a schema default
+# (voters, storage, ports, imagePullPolicy, tls: {}) cannot be told apart from "not given" and are
+# ignored instead.
+ENGINE_FIELDS = ("image", "resources", "scheduling", "clientSelector")
+ADD_THEN_REMOVE_REASON = (
+    "spec.kafka.order: AddThenRemove cannot work on Kafka: it keeps one directory id per voter id "
+    "and refuses AddRaftVoter for a second one (DUPLICATE_VOTER, KIP-853); use RemoveThenAdd"
+)
+
+
+def is_kafka(body: Mapping[str, Any]) -> bool:
+    """The resource points at an existing Kafka quorum (``spec.kafka`` is set)."""
+    spec = body.get("spec")
+    return isinstance(spec, Mapping) and spec.get("kafka") is not None
+
+
+@dataclass(frozen=True)
+class KafkaSpec:
+    """A validated KRaftQuorum with ``spec.kafka``; ``base`` carries name, uid, event log and
+    generation (its engine fields are unused)."""
+
+    base: QuorumSpec
+    bootstrap: tuple[tuple[str, int], ...]
+    secret_name: str | None
+    secret_key: str
+
+    @property
+    def cluster(self) -> str:
+        return self.base.cluster
+
+    @property
+    def policy(self) -> RecoveryPolicy:
+        return self.base.policy
+
+
+def parse_kafka_spec(body: Mapping[str, Any]) -> KafkaSpec:
+    """Validate a KRaftQuorum with ``spec.kafka``; raises :class:`SpecError` naming the field.
+    The schema checks the same; checking again covers objects stored before it was tightened."""
+    spec = body.get("spec") or {}
+    k = spec.get("kafka")
+    if not isinstance(k, Mapping):
+        raise SpecError("spec.kafka: must be an object")
+    for name in ENGINE_FIELDS:
+        if spec.get(name):
+            raise SpecError(f"spec.{name}: not allowed with spec.kafka (the operator runs no pods then)")
+    tls = spec.get("tls") or {}
+    if isinstance(tls, Mapping) and (tls.get("mode") or tls.get("certManager")):
+        raise SpecError(
+            "spec.tls: not allowed with spec.kafka; client TLS comes from spec.kafka.clientSecretRef"
+        )
+    if (spec.get("uncleanRecovery") or {}).get("enabled"):
+        raise SpecError("spec.uncleanRecovery.enabled: not supported with spec.kafka")
+    boot = k.get("bootstrapControllers")
+    if not isinstance(boot, list) or not boot or not all(isinstance(b, str) for b in boot):
+        raise SpecError("spec.kafka.bootstrapControllers: must be a non-empty list of HOST:PORT")
+    try:
+        bootstrap = parse_bootstrap(",".join(boot), "spec.kafka.bootstrapControllers")
+    except ValueError as e:
+        raise SpecError(str(e)) from None
+    if k.get("order", Order.REMOVE_THEN_ADD.value) == Order.ADD_THEN_REMOVE.value:
+        raise SpecError(ADD_THEN_REMOVE_REASON)
+    ref = k.get("clientSecretRef")
+    if ref is not None and (not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str)):
+        raise SpecError("spec.kafka.clientSecretRef: must be {name, key?}")
+    recovery = {
+        name: k[name]
+        for name in ("order", "stabilizationSeconds", "maxLagRecords", "timeoutSeconds")
+        if name in k
+    }
+    recovery.setdefault("order", Order.REMOVE_THEN_ADD.value)
+    recovery["enabled"] = (spec.get("recovery") or {}).get("enabled", True)
+    try:
+        policy = RecoveryPolicy.from_spec(recovery)
+    except PolicyError as e:
+        msg = str(e).replace("spec.recovery.", "spec.kafka.")
+        raise SpecError(msg.replace("spec.kafka.enabled", "spec.recovery.enabled")) from None
+    # parse_spec checks name, eventLog and the rest; its policy is replaced by spec.kafka's.
+    base = dataclasses.replace(parse_spec(body), policy=policy)
+    return KafkaSpec(
+        base=base,
+        bootstrap=tuple(bootstrap),
+        secret_name=str(ref["name"]) if ref else None,
+        secret_key=str(ref.get("key") or DEFAULT_SECRET_KEY) if ref else DEFAULT_SECRET_KEY,
+    )
+
+
+def settings_from_secret(data: Mapping[str, str], key: str, where: str) -> ClientSettings:
+    """Client settings from a Secret's ``data`` (base64 values). Relative file names in the
+    properties name other keys of the Secret; they are written with mode 0600 into a private
+    temporary directory that is removed once the TLS context has read them."""
+    if key not in data:
+        raise ClientConfigError(f"{where}: has no key {key!r} (keys: {', '.join(sorted(data)) or 'none'})")
+    files: dict[str, bytes] = {}
+    for name, value in data.items():
+        try:
+            files[name] = base64.b64decode(value, validate=True)
+        except ValueError:
+            raise ClientConfigError(f"{where}: key {name!r} is not valid base64") from None
+    try:
+        props = parse_properties(files[key].decode())
+    except UnicodeDecodeError:
+        raise ClientConfigError(f"{where}: key {key!r} is not a UTF-8 properties file") from None
+    tmp = Path(tempfile.mkdtemp(prefix="kk-kafka-client-"))
+    try:
+        for name, blob in files.items():
+            if name in (".", "..") or "/" in name:  # the API server refuses such keys; be sure
+                continue
+            fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+        try:
+            return ClientSettings.from_dict(props, base=tmp)
+        except ClientConfigError as e:
+            raise ClientConfigError(f"{where} key {key}: {str(e).replace(str(tmp) + '/', '')}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fingerprint(data: Mapping[str, str] | None) -> str:
+    return hashlib.sha256(repr(sorted((data or {}).items())).encode()).hexdigest()
+
+
+def _condition(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "type": "Available",
+        "status": "False",
+        "reason": reason,
+        "message": message[:32000],
+        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+async def reconcile_kafka(body: kopf.Body, patch: kopf.Patch) -> None:
+    """handlers.py's create / update / resume for a resource with ``spec.kafka``: validate only
+    (the daemon does the work); no object is created."""
+    meta = body.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    try:
+        q = parse_kafka_spec(body)
+    except SpecError as e:
+        patch.status["phase"] = "Failed"
+        patch.status["observedGeneration"] = generation
+        patch.status["conditions"] = [_condition("InvalidSpec", str(e))]
+        kopf.warn(body, reason="InvalidSpec", message=str(e))
+        raise kopf.PermanentError(f"invalid spec: {e}") from e
+    patch.status["observedGeneration"] = generation
+    if (body.get("status") or {}).get("phase") in (None, "Failed", "Pending"):
+        patch.status["phase"] = "Bootstrapping"
+    where = ",".join(f"{h}:{p}" for h, p in q.bootstrap)
+    kopf.info(body, reason="Reconciled", message=f"existing Kafka controllers {where}; no pods are run")
+
+
+@dataclass
+class KafkaManaged:
+    """One KRaftQuorum with ``spec.kafka`` as its daemon keeps it."""
+
+    spec: KafkaSpec
+    api: KafkaQuorum
+    controller: RecoveryController
+    fingerprint: str  # of the Secret data the client was built from
+    last_status: dict[str, Any] = field(default_factory=dict)
+    ever_available: bool = False
+
+    def kafka_status(self) -> dict[str, Any]:
+        return {
+            "clusterId": self.api.cluster_id or "",
+            "controllers": [
+                {"id": i, "listeners": [{"name": n, "host": h, "port": p} for n, h, p in lst]}
+                for i, lst in sorted(self.api.listeners.items())
+            ],
+        }
+
+    def recoveries_status(self) -> list[dict[str, Any]]:
+        return [r.to_crd_status() for r in self.controller.book.records][-20:]
+
+
+def _listeners_from_status(status: Mapping[str, Any]) -> dict[int, list[tuple[str, str, int]]]:
+    out: dict[int, list[tuple[str, str, int]]] = {}
+    for c in ((status.get("kafka") or {}).get("controllers")) or []:
+        try:
+            out[int(c["id"])] = [(str(x["name"]), str(x["host"]), int(x["port"])) for x in c["listeners"]]
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
+    records = []
+    for d in status.get("recoveries") or []:
+        try:
+            records.append(Recovery.from_crd_status(d))
+        except (KeyError, ValueError, TypeError) as e:
+            log.warning("%s: ignoring unreadable status.recoveries item %r: %s", key, d, e)
+    return records
+
+
+class KafkaDaemon:
+    """The passes of one resource; ``m`` is None while no usable client could be built."""
+
+    def __init__(self, ctx: OperatorContext, body: kopf.Body) -> None:
+        self.ctx, self.body = ctx, body
+        self.m: KafkaManaged | None = None
+        self.generation = -1
+        self.spec: KafkaSpec | None = None
+        self.secret: Mapping[str, str] | None = None
+        self.secret_read_at = -1e9
+        self.problem = ""  # the last reported client-setting problem (one Warning per change)
+
+    async def close(self) -> None:
+        if self.m is not None:
+            await self.m.api.close()
+            self.ctx.metrics.forget(self.m.spec.cluster)
+            self.m = None
+
+    async def step(self) -> float:
+        """One pass; returns the seconds to wait before the next."""
+        gen = int((self.body.get("metadata") or {}).get("generation") or 0)
+        if gen != self.generation:
+            self.generation = gen
+            try:
+                self.spec = parse_kafka_spec(self.body)
+            except SpecError:
+                self.spec = None  # reconcile_kafka reported it; wait for a new generation
+            self.secret_read_at = -1e9
+        if self.spec is None:
+            await self.close()
+            return self.ctx.interval
+        if not await self._ensure_client(self.spec):
+            return max(self.ctx.interval, 2.0)
+        assert self.m is not None
+        st = await self.m.controller.reconcile()
+        await self._write_status(st)
+        return self.m.controller.wake_in(self.ctx.interval)
+
+    async def _read_secret(self, q: KafkaSpec) -> tuple[str, str] | None:
+        """(fingerprint, "") with self.secret updated, or ("", problem). None: keep the client."""
+        now = time.monotonic()
+        if self.m is not None and self.m.spec == q and now - self.secret_read_at < SECRET_REFRESH_S:
+            return None
+        self.secret_read_at = now
+        if q.secret_name is None:
+            self.secret = {}
+            return _fingerprint({}), ""
+        data = await self.ctx.kube.secret_data(q.base.namespace, q.secret_name)
+        if data is None:
+            return (
+                "",
+                f"Secret {q.base.namespace}/{q.secret_name} (spec.kafka.clientSecretRef) does not exist",
+            )
+        self.secret = data
+        return _fingerprint(data), ""
+
+    async def _ensure_client(self, q: KafkaSpec) -> bool:
+        got = await self._read_secret(q)
+        if got is None:
+            return self.m is not None
+        fp, problem = got
+        if not problem and self.m is not None and self.m.spec == q and self.m.fingerprint == fp:
+            return True
+        settings: ClientSettings | None = None
+        if not problem and q.secret_name is not None:
+            where = f"Secret {q.base.namespace}/{q.secret_name}"
+            try:
+                settings = settings_from_secret(self.secret or {}, q.secret_key, where)
+            except ClientConfigError as e:
+                problem = str(e)
+        if problem:
+            await self._report_problem(q, problem, missing="does not exist" in problem)
+            return False
+        await self._configure(q, settings, fp)
+        return True
+
+    async def _report_problem(self, q: KafkaSpec, problem: str, *, missing: bool) -> None:
+        await self.close()
+        reason = "ClientSecretMissing" if missing else "InvalidClientConfig"
+        status = {
+            "phase": "Pending" if missing else "Failed",
+            "observedGeneration": q.base.generation,
+            "conditions": [_condition(reason, problem)],
+        }
+        if problem != self.problem:
+            self.problem = problem
+            kopf.warn(self.body, reason=reason, message=problem)
+            log.warning("%s: %s", q.cluster, problem)
+            await self.ctx.kube.patch_status(q.base.namespace, q.base.name, status)
+
+    async def _configure(self, q: KafkaSpec, settings: ClientSettings | None, fp: str) -> None:
+        """A new client (first pass, changed bootstrap or Secret) under the same controller."""
+        self.problem = ""
+        api = KafkaQuorum(list(q.bootstrap), settings, timeout=self.ctx.quorum_timeout)
+        if self.m is not None:
+            api.listeners.update(self.m.api.listeners)
+            await self.m.api.close()
+            self.m.api = self.m.controller.api = api
+            self.m.spec, self.m.fingerprint = q, fp
+            self.m.controller.set_policy(q.policy)
+            self.m.controller.sink = event_sink(q.base)
+            return
+        status = dict(self.body.get("status") or {})
+        api.listeners.update(_listeners_from_status(status))
+        ctl = RecoveryController(
+            api,
+            q.policy,
+            cluster=q.cluster,
+            sink=event_sink(q.base),
+            metrics=self.ctx.metrics,
+            records=_records_from_status(q.cluster, status),
+            desired_ids=None,  # Kafka has no reassignment: the voter ids are the user's business
+        )
+        ctl.known_voters = known_voters(status)
+        m = KafkaManaged(q, api, ctl, fp, last_status=status)
+        self.m = m
+
+        async def persist(_: list[dict[str, Any]]) -> None:
+            # Before a voter change: which directory id is the old one, where the new one listens.
+            items, kafka = m.recoveries_status(), m.kafka_status()
+            if items != m.last_status.get("recoveries") or kafka != m.last_status.get("kafka"):
+                await self.ctx.kube.patch_status(
+                    q.base.namespace, q.base.name, {"recoveries": items, "kafka": kafka}
+                )
+                m.last_status = {**m.last_status, "recoveries": items, "kafka": kafka}
+
+        ctl.persist = persist
+        log.info(
+            "%s: managing the Kafka controller quorum at %s",
+            q.cluster,
+            ",".join(f"{h}:{p}" for h, p in q.bootstrap),
+        )
+
+    async def _write_status(self, st: ControllerStatus) -> None:
+        """As for our own quorums: written only when something but a timestamp changed."""
+        m = self.m
+        assert m is not None
+        if st.view is not None and not st.condition("QuorumLost").status:
+            m.ever_available = True
+        status = st.to_crd_status(m.last_status, m.spec.base.generation)
+        status["recoveries"] = m.recoveries_status()
+        status["kafka"] = m.kafka_status()
+        status["observedGeneration"] = m.spec.base.generation
+        if not m.ever_available:
+            status["phase"] = "Bootstrapping"
+        comparable = {k: v for k, v in status.items() if k != "conditions"}
+        prev = {k: v for k, v in m.last_status.items() if k in comparable}
+        conds = [(c["type"], c["status"], c["reason"], c["message"]) for c in status["conditions"]]
+        prev_conds = [
+            (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+            for c in m.last_status.get("conditions") or []
+        ]
+        if comparable != prev or conds != prev_conds:
+            await self.ctx.kube.patch_status(m.spec.base.namespace, m.spec.base.name, status)
+            m.last_status = status
+
+
+def _wants_kafka(spec: Mapping[str, Any], **_: Any) -> bool:
+    return isinstance(spec, Mapping) and spec.get("kafka") is not None
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_wants_kafka, cancellation_timeout=10, initial_delay=0.5)
+async def kafka_daemon(
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **_: Any
+) -> None:
+    """The membership repair loop of a KRaftQuorum with ``spec.kafka`` (kopf stops it when the
+    resource is deleted; handlers.py's own daemon finds nothing to do for such a resource)."""
+    ctx = memo.get(MEMO_KEY)
+    while not isinstance(ctx, OperatorContext):  # startup has not finished yet
+        await stopped.wait(0.5)
+        if stopped:
+            return
+        ctx = memo.get(MEMO_KEY)
+    d = KafkaDaemon(ctx, body)
+    key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+    try:
+        while not stopped:
+            pause = ctx.interval
+            try:
+                pause = await d.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the daemon must survive anything: the next pass retries
+                logger.exception("Kafka membership pass of %s failed", key)
+            await stopped.wait(pause)
+    finally:
+        await d.close()

@@ -1,0 +1,307 @@
+"""A KRaftQuorum with ``spec.kafka``: the operator, against a real kube-apiserver (tests/k8s
+fixtures), repairs three real Kafka 4.x controllers (tests/kafka fixtures) and runs nothing itself.
+
+* the schema refuses bad specs with a message naming the field (AddThenRemove with Kafka's reason,
+  engine fields next to spec.kafka, a malformed bootstrap list, dropping spec.kafka later);
+* what the schema cannot see is reported in ``status`` (a port out of range, a client properties
+  file the client cannot honour, a missing Secret) with a Warning Event;
+* a replaced controller disk is healed with no human step: status (voters with directory ids,
+  leader, recoveries), Events and the event log show it, and no StatefulSet, Service, PDB or
+  NetworkPolicy was ever created.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kraftkeeper_operator.kafka.backend import base64_to_uuid
+from kraftkeeper_operator.kafka.cluster import KafkaControllers
+
+from tests.k8s.conftest import KubeEnv, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.k8s]
+
+KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
+PORTS = range(25000, 26000)  # this suite's port range on the shared machine
+
+
+def _port_in_range(taken: set[int]) -> int:
+    for p in PORTS:
+        if p in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+        taken.add(p)
+        return p
+    raise AssertionError("no free port in 25000-25999")
+
+
+@pytest.fixture
+def controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaControllers]:
+    k = KafkaControllers(tmp_path / "kafka", kafka_jars)
+    taken: set[int] = set()
+    for c in k.controllers.values():
+        c.port = _port_in_range(taken)
+    try:
+        k.format_all()
+        k.start_all()
+        for i in k.controllers:
+            k.wait_port(i)
+        yield k
+    finally:
+        k.stop_all(kill=True)
+
+
+class Operator:
+    """``kraftkeeper operator run`` in a subprocess, watching one namespace."""
+
+    def __init__(self, kube: KubeEnv, ns: str, log: Path) -> None:
+        env = kube.env()
+        env.update(
+            KRAFTKEEPER_METRICS_PORT=str(free_port()),
+            KRAFTKEEPER_METRICS_HOST="127.0.0.1",
+            KRAFTKEEPER_RECONCILE_INTERVAL="0.5",
+            KRAFTKEEPER_QUORUM_TIMEOUT="3",
+        )
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "quorum.cli", "operator", "run", "--standalone", "--namespace", ns],
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-60:])
+
+
+def kq(name: str, **kafka: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kraftkeeper.io/v1alpha1",
+        "kind": "KRaftQuorum",
+        "metadata": {"name": name},
+        "spec": {"kafka": kafka},
+    }
+
+
+def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+    }
+
+
+def status_of(kube: KubeEnv, ns: str, name: str) -> dict[str, Any]:
+    st, body = kube.request("GET", KQ.format(ns=ns) + "/" + name)
+    assert st == 200, body
+    return dict(body.get("status") or {})
+
+
+def events_of(kube: KubeEnv, ns: str, name: str) -> list[dict[str, Any]]:
+    st, body = kube.request("GET", f"/api/v1/namespaces/{ns}/events")
+    assert st == 200, body
+    return [e for e in body["items"] if e["involvedObject"]["name"] == name]
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+def uuid_of(k: KafkaControllers, i: int) -> str:
+    d = k.controllers[i].directory_id()
+    assert d is not None
+    return str(base64_to_uuid(d))
+
+
+def test_schema_refuses_bad_kafka_specs(
+    kube: KubeEnv,
+    kraftquorum_crd: dict[str, Any],
+    namespace: str,
+) -> None:
+    ns, boot = namespace, ["127.0.0.1:25001"]
+    path = KQ.format(ns=ns)
+    cases: list[tuple[dict[str, Any], str]] = [
+        (kq("a", bootstrapControllers=boot, order="AddThenRemove"), "DUPLICATE_VOTER"),
+        (kq("b", bootstrapControllers=[]), "spec.kafka.bootstrapControllers"),
+        (kq("c", bootstrapControllers=["no-port"]), "spec.kafka.bootstrapControllers[0]"),
+        (kq("d", bootstrapControllers=boot, stabilizationSeconds=60, timeoutSeconds=30), "timeoutSeconds"),
+        (kq("e"), "spec.kafka.bootstrapControllers: Required value"),
+    ]
+    with_image = kq("f", bootstrapControllers=boot)
+    with_image["spec"]["image"] = "kraftkeeper:test"
+    cases.append((with_image, "runs no pods"))
+    with_tls = kq("g", bootstrapControllers=boot)
+    with_tls["spec"]["tls"] = {"mode": "Disabled"}
+    cases.append((with_tls, "spec.kafka.clientSecretRef"))
+    for obj, needle in cases:
+        st, body = kube.request("POST", path, obj)
+        assert st == 422, (obj, st, body)
+        assert needle in body["message"], (needle, body["message"])
+    # A valid one is stored with Kafka's default order; spec.kafka cannot be dropped afterwards.
+    st, body = kube.request("POST", path, kq("ok", bootstrapControllers=boot))
+    assert st == 201, body
+    assert body["spec"]["kafka"]["order"] == "RemoveThenAdd"
+    st, body = kube.request(
+        "PATCH",
+        path + "/ok",
+        json.dumps({"spec": {"kafka": None, "voters": 3}}),
+        content_type="application/merge-patch+json",
+    )
+    assert st == 422 and "cannot be added or removed" in body["message"], body
+
+
+@pytest.fixture
+def operator(
+    kube: KubeEnv,
+    kraftquorum_crd: dict[str, Any],
+    namespace: str,
+    tmp_path: Path,
+) -> Iterator[Operator]:
+    op = Operator(kube, namespace, tmp_path / "operator.log")
+    yield op
+    op.stop()
+    print("operator log:\n" + op.tail())  # shown by pytest when the test failed
+
+
+def test_operator_heals_kafka_controller_disk(
+    kube: KubeEnv,
+    namespace: str,
+    operator: Operator,
+    controllers: KafkaControllers,
+    tmp_path: Path,
+) -> None:
+    ns, k = namespace, controllers
+    boot = [c.endpoint for c in k.controllers.values()]
+    for obj in (
+        secret("kafka-client", {"client.properties": "security.protocol=PLAINTEXT\nclient.id=kk-k8s-test\n"}),
+        secret("kafka-broken", {"client.properties": "security.protocol=BOGUS\n"}),
+    ):
+        st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", obj)
+        assert st == 201, body
+    # What the schema cannot see is reported in status (and as a Warning Event), never a crash.
+    bad: list[tuple[dict[str, Any], str, str, str]] = [
+        (kq("bad-port", bootstrapControllers=["127.0.0.1:70000"]), "Failed", "InvalidSpec", "70000"),
+        (
+            kq("bad-config", bootstrapControllers=boot, clientSecretRef={"name": "kafka-broken"}),
+            "Failed",
+            "InvalidClientConfig",
+            "security.protocol",
+        ),
+        (
+            kq("no-secret", bootstrapControllers=boot, clientSecretRef={"name": "absent"}),
+            "Pending",
+            "ClientSecretMissing",
+            "absent",
+        ),
+    ]
+    events = tmp_path / "events"
+    good = kq(
+        "kq", bootstrapControllers=boot, clientSecretRef={"name": "kafka-client"}, stabilizationSeconds=0
+    )
+    good["spec"]["eventLog"] = {"path": str(events)}
+    for obj in [o for o, *_ in bad] + [good]:
+        st, body = kube.request("POST", KQ.format(ns=ns), obj)
+        assert st == 201, body
+
+    def whole() -> dict[str, Any] | None:
+        s = status_of(kube, ns, "kq")
+        voters = {(v["id"], v.get("uuid")) for v in s.get("voters") or []}
+        want = {(i, uuid_of(k, i)) for i in k.controllers}
+        ok = (
+            s.get("phase") == "Running"
+            and voters == want
+            and condition(s, "Available").get("status") == "True"
+        )
+        return s if ok else None
+
+    s = kube.wait_for("status Running with the three controllers", whole, timeout=120)
+    assert s["leaderId"] in k.controllers and s["leaderEpoch"] >= 1 and s["highWatermark"] > 0
+    assert s["kafka"]["clusterId"] == k.cluster_id
+    assert {c["id"] for c in s["kafka"]["controllers"]} == set(k.controllers)
+
+    for obj, phase, reason, needle in bad:
+        name = obj["metadata"]["name"]
+
+        def reported(name: str = name, phase: str = phase, reason: str = reason) -> dict[str, Any] | None:
+            s = status_of(kube, ns, name)
+            c = condition(s, "Available")
+            return s if s.get("phase") == phase and c.get("reason") == reason else None
+
+        s = kube.wait_for(f"{name}: phase {phase}, reason {reason}", reported, timeout=60)
+        assert needle in condition(s, "Available")["message"], s
+        kube.wait_for(
+            f"a Warning Event {reason} on {name}",
+            lambda name=name, reason=reason: [
+                e for e in events_of(kube, ns, name) if e["type"] == "Warning" and e["reason"] == reason
+            ],
+            timeout=30,
+        )
+
+    # Replace a follower's disk: it comes back as an observer with a new directory id.
+    leader = status_of(kube, ns, "kq")["leaderId"]
+    victim = next(i for i in k.controllers if i != leader)
+    old = uuid_of(k, victim)
+    new = str(base64_to_uuid(k.replace_disk(victim)))
+    assert new != old
+
+    def healed() -> dict[str, Any] | None:
+        s = whole()
+        recs = (s or {}).get("recoveries") or []
+        done = [r for r in recs if r.get("newUuid") == new and r.get("result") == "Succeeded"]
+        return s if s and done and (victim, new) in {(v["id"], v.get("uuid")) for v in s["voters"]} else None
+
+    s = kube.wait_for("the replaced controller healed", healed, timeout=120)
+    rec = next(r for r in s["recoveries"] if r.get("newUuid") == new)
+    assert rec["replicaId"] == victim and rec["oldUuid"] == old
+
+    def reasons() -> set[str] | None:
+        got = {str(e["reason"]) for e in events_of(kube, ns, "kq")}
+        return got if {"RemoveVoterCommitted", "RecoveryCompleted"} <= got else None
+
+    assert "Reconciled" in kube.wait_for("RecoveryCompleted Event on kq", reasons, timeout=30)
+    logged = [
+        json.loads(line)
+        for f in sorted(events.rglob("*.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.strip()
+    ]
+    mine = [e for e in logged if e.get("new_uuid") == new]
+    assert [e["type"] for e in mine][-1] == "recovery_completed"
+    assert {e["cluster"] for e in mine} == {f"{ns}/kq"} and {e["old_uuid"] for e in mine} == {old}
+    types = [e["type"] for e in mine]
+    assert types.index("remove_voter_committed") < types.index("add_voter_started"), types
+
+    # The operator ran nothing: no StatefulSet, Service, PDB or NetworkPolicy in the namespace.
+    for path in (
+        f"/apis/apps/v1/namespaces/{ns}/statefulsets",
+        f"/api/v1/namespaces/{ns}/services",
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+        f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    ):
+        st, body = kube.request("GET", path)
+        assert st == 200 and body["items"] == [], (path, body)
