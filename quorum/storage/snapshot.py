@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from quorum import records
 from quorum.storage.atomic import ensure_dir, fsync_dir
+from quorum.storage.snapdownload import DownloadParse
 from quorum.types import (
     ControlRecord,
     ErrorCode,
@@ -165,43 +166,6 @@ def _parse_name(name: str) -> OffsetAndEpoch | None:
     return OffsetAndEpoch(int(m.group(1)), int(m.group(2))) if m else None
 
 
-class BatchCrcs:
-    """CRC-checks a download's batches as its chunks arrive, in ``persist`` off the event loop
-    (issue 10), so that installing a large snapshot does not wait for a pass over all of it.
-    Chunks cut batches anywhere (KIP-630 "unaligned records"): the partial batch at a chunk's
-    end is carried over. Any doubt (a bad header, a CRC mismatch) only clears ``ok``: the
-    install then verifies the whole file as before, which names the defect."""
-
-    def __init__(self) -> None:
-        self.carry = b""
-        self.ok = True
-
-    def feed(self, data: bytes | memoryview) -> None:
-        if not self.ok:
-            return
-        buf = self.carry + bytes(data) if self.carry else bytes(data)
-        view = memoryview(buf)
-        pos, n = 0, len(buf)
-        while n - pos >= records.HEADER_SIZE:
-            size = records.batch_header(view, pos)[1]
-            if size < records.HEADER_SIZE or size > records.MAX_BATCH_BYTES:
-                self.ok = False
-                return
-            if pos + size > n:
-                break
-            try:
-                records.decode_batches(view[pos : pos + size])
-            except records.CorruptRecordError:
-                self.ok = False
-                return
-            pos += size
-        self.carry = buf[pos:]
-
-    def complete(self) -> bool:
-        """Every byte fed belongs to a whole batch whose CRC matched."""
-        return self.ok and not self.carry
-
-
 class SnapshotStore:
     """The on-disk :class:`~quorum.storage.base.SnapshotStorage` in ``directory``."""
 
@@ -212,7 +176,7 @@ class SnapshotStore:
         self._ids: list[OffsetAndEpoch] = []
         self._read_fds: dict[OffsetAndEpoch, int] = {}
         self._downloads: dict[OffsetAndEpoch, tuple[int, int]] = {}  # id -> (fd, bytes written)
-        self._crcs: dict[OffsetAndEpoch, BatchCrcs] = {}  # id -> its batches checked so far
+        self._parses: dict[OffsetAndEpoch, DownloadParse] = {}  # id -> its batches checked so far
         # What ``finish_download`` just verified and parsed, for the ``load`` that follows it
         # (the install): a large snapshot is not read and parsed a second time (issue 10).
         self._verified: tuple[OffsetAndEpoch, tuple[ControlRecord, ...], list[bytes]] | None = None
@@ -319,7 +283,7 @@ class SnapshotStore:
         self.abort_download(snapshot_id)
         fd = os.open(self._part_path(snapshot_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._downloads[snapshot_id] = (fd, 0)
-        self._crcs[snapshot_id] = BatchCrcs()
+        self._parses[snapshot_id] = DownloadParse(snapshot_id)
 
     def _download(self, snapshot_id: OffsetAndEpoch) -> tuple[int, int]:
         d = self._downloads.get(snapshot_id)
@@ -338,35 +302,37 @@ class SnapshotStore:
             )
         _write_all(fd, data)
         self._downloads[snapshot_id] = (fd, written + len(data))
-        self._crcs[snapshot_id].feed(data)
+        self._parses[snapshot_id].feed(data)
 
     def finish_download(self, snapshot_id: OffsetAndEpoch) -> str:
         """Validate the assembled snapshot (every batch CRC, framing, epochs) and install it
         atomically. A defect raises CORRUPT_RECORD naming what is wrong; the partial file is
-        removed and no snapshot is installed."""
+        removed and no snapshot is installed. When every chunk was checked and parsed as it
+        arrived (``DownloadParse``), nothing is read back: only the fsync and rename remain."""
         fd, _ = self._download(snapshot_id)
-        part = self._part_path(snapshot_id)
-        with open(part, "rb") as f:
-            buf = f.read()
-        crcs = self._crcs.get(snapshot_id)
-        checked = crcs is not None and crcs.complete()  # every CRC already matched on arrival
-        try:
-            controls, chunks = parse_snapshot(
-                buf, snapshot_id, f"downloaded snapshot {snapshot_id}", verify_crc=not checked
-            )
-        except KraftError:
-            self.abort_download(snapshot_id)
-            raise
-        del buf
+        parse = self._parses.get(snapshot_id)
+        if parse is not None and parse.complete():
+            controls, chunks = parse.result()
+        else:
+            # Something looked wrong on arrival (or the download predates the check): verify
+            # the whole file, which names the defect and its position.
+            with open(self._part_path(snapshot_id), "rb") as f:
+                buf = f.read()
+            try:
+                controls, chunks = parse_snapshot(buf, snapshot_id, f"downloaded snapshot {snapshot_id}")
+            except KraftError:
+                self.abort_download(snapshot_id)
+                raise
+            del buf
         del self._downloads[snapshot_id]
-        self._crcs.pop(snapshot_id, None)
+        self._parses.pop(snapshot_id, None)
         path = self._commit(snapshot_id, fd)
         self._verified = (snapshot_id, controls, chunks)
         return path
 
     def abort_download(self, snapshot_id: OffsetAndEpoch) -> None:
         d = self._downloads.pop(snapshot_id, None)
-        self._crcs.pop(snapshot_id, None)
+        self._parses.pop(snapshot_id, None)
         if d is not None:
             os.close(d[0])
         try:

@@ -1,7 +1,7 @@
-"""Snapshot downloads are CRC-checked as their chunks arrive (issue 10): chunks that cut
-batches anywhere still check every batch exactly once, a damaged byte anywhere is caught (the
-install then verifies the whole file and names the defect), and the install hands its parsed
-content to the load that follows without a second pass."""
+"""Snapshot downloads are CRC-checked and parsed as their chunks arrive (issue 10): chunks that
+cut batches anywhere still check every batch exactly once and yield the snapshot's content, a
+damaged byte anywhere is caught (the install then verifies the whole file and names the
+defect), and the install reads nothing back: it hands the parsed content to the load."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from quorum import records
 from quorum.storage import snapshot as snapshot_module
 from quorum.storage.memory import MemorySnapshotStore
-from quorum.storage.snapshot import BatchCrcs, SnapshotStore
+from quorum.storage.snapdownload import DownloadParse
+from quorum.storage.snapshot import SnapshotStore
 from quorum.types import ErrorCode, KraftError, OffsetAndEpoch
 
 SID = OffsetAndEpoch(50, 3)
@@ -27,23 +29,50 @@ def _raw() -> bytes:
 @pytest.mark.parametrize("step", [1, 7, 33, 500, 4096, 1 << 20])
 def test_every_batch_checked_whatever_the_chunk_size(step: int) -> None:
     raw = _raw()
-    crcs = BatchCrcs()
+    crcs = DownloadParse(SID)
     for pos in range(0, len(raw), step):
         crcs.feed(raw[pos : pos + step])
     assert crcs.complete()
-    cut = BatchCrcs()
+    assert crcs.result() == ((), CHUNKS)
+    assert crcs.batches == len(CHUNKS) + 2  # header, one batch per chunk, footer
+    cut = DownloadParse(SID)
     cut.feed(raw[:-3])
     assert not cut.complete()  # a partial last batch is not "checked"
+    with pytest.raises(ValueError):
+        cut.result()
 
 
 @pytest.mark.parametrize("where", [13, 20, 40, 1000, -20])
 def test_a_flipped_byte_anywhere_fails_the_check(where: int) -> None:
     raw = bytearray(_raw())
     raw[where] ^= 0x10
-    crcs = BatchCrcs()
+    crcs = DownloadParse(SID)
     for pos in range(0, len(raw), 300):
         crcs.feed(bytes(raw[pos : pos + 300]))
     assert not crcs.complete()
+
+
+def test_other_epoch_or_missing_footer_is_not_complete() -> None:
+    raw = _raw()
+    other = DownloadParse(OffsetAndEpoch(SID.offset, SID.epoch + 1))
+    other.feed(raw)
+    assert not other.complete()  # every batch must carry the snapshot's epoch
+    no_footer = DownloadParse(SID)
+    no_footer.feed(raw[: -_footer_size(raw)])
+    assert no_footer.ok and not no_footer.complete()
+    twice = DownloadParse(SID)
+    twice.feed(raw)
+    twice.feed(raw)  # a second header after the footer
+    assert not twice.ok and not twice.complete()
+
+
+def _footer_size(raw: bytes) -> int:
+    pos = 0
+    size = 0
+    while pos < len(raw):
+        size = records.batch_header(raw, pos)[1]
+        pos += size
+    return size
 
 
 def test_install_skips_the_second_crc_pass_and_the_second_read(
@@ -64,11 +93,11 @@ def test_install_skips_the_second_crc_pass_and_the_second_read(
         for pos in range(0, len(raw), 999):
             store.write_chunk(SID, pos, raw[pos : pos + 999])
         store.finish_download(SID)
-        assert seen == [False]  # checked on arrival: no second CRC pass
+        assert seen == []  # checked and parsed on arrival: no second pass at all
         assert store.load(SID, verify_crc=False) == ((), CHUNKS)
-        assert seen == [False]  # handed over, not parsed again
+        assert seen == []  # handed over, not parsed again
         assert store.load(SID) == ((), CHUNKS)  # a later load reads and verifies the file
-        assert seen == [False, True]
+        assert seen == [True]
     finally:
         store.close()
 
