@@ -5,7 +5,8 @@ fixtures), repairs three real Kafka 4.x controllers (tests/kafka fixtures) and r
   engine fields next to spec.kafka, a malformed bootstrap list, dropping spec.kafka later);
 * what the schema cannot see is reported in ``status`` (a port out of range, a client properties
   file the client cannot honour, a missing Secret) with a Warning Event;
-* a replaced controller disk is healed with no human step: status (voters with directory ids,
+* a replaced controller disk is healed with no human step, over SASL_SSL with the client settings
+  and the truststore taken from a Secret: status (voters with directory ids,
   leader, recoveries), Events and the event log show it, and no StatefulSet, Service, PDB or
   NetworkPolicy was ever created.
 """
@@ -25,9 +26,10 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator.kafka.backend import base64_to_uuid
-from kraftkeeper_operator.kafka.cluster import KafkaControllers
+from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
 
 from tests.k8s.conftest import KubeEnv, free_port
+from tests.kafka.test_kafka_security import make_pki
 
 pytestmark = [pytest.mark.slow, pytest.mark.k8s]
 
@@ -51,7 +53,13 @@ def _port_in_range(taken: set[int]) -> int:
 
 @pytest.fixture
 def controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaControllers]:
-    k = KafkaControllers(tmp_path / "kafka", kafka_jars)
+    """Three SASL_SSL controllers (PEM CA and keystore, one PLAIN user) on ports 25000-25999."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ca, ks = make_pki(pki)
+    k = KafkaControllers(
+        tmp_path / "kafka", kafka_jars, security=KafkaSecurity(ca, ks, "admin", "admin-secret")
+    )
     taken: set[int] = set()
     for c in k.controllers.values():
         c.port = _port_in_range(taken)
@@ -196,9 +204,14 @@ def test_operator_heals_kafka_controller_disk(
     tmp_path: Path,
 ) -> None:
     ns, k = namespace, controllers
+    assert k.security is not None
     boot = [c.endpoint for c in k.controllers.values()]
+    # The truststore travels in the same Secret; the properties name it by its key.
+    props = k.security.client_properties().replace(str(k.security.ca_pem), "ca.pem")
+    assert "ssl.truststore.location=ca.pem" in props
+    client = {"client.properties": props, "ca.pem": k.security.ca_pem.read_text()}
     for obj in (
-        secret("kafka-client", {"client.properties": "security.protocol=PLAINTEXT\nclient.id=kk-k8s-test\n"}),
+        secret("kafka-client", client),
         secret("kafka-broken", {"client.properties": "security.protocol=BOGUS\n"}),
     ):
         st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", obj)
