@@ -97,9 +97,11 @@ def test_helm_lint(helm: Path) -> None:
         (["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.service.enabled=false"],
          "metrics.serviceMonitor.enabled needs metrics.service.enabled"),
         (["--set", "rbac.scope=everywhere"], "/rbac/scope"),
+        (["--set-string", "testing.failpointOnce=/etc/passwd"], "/testing/failpointOnce"),
     ],
     ids=["two-replicas", "bad-pull-policy", "misspelt-key", "bad-log-level", "bad-port", "sa-without-name",
-         "monitor-without-service", "bad-rbac-scope"],
+         "monitor-without-service", "bad-rbac-scope",
+         "failpoint-file-outside-data"],
 )
 def test_bad_values_are_refused_naming_the_value(helm: Path, args: list[str], expected: str) -> None:
     proc = subprocess.run([str(helm), "template", "kk", str(CHART), *args],
@@ -121,6 +123,18 @@ def test_default_render(helm: Path) -> None:
     assert c["image"] == "kraftkeeper:0.1.0"
 
 
+def test_failpoint_test_hook_is_set_only_when_asked(helm: Path) -> None:
+    def env(*args: str) -> dict[str, str]:
+        pod = by_kind(render(helm, *args), "Deployment")[0]["spec"]["template"]["spec"]
+        return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+
+    assert not {"KRAFTKEEPER_FAILPOINT", "KRAFTKEEPER_FAILPOINT_ONCE"} & set(env())
+    got = env("--set-string", "testing.failpoint=after-add-voter-committed=hang",
+              "--set-string", "testing.failpointOnce=/data/fp-1")
+    assert got["KRAFTKEEPER_FAILPOINT"] == "after-add-voter-committed=hang"
+    assert got["KRAFTKEEPER_FAILPOINT_ONCE"] == "/data/fp-1"
+
+
 def test_rbac_scope_cluster_and_watch_namespaces(helm: Path) -> None:
     # rbac.scope=cluster: one ClusterRole (+ CRD and namespace reads for kopf), all namespaces.
     docs = render(helm, "--set", "rbac.scope=cluster")
@@ -129,7 +143,8 @@ def test_rbac_scope_cluster_and_watch_namespaces(helm: Path) -> None:
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args and not [a for a in args if a.startswith("--namespace")]
     binding = by_kind(docs, "ClusterRoleBinding")[0]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kk-kraftkeeper", "namespace": "kk-system"}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kk-kraftkeeper",
+                                    "namespace": "kk-system"}]
     # Cluster scope narrowed to named namespaces: kopf watches only those.
     docs = render(helm, "--set", "rbac.scope=cluster", "--set", "operator.watchNamespaces={a,b}")
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -140,7 +155,8 @@ def test_rbac_scope_cluster_and_watch_namespaces(helm: Path) -> None:
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["b", "kk-e2e"]
     for rb in by_kind(docs, "RoleBinding"):
-        assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kk-kraftkeeper"}
+        assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                 "name": "kk-kraftkeeper"}
         assert rb["subjects"][0]["namespace"] == "kk-system"
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=kk-e2e", "--namespace=b"]
@@ -164,7 +180,8 @@ def test_restricted_security_context(helm: Path) -> None:
 
 
 def test_rbac_is_least_privilege(helm: Path) -> None:
-    for docs in (render(helm), render(helm, *all_toggles(["a", "b"])), render(helm, "--set", "rbac.scope=cluster")):
+    cluster_scope = render(helm, "--set", "rbac.scope=cluster")
+    for docs in (render(helm), render(helm, *all_toggles(["a", "b"])), cluster_scope):
         roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
         assert roles
         for role in roles:
