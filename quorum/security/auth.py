@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quorum.core import messages as m
-from quorum.security.pki import identity_from_peercert
+from quorum.security.pki import Identity, identity_from_peercert
 from quorum.security.tokens import MAX_TOKEN, TokenStore
 from quorum.types import ErrorCode, KraftError
 
@@ -45,6 +45,7 @@ __all__ = [
     "Principal",
     "authenticate",
     "authorize",
+    "principal_of",
     "required_permission",
     "rpc_sender",
 ]
@@ -91,6 +92,20 @@ def authenticate(
     """The caller behind a request, from the verified peer certificate (``getpeercert()``'s
     dictionary, None without one) and the ``Authorization`` header. Raises
     ``KraftError(UNAUTHENTICATED)`` saying what is missing or wrong."""
+    ident = identity_from_peercert(peercert, now) if peercert and authorization is None else None
+    return principal_of(ident, authorization, cluster_id=cluster_id, tokens=tokens)
+
+
+def principal_of(
+    identity: Identity | None,
+    authorization: str | None,
+    *,
+    cluster_id: str,
+    tokens: TokenStore | None,
+) -> Principal:
+    """:func:`authenticate` for a certificate whose identity is already parsed (and its
+    validity checked): the server's :class:`~quorum.security.tlsctx.PeerIdentities` cache.
+    When a bearer token is present it is the credential and ``identity`` is not consulted."""
     if authorization is not None:
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -102,9 +117,9 @@ def authenticate(
         if entry is None:
             raise unauthenticated("bearer token is not valid for this cluster")
         return Principal("client", cluster_id, name=entry.name, role=entry.role, via="token")
-    if not peercert:
+    ident = identity
+    if ident is None:
         raise unauthenticated("no credential: present a client certificate or a bearer token")
-    ident = identity_from_peercert(peercert, now)
     if ident.cluster_id != cluster_id:
         raise unauthenticated(f"certificate is for cluster {ident.cluster_id!r}, this is {cluster_id!r}")
     if ident.replica_id is not None:

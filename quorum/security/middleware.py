@@ -5,13 +5,15 @@ that no handler runs, and no request body is read, for a caller that is not allo
 
     app = web.Application(middlewares=[auth_middleware(cluster_id, tokens), errors_middleware])
 
-For every request it: leaves ``/healthz``, ``/readyz`` and ``/metrics`` open; reads the
-verified peer certificate from the request's TLS transport (``ssl_object.getpeercert()``, which
-is only filled in when the handshake verified it against the cluster CA) and the
-``Authorization`` header; authenticates; for ``/raft/v1/*`` checks that the caller is a node
-and decodes the request header (strictly, :mod:`quorum.runtime.wire`) to compare the replica
-id it claims with the certificate's. The decoded message is kept in ``request["rpc_message"]``
-so the handler need not decode it again; the principal in ``request["principal"]``.
+For every request it: leaves ``/healthz``, ``/readyz`` and ``/metrics`` open; takes the
+``Authorization`` header or else the verified peer certificate of the request's TLS
+connection (only filled in when the handshake verified it against the cluster CA; its identity
+is parsed once per certificate, :class:`~quorum.security.tlsctx.PeerIdentities`, and the
+tokens file is consulted only for a request that carries a token); authenticates; for
+``/raft/v1/*`` checks that the caller is a node and decodes the request (strictly,
+:mod:`quorum.runtime.wire`) to compare the replica id it claims with the certificate's. The
+decoded message is kept in ``request[RPC_MESSAGE_KEY]``, the principal in
+``request[PRINCIPAL_KEY]``.
 
 Refusals are JSON ``{"error_code": "UNAUTHENTICATED" | "PERMISSION_DENIED", "message": ...}``
 with 401 (plus ``WWW-Authenticate: Bearer``) or 403; a malformed RPC body from an authenticated
@@ -32,15 +34,16 @@ from quorum.security.auth import (
     PEER,
     RAFT_PREFIX,
     Principal,
-    authenticate,
     authorize,
+    principal_of,
     required_permission,
     rpc_sender,
 )
+from quorum.security.tlsctx import PeerIdentities
 from quorum.security.tokens import TokenStore
 from quorum.types import ErrorCode, KraftError
 
-__all__ = ["PRINCIPAL_KEY", "RPC_MESSAGE_KEY", "auth_middleware", "peercert_of"]
+__all__ = ["PRINCIPAL_KEY", "RPC_MESSAGE_KEY", "auth_middleware"]
 
 log = logging.getLogger(__name__)
 PRINCIPAL_KEY = web.RequestKey("principal", Principal)
@@ -48,17 +51,6 @@ RPC_MESSAGE_KEY = web.RequestKey("rpc_message", object)
 _STATUS = {ErrorCode.UNAUTHENTICATED: 401, ErrorCode.PERMISSION_DENIED: 403, ErrorCode.INVALID_REQUEST: 400}
 
 TokenSource = TokenStore | Callable[[], TokenStore | None] | None
-
-
-def peercert_of(request: web.Request) -> dict[str, Any] | None:
-    """The verified peer certificate of the request's connection, None on plaintext or when the
-    client presented none."""
-    transport = request.transport
-    if transport is None:
-        return None
-    obj = transport.get_extra_info("ssl_object")
-    cert = obj.getpeercert() if obj is not None else transport.get_extra_info("peercert")
-    return cert if isinstance(cert, dict) and cert else None
 
 
 def _refusal(err: KraftError) -> web.Response:
@@ -76,17 +68,20 @@ def auth_middleware(cluster_id: str, tokens: TokenSource = None) -> Middleware:
     def current_tokens() -> TokenStore | None:
         return tokens() if callable(tokens) else tokens
 
+    identities = PeerIdentities()
+
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         need = required_permission(request.method, request.path)
         if need is None:
             return await handler(request)
         try:
-            principal = authenticate(
-                peercert_of(request),
-                request.headers.get("Authorization"),
+            authorization = request.headers.get("Authorization")
+            principal = principal_of(
+                identities.of_transport(request.transport) if authorization is None else None,
+                authorization,
                 cluster_id=cluster_id,
-                tokens=current_tokens(),
+                tokens=current_tokens() if authorization is not None else None,
             )
             claimed: int | None = None
             if need == PEER and principal.kind == PEER:

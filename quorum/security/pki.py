@@ -53,6 +53,7 @@ __all__ = [
     "ROLES",
     "CertificateAuthority",
     "Identity",
+    "check_validity",
     "identity_from_cert",
     "identity_from_peercert",
     "init_ca",
@@ -61,6 +62,7 @@ __all__ = [
     "load_ca",
     "peer_hostname",
     "peercert_dict",
+    "peercert_validity",
     "write_private",
 ]
 
@@ -144,19 +146,29 @@ def identity_from_peercert(peercert: dict[str, Any], now: dt.datetime | None = N
     outlive a certificate) and requires exactly one ``kraftkeeper://`` URI SAN."""
     if not isinstance(peercert, dict) or not peercert:
         raise _bad("no verified client certificate")
-    now = now or dt.datetime.now(dt.UTC)
+    check_validity(*peercert_validity(peercert), now)
+    sans = peercert.get("subjectAltName", ())
+    uris = [str(v) for k, v in sans if k == "URI"] if isinstance(sans, tuple | list) else []
+    return _identity_from_uris(uris)
+
+
+def peercert_validity(peercert: dict[str, Any]) -> tuple[dt.datetime, dt.datetime]:
+    """(notBefore, notAfter) of ``getpeercert()``'s dictionary, UTC."""
     try:
         not_before = dt.datetime.strptime(str(peercert["notBefore"]), _SSL_TIME).replace(tzinfo=dt.UTC)
         not_after = dt.datetime.strptime(str(peercert["notAfter"]), _SSL_TIME).replace(tzinfo=dt.UTC)
     except (KeyError, ValueError):
         raise _bad("certificate validity dates are unreadable") from None
+    return not_before, not_after
+
+
+def check_validity(not_before: dt.datetime, not_after: dt.datetime, now: dt.datetime | None = None) -> None:
+    """UNAUTHENTICATED unless ``now`` lies inside the validity period."""
+    now = now or dt.datetime.now(dt.UTC)
     if now < not_before:
         raise _bad(f"certificate is not valid before {not_before.isoformat()}")
     if now > not_after:
         raise _bad(f"certificate expired at {not_after.isoformat()}")
-    sans = peercert.get("subjectAltName", ())
-    uris = [str(v) for k, v in sans if k == "URI"] if isinstance(sans, tuple | list) else []
-    return _identity_from_uris(uris)
 
 
 def peercert_dict(cert: x509.Certificate) -> dict[str, Any]:
