@@ -85,7 +85,14 @@ class DictStateMachine:
         self.applied = max(self.applied, off)
 
     def load_snapshot(self, chunks: Iterable[bytes], applied_offset: int) -> None:
-        self.data = dict(json.loads(b"".join(chunks) or b"{}"))
+        self.install_snapshot(self.prepare_snapshot(chunks), applied_offset)
+
+    def prepare_snapshot(self, chunks: Iterable[bytes]) -> object:
+        return dict(json.loads(b"".join(chunks) or b"{}"))
+
+    def install_snapshot(self, state: object, applied_offset: int) -> None:
+        assert isinstance(state, dict)
+        self.data = state
         self.applied = applied_offset
 
     def snapshot_chunks(self) -> list[bytes]:

@@ -11,6 +11,7 @@ Record layout: ``op (1 byte) | key length (uint16 LE) | key (UTF-8) | value``.
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Iterable, Iterator
 
 from quorum.types import ErrorCode, KraftError
@@ -48,6 +49,26 @@ def encode_put(key: str, value: bytes) -> bytes:
 def encode_delete(key: str) -> bytes:
     kb = check_key(key)
     return bytes((OP_DELETE,)) + _KLEN.pack(len(kb)) + kb
+
+
+def decode_snapshot(chunks: Iterable[bytes]) -> dict[bytes, bytes]:
+    """The map a snapshot's chunks hold (the inverse of :meth:`KVStore.snapshot_chunks`); pure,
+    so a follower can run it off the event loop while the old map keeps serving (issue 10).
+    Raises CORRUPT_RECORD on a malformed chunk."""
+    data: dict[bytes, bytes] = {}
+    for chunk in chunks:
+        pos = 0
+        n = len(chunk)
+        while pos < n:
+            if pos + _SNAP_ENTRY.size > n:
+                raise KraftError(ErrorCode.CORRUPT_RECORD, "snapshot entry header cut short")
+            kl, vl = _SNAP_ENTRY.unpack_from(chunk, pos)
+            pos += _SNAP_ENTRY.size
+            if pos + kl + vl > n:
+                raise KraftError(ErrorCode.CORRUPT_RECORD, "snapshot entry runs past its chunk")
+            data[bytes(chunk[pos : pos + kl])] = bytes(chunk[pos + kl : pos + kl + vl])
+            pos += kl + vl
+    return data
 
 
 class KVStore:
@@ -97,26 +118,11 @@ class KVStore:
 
     def load_snapshot(self, chunks: Iterable[bytes], applied_offset: int) -> None:
         """Replace the map with a snapshot's; raises CORRUPT_RECORD on a malformed chunk."""
-        data: dict[bytes, bytes] = {}
-        for chunk in chunks:
-            pos = 0
-            n = len(chunk)
-            while pos < n:
-                if pos + _SNAP_ENTRY.size > n:
-                    raise KraftError(ErrorCode.CORRUPT_RECORD, "snapshot entry header cut short")
-                kl, vl = _SNAP_ENTRY.unpack_from(chunk, pos)
-                pos += _SNAP_ENTRY.size
-                if pos + kl + vl > n:
-                    raise KraftError(ErrorCode.CORRUPT_RECORD, "snapshot entry runs past its chunk")
-                data[bytes(chunk[pos : pos + kl])] = bytes(chunk[pos + kl : pos + kl + vl])
-                pos += kl + vl
-        self.data = data
+        self.data = decode_snapshot(chunks)
         self.applied_offset = applied_offset
 
     def digest(self) -> int:
         """An order-independent checksum of the map (for recovery verification and tests)."""
-        import zlib
-
         h = 0
         for k, v in self.data.items():
             h ^= zlib.crc32(v, zlib.crc32(k)) * 2654435761 % (1 << 64)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from quorum.runtime.kv import KVStore
+from quorum.runtime.kv import KVStore, decode_snapshot
+from quorum.types import ErrorCode, KraftError
 
 __all__ = ["Applier"]
 
@@ -39,7 +40,20 @@ class Applier:
 
     def load_snapshot(self, chunks: Iterable[bytes], applied_offset: int) -> None:
         """Replace the state by a KIP-630 snapshot holding everything up to ``applied_offset``."""
-        self.kv.load_snapshot(chunks, applied_offset)
+        self.install_snapshot(self.prepare_snapshot(chunks), applied_offset)
+
+    def prepare_snapshot(self, chunks: Iterable[bytes]) -> object:
+        """Decode a fetched snapshot into a new map; pure (the driver runs it off the event
+        loop while the current map keeps serving)."""
+        return decode_snapshot(chunks)
+
+    def install_snapshot(self, state: object, applied_offset: int) -> None:
+        """Swap in a map ``prepare_snapshot`` made (on the event loop: reads see the old map
+        or the new one, never a mix)."""
+        if not isinstance(state, dict):
+            raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, f"not a prepared KV snapshot: {type(state)}")
+        self.kv.data = state
+        self.kv.applied_offset = applied_offset
         self.advanced(applied_offset + 1, self.applied_epoch)
 
     # -- progress ---------------------------------------------------------------------------
