@@ -76,13 +76,14 @@ def controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaControllers]:
 class Operator:
     """``kraftkeeper operator run`` in a subprocess, watching one namespace."""
 
-    def __init__(self, kube: KubeEnv, ns: str, log: Path) -> None:
+    def __init__(self, kube: KubeEnv, ns: str, log: Path, **extra_env: str) -> None:
         env = kube.env()
         env.update(
             KRAFTKEEPER_METRICS_PORT=str(free_port()),
             KRAFTKEEPER_METRICS_HOST="127.0.0.1",
             KRAFTKEEPER_RECONCILE_INTERVAL="0.5",
             KRAFTKEEPER_QUORUM_TIMEOUT="3",
+            **extra_env,
         )
         self.log = log
         self.proc = subprocess.Popen(
@@ -318,3 +319,16 @@ def test_operator_heals_kafka_controller_disk(
     ):
         st, body = kube.request("GET", path)
         assert st == 200 and body["items"] == [], (path, body)
+
+    # A missing Secret is retried: creating it is all it takes (the quorum is whole by now, so
+    # the second resource watching the same controllers has nothing to repair).
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", secret("absent", client))
+    assert st == 201, body
+
+    def late() -> dict[str, Any] | None:
+        s = status_of(kube, ns, "no-secret")
+        return s if s.get("phase") == "Running" and len(s.get("voters") or []) == 3 else None
+
+    s = kube.wait_for("no-secret Running once its Secret exists", late, timeout=60)
+    assert condition(s, "Available")["status"] == "True" and s["kafka"]["clusterId"] == k.cluster_id
+

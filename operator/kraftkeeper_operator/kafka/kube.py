@@ -207,9 +207,9 @@ async def reconcile_kafka(body: kopf.Body, patch: kopf.Patch) -> None:
         patch.status["conditions"] = [_condition("InvalidSpec", str(e))]
         kopf.warn(body, reason="InvalidSpec", message=str(e))
         raise kopf.PermanentError(f"invalid spec: {e}") from e
+    # The phase is the daemon's alone: a phase written here from this (older) body could land
+    # after the daemon's and would then stay, as the daemon writes only what changed.
     patch.status["observedGeneration"] = generation
-    if (body.get("status") or {}).get("phase") in (None, "Failed", "Pending"):
-        patch.status["phase"] = "Bootstrapping"
     where = ",".join(f"{h}:{p}" for h, p in q.bootstrap)
     kopf.info(body, reason="Reconciled", message=f"existing Kafka controllers {where}; no pods are run")
 
@@ -342,10 +342,15 @@ class KafkaDaemon:
             "observedGeneration": q.base.generation,
             "conditions": [_condition(reason, problem)],
         }
-        if problem != self.problem:
+        if problem != self.problem:  # one Warning per distinct problem
             self.problem = problem
             kopf.warn(self.body, reason=reason, message=problem)
             log.warning("%s: %s", q.cluster, problem)
+        live = self.body.get("status") or {}
+        shown: Mapping[str, Any] = next(
+            (c for c in live.get("conditions") or [] if c.get("type") == "Available"), {}
+        )
+        if live.get("phase") != status["phase"] or shown.get("message") != problem[:32000]:
             await self.ctx.kube.patch_status(q.base.namespace, q.base.name, status)
 
     async def _configure(self, q: KafkaSpec, settings: ClientSettings | None, fp: str) -> None:
