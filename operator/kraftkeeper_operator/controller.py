@@ -12,6 +12,11 @@ deadline (stabilisation, an old voter counting as gone, a back-off) falls due.
 
 Progress is persisted *before* a change is issued (``persist`` callback), so an operator that dies
 mid-call knows on restart which UUID was the old one; the quorum still decides what is done.
+After a change the outcome's event is logged first and the progress persisted right after it
+(a step is never persisted without its event). An operator that dies between the two would log
+the step again on restart (as "observed" from the quorum); that is why the once-per-recovery
+steps are deduplicated by (recovery id, event type), seeded on the first pass from the event log
+itself (``EventLogSink.logged``). Failpoints (failpoints.py) stop the process at those instants.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from kraftkeeper_reports.events import RecoveryEvent
 
 from quorum.types import KraftError
 
+from . import failpoints
 from .api import QuorumApi
 from .recovery import (
     Action,
@@ -40,11 +46,25 @@ from .recovery import (
     RecoveryPolicy,
     majority,
 )
-from .telemetry import EventSink, OperatorMetrics
+from .telemetry import EventSink, OperatorMetrics, logged_steps
 
 log = logging.getLogger(__name__)
 
 Persist = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+# Steps logged at most once per recovery (the book's *_ms markers say so in one process; across a
+# restart the event log does). replica_caught_up / replica_fell_behind / recovery_resumed may recur.
+ONCE_PER_RECOVERY = frozenset(
+    {
+        "disk_replacement_detected",
+        "add_voter_started",
+        "add_voter_committed",
+        "remove_voter_started",
+        "remove_voter_committed",
+        "recovery_completed",
+        "recovery_failed",
+    }
+)
 
 
 @dataclass
@@ -215,6 +235,9 @@ class RecoveryController:
         # (id, uuid) of the voters of the last healthy view; seeded from status after a restart.
         self.known_voters: list[tuple[int, str]] = []
         self._lock = asyncio.Lock()  # one reconcile at a time per quorum
+        # (recovery id, event type) of the once-per-recovery steps already logged; None until the
+        # first pass reads the event log for the recoveries a previous run left active.
+        self._logged: set[tuple[str, str]] | None = None
 
     @property
     def policy(self) -> RecoveryPolicy:
@@ -252,7 +275,21 @@ class RecoveryController:
             return interval
         return max(0.0, min(interval, (at - now + 1) / 1000))
 
+    async def _seed_logged(self) -> None:
+        active = self.book.active()
+        self._logged = set()
+        if not active:
+            return
+        since = min(r.detected_ms for r in active)
+        ids = {r.recovery_id for r in active}
+        try:
+            self._logged = await asyncio.to_thread(logged_steps, self.sink, ids, since)
+        except OSError as e:  # an unreadable log costs at most a repeated line, never a step
+            log.warning("could not read the event log to resume without repeating steps: %s", e)
+
     async def _pass(self) -> ControllerStatus:
+        if self._logged is None:
+            await self._seed_logged()
         now = self.now_ms()
         try:
             view = QuorumView.from_describe(await self.api.describe())
@@ -308,6 +345,12 @@ class RecoveryController:
             op = "add" if action.kind is ActionKind.ADD_VOTER else "remove"
             self.metrics.voter_change_duration.labels(self.cluster, op).observe((done - started) / 1000)
         self._emit(self.book.finished(action, code, done, message), view)
+        if code is None:
+            add = action.kind is ActionKind.ADD_VOTER
+            # The crash window item: the commit is logged, its progress not yet persisted.
+            failpoints.hit(failpoints.AFTER_ADD_COMMITTED if add else failpoints.AFTER_REMOVE_COMMITTED)
+        if self.persist is not None:
+            await self.persist(self.book.to_status())  # right after the outcome's event
         return code is None
 
     async def _maybe_reassign(self, view: QuorumView, now: int) -> list[int] | None:
@@ -433,6 +476,14 @@ class RecoveryController:
     def _emit(self, events: list[Event], view: QuorumView) -> None:
         for ev in events:
             r = ev.recovery
+            if ev.type in ONCE_PER_RECOVERY:
+                key = (r.recovery_id, ev.type)
+                if self._logged is not None and key in self._logged:
+                    log.info("recovery %s: %s already logged (before a restart)", r.recovery_id, ev.type)
+                    continue
+                if self._logged is not None:
+                    self._logged.add(key)
+            failpoints.hit(failpoints.BEFORE_EVENT + ev.type)
             detail = dict(ev.detail)
             if ev.type == "recovery_failed":
                 detail.setdefault("reason", r.reason or "unknown")

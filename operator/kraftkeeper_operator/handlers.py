@@ -34,6 +34,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from . import failpoints
 from .kafka.kube import is_kafka, reconcile_kafka
 from .kube import KubeApi
 from .kubetls import network_policy
@@ -93,6 +94,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     try:
         interval, quorum_timeout = OperatorContext.settings_from_env()
         overrides = parse_overrides(os.environ.get("KRAFTKEEPER_ENDPOINT_OVERRIDES"))
+        failpoints.check()  # a test hook (KRAFTKEEPER_FAILPOINT): refuse a bad value at start
     except ValueError as e:  # a misconfigured deployment: retrying cannot help
         raise kopf.PermanentError(f"operator configuration: {e}") from e
     if overrides:

@@ -42,6 +42,7 @@ from quorum.security.clientconfig import ENV_VAR as CLIENT_CONFIG_ENV
 from quorum.security.clientconfig import ClientConfig, load_client_config
 from quorum.types import KraftError
 
+from . import failpoints
 from .controller import ControllerStatus, RecoveryController
 from .localcluster import DEFAULT_BASE_PORT, ClusterLayout, meta_uuid, pid_alive, replace_disk, write_atomic
 from .localtls import LocalTls, add_tls_args, remove_client_json, tls_from_args
@@ -384,6 +385,7 @@ def local_main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         policy = policy_from_args(a)
+        failpoints.check()  # a test hook (KRAFTKEEPER_FAILPOINT): refused before anything starts
         if a.node_config is not None:
             # The nodes' own loader: a bad file is refused here, naming the key, not by N crash loops.
             load_config(a.node_config)

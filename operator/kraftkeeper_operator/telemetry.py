@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,6 +66,47 @@ class EventLogSink:
 
     def emit(self, event: RecoveryEvent) -> None:
         self.writer.emit(_for_log(event))
+
+    def logged(self, recovery_ids: Collection[str], since_ms: int) -> set[tuple[str, str]]:
+        """(recovery id, type) of the events of ``recovery_ids`` already in the log, reading only
+        the day partitions from ``since_ms``'s UTC day on (a recovery's events are never older
+        than its detection). Lines that do not parse are skipped: the report job counts them."""
+        day = datetime.fromtimestamp(since_ms / 1000, UTC).date()
+        today = datetime.now(UTC).date()
+        paths: list[Path] = []
+        while day <= today:
+            p = self.writer.path_for(day.isoformat())
+            if p not in paths:
+                paths.append(p)
+            day += timedelta(days=1)
+        out: set[tuple[str, str]] = set()
+        for p in paths:
+            try:
+                text = p.read_text(encoding="utf-8", errors="replace")
+            except FileNotFoundError:
+                continue
+            for line in text.splitlines():
+                try:
+                    rec = json.loads(line)
+                    rid, typ = rec["recovery_id"], rec["type"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if rid in recovery_ids and isinstance(typ, str):
+                    out.add((str(rid), typ))
+        return out
+
+
+def logged_steps(sink: EventSink, recovery_ids: Collection[str], since_ms: int) -> set[tuple[str, str]]:
+    """What :meth:`EventLogSink.logged` says, for any sink (a FanOut asks each of its sinks;
+    sinks with no readable history, e.g. stdout or Kubernetes Events, know nothing)."""
+    if isinstance(sink, EventLogSink):
+        return sink.logged(recovery_ids, since_ms)
+    if isinstance(sink, FanOut):
+        out: set[tuple[str, str]] = set()
+        for s in sink.sinks:
+            out |= logged_steps(s, recovery_ids, since_ms)
+        return out
+    return set()
 
 
 class StdoutEventSink:

@@ -43,6 +43,7 @@ from kraftkeeper_reports.events import DISK_REPLACEMENT_DETECTED, RecoveryEvent,
 
 from quorum.types import KraftError
 
+from . import failpoints
 from .controller import RecoveryController
 from .kafka.backend import KafkaQuorum, parse_bootstrap
 from .kafka.wire import ClientConfigError, ClientSettings
@@ -53,23 +54,12 @@ from .telemetry import EventLogSink, EventSink, OperatorMetrics
 log = logging.getLogger("kraftkeeper.operator.watch")
 
 STATE_FILE = "_watch-state.json"
-# Failpoint for crash tests (as etcd's gofail): ``crash-before:<event type>`` makes the process
-# exit at once, with no clean-up, just before it would log that event (and so before the step the
-# event announces). Used to kill the watcher exactly between RemoveRaftVoter and AddRaftVoter.
-FAILPOINT_ENV = "KRAFTKEEPER_WATCH_FAILPOINT"
-FAILPOINT_EXIT = 75
-
-
-class _CrashBefore:
-    def __init__(self, sink: EventSink, type_: str) -> None:
-        self.sink, self.type = sink, type_
-
-    def emit(self, event: RecoveryEvent) -> None:
-        if event.type == self.type:
-            log.error("failpoint %s=crash-before:%s: exiting now", FAILPOINT_ENV, self.type)
-            logging.shutdown()
-            os._exit(FAILPOINT_EXIT)
-        self.sink.emit(event)
+# Failpoint for crash tests: one mechanism for every mode (failpoints.py, run by the controller).
+# The older ``KRAFTKEEPER_WATCH_FAILPOINT=crash-before:<event type>`` still works: it is
+# ``KRAFTKEEPER_FAILPOINT=before-event:<event type>``, used to kill the watcher exactly between
+# RemoveRaftVoter and AddRaftVoter.
+FAILPOINT_ENV = failpoints.WATCH_ENV
+FAILPOINT_EXIT = failpoints.EXIT_CODE
 
 
 class _EngineTagged:
@@ -88,11 +78,7 @@ class _EngineTagged:
 
 
 def _sink(events: Path, name: str) -> EventSink:
-    sink: EventSink = EventLogSink(events, name)
-    point = os.environ.get(FAILPOINT_ENV, "")
-    if point.startswith("crash-before:"):
-        sink = _CrashBefore(sink, point.split(":", 1)[1])
-    return sink
+    return EventLogSink(events, name)
 
 
 class WatchState:
@@ -355,6 +341,7 @@ def watch_main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         policy = policy_from_args(a)
+        failpoints.check()
         bootstrap = (
             parse_bootstrap(a.kafka_bootstrap_controllers)
             if a.kafka_bootstrap_controllers
