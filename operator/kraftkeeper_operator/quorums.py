@@ -302,7 +302,8 @@ async def _finish_scale_down(ctx: OperatorContext, m: Managed, view: QuorumView 
     if sorted({v.id for v in view.voters}) == list(range(1, q.voters + 1)):
         await ctx.kube.scale_statefulset(q.namespace, q.name, q.voters)
         log.info("%s: voters reassigned to 1..%d; StatefulSet scaled down", q.cluster, q.voters)
-        await configure(ctx, q, {}, q.voters)
+        # Keep the admin credential: without it the new client spoke plaintext to TLS nodes.
+        await configure(ctx, q, {}, q.voters, m.client_config)
 
 
 async def _write_status(ctx: OperatorContext, m: Managed, st: ControllerStatus) -> None:
