@@ -14,9 +14,6 @@ from pathlib import Path
 import pytest
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, kafka_libs, kafka_tools_libs
 
-# The real kube-apiserver of tests/k8s, for test_k8s_kafka.py (started only when a test asks).
-from tests.k8s.conftest import kraftquorum_crd, kube, namespace  # noqa: F401
-
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -28,6 +28,7 @@ import pytest
 from kraftkeeper_operator.kafka.backend import base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
 
+import tests.k8s.conftest as k8s_env
 from tests.k8s.conftest import KubeEnv, free_port
 from tests.kafka.test_kafka_security import make_pki
 
@@ -35,6 +36,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.k8s]
 
 KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
 PORTS = range(25000, 26000)  # this suite's port range on the shared machine
+
+
+# tests/k8s's etcd + kube-apiserver, but for this module only: stopped when it ends rather than at
+# the end of the session (tests/k8s keeps its own for its directory).
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeEnv]:
+    yield from k8s_env.kube.__wrapped__()
+
+
+@pytest.fixture(scope="module")
+def kraftquorum_crd(kube: KubeEnv) -> dict[str, Any]:
+    return k8s_env.kraftquorum_crd.__wrapped__(kube)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def namespace(kube: KubeEnv) -> str:
+    return k8s_env.namespace.__wrapped__(kube)  # type: ignore[no-any-return]
 
 
 def _port_in_range(taken: set[int]) -> int:
