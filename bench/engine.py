@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -48,6 +49,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench.baseline import (
+    BaselineTree,
+    Pair,
+    export_tree,
+    median_run,
+    missing_start_flags,
+    ratio_lines,
+    round_order,
+)
 from bench.common import (
     LoadResult,
     ProcessSet,
@@ -95,11 +105,21 @@ class KraftKeeperCluster:
     kind = "kv"
 
     def __init__(
-        self, work: Path, fsync: bool, extra_config: dict[str, Any] | None = None, tls: bool = False
+        self,
+        work: Path,
+        fsync: bool,
+        extra_config: dict[str, Any] | None = None,
+        tls: bool = False,
+        baseline: BaselineTree | None = None,
     ) -> None:
         self.fsync = fsync
         self.label = ("kraftkeeper fsync" if fsync else "kraftkeeper nofsync") + ("+tls" if tls else "")
         self.work = work / (("kk-fsync" if fsync else "kk-nofsync") + ("-tls" if tls else ""))
+        # --baseline REV: the same row run by REV's exported tree (bench/baseline.py).
+        self.baseline = baseline
+        if baseline is not None:
+            self.label += f" @{baseline.rev}"
+            self.work = self.work.with_name(f"{self.work.name}-{baseline.rev}")
         self.use_tls = tls
         self.tls: TlsFiles | None = None
         self.extra_config = extra_config
@@ -110,6 +130,12 @@ class KraftKeeperCluster:
 
     def node_dir(self, i: int) -> Path:
         return self.work / f"n{i}"
+
+    def _command(self) -> tuple[list[str], dict[str, str] | None, Path | None]:
+        """argv prefix, extra environment and working directory of ``kraftkeeper``."""
+        if self.baseline is None:
+            return kraftkeeper_command(), None, None
+        return self.baseline.command(), self.baseline.env(), self.baseline.source
 
     def start(self) -> None:
         ports = free_ports(3)
@@ -127,9 +153,10 @@ class KraftKeeperCluster:
     def format_node(self, i: int) -> str:
         """``kraftkeeper format`` node ``i``'s directory; returns the new storage UUID (the last
         line of stdout, interfaces.md)."""
+        cmd, env, cwd = self._command()
         proc = subprocess.run(
             [
-                *kraftkeeper_command(),
+                *cmd,
                 "format",
                 "--dir",
                 str(self.node_dir(i)),
@@ -141,6 +168,8 @@ class KraftKeeperCluster:
             capture_output=True,
             timeout=60,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"kraftkeeper format failed for node {i}: {proc.stderr.decode().strip()}")
@@ -148,10 +177,11 @@ class KraftKeeperCluster:
 
     def start_node(self, i: int) -> None:
         voters = ",".join(f"{n + 1}@{ep}" for n, ep in enumerate(self.endpoints))
+        cmd, env, cwd = self._command()
         self.procs.spawn(
             f"node-{i}",
             [
-                *kraftkeeper_command(),
+                *cmd,
                 "start",
                 "--dir",
                 str(self.node_dir(i)),
@@ -163,6 +193,8 @@ class KraftKeeperCluster:
                 str(self.config_path),
                 *(["--tls-dir", str(self.work / "tls")] if self.tls is not None else []),
             ],
+            env=env,
+            cwd=cwd,
         )
 
     def _ready(self, i: int, ep: str) -> bool:
@@ -458,6 +490,43 @@ def _measure(
     return row
 
 
+def _measure_pair(
+    pair: tuple[KraftKeeperCluster, KraftKeeperCluster],
+    size: int,
+    clients: list[int],
+    duration: float,
+    generator: str,
+    rounds: int,
+    log: Any,
+) -> tuple[Row, Row, Pair]:
+    """The current row and its ``--baseline`` twin, both clusters up, runs interleaved: each
+    round runs every client count on both, alternating which goes first (A B, B A, ...), so
+    load drift on a shared machine hits both alike. The table shows each side's median round;
+    the ratio lines every round (bench/baseline.py)."""
+    rows = (Row(pair[0].label, pair[0].family, size), Row(pair[1].label, pair[1].family, size))
+    assert pair[1].baseline is not None
+    out = Pair(pair[0].label, pair[1].baseline.rev, size)
+    sides = (out.current, out.baseline)
+    for cl in pair:  # warm-up: connections, page cache, the first log segment
+        run_load(cl.leader(), cl.kind, size, max(clients), min(2.0, duration), generator, cl.tls)
+    for r in range(rounds):
+        for c in clients:
+            for side in round_order(r):
+                cl = pair[side]
+                res = run_load(cl.leader(), cl.kind, size, c, duration, generator, cl.tls)
+                if res.ok == 0 or res.errors * 20 > res.ok:
+                    res = run_load(cl.leader(), cl.kind, size, c, duration, generator, cl.tls)
+                sides[side].setdefault(c, []).append(res)
+                log(
+                    f"  round {r + 1}/{rounds} {cl.label:30} {size:>5} B {c:>4} clients: "
+                    f"{res.writes_per_s:9.0f} w/s p50 {res.p50_ms:7.2f} ms p99 {res.p99_ms:7.2f} ms "
+                    f"errors {res.errors}"
+                )
+    for row, side_runs in zip(rows, sides, strict=True):
+        row.runs = {c: median_run(runs) for c, runs in side_runs.items()}
+    return rows[0], rows[1], out
+
+
 def _sample_answer(cluster: Cluster, size: int) -> str:
     try:
         ep = cluster.endpoints[0]
@@ -501,6 +570,7 @@ def _fmt_ratio(a: float, b: float | None) -> str:
 
 def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
     lines: list[str] = []
+    w = max([21, *(len(r.label) for r in rows)])  # --baseline labels are longer
     for size in sizes:
         srows = [r for r in rows if r.size == size]
         if not srows:
@@ -510,8 +580,8 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
             f"== value size {size} B: committed writes/s, p50/p99 commit latency (ms), "
             f"ratio of writes/s vs etcd and vs best PySyncObj =="
         )
-        head = f"{'system':21} |" + "|".join(f"{f'{c} clients':^40}" for c in clients) + "| p99 @50% peak"
-        sub = f"{'':21} |" + "|".join(
+        head = f"{'system':{w}} |" + "|".join(f"{f'{c} clients':^40}" for c in clients) + "| p99 @50% peak"
+        sub = f"{'':{w}} |" + "|".join(
             f"{'w/s':>8} {'p50':>6} {'p99':>7} {'vsEtcd':>7} {'vsPSO':>7} " for _ in clients
         )
         lines += [head, sub, "-" * len(head)]
@@ -547,9 +617,9 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
                     half += f" (send lag p99 {r.half.send_lag_p99_ms:.1f} ms)"
                 if r.half.target_rate and achieved < 0.9 * r.half.target_rate:
                     half += " (below offered)"
-            line = f"{r.label:21} |" + "|".join(cells) + f"| {half}"
+            line = f"{r.label:{w}} |" + "|".join(cells) + f"| {half}"
             if r.error:
-                line = f"{r.label:21} | FAILED: {r.error}"
+                line = f"{r.label:{w}} | FAILED: {r.error}"
             lines.append(line)
         errs = [
             f"{r.label} {c} clients: {res.errors}" for r in srows for c, res in r.runs.items() if res.errors
@@ -648,6 +718,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--json", type=Path, default=None, help="also write all results as JSON here")
+    ap.add_argument(
+        "--baseline",
+        metavar="REV",
+        default=None,
+        help="also run each kraftkeeper row with git revision REV's code, interleaved with the "
+        "current code in this invocation, and print the ratio now/REV (no half-load runs for them)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="with --baseline: interleaved rounds per client count (default 3, --quick 1)",
+    )
     a = ap.parse_args(argv)
     duration = a.duration if a.duration is not None else (2.0 if a.quick else 10.0)
     sizes = a.sizes or ([100] if a.quick else [100, 1024])
@@ -676,15 +759,44 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if {"etcd", "etcd-tls"} & set(peers) and shutil.which("etcd") is None:
         ap.error("--peers etcd: etcd is not installed (scripts/install-bench.sh install), or leave it out")
 
+    rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
+    if rounds <= 0:
+        ap.error("--rounds must be > 0")
+    if a.rounds is not None and a.baseline is None:
+        ap.error("--rounds applies to --baseline only")
+    if a.baseline is not None and not kk:
+        ap.error("--baseline needs at least one --kraftkeeper row to compare")
+
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    tree: BaselineTree | None = None
+    if a.baseline is not None:
+        try:
+            tree = export_tree(a.baseline, work)
+            missing = missing_start_flags(tree, ["--tls-dir"] if "fsync+tls" in kk else [])
+        except ValueError as e:
+            if a.workdir is None:
+                shutil.rmtree(work, ignore_errors=True)
+            ap.error(str(e))
+        if missing:
+            if a.workdir is None:
+                shutil.rmtree(work, ignore_errors=True)
+            ap.error(
+                f"--baseline {a.baseline}: its `kraftkeeper start` has no {', '.join(missing)}: "
+                "leave the fsync+tls row out"
+            )
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    clusters: list[Cluster] = []
+    clusters: list[Cluster | tuple[KraftKeeperCluster, KraftKeeperCluster]] = []
     for k in kk:
-        clusters.append(KraftKeeperCluster(work, fsync=k.startswith("fsync"), tls=k.endswith("+tls")))
+        cur = KraftKeeperCluster(work, fsync=k.startswith("fsync"), tls=k.endswith("+tls"))
+        if tree is None:
+            clusters.append(cur)
+        else:
+            fsync, tls = k.startswith("fsync"), k.endswith("+tls")
+            clusters.append((cur, KraftKeeperCluster(work, fsync=fsync, tls=tls, baseline=tree)))
     if "etcd" in peers:
         clusters.append(EtcdCluster(work))
     if "etcd-tls" in peers:
@@ -693,6 +805,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         clusters += [PySyncObjCluster(work, batch=True), PySyncObjCluster(work, batch=False)]
 
     rows: list[Row] = []
+    pairs: list[Pair] = []
     ceiling: dict[str, LoadResult] = {}
     try:
         with sigterm_as_interrupt():
@@ -704,24 +817,36 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     f"  generator ceiling ({name} -> aiohttp no-op, {res.clients} conns): "
                     f"{res.writes_per_s:.0f} req/s"
                 )
-            for cl in clusters:
-                log(f"starting {cl.label}")
+            for item in clusters:
+                group: tuple[Cluster, ...] = item if isinstance(item, tuple) else (item,)
                 try:
-                    cl.start()
+                    for cl in group:
+                        log(f"starting {cl.label}")
+                        cl.start()
                     for size in sizes:
-                        rows.append(
-                            _measure(cl, size, a.clients, duration, generator, not a.no_half_load, log)
-                        )
+                        if isinstance(item, tuple):
+                            cur_row, base_row, pair = _measure_pair(
+                                item, size, a.clients, duration, generator, rounds, log
+                            )
+                            rows += [cur_row, base_row]
+                            pairs.append(pair)
+                        else:
+                            rows.append(
+                                _measure(item, size, a.clients, duration, generator, not a.no_half_load, log)
+                            )
                 except (RuntimeError, TimeoutError, OSError) as e:
-                    log(f"  {cl.label} FAILED: {e}")
-                    for size in sizes:
-                        if not any(r.label == cl.label and r.size == size for r in rows):
-                            rows.append(Row(cl.label, cl.family, size, error=str(e).splitlines()[0]))
+                    log(f"  {' / '.join(cl.label for cl in group)} FAILED: {e}")
+                    for cl in group:
+                        for size in sizes:
+                            if not any(r.label == cl.label and r.size == size for r in rows):
+                                rows.append(Row(cl.label, cl.family, size, error=str(e).splitlines()[0]))
                 finally:
-                    cl.stop()
+                    for cl in group:
+                        cl.stop()
     finally:
-        for cl in clusters:
-            cl.stop()
+        for item in clusters:
+            for cl in item if isinstance(item, tuple) else (item,):
+                cl.stop()
         if not a.keep and a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -735,6 +860,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             + (f", send lag p99 {res.send_lag_p99_ms:.2f} ms" if res.send_lag_p99_ms is not None else "")
         )
     print(render(rows, a.clients, sizes))
+    for line in ratio_lines(pairs, a.clients):
+        print(line)
     if a.json:
         a.json.write_text(
             json.dumps(
@@ -755,6 +882,22 @@ def _main(argv: Sequence[str] | None = None) -> int:
                             "half_load": r.half.to_json() if r.half else None,
                         }
                         for r in rows
+                    ],
+                    "baseline": [
+                        {
+                            "system": p.label,
+                            "rev": p.rev,
+                            "size": p.size,
+                            "rounds": {
+                                str(c): {
+                                    "now": [x.to_json() for x in p.current.get(c, [])],
+                                    "baseline": [x.to_json() for x in p.baseline.get(c, [])],
+                                    "ratios": p.ratios(c),
+                                }
+                                for c in a.clients
+                            },
+                        }
+                        for p in pairs
                     ],
                 },
                 indent=2,
