@@ -72,10 +72,30 @@ class RecoveryResult:
     copy_s: float = 0.0
     copy_mb_per_s: float = 0.0
     catch_up_to_copy: float = 0.0  # catch-up MB/s / copy MB/s: the headline
+    leader_cpu_s: float = 0.0  # CPU seconds the leader and the replica spent during catch-up
+    replica_cpu_s: float = 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``; 0 elsewhere). On a
+    shared machine the CPU a catch-up costs varies far less than its wall time."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes in the files under ``path``; a file the running node removes meanwhile counts 0."""
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def copy_limit(src: Path, dst: Path, fsync: bool) -> tuple[int, float]:
@@ -87,7 +107,11 @@ def copy_limit(src: Path, dst: Path, fsync: bool) -> tuple[int, float]:
     t0 = time.monotonic()
     dst.mkdir(parents=True)
     for i, p in enumerate(sorted(q for q in src.rglob("*") if q.is_file())):
-        with open(p, "rb") as fin, open(dst / f"{i:06d}-{p.name}", "wb") as fout:
+        try:
+            fin = open(p, "rb")  # noqa: SIM115 (closed below; the node may remove it first)
+        except FileNotFoundError:
+            continue
+        with fin, open(dst / f"{i:06d}-{p.name}", "wb") as fout:
             while block := fin.read(chunk):
                 fout.write(block)
                 total += len(block)
@@ -250,13 +274,15 @@ def stop_profilers(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def run_one(work: Path, size: int, value_size: int, concurrency: int, fsync: bool,
             snapshot_bytes: int | None, log: Any, repeats: int = 1, py_spy: str | None = None,
-            profile_dir: Path | None = None) -> list[RecoveryResult]:
+            profile_dir: Path | None = None, raft: dict[str, int] | None = None) -> list[RecoveryResult]:
     """Fill one cluster to ``size``, then replace the same follower's disk ``repeats`` times
     (each replacement gets a new storage UUID and catches up from scratch), measuring a plain
     copy of the bytes it received beside each catch-up."""
     extra: dict[str, Any] = {}
     if snapshot_bytes is not None:
         extra["snapshot"] = {"max_bytes": snapshot_bytes}
+    if raft:
+        extra["raft"] = dict(raft)
     cluster = KraftKeeperCluster(work / f"size-{size}", fsync=fsync, extra_config=extra)
     try:
         cluster.start()
@@ -301,6 +327,7 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
     cached = [leader]
     seen = wait_until(lambda: _replica(describe_leader(cluster, cached), "observers", victim, new), 120,
                       f"observer ({victim}, {new}) in describe", interval=0.02)
+    cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
     first_fetch_ms = float(seen.get("last_fetch_timestamp", -1))
     if first_fetch_ms <= 0:
         first_fetch_ms = time.time() * 1000
@@ -316,6 +343,7 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
         caught_ms = wait_until(caught_up, 1800, "the new replica to catch up (lag 0)", interval=0.02)
     finally:
         stop_profilers(profilers)
+    cpu = {k: cpu_seconds(v) - cpu0[k] for k, v in pids.items()}
     catch_up_s = max(1e-6, (caught_ms - first_fetch_ms) / 1000)
     # What the replica received (its snapshot and log files), measured before anything else
     # is written to it: the bytes catch-up moved, and the bytes the plain copy moves.
@@ -337,13 +365,15 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
     copy_rate = copied / MB / copy_s
     rate = received / MB / catch_up_s
     log(f"  catch-up of {received / MB:.0f} MB: {catch_up_s:.2f}s ({rate:.0f} MB/s); plain copy of "
-        f"{copied / MB:.0f} MB {copy_s:.2f}s ({copy_rate:.0f} MB/s); catch-up/copy {rate / copy_rate:.2f}")
+        f"{copied / MB:.0f} MB {copy_s:.2f}s ({copy_rate:.0f} MB/s); catch-up/copy {rate / copy_rate:.2f}; "
+        f"CPU s leader {cpu['leader']:.2f} replica {cpu['replica']:.2f}")
     return RecoveryResult(
         size_bytes=size, filled_bytes=filled, leader_dir_bytes=lead_dir, received_bytes=received,
         fill_s=fill_s, catch_up_s=catch_up_s, catch_up_mb_per_s=rate,
         add_voter_s=add_s, remove_voter_s=remove_s, total_s=(done_ms - first_fetch_ms) / 1000,
         restart_to_first_fetch_s=(first_fetch_ms - t_restart_ms) / 1000, via_snapshot=via_snapshot,
         copy_s=copy_s, copy_mb_per_s=copy_rate, catch_up_to_copy=rate / copy_rate,
+        leader_cpu_s=cpu["leader"], replica_cpu_s=cpu["replica"],
     )
 
 
@@ -352,7 +382,7 @@ def render(results: list[RecoveryResult]) -> str:
     median over the rounds, each round's ratio taken beside its own copy)."""
     head = (f"{'log size':>9} {'received':>9} {'catch-up s':>10} {'MB/s':>7} {'copy MB/s':>9} "
             f"{'ratio':>6} {'snapshot':>8} {'restart->fetch s':>16} {'add-voter ms':>12} "
-            f"{'remove-voter ms':>15} {'total s':>8} {'fill s':>7}")
+            f"{'remove-voter ms':>15} {'total s':>8} {'fill s':>7} {'lead cpu':>7} {'repl cpu':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
@@ -360,7 +390,7 @@ def render(results: list[RecoveryResult]) -> str:
             f"{r.catch_up_mb_per_s:>7.1f} {r.copy_mb_per_s:>9.1f} {r.catch_up_to_copy:>6.2f} "
             f"{'yes' if r.via_snapshot else 'no':>8} {r.restart_to_first_fetch_s:>16.2f} "
             f"{r.add_voter_s * 1000:>12.1f} {r.remove_voter_s * 1000:>15.1f} {r.total_s:>8.2f} "
-            f"{r.fill_s:>7.1f}"
+            f"{r.fill_s:>7.1f} {r.leader_cpu_s:>7.2f} {r.replica_cpu_s:>8.2f}"
         )
     lines.append("")
     for size in dict.fromkeys(r.size_bytes for r in results):
@@ -393,6 +423,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     help="engine snapshot threshold (config snapshot.max_bytes); default: the engine's")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    ap.add_argument("--raft", action="append", default=[], metavar="KEY=N",
+                    help="an engine raft setting for every node (config raft.KEY), e.g. "
+                         "snapshot_chunk_bytes=33554432; repeatable")
     ap.add_argument("--repeats", type=int, default=1,
                     help="disk replacements per size on the same filled cluster (each beside its own copy)")
     ap.add_argument("--py-spy", default=None, metavar="PATH",
@@ -408,6 +441,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
         ap.error("--sizes must name at least one size; --value-bytes, --concurrency and --repeats "
                  "must be positive")
 
+    raft: dict[str, int] = {}
+    for item in a.raft:
+        key, eq, num = item.partition("=")
+        if not eq or not key or not num.isdigit():
+            ap.error(f"--raft {item!r}: expected KEY=N (a positive integer)")
+        raft[key] = int(num)
+
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
@@ -420,7 +460,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 log(f"log size {size / MB:.0f} MB")
                 try:
                     results.extend(run_one(work, size, a.value_bytes, a.concurrency, not a.no_fsync,
-                                           a.snapshot_bytes, log, a.repeats, a.py_spy, a.profile_dir))
+                                           a.snapshot_bytes, log, a.repeats, a.py_spy, a.profile_dir,
+                                           raft))
                 except (RuntimeError, TimeoutError, OSError, ValueError) as e:
                     failed = True
                     log(f"  FAILED for {size / MB:.0f} MB: {e}")
