@@ -108,7 +108,7 @@ def copy_limit(src: Path, dst: Path, fsync: bool) -> tuple[int, float]:
     dst.mkdir(parents=True)
     for i, p in enumerate(sorted(q for q in src.rglob("*") if q.is_file())):
         try:
-            fin = open(p, "rb")  # noqa: SIM115 (closed below; the node may remove it first)
+            fin = open(p, "rb")  # closed by the with below; the node may remove the file first
         except FileNotFoundError:
             continue
         with fin, open(dst / f"{i:06d}-{p.name}", "wb") as fout:
