@@ -24,9 +24,16 @@ order:
    watermark still counts the leader's own log only up to its durable end).
 4. Persist: save ``quorum_state`` (atomically) if set, and if ``flush`` fsync the log.
 5. ``core.advance(ready, durable_end)`` with the log's durable (fsynced) end offset.
-6. ``messages``: send requests / answer inbound requests. Persist-before-send: nothing in
-   ``messages`` leaves before step 4 completed (a vote, an epoch, an offset a Fetch claims).
-7. ``commit``: the new high watermark; apply records up to it to the state machine.
+6. ``messages``: send requests / answer inbound requests. Persist-before-send: when the Ready
+   saves ``quorum_state``, nothing in ``messages`` leaves before step 4 completed (a vote, an
+   epoch). Without it, the messages may leave right after step 3, before the fsync: every
+   promise they make was saved by an earlier Ready, the leader serves unflushed data anyway
+   (step 3), and a Fetch's offset never claims more than the log fsynced before this Ready
+   (see the durability rule below; the driver checks it against the log's fsynced end).
+7. ``commit``: the new high watermark; apply records up to it to the state machine. Without
+   ``quorum_state``, this and step 8's client results may also come right after step 3 when
+   ``commit`` is at most the log's fsynced end (a leader's always is; a follower's may name
+   records of this Ready's own append, which it must not apply before they are durable).
 8. ``proposal_results``, ``reads``, ``admin_results``: complete client waits (after the
    records they name are applied); ``role_change``: publish the role (the first ``Ready`` of a
    core carries its restored role); ``recovery_needed`` (KIP-704): the local leader's log is

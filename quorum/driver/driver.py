@@ -6,19 +6,31 @@ and the core tests alike. A Ready is carried out in three synchronous phases so 
 asyncio node and a deterministic simulation can interleave other work between them:
 
 ``begin(ready)``
-    page-cache work: truncate, append; the leader's fast path (Fetch responses for what was
-    just written leave before the fsync) and the follower's (the next FetchSnapshot leaves
-    before this chunk is written). Returns a :class:`Pending` saying what must be persisted.
+    page-cache work: truncate, install (with its last snapshot chunks), append; the leader's
+    fast path (Fetch responses for what was just written leave before the fsync) and the
+    follower's (the next FetchSnapshot leaves before this chunk is written). When the Ready
+    saves no quorum state, its messages leave here too, and its commit and client results
+    when the commit is already durable locally (see "early send" below). Returns a
+    :class:`Pending` saying what must be persisted.
 ``persist(pending)``
-    blocking: write fetched snapshot chunks (after the last one: verify the download and
-    decode its state, issue 10), save the quorum state, fsync the log. The node runs it in an
-    executor while inbound RPCs keep stepping the core; the simulation completes it later, or
-    crashes first.
+    blocking: write fetched snapshot chunks, save the quorum state, fsync the log. The node
+    runs it in an executor while inbound RPCs keep stepping the core; the simulation
+    completes it later, or crashes first.
 ``finish(pending)``
-    swap in a snapshot ``persist`` prepared, ``core.advance``, send the messages, apply the
-    commit, complete client waits, publish the role. Refuses to run before ``persist`` when
-    something needed persisting, and refuses to send a Fetch whose offset claims more than the
-    durable log: this is the one place persist-before-send is enforced.
+    ``core.advance``, send what ``begin`` did not, apply the commit, complete client waits,
+    publish the role. Refuses to run before ``persist`` when something needed persisting.
+
+Persist-before-send is enforced here, in ``_send``: a message leaves before its Ready's persist
+only if that Ready saves no quorum state (a vote, an epoch, a role: every promise a message can
+make was then saved by an earlier Ready, which completed before this one began), and a Fetch
+never leaves with an offset above the log's fsynced end at that moment (what a follower's Fetch
+claims, and the leader counts toward the high watermark: issue 12). The core queues a Fetch only
+once its whole log is fsynced, so a Ready holding one appends nothing; the check is the
+backstop. Early send is what keeps a write's commit from waiting for a second fsync: the answers
+a leader can give once a follower's Fetch proves a batch durable (the Fetch arrives while the
+next batch's fsync runs) leave as that fsync completes and the following Ready begins, not after
+the following Ready's own fsync. The commit leaves early only up to the local fsynced end: a
+follower applies nothing its own log could still lose.
 
 Only one Ready is in flight at a time; whatever the core queues meanwhile waits for the next.
 """
@@ -33,7 +45,7 @@ from quorum.core.ready import LeaderBatch, Outbound, Ready, SnapshotChunk
 from quorum.driver.ports import Clock, LogPort, QuorumStatePort, Sink, SnapshotPort, StateMachine, Transport
 from quorum.driver.recent import RecentBatches
 from quorum.records import data_records, decode_batches
-from quorum.types import ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch, QuorumState
+from quorum.types import ErrorCode, KraftError, LogSummary, OffsetAndEpoch, QuorumState
 
 APPLY_READ_BYTES = 16 * 1024 * 1024
 
@@ -64,18 +76,18 @@ class Pending:
     flush: bool
     persisted: bool = False
     durable_end: int = -1
+    # ``begin`` applied the commit and completed the client results (early send).
+    completed: bool = False
+    # How many of ``ready.messages`` ``begin`` saw: the core adds nothing to a Ready in flight.
+    taken: int = 0
     # FetchSnapshot chunks written by ``persist`` (off the loop), and the messages ``finish``
     # still has to send (``begin`` may have sent the FetchSnapshot requests already).
     chunks: list[SnapshotChunk] = field(default_factory=list)
     messages: list[Outbound] = field(default_factory=list)
-    # A fetched snapshot to install: ``persist`` verifies and decodes it off the loop (its
-    # controls and prepared state, or why it was rejected), ``finish`` swaps it in (issue 10).
-    install: OffsetAndEpoch | None = None
-    loaded: tuple[tuple[ControlRecord, ...], object] | str | None = None
 
     @property
     def needs_persist(self) -> bool:
-        return self.quorum_state is not None or self.flush or bool(self.chunks) or self.install is not None
+        return self.quorum_state is not None or self.flush or bool(self.chunks)
 
 
 @dataclass
@@ -119,14 +131,12 @@ class Driver:
                 )
             log.truncate_to(ready.truncate_to)
             self.recent.clear()
-        chunks: list[SnapshotChunk] = ready.snapshot_chunks
-        install = ready.install_snapshot
-        if install is not None and ready.append:
-            # Never expected (the core drops unsent appends when a download completes): the
-            # appends must land in the installed log, so install here, on the loop.
-            self._write_chunks(chunks)
-            self._install_loaded(install, self._load_fetched(install))
-            chunks, install = [], None
+        chunks: list[SnapshotChunk] = []
+        if ready.install_snapshot is not None:
+            self._write_chunks(ready.snapshot_chunks)
+            self._install_snapshot(ready.install_snapshot)
+        else:
+            chunks = ready.snapshot_chunks
         for b in ready.append:
             if isinstance(b, LeaderBatch):
                 log.append(b.base_offset, b.epoch, b.items(), b.append_time_ms)
@@ -149,10 +159,41 @@ class Driver:
             for out in early:
                 self.ports.transport.send(out)
             messages = [o for o in messages if not isinstance(o.message, FetchSnapshotRequest)]
-        self.in_flight = Pending(
-            ready, ready.quorum_state, ready.flush, chunks=chunks, messages=messages, install=install
-        )
-        return self.in_flight
+        pending = Pending(ready, ready.quorum_state, ready.flush, chunks=chunks, messages=messages)
+        pending.taken = len(ready.messages)
+        self.in_flight = pending
+        if ready.quorum_state is None:
+            # Early send (module docstring): nothing here waits for this Ready's persist.
+            self._send(pending.messages)
+            pending.messages = []
+            if ready.commit is None or ready.commit <= log.flushed_end_offset:
+                self._complete(ready)
+                pending.completed = True
+        return pending
+
+    def _send(self, messages: list[Outbound]) -> None:
+        flushed = self.ports.log.flushed_end_offset
+        for out in messages:
+            msg = out.message
+            if isinstance(msg, FetchRequest) and msg.fetch_offset > flushed:
+                # The leader would count records we could still lose (issue 12): a core bug.
+                raise RuntimeError(
+                    f"driver: a Fetch at offset {msg.fetch_offset} would claim more than the "
+                    f"durable log end {flushed}"
+                )
+            self.ports.transport.send(out)
+
+    def _complete(self, ready: Ready) -> None:
+        """Apply the commit, then complete the client waits it names."""
+        sink = self.ports.sink
+        if ready.commit is not None:
+            self.apply_to(ready.commit)
+        for pr in ready.proposal_results:
+            sink.proposal_done(pr)
+        for rr in ready.reads:
+            sink.read_done(rr)
+        for ar in ready.admin_results:
+            sink.admin_done(ar)
 
     def _write_chunks(self, chunks: list[SnapshotChunk]) -> None:
         for ch in chunks:
@@ -164,8 +205,6 @@ class Driver:
         """Phase 2 (blocking; safe to run in an executor: touches storage only). Returns the
         durable log end."""
         self._write_chunks(pending.chunks)
-        if pending.install is not None:
-            pending.loaded = self._load_fetched(pending.install)
         if pending.quorum_state is not None:
             self.ports.quorum_state.save(pending.quorum_state)
         if pending.flush:
@@ -182,29 +221,14 @@ class Driver:
             raise RuntimeError("driver: finish() before persist(): messages would promise unsaved state")
         self.in_flight = None
         durable = pending.durable_end if pending.persisted else self.ports.log.flushed_end_offset
-        if pending.install is not None and pending.loaded is not None:
-            self._install_loaded(pending.install, pending.loaded)
-            durable = self.ports.log.flushed_end_offset  # the log now starts at the snapshot
         ready = pending.ready
         self.core.advance(ready, durable)
-        for out in pending.messages:
-            msg = out.message
-            if isinstance(msg, FetchRequest) and msg.fetch_offset > self.ports.log.flushed_end_offset:
-                # The leader would count records we could still lose (issue 12): a core bug.
-                raise RuntimeError(
-                    f"driver: a Fetch at offset {msg.fetch_offset} would claim more than the "
-                    f"durable log end {self.ports.log.flushed_end_offset}"
-                )
-            self.ports.transport.send(out)
+        # The core adds nothing to a Ready in flight (quorum.core.ready); for a core that does
+        # (the old one of issue 12's hole, kept in tests/core) every Fetch claim is still checked.
+        self._send(pending.messages + ready.messages[pending.taken :])
+        if not pending.completed:
+            self._complete(ready)
         sink = self.ports.sink
-        if ready.commit is not None:
-            self.apply_to(ready.commit)
-        for pr in ready.proposal_results:
-            sink.proposal_done(pr)
-        for rr in ready.reads:
-            sink.read_done(rr)
-        for ar in ready.admin_results:
-            sink.admin_done(ar)
         if ready.role_change is not None:
             self.published = ready.role_change
             sink.role_changed(ready.role_change)
@@ -274,32 +298,20 @@ class Driver:
             self.applied_epoch = b.info.epoch
         return self.applied_end != start
 
-    def _load_fetched(self, sid: OffsetAndEpoch) -> tuple[tuple[ControlRecord, ...], object] | str:
-        """The blocking half of installing a fetched snapshot (``persist``, off the loop; it
-        touches storage and builds a new state, never the live one): verify and commit the
-        download, decode its state. Returns (controls, prepared state), or why it failed."""
+    def _install_snapshot(self, sid: OffsetAndEpoch) -> None:
         try:
             self.ports.snapshots.finish_download(sid)  # verifies every CRC before it counts
             controls, chunks = self.ports.snapshots.load(sid, verify_crc=False)
-            return tuple(controls), self.ports.state_machine.prepare_snapshot(chunks)
+            self.ports.state_machine.load_snapshot(chunks, sid.offset - 1)
         except KraftError as e:
-            return str(e)
-
-    def _install_loaded(
-        self, sid: OffsetAndEpoch, loaded: tuple[tuple[ControlRecord, ...], object] | str
-    ) -> None:
-        """The loop half: swap the prepared state in, reset the log, tell the core."""
-        if isinstance(loaded, str):
-            self.ports.sink.note(f"fetched snapshot {sid} rejected: {loaded}")
-            self.core.snapshot_rejected(sid, loaded)
+            self.ports.sink.note(f"fetched snapshot {sid} rejected: {e}")
+            self.core.snapshot_rejected(sid, str(e))
             return
-        controls, state = loaded
-        self.ports.state_machine.install_snapshot(state, sid.offset - 1)
         self.ports.log.reset_to_snapshot(sid)
         self.recent.clear()
         self.applied_end = sid.offset
         self.applied_epoch = sid.epoch
-        self.core.snapshot_installed(sid, controls)
+        self.core.snapshot_installed(sid, tuple(controls))
 
 
 def load_latest_snapshot(snapshots: SnapshotPort, summary: LogSummary, sm: StateMachine) -> tuple[int, int]:

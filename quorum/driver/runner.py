@@ -96,5 +96,8 @@ class AsyncRunner:
                 driver.finish(pending)
                 self.turned_at = time.monotonic()
                 self.busy_seconds += time.monotonic() - t0
-                # Give request handlers a turn: a busy core must never starve the network.
-                await asyncio.sleep(0)
+                if not pending.needs_persist:
+                    # Give request handlers a turn: a busy core must never starve the network.
+                    # After a persist they had one (the executor await), and what the fsync
+                    # enabled (a follower's next Fetch, a leader's commit) leaves at once.
+                    await asyncio.sleep(0)
