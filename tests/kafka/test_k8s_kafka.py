@@ -8,7 +8,9 @@ fixtures), repairs three real Kafka 4.x controllers (tests/kafka fixtures) and r
 * a replaced controller disk is healed with no human step, over SASL_SSL with the client settings
   and the truststore taken from a Secret: status (voters with directory ids,
   leader, recoveries), Events and the event log show it, and no StatefulSet, Service, PDB or
-  NetworkPolicy was ever created.
+  NetworkPolicy was ever created;
+* the leader's disk replaced and the operator killed right after RemoveRaftVoter committed
+  (failpoints.py): a new operator finishes the same recovery with AddRaftVoter alone.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kraftkeeper_operator import failpoints
 from kraftkeeper_operator.kafka.backend import base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
 
@@ -350,3 +353,83 @@ def test_operator_heals_kafka_controller_disk(
     s = kube.wait_for("no-secret Running once its Secret exists", late, timeout=60)
     assert condition(s, "Available")["status"] == "True" and s["kafka"]["clusterId"] == k.cluster_id
 
+
+def test_operator_restarted_between_remove_and_add_resumes(
+    kube: KubeEnv,
+    kraftquorum_crd: dict[str, Any],
+    namespace: str,
+    controllers: KafkaControllers,
+    tmp_path: Path,
+) -> None:
+    """The leader's disk is replaced and the operator dies right after RemoveRaftVoter committed
+    (its event logged, its progress not yet in status: the worst instant). A new operator finishes
+    the same recovery with AddRaftVoter alone: the new controller's listeners come from
+    status.kafka (Kafka no longer lists them), and nothing is removed twice."""
+    ns, k = namespace, controllers
+    assert k.security is not None
+    props = k.security.client_properties().replace(str(k.security.ca_pem), "ca.pem")
+    obj = secret("kafka-client", {"client.properties": props, "ca.pem": k.security.ca_pem.read_text()})
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", obj)
+    assert st == 201, body
+    events = tmp_path / "events"
+    good = kq(
+        "kq",
+        bootstrapControllers=[c.endpoint for c in k.controllers.values()],
+        clientSecretRef={"name": "kafka-client"},
+        stabilizationSeconds=0,
+    )
+    good["spec"]["eventLog"] = {"path": str(events)}
+    st, body = kube.request("POST", KQ.format(ns=ns), good)
+    assert st == 201, body
+
+    def voters(s: dict[str, Any]) -> set[tuple[int, Any]]:
+        return {(v["id"], v.get("uuid")) for v in s.get("voters") or []}
+
+    def running() -> dict[str, Any] | None:
+        s = status_of(kube, ns, "kq")
+        ok = s.get("phase") == "Running" and voters(s) == {(i, uuid_of(k, i)) for i in k.controllers}
+        return s if ok else None
+
+    crashing = Operator(
+        kube, ns, tmp_path / "operator-1.log", **{failpoints.ENV: failpoints.AFTER_REMOVE_COMMITTED}
+    )
+    resumed: Operator | None = None
+    try:
+        s = kube.wait_for("status Running", running, timeout=120)
+        victim = s["leaderId"]
+        old = uuid_of(k, victim)
+        new = str(base64_to_uuid(k.replace_disk(victim)))
+        kube.wait_for("the operator's exit at the failpoint", lambda: crashing.proc.poll() is not None, 120)
+        assert crashing.proc.returncode == failpoints.EXIT_CODE, crashing.tail()
+        s = status_of(kube, ns, "kq")
+        rec = next(r for r in s["recoveries"] if r.get("newUuid") == new)
+        assert rec["result"] == "InProgress" and rec["replicaId"] == victim and rec["oldUuid"] == old
+        assert "atRemoveCommitted" not in (rec.get("phaseSeconds") or {}), rec  # not persisted yet
+        assert victim in {c["id"] for c in s["kafka"]["controllers"]}
+
+        resumed = Operator(kube, ns, tmp_path / "operator-2.log")
+
+        def healed() -> dict[str, Any] | None:
+            s = running()
+            recs = [r for r in (s or {}).get("recoveries") or [] if r.get("newUuid") == new]
+            return s if s and recs and recs[-1]["result"] == "Succeeded" else None
+
+        s = kube.wait_for("the recovery finished by the new operator", healed, timeout=120)
+        assert (victim, new) in voters(s)
+        recs = [r for r in s["recoveries"] if r.get("newUuid") == new]
+        assert [r["recoveryId"] for r in recs] == [rec["recoveryId"]]
+        logged = [
+            json.loads(line)
+            for f in sorted(events.rglob("*.jsonl"))
+            for line in f.read_text().splitlines()
+            if line.strip()
+        ]
+        types = [e["type"] for e in logged if e.get("recovery_id") == rec["recoveryId"]]
+        assert types.count("remove_voter_started") == 1 and types.count("remove_voter_committed") == 1, types
+        assert types[-3:] == ["add_voter_started", "add_voter_committed", "recovery_completed"], types
+    finally:
+        crashing.stop()
+        if resumed is not None:
+            resumed.stop()
+            print("resumed operator log:\n" + resumed.tail())
+        print("crashing operator log:\n" + crashing.tail())
