@@ -42,12 +42,33 @@ class DownloadParse:
         self.chunks = []
 
     def feed(self, data: bytes | memoryview) -> None:
-        """Check and parse every batch completed by ``data`` (the next chunk of the file)."""
+        """Check and parse every batch completed by ``data`` (the next chunk of the file).
+        Only the batch a chunk boundary cut is copied (to join its two parts); the rest is
+        read in place."""
         if not self.ok:
             return
-        buf = self.carry + bytes(data) if self.carry else bytes(data)
-        view = memoryview(buf)
-        pos, n = 0, len(buf)
+        view = memoryview(data)
+        if self.carry:
+            head = self.carry
+            if len(head) < records.HEADER_SIZE:
+                take = records.HEADER_SIZE - len(head)
+                head, view = head + bytes(view[:take]), view[take:]
+                if len(head) < records.HEADER_SIZE:
+                    self.carry = head
+                    return
+            size = records.batch_header(head, 0)[1]
+            if size < records.HEADER_SIZE or size > records.MAX_BATCH_BYTES:
+                self._fail()
+                return
+            take = size - len(head)
+            if take > len(view):
+                self.carry = head + bytes(view)
+                return
+            joined, view = head + bytes(view[:take]), view[take:]
+            self.carry = b""
+            if not self._check(memoryview(joined)):
+                return
+        pos, n = 0, len(view)
         while n - pos >= records.HEADER_SIZE:
             size = records.batch_header(view, pos)[1]
             if size < records.HEADER_SIZE or size > records.MAX_BATCH_BYTES:
@@ -55,16 +76,23 @@ class DownloadParse:
                 return
             if pos + size > n:
                 break
-            try:
-                batches, _ = records.decode_batches(view[pos : pos + size])  # the one CRC check
-            except records.CorruptRecordError:
-                self._fail()
-                return
-            if not self._take(batches[0]):
-                self._fail()
+            if not self._check(view[pos : pos + size]):
                 return
             pos += size
-        self.carry = buf[pos:]
+        self.carry = bytes(view[pos:])
+
+    def _check(self, batch: memoryview) -> bool:
+        """Verify one whole batch (the one CRC check) and take it; False (and ``ok`` cleared)
+        if anything is wrong."""
+        try:
+            batches, _ = records.decode_batches(batch)
+        except records.CorruptRecordError:
+            self._fail()
+            return False
+        if not self._take(batches[0]):
+            self._fail()
+            return False
+        return True
 
     def _take(self, b: records.DecodedBatch) -> bool:
         info = b.info
