@@ -1,0 +1,55 @@
+"""A large Fetch response during catch-up (issue 10) is checked once and taken whole or not at
+all: a follower (the real core and driver) given 8 MiB of batches with one damaged batch in
+the middle refuses the whole response, names the damaged batch's offset, appends nothing and
+fetches again from the same offset; the undamaged response is appended byte for byte."""
+
+from __future__ import annotations
+
+from quorum.core.messages import BeginQuorumEpochRequest, FetchRequest, FetchResponse
+from quorum.core.ready import RawBatches
+from quorum.records import HEADER_SIZE, decode_batches, encode_batch
+from quorum.types import ErrorCode
+from tests.core.util import CLUSTER, UUIDS, Harness, make
+
+VALUE = bytes(range(256)) * 128  # 32 KiB
+
+
+def _follower() -> tuple[Harness, FetchRequest]:
+    h = make(local=2)
+    h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 1, 1, 2, UUIDS[2]))
+    fetch = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
+    return h, fetch
+
+
+def _large_fetch() -> bytes:
+    out = bytearray()
+    offset = 0
+    for i in range(64):  # 64 batches of 4 x 32 KiB: 8 MiB
+        recs = [VALUE + bytes([i, j]) for j in range(4)]
+        out += encode_batch(offset, 1, recs, 0)
+        offset += len(recs)
+    return bytes(out)
+
+
+def test_damaged_batch_in_a_large_fetch_refuses_it_whole_naming_the_offset() -> None:
+    h, fetch = _follower()
+    good = _large_fetch()
+    batches, _ = decode_batches(good)
+    bad = bytearray(good)
+    victim = batches[37]
+    bad[victim.position + HEADER_SIZE + 1000] ^= 0x01
+    h.step(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=256, records=bytes(bad)))
+    assert h.log.end_offset == 0 and h.core.log_end_offset == 0
+    errs = [e for r in h.readies for e in r.errors]
+    assert any(f"offset {victim.info.base_offset}" in e and "CRC" in e for e in errs), errs
+    assert not [b for r in h.readies for b in r.append]
+    assert h.core.hw == 0
+    out = h.tick(200)
+    again = [o.message for o in out if isinstance(o.message, FetchRequest)]
+    assert again and again[-1].fetch_offset == 0  # fetched again from the same place
+
+    h.step(FetchResponse(again[-1].correlation_id, ErrorCode.NONE, 1, 1, high_watermark=256, records=good))
+    raws = [b for r in h.readies for b in r.append if isinstance(b, RawBatches)]
+    assert len(raws) == 1 and raws[0].data == good  # the fetched bytes, unchanged, in one append
+    assert h.log.end_offset == 256 and h.core.hw == 256
+    assert h.log.read(0, len(good) + 1) == good
