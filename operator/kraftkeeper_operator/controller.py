@@ -369,9 +369,13 @@ class RecoveryController:
         elif current == desired:
             return None
         window = int(self.policy.live_window_seconds * 1000)
-        ready = {v.id for v in view.live_voters(now, window)}
+        # The sharper liveness of voter changes (view.live_for_change): the target set's majority
+        # must be fetching now, not merely within the status window.
+        ready = {v.id for v in view.change_live_voters(now, window)}
         ready |= {
-            o.id for o in view.observers if view.is_live(o, now, window) and 0 <= o.lag <= self.policy.max_lag
+            o.id
+            for o in view.observers
+            if view.live_for_change(o, now, window) and 0 <= o.lag <= self.policy.max_lag
         }
         missing = [i for i in desired if i not in ready]
         if missing:

@@ -68,7 +68,10 @@ def guard_add(
     old = _old_voter(view, rec)
     if old is not None and not old_gone(view, rec, old, policy, now_ms):
         return f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: two processes share id"
-    live = len(view.live_voters(now_ms, _window_ms(policy))) + 1  # the new one is live (caught up)
+    # The majority of the new set must be live by the sharper rule (view.live_for_change), the
+    # old voter not counted (it is gone, or not a voter at all), the new one counted (caught up).
+    old_key = (rec.replica_id, rec.old_uuid)
+    live = len(view.change_live_voters(now_ms, _window_ms(policy), exclude=old_key)) + 1
     n = len(view.voters) + 1
     if live < majority(n):
         return f"unsafe: AddVoter would leave {live} live of {n} voters"
@@ -82,7 +85,8 @@ def guard_remove(view: QuorumView, rec: Recovery, policy: RecoveryPolicy, now_ms
         return None
     if not old_gone(view, rec, old, policy, now_ms):
         return f"old voter ({rec.replica_id}, {rec.old_uuid}) is still live: not removing it"
-    live = len(view.live_voters(now_ms, _window_ms(policy)))
+    # Counted over the voters that remain, by the sharper rule (view.live_for_change).
+    live = len(view.change_live_voters(now_ms, _window_ms(policy), exclude=(old.id, old.uuid)))
     n = len(view.voters) - 1
     if n < 1 or live < majority(n):
         return f"unsafe: RemoveVoter would leave {live} live of {n} voters"

@@ -19,8 +19,10 @@ Invariants, checked before *every* step (not only when a recovery starts):
 * at most one voter change in flight: nothing is issued while ``pending_voter_change`` or a KIP-642
   reassignment (``target_voters``) is set, and recoveries run strictly one after the other;
 * never a change that leaves fewer *live* voters than a majority of the resulting voter set
-  (consul#4017, ZooKeeper operator #575). "Live" = fetched from the leader within the policy's
-  live window (the leader itself always counts);
+  (consul#4017, ZooKeeper operator #575). "Live" for a change is sharper than for status
+  (view.py ``live_for_change``): a fetch within 1.5 s (three fetch long-polls) and, when reported,
+  caught up within the policy's live window; the leader itself always counts; the voter being
+  removed never does. Status and QuorumLost use the plain window (fetched within it);
 * a new replica is promoted only after it has stayed caught up (lag <= maxLag and a recent fetch)
   for the whole stabilisation time (Consul's ServerStabilizationTime idea, consul#8118); falling
   behind before promotion restarts that clock;

@@ -90,6 +90,23 @@ class QuorumView:
     def live_voters(self, now_ms: int, window_ms: int) -> list[Replica]:
         return [v for v in self.voters if self.is_live(v, now_ms, window_ms)]
 
+    def live_for_change(self, r: Replica, now_ms: int, window_ms: int) -> bool:
+        """Whether ``r`` may be counted toward the majority that must commit a voter change:
+        :func:`live_for_change` with this view's leader."""
+        is_leader = r.id == self.leader_id and r.uuid == self.leader_uuid()
+        return live_for_change(r, is_leader=is_leader, now_ms=now_ms, window_ms=window_ms)
+
+    def change_live_voters(
+        self, now_ms: int, window_ms: int, *, exclude: tuple[int, str] | None = None
+    ) -> list[Replica]:
+        """The voters (but ``exclude``, the one a change removes or supersedes) that count toward
+        the majority after a voter change."""
+        return [
+            v
+            for v in self.voters
+            if (v.id, v.uuid) != exclude and self.live_for_change(v, now_ms, window_ms)
+        ]
+
     def has_live_majority(self, now_ms: int, window_ms: int) -> bool:
         return self.leader_id >= 0 and len(self.live_voters(now_ms, window_ms)) >= majority(len(self.voters))
 
@@ -108,3 +125,31 @@ def _replica(r: Mapping[str, Any]) -> Replica:
 
 def majority(n: int) -> int:
     return n // 2 + 1
+
+
+# A follower long-polls Fetch for at most fetch_max_wait_ms (500 ms by default, in our engine and
+# in Kafka's KRaft), so a running voter's last fetch is never much older than that; three times it
+# allows for a loaded machine. A voter killed a moment ago is still "live" by the policy's window
+# (5 s by default, what status and QuorumLost use) but no longer by this.
+CHANGE_FETCH_SILENCE_MS = 1_500
+
+
+def live_for_change(r: Replica, *, is_leader: bool, now_ms: int, window_ms: int) -> bool:
+    """The sharper liveness a voter change relies on (found by a flaky test: a voter killed within
+    the 5 s live window still counted live, so RemoveVoter started and could not commit).
+
+    ``r`` counts only if it is the leader, or the leader reports both
+    * its last fetch within ``min(window_ms, CHANGE_FETCH_SILENCE_MS)`` (it is still fetching), and
+    * when the leader reports it (``last_caught_up_timestamp`` >= 0, KIP-853 DescribeQuorum v2's
+      lastCaughtUpTimestamp), that it was caught up to the leader's end within ``window_ms`` (its
+      lag is not growing without bound); -1 = not reported, so only the fetch rule applies.
+
+    Invariant: ``live_for_change`` implies :meth:`QuorumView.is_live` (it is never more permissive
+    than the status rule), so using it for the majority-after-change check can only refuse a
+    change that the window rule would allow, never allow one it would refuse."""
+    if is_leader:
+        return True
+    fetch_ms = min(window_ms, CHANGE_FETCH_SILENCE_MS)
+    if r.last_fetch_ms < 0 or now_ms - r.last_fetch_ms > fetch_ms:
+        return False
+    return r.last_caught_up_ms < 0 or now_ms - r.last_caught_up_ms <= window_ms
