@@ -28,24 +28,17 @@ RemoveThenAdd, removes only a dead directory id; auto-join and the manual path d
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from kraftkeeper_operator.kafka.backend import KafkaQuorum
+from kraftkeeper_operator.kafka.backend import uuid_to_base64
 from kraftkeeper_operator.kafka.cluster import (
     JVM_OPTS,
     KafkaControllers,
@@ -53,43 +46,21 @@ from kraftkeeper_operator.kafka.cluster import (
     kafka_libs,
     kafka_tools_libs,
 )
+from kraftkeeper_reports.demo_kafka import (
+    MAX_LAG,
+    Probe,
+    poll,
+    replace_disk,
+    start_watcher,
+    stop_process,
+    whole,
+)
 
 MODES = ("watch-0", "watch-default", "auto-join", "manual")
 
 
-def _describe(k: KafkaControllers) -> dict[str, Any] | None:
-    async def go() -> dict[str, Any]:
-        q = KafkaQuorum(k.bootstrap, timeout=3.0)
-        try:
-            return await q.describe()
-        finally:
-            await q.close()
-
-    try:
-        return asyncio.run(go())
-    except Exception:
-        return None
-
-
-def _uuid(b64: str) -> str:
-    return str(uuid.UUID(bytes=base64.urlsafe_b64decode(b64 + "==")))
-
-
-def _whole(k: KafkaControllers) -> bool:
-    d = _describe(k)
-    if d is None:
-        return False
-    want = {(i, _uuid(c.directory_id() or "")) for i, c in k.controllers.items()}
-    return {(v["id"], v["uuid"]) for v in d["voters"]} == want and all(v["lag"] <= 100 for v in d["voters"])
-
-
-def _poll(cond: Callable[[], bool], within: float, what: str, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {within:g}s")
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _tool(k: KafkaControllers, *args: str) -> None:
@@ -114,89 +85,43 @@ def _tool(k: KafkaControllers, *args: str) -> None:
         raise RuntimeError(f"kafka-metadata-quorum {' '.join(args)}: {out.stdout}{out.stderr}")
 
 
-def _manual(k: KafkaControllers, victim: int, old_b64: str) -> None:
-    new_b64 = k.controllers[victim].directory_id() or ""
-
+def _manual(k: KafkaControllers, probe: Probe, victim: int, old: str, new: str) -> None:
     def observer() -> bool:
-        d = _describe(k)
+        d = probe.describe()
         return d is not None and any(
-            o["id"] == victim and o["uuid"] == _uuid(new_b64) and o["lag"] <= 100 for o in d["observers"]
+            o["id"] == victim and o["uuid"] == new and 0 <= o["lag"] <= MAX_LAG for o in d["observers"]
         )
 
-    _poll(observer, 120, "the new controller caught up as an observer")
+    poll(observer, 120, "the new controller caught up as an observer")
     cfg = k.controllers[victim].dir / "server.properties"
-    _tool(k, "remove-controller", "--controller-id", str(victim), "--controller-directory-id", old_b64)
+    old_id = uuid_to_base64(old)
+    _tool(k, "remove-controller", "--controller-id", str(victim), "--controller-directory-id", old_id)
     _tool(k, "--command-config", str(cfg), "add-controller")
 
 
-def _start_watcher(k: KafkaControllers, work: Path, mode: str, tag: str) -> subprocess.Popen[bytes]:
-    port = free_port()
-    stab = "0" if mode == "watch-0" else "10"
-    with open(work / f"watch-{tag}.log", "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorum.cli",
-                "operator",
-                "watch",
-                "--kafka-bootstrap-controllers",
-                k.bootstrap,
-                "--events",
-                str(work / f"events-{tag}"),
-                "--stabilization-seconds",
-                stab,
-                "--interval",
-                "0.2",
-                "--metrics-port",
-                str(port),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def running() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
-                return bool(json.loads(r.read()).get("phase") == "Running")
-        except OSError:
-            return False
-
-    _poll(running, 60, "the watcher's first healthy pass")
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def replace_once(k: KafkaControllers, work: Path, mode: str, tag: str, n: int) -> float:
+def replace_once(k: KafkaControllers, probe: Probe, work: Path, mode: str, tag: str, n: int) -> float:
     """One identical replacement healed by ``mode``; seconds from the restart to a whole voter set."""
-    d = _describe(k)
-    assert d is not None
-    victims = [i for i in k.controllers if i != d["leader_id"]]
-    victim = victims[n % len(victims)]
-    old_b64 = k.controllers[victim].directory_id() or ""
-    watcher = _start_watcher(k, work, mode, tag) if mode.startswith("watch") else None
+    watcher = None
+    if mode.startswith("watch"):
+        watcher = start_watcher(
+            k,
+            work / f"events-{tag}",
+            work / f"watch-{tag}.log",
+            port=free_port(),
+            stabilization=0.0 if mode == "watch-0" else 10.0,
+        )
     try:
-        k.stop(victim, kill=True)
-        k.wipe_and_format(victim)
         k.auto_join = mode == "auto-join"  # only the joining controller's setting matters
+        victim, old, new = replace_disk(k, probe, n, mode, _stderr)
         t0 = time.monotonic()
-        k.start(victim)
         if mode == "manual":
-            _manual(k, victim, old_b64)
-        _poll(lambda: _whole(k), 300, f"{mode}: whole voter set")
+            _manual(k, probe, victim, old, new)
+        poll(lambda: whole(k, probe), 300, f"{mode}: whole voter set")
         return time.monotonic() - t0
     finally:
         k.auto_join = False
         if watcher is not None:
-            _stop(watcher)
+            stop_process(watcher)
 
 
 def run(modes: list[str], rounds: int, work: Path, libs: Path) -> dict[str, list[float]]:
@@ -204,17 +129,22 @@ def run(modes: list[str], rounds: int, work: Path, libs: Path) -> dict[str, list
     machine's load during the run affects every mode alike."""
     k = KafkaControllers(work / "kafka", libs)
     times: dict[str, list[float]] = {m: [] for m in modes}
+    probe: Probe | None = None
     try:
         k.format_all()
         k.start_all()
-        _poll(lambda: _whole(k), 180, "three caught-up voters")
+        probe = Probe(k)
+        p = probe
+        poll(lambda: whole(k, p), 180, "three caught-up voters")
         for r in range(rounds):
             for n, m in enumerate(modes):
-                t = replace_once(k, work, m, f"{m}-{r}", r * len(modes) + n)
+                t = replace_once(k, p, work, m, f"{m}-{r}", r * len(modes) + n)
                 times[m].append(t)
-                print(f"{m} round {r + 1}: {t:.2f} s", file=sys.stderr, flush=True)
-                _poll(lambda: _whole(k), 120, "a settled quorum")
+                _stderr(f"{m} round {r + 1}: {t:.2f} s")
+                poll(lambda: whole(k, p), 120, "a settled quorum")
     finally:
+        if probe is not None:
+            probe.close()
         k.stop_all(kill=True)
     return times
 

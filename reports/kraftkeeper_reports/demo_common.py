@@ -1,0 +1,91 @@
+"""What both demos share (``demo`` for our engine, ``demo_kafka`` for real Kafka controllers): the
+console lines, loopback port ranges, the demo's working directory, reading the event log back, and
+printing one recovery's intervals exactly as the report names and measures them
+(``kraftkeeper_reports.intervals``). Standard library only: no Spark, no operator imports.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from kraftkeeper_reports.intervals import CATCH_UP, EXPOSURE, TOTAL, durations, first_timestamps, fmt_ms
+
+MARKER = ".kraftkeeper-demo"
+
+
+class DemoError(Exception):
+    pass
+
+
+def say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_base_port(n: int) -> int:
+    """A base port with base..base+n all free on loopback (checked, then released)."""
+    for _ in range(50):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        base = int(s.getsockname()[1])
+        s.close()
+        if base + n >= 65535:
+            continue
+        socks = []
+        try:
+            for p in range(base, base + n + 1):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+    raise DemoError("UNAVAILABLE: no free range of loopback ports")
+
+
+def prepare_dir(d: Path, *foreign: str) -> str | None:
+    """Make ``d`` ready for a demo run; returns an error message instead when ``d`` holds one of
+    ``foreign`` (a cluster the demo did not make). A previous demo run (the marker file says the
+    demo made it) is removed, so running the README's first command twice just works."""
+    marker = d / MARKER
+    if marker.exists():
+        say(f"removing the previous demo run in {d}")
+        shutil.rmtree(d)
+    else:
+        held = [f for f in foreign if (d / f).exists()]
+        if held:
+            return f"{d} already holds a cluster ({held[0]}); pass a new --dir or delete it"
+    d.mkdir(parents=True, exist_ok=True)
+    marker.write_text("created by kraftkeeper demo; the next demo run in this directory replaces it\n")
+    return None
+
+
+def read_events(events_dir: Path) -> list[dict[str, Any]]:
+    """Every JSON object in the ``*.jsonl`` files under ``events_dir`` (unreadable lines skipped)."""
+    out: list[dict[str, Any]] = []
+    if not events_dir.exists():
+        return out
+    for p in sorted(events_dir.rglob("*.jsonl")):
+        for line in p.read_text(errors="replace").splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
+def print_intervals(evs: list[dict[str, Any]]) -> None:
+    """One recovery's total, dead-voter exposure and catch-up, named and measured as the report
+    does (``intervals``), from that recovery's events."""
+    d = durations(first_timestamps(evs))
+    for i in (TOTAL, EXPOSURE, CATCH_UP):
+        say(f"  {i.title}: {fmt_ms(d[i.name])}")

@@ -1,0 +1,400 @@
+"""``kraftkeeper demo --engine kafka``: our recovery controller next to Kafka's own auto-join, on
+three real Apache Kafka 4.x controllers.
+
+1. Fetch the Kafka jars if the cache lacks them (``scripts/kafka.sh install``), make a CA, a
+   certificate for 127.0.0.1 and a random SASL PLAIN password, and start three controllers
+   (``KafkaControllers``: a KIP-853 dynamic quorum) with SASL_SSL on their controller listener.
+2. ``kraftkeeper operator watch`` heals K disk replacements one after another: each kills a
+   follower controller, wipes and re-formats its disk (``--no-initial-controllers``: a new
+   directory id) and restarts it. The watcher's events go to ``DIR/events/watch``.
+3. The watcher stops; the same K replacements are healed by Kafka's auto-join
+   (``controller.quorum.auto.join.enable=true`` on the restarted controller, KIP-853). Kafka logs
+   no recovery events, so :class:`AutoJoinRecorder` records them from outside into
+   ``DIR/events/auto-join`` as DescribeQuorum shows each step (polled every 50 ms).
+4. The Spark report over both; its "Engines and orders compared" section puts ``kafka ·
+   RemoveThenAdd`` (the watcher) next to ``kafka · auto-join``.
+
+After each recovery the console prints the report's intervals for it (``intervals``) and the
+demo's own wall clock from the controller's restart to a whole, caught-up voter set, measured the
+same way for both healers. The helpers here (:class:`Probe`, :func:`whole`, :func:`poll`,
+:func:`start_watcher`, :func:`stop_process`) are also what ``bench/kafka_recovery.py`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
+from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity, kafka_libs
+from kraftkeeper_operator.kafka.wire import ClientSettings
+
+from kraftkeeper_reports import events as ev
+from kraftkeeper_reports.demo_common import DemoError, free_base_port, print_intervals, read_events, say
+from kraftkeeper_reports.events import EventLogWriter, RecoveryEvent
+from kraftkeeper_reports.intervals import fmt_ms
+from kraftkeeper_reports.job import run_report
+from quorum.security.pki import init_ca, issue_node, write_private
+
+T = TypeVar("T")
+CLUSTER = "kafka-demo"
+MAX_LAG = 100  # records behind the leader still counted as caught up (the watcher's default)
+KAFKA_SH = Path(__file__).resolve().parents[2] / "scripts" / "kafka.sh"
+
+
+def uuid_of(directory_id: str | None) -> str:
+    """A Kafka directory id (base64url) as the canonical UUID our events and describe use."""
+    return str(base64_to_uuid(directory_id or ""))
+
+
+class Probe:
+    """DescribeQuorum from outside over one kept connection, for synchronous scripts."""
+
+    def __init__(self, k: KafkaControllers, settings: ClientSettings | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.q = KafkaQuorum(k.bootstrap, settings, timeout=3.0)
+        self.last_error = ""
+
+    def describe(self) -> dict[str, Any] | None:
+        try:
+            return self.loop.run_until_complete(self.q.describe())
+        except Exception as e:  # any failure is "no answer now"; callers poll again
+            self.last_error = f"{type(e).__name__}: {e}"
+            return None
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.q.close())
+        self.loop.close()
+
+
+def wanted(k: KafkaControllers) -> set[tuple[int, str]]:
+    """The voter set a healed quorum has: every controller with its current directory id."""
+    return {(i, uuid_of(c.directory_id())) for i, c in k.controllers.items()}
+
+
+def whole(k: KafkaControllers, probe: Probe, d: dict[str, Any] | None = None) -> bool:
+    """Every controller a voter with its current directory id, and every voter caught up."""
+    d = d if d is not None else probe.describe()
+    if d is None:
+        return False
+    return {(v["id"], v["uuid"]) for v in d["voters"]} == wanted(k) and all(
+        0 <= v["lag"] <= MAX_LAG for v in d["voters"]
+    )
+
+
+def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = 0.05) -> T:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {within:g}s")
+
+
+def start_watcher(
+    k: KafkaControllers,
+    events: Path,
+    log: Path,
+    *,
+    port: int,
+    stabilization: float,
+    extra: tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """``kraftkeeper operator watch`` against ``k``, returned once its first pass saw a healthy
+    quorum (``/status`` phase Running on 127.0.0.1:``port``)."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quorum.cli",
+                "operator",
+                "watch",
+                "--kafka-bootstrap-controllers",
+                k.bootstrap,
+                "--events",
+                str(events),
+                "--stabilization-seconds",
+                f"{stabilization:g}",
+                "--interval",
+                "0.2",
+                "--metrics-port",
+                str(port),
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def running() -> bool:
+        if proc.poll() is not None:
+            raise DemoError(f"UNAVAILABLE: operator watch exited with {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
+                return bool(json.loads(r.read()).get("phase") == "Running")
+        except OSError:
+            return False
+
+    try:
+        poll(running, 90, "the watcher's first healthy pass", 0.2)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# The steps of an auto-join recovery visible from outside, in the order Kafka takes them (it
+# removes the old directory id first: it refuses a second directory id for a voter id).
+SEEN_ORDER = (
+    ev.DISK_REPLACEMENT_DETECTED,
+    ev.REPLICA_CAUGHT_UP,
+    ev.REMOVE_VOTER_COMMITTED,
+    ev.ADD_VOTER_COMMITTED,
+)
+
+
+class AutoJoinRecorder:
+    """One recovery by Kafka's auto-join, as recovery events recorded from outside: each step is
+    logged when DescribeQuorum first shows it (Kafka writes no such log). Detection: the new
+    directory id is listed (observer or voter); caught up: it is within ``MAX_LAG`` of the leader;
+    RemoveVoter / AddVoter committed: the old id left / the new id joined the voter set the leader
+    reports; completed: the whole voter set, every voter caught up (as the demo's wall clock).
+    Only committed steps are visible from outside, so no ``*_started`` events are written."""
+
+    def __init__(self, writer: EventLogWriter, rid: str, replica: int, old: str, new: str) -> None:
+        self.writer, self.rid, self.replica, self.old, self.new = writer, rid, replica, old, new
+        self.logged: set[str] = set()
+
+    def observe(self, d: dict[str, Any], want: set[tuple[int, str]]) -> bool:
+        """Log the steps ``d`` shows for the first time; True once the recovery is complete."""
+        voters = {(v["id"], v["uuid"]): v for v in d["voters"]}
+        listed = {**{(o["id"], o["uuid"]): o for o in d["observers"]}, **voters}
+        me = listed.get((self.replica, self.new))
+        steps: list[str] = []
+        if me is not None:
+            steps.append(ev.DISK_REPLACEMENT_DETECTED)
+            if 0 <= me["lag"] <= MAX_LAG:
+                steps.append(ev.REPLICA_CAUGHT_UP)
+        if ev.DISK_REPLACEMENT_DETECTED in self.logged or steps:
+            if (self.replica, self.old) not in voters:
+                steps.append(ev.REMOVE_VOTER_COMMITTED)
+            if (self.replica, self.new) in voters:
+                steps.append(ev.ADD_VOTER_COMMITTED)
+        done = set(voters) == want and all(0 <= v["lag"] <= MAX_LAG for v in voters.values())
+        if done:  # anything not seen on its own happened within the last poll: logged now
+            steps = [*SEEN_ORDER, ev.RECOVERY_COMPLETED]
+        now = int(time.time() * 1000)
+        for s in steps:
+            if s in self.logged:
+                continue
+            self.logged.add(s)
+            detail: dict[str, Any] = {}
+            if s == ev.DISK_REPLACEMENT_DETECTED:
+                detail = {
+                    "engine": "kafka",
+                    "order": "auto-join",
+                    "recorded_by": "kraftkeeper demo: DescribeQuorum every 50 ms",
+                }
+            self.writer.emit(
+                RecoveryEvent(
+                    s,
+                    self.rid,
+                    self.replica,
+                    self.old,
+                    self.new,
+                    d["leader_id"] if d["leader_id"] >= 0 else None,
+                    d["leader_epoch"] if d["leader_id"] >= 0 else None,
+                    detail,
+                ),
+                now,
+            )
+        return done
+
+
+def ensure_jars() -> Path:
+    """The Kafka server jars, fetched with scripts/kafka.sh when the cache lacks them."""
+    if shutil.which("java") is None:
+        raise DemoError("UNAVAILABLE: --engine kafka needs Java (scripts/install-system.sh installs Java 17)")
+    libs = kafka_libs()
+    if libs is not None:
+        return libs
+    if not KAFKA_SH.exists():
+        raise DemoError(f"UNAVAILABLE: no Kafka jars in the cache and no {KAFKA_SH} to fetch them")
+    say("fetching the Apache Kafka 4.4.0 jars once (scripts/kafka.sh install, Maven; about 90 MB)")
+    out = subprocess.run([str(KAFKA_SH), "install"], stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    libs = kafka_libs()
+    if out.returncode != 0 or libs is None:
+        raise DemoError(f"UNAVAILABLE: scripts/kafka.sh install failed ({out.returncode}); see above")
+    return libs
+
+
+def make_security(d: Path) -> tuple[KafkaSecurity, Path]:
+    """A CA and a 127.0.0.1 certificate (our pki), a PEM keystore for Kafka, a random SASL PLAIN
+    password; returns the settings and the client properties file (0600) the watcher reads."""
+    ca = init_ca(d / "tls", CLUSTER)
+    cert, key = issue_node(ca, 1, ["127.0.0.1", "localhost"])
+    keystore = d / "tls" / "kafka-keystore.pem"
+    write_private(keystore, key.read_bytes() + cert.read_bytes() + ca.cert_file.read_bytes())
+    sec = KafkaSecurity(ca.cert_file, keystore, "kraftkeeper-demo", secrets.token_urlsafe(24))
+    props = d / "client.properties"
+    write_private(props, sec.client_properties().encode())
+    return sec, props
+
+
+def replace_disk(
+    k: KafkaControllers, probe: Probe, n: int, what: str, note: Callable[[str], None] = say
+) -> tuple[int, str, str]:
+    """Replacement ``n``: kill a follower (they take turns), wipe and re-format its disk, start
+    it; returns (controller id, old UUID, new UUID). ``note`` tells what is replaced."""
+    d = poll(probe.describe, 60, "a leader")
+    followers = sorted(i for i in k.controllers if i != d["leader_id"])
+    victim = followers[n % len(followers)]
+    old = uuid_of(k.controllers[victim].directory_id())
+    note(
+        f"{what}: replacing the disk of controller {victim} (a follower; leader is "
+        f"{d['leader_id']} at epoch {d['leader_epoch']}), old directory id {old[:8]}"
+    )
+    k.stop(victim, kill=True)
+    new = uuid_of(k.wipe_and_format(victim))
+    k.start(victim)
+    return victim, old, new
+
+
+def _voters_line(probe: Probe) -> str:
+    d = probe.describe()
+    return ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in d["voters"]) if d else "(no answer)"
+
+
+def _watch_round(k: KafkaControllers, probe: Probe, events: Path, n: int, total: int) -> None:
+    victim, _old, new = replace_disk(k, probe, n, f"operator watch recovery {n + 1}/{total}")
+    t0 = time.monotonic()
+    say(f"  controller {victim} restarted empty with directory id {new[:8]}; the watcher takes over")
+    poll(lambda: whole(k, probe), 300, f"controller {victim} healed by the watcher")
+    wall = time.monotonic() - t0
+
+    def logged() -> list[dict[str, Any]] | None:
+        evs = [e for e in read_events(events) if e.get("new_uuid") == new]
+        return evs if any(e.get("type") == ev.RECOVERY_COMPLETED for e in evs) else None
+
+    evs = poll(logged, 60, "the watcher's event log to record the recovery", 0.1)
+    _report(probe, evs, wall)
+
+
+def _auto_join_round(k: KafkaControllers, probe: Probe, writer: EventLogWriter, n: int, total: int) -> None:
+    k.auto_join = True  # only the restarted controller's setting matters
+    try:
+        victim, old, new = replace_disk(k, probe, n, f"auto-join recovery {n + 1}/{total}")
+    finally:
+        k.auto_join = False
+    t0 = time.monotonic()
+    say(f"  controller {victim} restarted empty with directory id {new[:8]}; Kafka's auto-join takes over")
+    rec = AutoJoinRecorder(writer, f"auto-join-{n + 1}-{new[:8]}", victim, old, new)
+    want = wanted(k)
+    poll(
+        lambda: (d := probe.describe()) is not None and rec.observe(d, want),
+        300,
+        f"controller {victim} healed by auto-join",
+    )
+    wall = time.monotonic() - t0
+    evs = [e for e in read_events(writer.root) if e.get("new_uuid") == new]
+    _report(probe, evs, wall)
+
+
+def _report(probe: Probe, evs: list[dict[str, Any]], wall_s: float) -> None:
+    say(f"  voters now {_voters_line(probe)}")
+    print_intervals(evs)
+    say(
+        "  (demo wall clock, controller restarted → whole caught-up voter set seen: "
+        f"{fmt_ms(wall_s * 1000)}; the same measure for both healers, DescribeQuorum polled every 50 ms)"
+    )
+
+
+def _run_quorum(d: Path, recoveries: int, stabilization: float, base: int) -> list[str]:
+    libs = ensure_jars()
+    sec, props = make_security(d)
+    k = KafkaControllers(d / "kafka", libs, security=sec)
+    for i, c in k.controllers.items():
+        c.port = base + i
+    watch_events, aj_events = d / "events" / "watch", d / "events" / "auto-join"
+    aj_events.mkdir(parents=True, exist_ok=True)
+    say(f"starting 3 Kafka controllers (SASL_SSL) in {d / 'kafka'} on ports {base + 1}-{base + 3}")
+    probe: Probe | None = None
+    try:
+        k.format_all()
+        k.start_all()
+        probe = Probe(k, ClientSettings.from_properties(props))
+        p = probe
+        try:
+            poll(lambda: whole(k, p), 180, "three caught-up voters")
+        except TimeoutError as e:
+            raise DemoError(f"REQUEST_TIMED_OUT: {e} (last: {p.last_error})") from None
+        d0 = poll(p.describe, 10, "a leader")
+        say(f"leader is controller {d0['leader_id']} at epoch {d0['leader_epoch']}; voters {_voters_line(p)}")
+        say(f"starting `kraftkeeper operator watch` (stabilisation {stabilization:g} s, order RemoveThenAdd)")
+        watcher = start_watcher(
+            k,
+            watch_events,
+            d / "watch.log",
+            port=base + 4,
+            stabilization=stabilization,
+            extra=("--kafka-client-config", str(props), "--name", CLUSTER),
+        )
+        try:
+            for n in range(recoveries):
+                _watch_round(k, p, watch_events, n, recoveries)
+        finally:
+            stop_process(watcher)
+        say("watcher stopped; the same replacements now with Kafka's own auto-join (KIP-853)")
+        writer = EventLogWriter(aj_events, CLUSTER)
+        for n in range(recoveries):
+            _auto_join_round(k, p, writer, n, recoveries)
+    except TimeoutError as e:
+        raise DemoError(f"REQUEST_TIMED_OUT: {e}") from None
+    except RuntimeError as e:  # a controller that would not format or start
+        raise DemoError(f"UNAVAILABLE: {e}") from None
+    finally:
+        if probe is not None:
+            probe.close()
+        k.stop_all(kill=True)
+        say("controllers stopped")
+    return [str(watch_events), str(aj_events)]
+
+
+def run(d: Path, recoveries: int, stabilization: float, base_port: int, master: str | None) -> int:
+    """The Kafka demo in the prepared directory ``d``; the process exit code."""
+    os.chmod(d, 0o700)  # it holds the SASL password (client.properties, server.properties)
+    try:
+        base = base_port or free_base_port(4)
+        events = _run_quorum(d, recoveries, stabilization, base)
+    except DemoError as e:
+        sys.stderr.write(f"{e}\n" if ":" in str(e).split(" ")[0] else f"UNAVAILABLE: {e}\n")
+        say(f"see {d / 'watch.log'} and {d / 'kafka'}/node-*/out.log")
+        return 1
+    say("building the Spark report over both event logs (local Spark, first start takes a while)")
+    report = run_report(events, str(d / "report"), master)
+    say("done")
+    print(report)
+    return 0
