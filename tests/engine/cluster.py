@@ -115,6 +115,10 @@ class LocalCluster:
         self.format(i, replacement=True)
         self.start(i)
 
+    def start_args(self, i: int) -> list[str]:
+        """Extra ``kraftkeeper start`` options for node i (``tests.tlsfixtures``: TLS)."""
+        return []
+
     def start(self, i: int) -> None:
         log = open(self.root / f"node-{i}.log", "ab")
         self.procs[i] = subprocess.Popen(
@@ -129,6 +133,7 @@ class LocalCluster:
                 self.voters,
                 "--config",
                 str(self.config_path),
+                *self.start_args(i),
             ],
             stdout=log,
             stderr=log,

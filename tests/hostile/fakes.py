@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import select
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import psutil
 
 from quorum.core import messages as m
 from quorum.runtime import wire
@@ -63,6 +67,85 @@ class _HostnameHTTPS(http.client.HTTPSConnection):
     def connect(self) -> None:
         sock = socket.create_connection((self.host, self.port), self.timeout)
         self.sock = self._ctx.wrap_socket(sock, server_hostname=self._sni)
+
+
+def hold_large_bodies(
+    endpoint: str,
+    pid: int,
+    *,
+    ctx: ssl.SSLContext | None = None,
+    headers: str = "",
+    connections: int = 100,
+    size: int = 4 * 1024 * 1024,
+) -> tuple[list[socket.socket], int]:
+    """Open ``connections`` connections (TLS with ``ctx``) to ``endpoint``, each sending a PUT
+    with a ``size``-byte body but its last byte, until the node stops taking bytes; returns the
+    sockets (still open: the caller checks the node serves meanwhile, then closes them) and how
+    far process ``pid``'s RSS grew at its peak, in bytes."""
+    proc = psutil.Process(pid)
+    base = peak = proc.memory_info().rss
+    host, _, port = endpoint.rpartition(":")
+    chunk = b"z" * (256 * 1024)
+    socks: list[tuple[socket.socket, int]] = []
+    for i in range(connections):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        if ctx is not None:
+            s = ctx.wrap_socket(s, server_hostname=host)
+        s.sendall(
+            f"PUT /v1/kv/big-{i} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {size}\r\n\r\n".encode()
+        )
+        s.setblocking(False)
+        socks.append((s, 0))
+    idle_rounds = 0
+    while idle_rounds < 20:  # until the node stops taking bytes (or all are sent)
+        progressed = False
+        for n, (s, sent) in enumerate(socks):
+            want = min(len(chunk), size - 1 - sent)
+            if want <= 0:
+                continue
+            try:
+                k = s.send(chunk[:want])
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError, OSError):
+                continue  # (an SSL write that would block is retried with the same bytes)
+            socks[n] = (s, sent + k)
+            progressed = progressed or k > 0
+        peak = max(peak, proc.memory_info().rss)
+        idle_rounds = 0 if progressed else idle_rounds + 1
+        if not progressed:
+            select.select([], [s for s, _ in socks], [], 0.05)
+    peak = max(peak, proc.memory_info().rss)
+    return [s for s, _ in socks], peak - base
+
+
+def buffered_body_bytes(endpoint: str, ctx: ssl.SSLContext | None = None) -> int:
+    """The node's ``kraftkeeper_http_buffered_body_bytes`` gauge (request bodies being read)."""
+    status, raw = request(endpoint, "GET", "/metrics", ctx=ctx)
+    assert status == 200
+    for line in raw.decode().splitlines():
+        if line.startswith("kraftkeeper_http_buffered_body_bytes "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no kraftkeeper_http_buffered_body_bytes in /metrics")
+
+
+OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+UUID_SHAPE = re.compile(r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}")
+
+
+def assert_open_endpoints_reveal_no_uuid(
+    endpoint: str, uuids: set[str], ctx: ssl.SSLContext | None = None
+) -> None:
+    """``/healthz``, ``/readyz`` and ``/metrics``, read without credentials, name no storage
+    UUID (issue 8: a voter's UUID is what a forged plaintext Fetch ack needs) and nothing
+    shaped like one."""
+    assert uuids
+    for path in OPEN_PATHS:
+        status, body = request(endpoint, "GET", path, ctx=ctx)
+        assert status in (200, 503), (path, status)
+        text = body.decode(errors="replace") if isinstance(body, bytes) else json.dumps(body)
+        assert text, path
+        for u in uuids:
+            assert u not in text and u.replace("-", "") not in text, (path, u)
+        assert not UUID_SHAPE.search(text), (path, UUID_SHAPE.search(text))
 
 
 def rpc(endpoint: str, msg: Any, **kw: Any) -> tuple[int, Any]:
@@ -137,6 +220,35 @@ class FakeLeader:
             self._server.shutdown()
             self._server.server_close()
             t.join(10)
+
+
+def voters(d: dict[str, Any]) -> list[tuple[int, str]]:
+    """The (id, UUID) pairs of a describe's voter set."""
+    return [(v["id"], v["uuid"]) for v in d["voters"]]
+
+
+def assert_intact(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    endpoints: list[str],
+    keys: dict[str, bytes],
+    read: Callable[[str], bytes | None],
+    write: Callable[[str, bytes], int],
+    *,
+    same_leader: bool = True,
+    ctx: ssl.SSLContext | None = None,
+) -> None:
+    """The end state every attack must leave (``before``/``after``: the leader's describe):
+    every node serving, the committed ``keys`` intact, a new write accepted, the voter set
+    unchanged and, with ``same_leader``, the same leader in the same epoch."""
+    assert voters(after) == voters(before)
+    if same_leader:
+        assert (after["leader_id"], after["leader_epoch"]) == (before["leader_id"], before["leader_epoch"])
+    for ep in endpoints:
+        assert request(ep, "GET", "/healthz", ctx=ctx)[0] == 200, ep
+    for k, v in keys.items():
+        assert read(k) == v, k
+    assert write("after-attack", b"ok") >= 0
 
 
 def wait_stable(describe: Any, timeout: float = 60) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
 import socket
 import uuid
 from collections.abc import Iterator
@@ -24,7 +23,18 @@ from quorum.core import messages as m
 from quorum.runtime import wire
 from quorum.types import KraftError
 from tests.engine.cluster import LocalCluster, free_ports, poll, run_cli
-from tests.hostile.fakes import FakeLeader, fetch_header, frame, request, rpc, wait_stable
+from tests.hostile.fakes import (
+    FakeLeader,
+    assert_intact,
+    assert_open_endpoints_reveal_no_uuid,
+    buffered_body_bytes,
+    fetch_header,
+    frame,
+    hold_large_bodies,
+    request,
+    rpc,
+    wait_stable,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -48,21 +58,17 @@ def _state(c: LocalCluster) -> dict[str, Any]:
     return wait_stable(c.describe)
 
 
-def _voters(d: dict[str, Any]) -> list[tuple[int, str]]:
-    return [(v["id"], v["uuid"]) for v in d["voters"]]
-
-
 def _intact(c: LocalCluster, before: dict[str, Any], *, same_leader: bool = True) -> None:
     """The end state every attack must leave: serving, data intact, voter set unchanged."""
-    after = _state(c)
-    assert _voters(after) == _voters(before)
-    if same_leader:
-        assert (after["leader_id"], after["leader_epoch"]) == (before["leader_id"], before["leader_epoch"])
-    for i in c.procs:
-        assert request(c.endpoint(i), "GET", "/healthz")[0] == 200
-    for k, v in KEYS.items():
-        assert c.call(lambda q, k=k: q.get(k)) == v, k
-    assert c.call(lambda q: q.put("after-attack", b"ok")) >= 0
+    assert_intact(
+        before,
+        _state(c),
+        [c.endpoint(i) for i in c.procs],
+        KEYS,
+        lambda k: c.call(lambda q: q.get(k)),
+        lambda k, v: c.call(lambda q: q.put(k, v)),
+        same_leader=same_leader,
+    )
 
 
 def test_admin_input_refused_with_the_problem_named(cluster: LocalCluster) -> None:
@@ -322,43 +328,26 @@ def test_many_large_bodies_keep_memory_bounded(cluster: LocalCluster) -> None:
     leader reached 720 MiB; the shared body budget bounds it."""
     before = _state(cluster)
     leader = before["leader_id"]
-    proc = psutil.Process(cluster.procs[leader].pid)
-    base = proc.memory_info().rss
-    size = 4 * 1024 * 1024
-    chunk = b"z" * (256 * 1024)
-    socks: list[tuple[socket.socket, int]] = []
-    peak = base
+    socks, growth = hold_large_bodies(cluster.endpoint(leader), cluster.procs[leader].pid)
     try:
-        for i in range(100):
-            s = socket.create_connection(("127.0.0.1", cluster.ports[leader]), timeout=10)
-            s.sendall(f"PUT /v1/kv/big-{i} HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
-            s.setblocking(False)
-            socks.append((s, 0))
-        idle_rounds = 0
-        while idle_rounds < 20:  # until the node stops taking bytes (or all are sent)
-            progressed = False
-            for n, (s, sent) in enumerate(socks):
-                want = min(len(chunk), size - 1 - sent)
-                if want <= 0:
-                    continue
-                try:
-                    k = s.send(chunk[:want])
-                except (BlockingIOError, ConnectionError, OSError):
-                    continue
-                socks[n] = (s, sent + k)
-                progressed = progressed or k > 0
-            peak = max(peak, proc.memory_info().rss)
-            idle_rounds = 0 if progressed else idle_rounds + 1
-            if not progressed:
-                select.select([], [s for s, _ in socks], [], 0.05)
-        peak = max(peak, proc.memory_info().rss)
+        assert buffered_body_bytes(cluster.endpoint(leader)) > 16 * 1024 * 1024
         # while they hold their bodies, ordinary clients are served
         assert request(cluster.endpoint(leader), "PUT", "/v1/kv/small-during", b"fine")[0] == 200
-        assert peak - base < 200 * 1024 * 1024, f"leader grew by {(peak - base) >> 20} MiB"
+        assert growth < 200 * 1024 * 1024, f"leader grew by {growth >> 20} MiB"
     finally:
-        for s, _ in socks:
+        for s in socks:
             s.close()
     _intact(cluster, before)
+
+
+def test_open_endpoints_reveal_no_uuid(cluster: LocalCluster) -> None:
+    """Plaintext trusts the network (docs/operator.md, "Plaintext"): a Fetch ack carrying a
+    voter's real (id, UUID) is taken as that voter's. The unauthenticated endpoints must at
+    least not hand the UUIDs out."""
+    uuids = set(cluster.uuids.values())
+    assert len(uuids) == 3
+    for i in cluster.procs:
+        assert_open_endpoints_reveal_no_uuid(cluster.endpoint(i), uuids)
 
 
 def test_corrupt_persisted_state_stops_start_up(tmp_path: Path) -> None:

@@ -1,9 +1,8 @@
-"""A cluster PKI made once per test module: CA, node certificates, client certificates, tokens."""
+"""A cluster PKI made once per test module: CA, node certificates, client certificates, tokens,
+and the wrong credentials of ``tests.tlsfixtures`` (``foreign/``, ``expired/``, ``other-ca/``)."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from quorum.security.pki import CertificateAuthority, init_ca, issue_client, issue_node
 from quorum.security.tokens import TOKENS_FILE, TokenStore
+from tests.tlsfixtures import issue_wrong_credentials
 
 CLUSTER = "c1"
 
@@ -39,16 +39,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pki]:
         issue_node(ca, i)
     for role in ("admin", "readwrite", "read"):
         issue_client(ca, role, role)
-    # same CA, another cluster's identity (a CA shared by two clusters, e.g. one issuer)
-    foreign = dataclasses.replace(ca, cluster_id="other", directory=d / "foreign")
-    foreign.directory.mkdir()
-    issue_node(foreign, 2)
-    # an expired node certificate for replica 2, from the right CA
-    past = dataclasses.replace(ca, directory=d / "expired")
-    past.directory.mkdir()
-    issue_node(past, 2, days=1, now=dt.datetime.now(dt.UTC) - dt.timedelta(days=3))
-    other_ca = init_ca(d / "other-ca", "other")
-    issue_node(other_ca, 2)
+    other_ca = issue_wrong_credentials(ca, d)
     store = TokenStore(path=d / TOKENS_FILE)
     tokens = {role: store.add(f"tok-{role}", role) for role in ("admin", "readwrite", "read")}
     store.save()

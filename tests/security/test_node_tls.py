@@ -7,10 +7,8 @@ and a certificate of another replica."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import ssl
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,67 +16,18 @@ from typing import Any
 import aiohttp
 import pytest
 
-from quorum.client import QuorumClient
 from quorum.core import messages as m
 from quorum.runtime import wire
-from quorum.security.clientconfig import load_client_config
-from quorum.security.pki import init_ca, issue_client, issue_node, peer_hostname
+from quorum.security.pki import peer_hostname
 from quorum.security.tlsctx import client_context
 from quorum.security.tokens import TOKENS_FILE, TokenStore
-from tests.engine.cluster import KK, LocalCluster, poll, run_cli
-
-CLUSTER = "tls-cluster"
-
-
-class TlsCluster(LocalCluster):
-    """LocalCluster whose nodes start with ``--tls-dir``."""
-
-    def __init__(self, root: Path, tls: Path) -> None:
-        super().__init__(root, 3, cluster_id=CLUSTER)
-        self.tls = tls
-
-    def start(self, i: int) -> None:
-        log = open(self.root / f"node-{i}.log", "ab")
-        self.procs[i] = subprocess.Popen(
-            [
-                *KK,
-                "start",
-                "--dir",
-                str(self.data_dir(i)),
-                "--listen",
-                self.endpoint(i),
-                "--voters",
-                self.voters,
-                "--config",
-                str(self.config_path),
-                "--tls-dir",
-                str(self.tls),
-            ],
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+from tests.engine.cluster import poll, run_cli
+from tests.tlsfixtures import CLUSTER, TlsCluster, make_tls_dir
 
 
 @pytest.fixture(scope="module")
 def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("tls")
-    ca = init_ca(d, CLUSTER)
-    for i in (1, 2, 3):
-        issue_node(ca, i)
-    for role in ("admin", "read"):
-        issue_client(ca, role, role)
-        (d / f"{role}.json").write_text(
-            json.dumps({"ca_file": "ca.crt", "cert_file": f"{role}.crt", "key_file": f"{role}.key"})
-        )
-    store = TokenStore(path=d / TOKENS_FILE)
-    (d / "rw.token").write_text(store.add("writer", "readwrite"))
-    store.save()
-    (d / "rw.json").write_text(json.dumps({"ca_file": "ca.crt", "token_file": "rw.token"}))
-    foreign = dataclasses.replace(ca, cluster_id="other", directory=d / "foreign")
-    foreign.directory.mkdir()
-    issue_node(foreign, 2)
-    return d
+    return make_tls_dir(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tls_dir: Path) -> Iterator
 
 
 def _call(c: TlsCluster, cfg: str, fn: Any) -> Any:
-    async def go() -> Any:
-        async with QuorumClient(c.bootstrap, timeout=30, client_config=load_client_config(c.tls / cfg)) as q:
-            return await fn(q)
-
-    return asyncio.run(go())
+    return c.call_as(cfg, fn)
 
 
 def _raw(
@@ -110,11 +55,7 @@ def _raw(
 
 
 def _leader(c: TlsCluster) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
-        d: dict[str, Any] = _call(c, "admin.json", lambda q: q.describe())
-        return d if d.get("leader_id", -1) >= 0 and d.get("high_watermark", 0) > 0 else None
-
-    return dict(poll(find, 60, "a leader over TLS"))
+    return c.state()
 
 
 def test_clients_with_roles(cluster: TlsCluster) -> None:
@@ -229,49 +170,29 @@ def _frame(header: bytes) -> bytes:
     return len(header).to_bytes(4, "little") + header
 
 
+def _start_node_9(data: Path, *args: str) -> tuple[int, str]:
+    p = run_cli("start", "--dir", str(data), *args, check=False)
+    return p.returncode, p.stderr
+
+
 def test_start_refusals(cluster: TlsCluster, tmp_path: Path) -> None:
-    run_cli("format", "--dir", str(tmp_path / "n9"), "--cluster-id", CLUSTER, "--node-id", "9")
-    p = run_cli(
-        "start",
-        "--dir",
-        str(tmp_path / "n9"),
-        "--listen",
-        "0.0.0.0:1",
-        "--advertise",
-        "h:1",
-        "--voters",
-        "9@h:1",
-        check=False,
-    )
-    assert p.returncode != 0 and p.stderr.startswith("INVALID_REQUEST") and "--insecure" in p.stderr
+    n9 = tmp_path / "n9"
+    run_cli("format", "--dir", str(n9), "--cluster-id", CLUSTER, "--node-id", "9")
+    rc, err = _start_node_9(n9, "--listen", "0.0.0.0:1", "--advertise", "h:1", "--voters", "9@h:1")
+    assert rc != 0 and err.startswith("INVALID_REQUEST") and "--insecure" in err
     # node 9 given node 1's certificate
-    p = run_cli(
-        "start",
-        "--dir",
-        str(tmp_path / "n9"),
-        "--listen",
-        "127.0.0.1:1",
-        "--voters",
-        "9@127.0.0.1:1",
+    local = ("--listen", "127.0.0.1:1", "--voters", "9@127.0.0.1:1")
+    tls = cluster.tls
+    rc, err = _start_node_9(
+        n9,
+        *local,
         "--cert",
-        str(cluster.tls / "node-1.crt"),
+        str(tls / "node-1.crt"),
         "--key",
-        str(cluster.tls / "node-1.key"),
+        str(tls / "node-1.key"),
         "--ca",
-        str(cluster.tls / "ca.crt"),
-        check=False,
+        str(tls / "ca.crt"),
     )
-    assert p.returncode != 0 and p.stderr.startswith("INVALID_REQUEST") and "replica/1" in p.stderr
-    p = run_cli(
-        "start",
-        "--dir",
-        str(tmp_path / "n9"),
-        "--listen",
-        "127.0.0.1:1",
-        "--voters",
-        "9@127.0.0.1:1",
-        "--tls-dir",
-        str(cluster.tls),
-        check=False,
-    )
-    assert p.returncode != 0 and "node-9.crt does not exist" in p.stderr
+    assert rc != 0 and err.startswith("INVALID_REQUEST") and "replica/1" in err
+    rc, err = _start_node_9(n9, *local, "--tls-dir", str(tls))
+    assert rc != 0 and "node-9.crt does not exist" in err
