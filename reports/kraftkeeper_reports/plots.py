@@ -147,13 +147,20 @@ def plot_each(slow: pd.DataFrame) -> str:
         ax.set_yticks([])
         ax.spines["left"].set_visible(False)
         for i, v in enumerate(vals):
+            if math.isnan(v):  # no such interval in this recovery's order (RemoveThenAdd)
+                continue
             ax.scatter([v], [0], s=46, color=COLORS[phase], marker=markers[i % len(markers)], zorder=3,
                        label=labels[i] if phase == PHASES[0] else None)
             if len(vals) <= 8:
                 ax.annotate(f"{fmt_ms(v)}", (v, 0), xytext=(0, 7 + 9 * (i % 2)), textcoords="offset points",
                             ha="center", fontsize=7.5)
             points += 1
-        duration_axis(ax, float(vals.max()) * 1.1)
+        top = float(vals.max())
+        if math.isnan(top):
+            ax.text(0.5, 0.3, "none: every recovery here removed the old voter first (RemoveThenAdd)",
+                    transform=ax.transAxes, ha="center", fontsize=8.5, color="#666")
+            top = 1000.0
+        duration_axis(ax, top * 1.1)
         ax.set_ylim(-0.6, 1.2)
     fig.legend(loc="lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, -0.02 - 0.025 * ((len(labels) - 1) // 3)))

@@ -139,22 +139,31 @@ def sessionise(events: DataFrame) -> DataFrame:
     # ts(j) < max(ts of steps 0..j-1); the message names the first such step and the latest of
     # its predecessors. Written with array functions, not one CASE per pair: a 21-way nested
     # expression is too large for Spark's code generation and runs interpreted (much slower).
-    steps = list(ev.STEP_TYPES)
-    names = F.array(*[F.lit(x) for x in steps])
-    tsa = F.array(*[F.col(TS_COL[x]) for x in steps])
-    viol = F.array(*[F.col(TS_COL[steps[j]]) < F.array_max(F.slice(tsa, 1, j)) for j in range(1, len(steps))])
-    p = F.array_position(viol, True)  # 0: none; else the violating step's index (0-based) is p
-    prev = F.array_max(F.slice(tsa, F.lit(1), p.cast("int")))
-    i1 = F.array_position(F.slice(tsa, F.lit(1), p.cast("int")), prev).cast("int")
-    j1 = (p + 1).cast("int")
-    violation: Column = F.when(
-        p > 0,
-        F.format_string(
-            "%s at %s is %d ms before %s at %s",
-            F.element_at(names, j1), _fmt_ts(F.element_at(tsa, j1)), prev - F.element_at(tsa, j1),
-            F.element_at(names, i1), _fmt_ts(prev),
-        ),
-    )
+    def order_violation(steps: list[str]) -> Column:
+        names = F.array(*[F.lit(x) for x in steps])
+        tsa = F.array(*[F.col(TS_COL[x]) for x in steps])
+        viol = F.array(
+            *[F.col(TS_COL[steps[j]]) < F.array_max(F.slice(tsa, 1, j)) for j in range(1, len(steps))]
+        )
+        p = F.array_position(viol, True)  # 0: none; else the violating step's index (0-based) is p
+        prev = F.array_max(F.slice(tsa, F.lit(1), p.cast("int")))
+        i1 = F.array_position(F.slice(tsa, F.lit(1), p.cast("int")), prev).cast("int")
+        j1 = (p + 1).cast("int")
+        return F.when(
+            p > 0,
+            F.format_string(
+                "%s at %s is %d ms before %s at %s",
+                F.element_at(names, j1), _fmt_ts(F.element_at(tsa, j1)), prev - F.element_at(tsa, j1),
+                F.element_at(names, i1), _fmt_ts(prev),
+            ),
+        )
+
+    # Either voter-change order is a protocol order: KIP-856's AddThenRemove, or RemoveThenAdd
+    # (Kafka refuses a second directory id per voter id, KIP-853; the watcher and auto-join).
+    # A recovery that fits neither is named by its first step out of KIP-856 order.
+    add_first = list(ev.STEP_TYPES)
+    remove_first = [*add_first[:2], *add_first[4:], *add_first[2:4]]
+    violation: Column = F.when(order_violation(remove_first).isNotNull(), order_violation(add_first))
     # The end itself must not precede detection (a negative total).
     violation = F.when(
         F.col("t_end") < F.col("t_detected"),
@@ -203,7 +212,9 @@ def sessionise(events: DataFrame) -> DataFrame:
     done = F.col("outcome") == "completed"
 
     def dur(a: str, b: str) -> Column:
-        return F.when(done, F.col(b) - F.col(a)).cast("long")
+        # None where the end precedes the start: in RemoveThenAdd, "AddVoter committed ->
+        # RemoveVoter committed" is no interval of that recovery.
+        return F.when(done & (F.col(b) >= F.col(a)), F.col(b) - F.col(a)).cast("long")
 
     out = agg.select(
         "cluster", "recovery_id", "replica_id", "old_uuid", "new_uuid", "engine", "order", "outcome",
