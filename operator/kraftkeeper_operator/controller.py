@@ -25,7 +25,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,7 +45,10 @@ from .recovery import (
     RecoveryPolicy,
     majority,
 )
+from .status import Condition, ControllerStatus, Health, grace_s, quorum_health
 from .telemetry import EventSink, OperatorMetrics, logged_steps
+
+__all__ = ["ONCE_PER_RECOVERY", "Condition", "ControllerStatus", "RecoveryController"]
 
 log = logging.getLogger(__name__)
 
@@ -65,146 +67,6 @@ ONCE_PER_RECOVERY = frozenset(
         "recovery_failed",
     }
 )
-
-
-@dataclass
-class Condition:
-    type: str  # Available | Degraded | Recovering | QuorumLost
-    status: bool
-    reason: str
-    message: str = ""
-
-
-@dataclass
-class ControllerStatus:
-    """What one reconcile saw and did; ``to_status()`` is the CR's ``status`` (camelCase)."""
-
-    view: QuorumView | None
-    conditions: list[Condition]
-    recoveries: list[dict[str, Any]]
-    action: Action | None = None
-    committed: bool = False  # the action (if any) committed
-    reassigned: list[int] | None = None
-    error: str | None = None
-    blocked: str | None = None
-    live_voter_ids: list[int] = field(default_factory=list)
-    records: list[Recovery] = field(default_factory=list)
-    # The last voter set a leader reported, (id, uuid): published as status.voters while no
-    # leader answers (voters cannot change without one), and what unclean recovery picks from.
-    known_voters: list[tuple[int, str]] = field(default_factory=list)
-
-    def condition(self, type_: str) -> Condition:
-        return next(c for c in self.conditions if c.type == type_)
-
-    def annotate_lost(self, reason: str | None, note: str) -> None:
-        """Add ``note`` (e.g. the unclean-recovery step) to the QuorumLost condition."""
-        c = self.condition("QuorumLost")
-        if not c.status:
-            return
-        c.message = f"{c.message}; {note}" if c.message else note
-        if reason:
-            c.reason = reason
-
-    @property
-    def voter_ids(self) -> list[int]:
-        return sorted({v.id for v in self.view.voters}) if self.view else []
-
-    @property
-    def phase(self) -> str:
-        """``status.phase`` of the CRD."""
-        if self.condition("QuorumLost").status:
-            return "QuorumLost"
-        if self.condition("Recovering").status:
-            return "Recovering"
-        if self.condition("Degraded").status:
-            return "Degraded"
-        return "Running"
-
-    def to_crd_status(
-        self, previous: dict[str, Any] | None = None, generation: int | None = None
-    ) -> dict[str, Any]:
-        """The KRaftQuorum ``status`` (fields of crds/kraftquorums.kraftkeeper.io.yaml). A
-        condition keeps its ``lastTransitionTime`` while its status does not change."""
-        v = self.view
-        prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-        def rep(r: Any) -> dict[str, Any]:
-            out = {"id": r.id, "lag": r.lag, "logEndOffset": r.log_end_offset, "endpoint": r.endpoint}
-            # Omitted, never "": a voter whose UUID the leader has not learned yet must not make
-            # the status write fail (issue 11; the CRD's pattern refuses ""). Not null either: a
-            # merge patch drops null keys.
-            if r.uuid:
-                out["uuid"] = r.uuid
-            return out
-
-        if v is not None:
-            voters = [rep(r) for r in v.voters]
-        else:
-            # No leader answers: the last voter set one reported (it cannot have changed since),
-            # without progress figures.
-            voters = [
-                {"id": i, "uuid": u, "lag": None, "logEndOffset": None, "endpoint": None}
-                for i, u in self.known_voters
-                if u
-            ]
-        conds = []
-        for c in self.conditions:
-            s = "True" if c.status else "False"
-            old = prev_conds.get(c.type)
-            since = (
-                old["lastTransitionTime"]
-                if old and old.get("status") == s and old.get("lastTransitionTime")
-                else stamp
-            )
-            item: dict[str, Any] = {
-                "type": c.type,
-                "status": s,
-                "reason": c.reason,
-                "message": c.message[:32000],
-                "lastTransitionTime": since,
-            }
-            if generation is not None:
-                item["observedGeneration"] = generation
-            conds.append(item)
-        return {
-            "phase": self.phase,
-            "leaderId": v.leader_id if v else -1,
-            "leaderEpoch": v.leader_epoch if v else -1,
-            "highWatermark": v.high_watermark if v else -1,
-            "voters": voters,
-            "observers": [rep(r) for r in v.observers] if v else [],
-            "conditions": conds,
-            "recoveries": [r.to_crd_status() for r in self.records][-20:],
-        }
-
-    def to_status(self, now: datetime | None = None) -> dict[str, Any]:
-        stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        v = self.view
-
-        def rep(r: Any) -> dict[str, Any]:
-            return {"id": r.id, "uuid": r.uuid or None, "lag": r.lag, "lastFetchTimestamp": r.last_fetch_ms}
-
-        return {
-            "phase": self.phase,
-            "leaderId": v.leader_id if v else -1,
-            "leaderEpoch": v.leader_epoch if v else -1,
-            "highWatermark": v.high_watermark if v else -1,
-            "voters": [rep(r) for r in v.voters] if v else [],
-            "observers": [rep(r) for r in v.observers] if v else [],
-            "targetVoters": list(v.target_voters) if v and v.target_voters is not None else None,
-            "recoveries": self.recoveries,
-            "conditions": [
-                {
-                    "type": c.type,
-                    "status": "True" if c.status else "False",
-                    "reason": c.reason,
-                    "message": c.message,
-                    "lastTransitionTime": stamp,
-                }
-                for c in self.conditions
-            ],
-        }
 
 
 class RecoveryController:
@@ -295,12 +157,12 @@ class RecoveryController:
             view = QuorumView.from_describe(await self.api.describe())
         except (TimeoutError, KraftError, DescribeError, OSError) as e:
             self.last_view = None
-            return self._lost(now, f"{e}")
+            return self._unhealthy(now, f"{e}")
         self.last_view = view
         window = int(self.policy.live_window_seconds * 1000)
         if not view.has_live_majority(now, window):
             self._publish_gauges(view, now)
-            return self._lost(now, "the leader sees fewer live voters than a majority", view)
+            return self._unhealthy(now, "the leader sees fewer live voters than a majority", view)
         self.unreachable_since_ms = None
         self.last_good_view = view
         self.known_voters = [(v.id, v.uuid) for v in view.voters]
@@ -392,6 +254,33 @@ class RecoveryController:
         return desired
 
     # ------------------------------------------------------------------------------------------
+
+    def _unhealthy(self, now: int, why: str, view: QuorumView | None = None) -> ControllerStatus:
+        """No live majority seen in this pass: lost, or a leader election in progress within its
+        grace (status.py ``quorum_health``). Either way nothing is changed in this pass."""
+        window = int(self.policy.live_window_seconds * 1000)
+        health = quorum_health(view, now, window, self.last_good_view, self.unreachable_since_ms)
+        if self.unreachable_since_ms is None:
+            self.unreachable_since_ms = now
+        if health is not Health.SETTLING:
+            return self._lost(now, why, view)
+        msg = f"{why}; a leader election may be in progress (QuorumLost if it lasts {grace_s(window):g}s)"
+        active = bool(self.book.active())
+        conds = [
+            Condition("Available", True, "LeaderElection", msg),
+            Condition("Degraded", True, "LeaderElection", msg),
+            Condition("Recovering", active, "Waiting" if active else "Idle"),
+            Condition("QuorumLost", False, "LeaderElection", msg),
+        ]
+        return ControllerStatus(
+            view,
+            conds,
+            self.book.to_status(),
+            error=why,
+            blocked=msg,
+            records=list(self.book.records),
+            known_voters=list(self.known_voters),
+        )
 
     def _lost(self, now: int, why: str, view: QuorumView | None = None) -> ControllerStatus:
         if self.unreachable_since_ms is None:

@@ -202,9 +202,11 @@ async def test_second_disk_during_first_recovery_with_three_voters_waits_for_quo
     await rig.step()
     await rig.step()
     rig.q.replace_disk(2, lag=0)  # now only voter 1 is live: no majority of {1,2,3}
-    for _ in range(40):
+    for i in range(40):
         st = await rig.step()
-        assert st.condition("QuorumLost").status
+        # No leader answers: the first seconds may be a leader election (status.py grace), then lost.
+        lost = st.condition("QuorumLost")
+        assert lost.status or (i < 3 and lost.reason == "LeaderElection"), (i, lost)
     assert rig.changes() == []
     assert not st.condition("Available").status
 
