@@ -84,10 +84,10 @@ class DictStateMachine:
                 self.data[f"@{off}"] = rec.decode("utf-8", "replace")
         self.applied = max(self.applied, off)
 
-    def load_snapshot(self, chunks: Iterable[bytes], applied_offset: int) -> None:
+    def load_snapshot(self, chunks: Iterable[bytes | memoryview], applied_offset: int) -> None:
         self.install_snapshot(self.prepare_snapshot(chunks), applied_offset)
 
-    def prepare_snapshot(self, chunks: Iterable[bytes]) -> object:
+    def prepare_snapshot(self, chunks: Iterable[bytes | memoryview]) -> object:
         return dict(json.loads(b"".join(chunks) or b"{}"))
 
     def install_snapshot(self, state: object, applied_offset: int) -> None:

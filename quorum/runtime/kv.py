@@ -51,7 +51,7 @@ def encode_delete(key: str) -> bytes:
     return bytes((OP_DELETE,)) + _KLEN.pack(len(kb)) + kb
 
 
-def decode_snapshot(chunks: Iterable[bytes]) -> dict[bytes, bytes]:
+def decode_snapshot(chunks: Iterable[bytes | memoryview]) -> dict[bytes, bytes]:
     """The map a snapshot's chunks hold (the inverse of :meth:`KVStore.snapshot_chunks`); pure,
     so a follower can run it off the event loop while the old map keeps serving (issue 10).
     Raises CORRUPT_RECORD on a malformed chunk."""
@@ -116,7 +116,7 @@ class KVStore:
         if buf:
             yield bytes(buf)
 
-    def load_snapshot(self, chunks: Iterable[bytes], applied_offset: int) -> None:
+    def load_snapshot(self, chunks: Iterable[bytes | memoryview], applied_offset: int) -> None:
         """Replace the map with a snapshot's; raises CORRUPT_RECORD on a malformed chunk."""
         self.data = decode_snapshot(chunks)
         self.applied_offset = applied_offset

@@ -38,11 +38,11 @@ class Applier:
         self.kv.apply_batch(base_offset, recs)
         self.bytes_since_snapshot += sum(len(r) for r in recs) + _RECORD_OVERHEAD * len(recs)
 
-    def load_snapshot(self, chunks: Iterable[bytes], applied_offset: int) -> None:
+    def load_snapshot(self, chunks: Iterable[bytes | memoryview], applied_offset: int) -> None:
         """Replace the state by a KIP-630 snapshot holding everything up to ``applied_offset``."""
         self.install_snapshot(self.prepare_snapshot(chunks), applied_offset)
 
-    def prepare_snapshot(self, chunks: Iterable[bytes]) -> object:
+    def prepare_snapshot(self, chunks: Iterable[bytes | memoryview]) -> object:
         """Decode a fetched snapshot into a new map; pure (the driver runs it off the event
         loop while the current map keeps serving)."""
         return decode_snapshot(chunks)

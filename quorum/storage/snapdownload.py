@@ -17,10 +17,28 @@ clears ``ok`` and drops what was collected: the install then verifies the whole 
 
 from __future__ import annotations
 
+import struct
+
 from quorum import records
 from quorum.types import ControlRecord, OffsetAndEpoch, SnapshotFooter, SnapshotHeader
 
 __all__ = ["DownloadParse"]
+
+_LEN = struct.Struct("<I")  # a record's length prefix (quorum.records)
+
+
+def _record_views(batch: memoryview, count: int) -> list[memoryview]:
+    """The records of one data batch that ``decode_batches`` already checked, as views of the
+    received bytes: a large snapshot's state is not copied once more before it is decoded."""
+    out = []
+    pos = records.HEADER_SIZE
+    for _ in range(count):
+        (n,) = _LEN.unpack_from(batch, pos)
+        out.append(batch[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    if pos != len(batch):
+        raise records.CorruptRecordError("records do not fill their batch")
+    return out
 
 
 class DownloadParse:
@@ -32,7 +50,8 @@ class DownloadParse:
         self.ok = True
         self.next_offset = 0  # offsets inside a snapshot file count from 0
         self.controls: tuple[ControlRecord, ...] | None = None  # from the header batch
-        self.chunks: list[bytes] = []  # the state chunks, as written by the leader
+        # the state chunks, as written by the leader: views of the received bytes, not copies
+        self.chunks: list[memoryview] = []
         self.footer = False
         self.batches = 0
 
@@ -86,13 +105,12 @@ class DownloadParse:
         if anything is wrong."""
         try:
             batches, _ = records.decode_batches(batch)
+            taken = self._take(batches[0])
         except records.CorruptRecordError:
+            taken = False
+        if not taken:
             self._fail()
-            return False
-        if not self._take(batches[0]):
-            self._fail()
-            return False
-        return True
+        return taken
 
     def _take(self, b: records.DecodedBatch) -> bool:
         info = b.info
@@ -113,7 +131,7 @@ class DownloadParse:
                 return False
             self.footer = True
             return True
-        self.chunks.extend(records.data_records(b))
+        self.chunks.extend(_record_views(b.data, info.count))
         return True
 
     def complete(self) -> bool:
@@ -121,7 +139,7 @@ class DownloadParse:
         footer came last: ``result()`` is the snapshot's content."""
         return self.ok and not self.carry and self.footer and self.controls is not None
 
-    def result(self) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
+    def result(self) -> tuple[tuple[ControlRecord, ...], list[memoryview]]:
         """(voter-set controls, state chunks); only after ``complete()`` returned True."""
         if not self.complete() or self.controls is None:
             raise ValueError("snapshot download is not completely parsed")

@@ -49,6 +49,7 @@ SNAPSHOT_SUFFIX = ".checkpoint"
 PART_SUFFIX = ".checkpoint.part"
 _NAME_RE = re.compile(r"^(\d{20})-(\d{10})\.checkpoint$")
 MAX_CHUNK_BYTES = records.MAX_BATCH_BYTES - records.HEADER_SIZE - 4
+Chunk = bytes | memoryview  # a state chunk: a download's are views of the received bytes
 
 
 def snapshot_file_name(snapshot_id: OffsetAndEpoch) -> str:
@@ -179,7 +180,7 @@ class SnapshotStore:
         self._parses: dict[OffsetAndEpoch, DownloadParse] = {}  # id -> its batches checked so far
         # What ``finish_download`` just verified and parsed, for the ``load`` that follows it
         # (the install): a large snapshot is not read and parsed a second time (issue 10).
-        self._verified: tuple[OffsetAndEpoch, tuple[ControlRecord, ...], list[bytes]] | None = None
+        self._verified: tuple[OffsetAndEpoch, tuple[ControlRecord, ...], Sequence[Chunk]] | None = None
         removed = False
         for name in os.listdir(self.directory):
             if name.endswith(PART_SUFFIX):
@@ -311,6 +312,7 @@ class SnapshotStore:
         arrived (``DownloadParse``), nothing is read back: only the fsync and rename remain."""
         fd, _ = self._download(snapshot_id)
         parse = self._parses.get(snapshot_id)
+        chunks: Sequence[Chunk]
         if parse is not None and parse.complete():
             controls, chunks = parse.result()
         else:
@@ -353,7 +355,7 @@ class SnapshotStore:
 
     def load(
         self, snapshot_id: OffsetAndEpoch, *, verify_crc: bool = True
-    ) -> tuple[tuple[ControlRecord, ...], list[bytes]]:
+    ) -> tuple[tuple[ControlRecord, ...], Sequence[Chunk]]:
         """(voter-set controls, state chunks) of a stored snapshot; a damaged file raises
         CORRUPT_LOG naming it. ``verify_crc=False`` skips the CRCs (not the framing checks)
         for a snapshot ``finish_download`` has just verified: its parsed content is then

@@ -5,6 +5,8 @@ defect), and the install reads nothing back: it hands the parsed content to the 
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,17 @@ def test_damaged_download_still_named_by_the_full_check(tmp_path: Path, where: i
         assert store.latest() is None
     finally:
         store.close()
+
+
+def test_a_batch_whose_records_do_not_fill_it_is_not_complete() -> None:
+    """CRC-valid but malformed (a record length that runs short): refused, no exception, so
+    the install's full check names it."""
+    raw = bytearray(_raw())
+    first = records.batch_header(raw, 0)[1]  # the header batch; the next one holds CHUNKS[0]
+    (n,) = struct.unpack_from("<I", raw, first + records.HEADER_SIZE)
+    struct.pack_into("<I", raw, first + records.HEADER_SIZE, n - 1)
+    end = first + records.batch_header(raw, first)[1]
+    struct.pack_into("<I", raw, first + 12, zlib.crc32(raw[first + 16 : end]))
+    parse = DownloadParse(SID)
+    parse.feed(bytes(raw))
+    assert not parse.ok and not parse.complete()
