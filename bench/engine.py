@@ -541,10 +541,11 @@ def _sample_answer(cluster: Cluster, size: int) -> str:
 
 
 def measure_ceiling(
-    sizes: list[int], clients: int, duration: float, generator: str, work: Path
+    sizes: list[int], clients: int, duration: float, generator: str, work: Path, tls: bool = False
 ) -> dict[str, LoadResult]:
     """The generators against a trivial aiohttp handler: what they can drive at most here, and
-    what an aiohttp front end costs when it does no work."""
+    what an aiohttp front end costs when it does no work. With ``tls`` also over mutual TLS
+    (``asyncio+tls``): if a TLS row comes close to that line, the generator limits it."""
     out: dict[str, LoadResult] = {}
     with ProcessSet(work / "noop-logs") as procs:
         port = free_ports(1)[0]
@@ -554,6 +555,8 @@ def measure_ceiling(
             lambda: http_call(ep, "GET", "/readyz", timeout=2)[0] == 200, START_TIMEOUT, "the no-op server"
         )
         size = max(sizes)
+        if tls:
+            out["asyncio+tls"] = _tls_ceiling(procs, work, size, clients, duration)
         out[generator] = run_load(ep, "kv", size, clients, duration, generator)
         if generator != "asyncio":
             out["asyncio"] = run_load(ep, "kv", size, clients, duration, "asyncio")
@@ -562,6 +565,26 @@ def measure_ceiling(
         rate = min(5000.0, out["asyncio"].writes_per_s / 2)
         out["asyncio-open"] = run_asyncio_load(ep, "kv", size, clients, duration, rate=rate)
     return out
+
+
+def _tls_ceiling(procs: ProcessSet, work: Path, size: int, clients: int, duration: float) -> LoadResult:
+    """The asyncio generator presenting a client certificate to a no-op aiohttp server over
+    TLS (server certificate and client check as the nodes', ``quorum.security.tlsctx``)."""
+    files = _make_pki(work / "noop-tls", "noop")
+    d = work / "noop-tls"
+    port = free_ports(1)[0]
+    server_tls = ["--ca", files.ca, "--cert", str(d / "node-1.crt"), "--key", str(d / "node-1.key")]
+    procs.spawn(
+        "noop-tls",
+        [sys.executable, "-m", "bench.common", "noop-server", "--port", str(port), *server_tls],
+    )
+    ep = f"127.0.0.1:{port}"
+    wait_until(
+        lambda: http_call(ep, "GET", "/readyz", timeout=2, tls=files)[0] == 200,
+        START_TIMEOUT,
+        "the TLS no-op server",
+    )
+    return run_load(ep, "kv", size, clients, duration, "asyncio", files)
 
 
 def _fmt_ratio(a: float, b: float | None) -> str:
@@ -811,7 +834,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         with sigterm_as_interrupt():
             log(f"work dir {work}; generator {generator}; {duration:g}s per run; machine: {_machine()}")
             # The ceiling needs no long runs: it is a sanity line, not a result.
-            ceiling = measure_ceiling(sizes, max(a.clients), min(duration, 5.0), generator, work)
+            ceiling = measure_ceiling(sizes, max(a.clients), min(duration, 5.0), generator, work, tls=any_tls)
             for name, res in ceiling.items():
                 log(
                     f"  generator ceiling ({name} -> aiohttp no-op, {res.clients} conns): "

@@ -111,6 +111,9 @@ def test_tls_rows_quick(tmp_path: Path) -> None:
     for r in systems.values():
         assert r["error"] is None and r["runs"]["4"]["ok"] > 0 and r["runs"]["4"]["errors"] == 0, r
     assert "cost of TLS, kraftkeeper fsync+tls vs kraftkeeper fsync" in res.stdout
+    # the generator's own ceiling over mutual TLS, beside the plaintext one
+    assert doc["ceiling"]["asyncio+tls"]["ok"] > 0 and doc["ceiling"]["asyncio+tls"]["errors"] == 0
+    assert "generator ceiling: asyncio+tls" in res.stdout
     if peers != "none":
         assert "cost of TLS, etcd tls vs etcd" in res.stdout
         assert "kraftkeeper fsync+tls vs etcd tls at 4 clients" in res.stdout
