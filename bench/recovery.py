@@ -43,12 +43,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench.baseline import BaselineTree, export_tree, round_order
 from bench.common import http_call, sigterm_as_interrupt, value_bytes, wait_until
 from bench.engine import KraftKeeperCluster
 
@@ -74,6 +75,7 @@ class RecoveryResult:
     catch_up_to_copy: float = 0.0  # catch-up MB/s / copy MB/s: the headline
     leader_cpu_s: float = 0.0  # CPU seconds the leader and the replica spent during catch-up
     replica_cpu_s: float = 0.0
+    rev: str = ""  # the --baseline revision that ran it; "" for the current code
 
 
 def cpu_seconds(pid: int) -> float:
@@ -272,28 +274,46 @@ def stop_profilers(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-def run_one(work: Path, size: int, value_size: int, concurrency: int, fsync: bool,
-            snapshot_bytes: int | None, log: Any, repeats: int = 1, py_spy: str | None = None,
-            profile_dir: Path | None = None, raft: dict[str, int] | None = None) -> list[RecoveryResult]:
+@dataclass
+class Setup:
+    """How every size is run (the command line)."""
+
+    value_size: int = 32 * 1024
+    concurrency: int = 32
+    fsync: bool = True
+    snapshot_bytes: int | None = None
+    repeats: int = 1
+    py_spy: str | None = None
+    profile_dir: Path | None = None
+    raft: dict[str, int] = field(default_factory=dict)
+
+
+def run_one(work: Path, size: int, setup: Setup, log: Any,
+            baseline: BaselineTree | None = None) -> list[RecoveryResult]:
     """Fill one cluster to ``size``, then replace the same follower's disk ``repeats`` times
     (each replacement gets a new storage UUID and catches up from scratch), measuring a plain
-    copy of the bytes it received beside each catch-up."""
+    copy of the bytes it received beside each catch-up. ``baseline``: run that revision's
+    engine instead of the current one (``--baseline``)."""
     extra: dict[str, Any] = {}
-    if snapshot_bytes is not None:
-        extra["snapshot"] = {"max_bytes": snapshot_bytes}
-    if raft:
-        extra["raft"] = dict(raft)
-    cluster = KraftKeeperCluster(work / f"size-{size}", fsync=fsync, extra_config=extra)
+    if setup.snapshot_bytes is not None:
+        extra["snapshot"] = {"max_bytes": setup.snapshot_bytes}
+    if setup.raft:
+        extra["raft"] = dict(setup.raft)
+    cluster = KraftKeeperCluster(work / f"size-{size}", fsync=setup.fsync, extra_config=extra,
+                                 baseline=baseline)
+    rev = baseline.rev if baseline is not None else ""
     try:
         cluster.start()
         leader = leader_endpoint(cluster)
         t0 = time.monotonic()
-        filled = asyncio.run(fill([leader, *cluster.endpoints], size, value_size, concurrency))
+        filled = asyncio.run(fill([leader, *cluster.endpoints], size, setup.value_size, setup.concurrency))
         fill_s = time.monotonic() - t0
         results = []
-        for rnd in range(repeats):
-            results.append(_replace_and_time(cluster, size, filled, fill_s, fsync, log, rnd == 0, py_spy,
-                                             profile_dir or work))
+        for rnd in range(setup.repeats):
+            r = _replace_and_time(cluster, size, filled, fill_s, setup.fsync, log, rnd == 0 and not rev,
+                                  setup.py_spy, setup.profile_dir or work)
+            r.rev = rev
+            results.append(r)
         return results
     finally:
         cluster.stop()
@@ -380,26 +400,29 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
 def render(results: list[RecoveryResult]) -> str:
     """The table, then one headline per size: catch-up as a fraction of the plain copy (the
     median over the rounds, each round's ratio taken beside its own copy)."""
-    head = (f"{'log size':>9} {'received':>9} {'catch-up s':>10} {'MB/s':>7} {'copy MB/s':>9} "
+    head = (f"{'engine':>8} {'log size':>9} {'received':>9} {'catch-up s':>10} {'MB/s':>7} {'copy MB/s':>9} "
             f"{'ratio':>6} {'snapshot':>8} {'restart->fetch s':>16} {'add-voter ms':>12} "
             f"{'remove-voter ms':>15} {'total s':>8} {'fill s':>7} {'lead cpu':>7} {'repl cpu':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.size_bytes / MB:>7.0f}MB {r.received_bytes / MB:>7.1f}MB {r.catch_up_s:>10.2f} "
+            f"{'@' + r.rev if r.rev else 'current':>8} {r.size_bytes / MB:>7.0f}MB "
+            f"{r.received_bytes / MB:>7.1f}MB {r.catch_up_s:>10.2f} "
             f"{r.catch_up_mb_per_s:>7.1f} {r.copy_mb_per_s:>9.1f} {r.catch_up_to_copy:>6.2f} "
             f"{'yes' if r.via_snapshot else 'no':>8} {r.restart_to_first_fetch_s:>16.2f} "
             f"{r.add_voter_s * 1000:>12.1f} {r.remove_voter_s * 1000:>15.1f} {r.total_s:>8.2f} "
             f"{r.fill_s:>7.1f} {r.leader_cpu_s:>7.2f} {r.replica_cpu_s:>8.2f}"
         )
     lines.append("")
-    for size in dict.fromkeys(r.size_bytes for r in results):
-        rs = [r for r in results if r.size_bytes == size]
+    for size, rev in dict.fromkeys((r.size_bytes, r.rev) for r in results):
+        rs = [r for r in results if r.size_bytes == size and r.rev == rev]
         ratio = statistics.median(r.catch_up_to_copy for r in rs)
         rate = statistics.median(r.catch_up_mb_per_s for r in rs)
         copy = statistics.median(r.copy_mb_per_s for r in rs)
-        lines.append(f"{size / MB:.0f} MB: catch-up at {ratio:.2f}x the plain copy of the same bytes "
-                     f"({rate:.0f} vs {copy:.0f} MB/s, median of {len(rs)})")
+        cpu = statistics.median(r.replica_cpu_s / max(1e-9, r.received_bytes / (1000 * MB)) for r in rs)
+        who = f" @{rev}" if rev else ""
+        lines.append(f"{size / MB:.0f} MB{who}: catch-up at {ratio:.2f}x the plain copy of the same bytes "
+                     f"({rate:.0f} vs {copy:.0f} MB/s), replica {cpu:.2f} CPU s per GB, median of {len(rs)}")
     return "\n".join(lines)
 
 
@@ -428,6 +451,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
                          "snapshot_chunk_bytes=33554432; repeatable")
     ap.add_argument("--repeats", type=int, default=1,
                     help="disk replacements per size on the same filled cluster (each beside its own copy)")
+    ap.add_argument("--baseline", default=None, metavar="REV",
+                    help="also run git revision REV's engine (bench/baseline.py), interleaved with the "
+                         "current code for every size, and print both headlines")
     ap.add_argument("--py-spy", default=None, metavar="PATH",
                     help="profile the leader and the replaced replica during catch-up with this py-spy "
                          "binary (collapsed stacks under --profile-dir)")
@@ -451,20 +477,29 @@ def _main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    setup = Setup(a.value_bytes, a.concurrency, not a.no_fsync, a.snapshot_bytes, a.repeats, a.py_spy,
+                  a.profile_dir, raft)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-recovery-"))
     results: list[RecoveryResult] = []
     failed = False
     try:
+        engines: list[BaselineTree | None] = [None]
+        if a.baseline is not None:
+            try:
+                engines.append(export_tree(a.baseline, work))
+            except ValueError as e:
+                ap.error(str(e))
         with sigterm_as_interrupt():
-            for size in sizes:
-                log(f"log size {size / MB:.0f} MB")
-                try:
-                    results.extend(run_one(work, size, a.value_bytes, a.concurrency, not a.no_fsync,
-                                           a.snapshot_bytes, log, a.repeats, a.py_spy, a.profile_dir,
-                                           raft))
-                except (RuntimeError, TimeoutError, OSError, ValueError) as e:
-                    failed = True
-                    log(f"  FAILED for {size / MB:.0f} MB: {e}")
+            for i, size in enumerate(sizes):
+                # with --baseline, the two engines alternate which goes first (load drift)
+                for k in round_order(i) if len(engines) > 1 else (0,):
+                    tree = engines[k]
+                    log(f"log size {size / MB:.0f} MB" + (f" (engine @{tree.rev})" if tree else ""))
+                    try:
+                        results.extend(run_one(work, size, setup, log, tree))
+                    except (RuntimeError, TimeoutError, OSError, ValueError) as e:
+                        failed = True
+                        log(f"  FAILED for {size / MB:.0f} MB: {e}")
     finally:
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
