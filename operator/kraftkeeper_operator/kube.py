@@ -171,6 +171,15 @@ class KubeApi:
         started = None if pod is None or pod.status is None else pod.status.start_time
         return started if isinstance(started, dt.datetime) else None
 
+    async def list_pods(self, ns: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The pods matching a label selector, as the API's JSON (camelCase keys)."""
+        sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        got = await _call(
+            f"listing Pods in {ns} ({sel})", self.core.list_namespaced_pod(ns, label_selector=sel)
+        )
+        data: dict[str, Any] = self.api.sanitize_for_serialization(got)
+        return list(data.get("items") or [])
+
     async def delete_pod(self, ns: str, name: str) -> None:
         """Delete a pod (no pod: nothing to do; its StatefulSet creates it again)."""
         await _call(f"deleting Pod {ns}/{name}", self.core.delete_namespaced_pod(name, ns), missing_ok=True)
@@ -190,7 +199,6 @@ class KubeApi:
             ("Secret", lambda: self.core.delete_namespaced_secret(f"{name}-ca", ns)),
         ):
             await _call(f"deleting {what} of {ns}/{name}", call(), missing_ok=True)
-
 
     async def delete_certificates(self, ns: str, names: list[str]) -> None:
         """cert-manager Certificates (their Secrets are cert-manager's: owned by the Certificate
@@ -225,14 +233,23 @@ class ConfigMapRequestStore:
         log.warning("%s: deleted pod %s to run the unclean recovery", self.q.cluster, pod)
 
 
-def kube_event_sink(q: QuorumSpec) -> CallbackSink:
-    """Recovery events as Kubernetes Events on the KRaftQuorum (failures and unclean recoveries
-    as Warnings), posted through kopf's event poster."""
-    ref: Any = {
+def _quorum_ref(q: QuorumSpec) -> Any:
+    return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "KRaftQuorum",
         "metadata": {"name": q.name, "namespace": q.namespace, "uid": q.uid},
     }
+
+
+def post_quorum_event(q: QuorumSpec, *, warning: bool, reason: str, message: str) -> None:
+    """A Kubernetes Event on the KRaftQuorum (through kopf's event poster)."""
+    (kopf.warn if warning else kopf.info)(_quorum_ref(q), reason=reason, message=message)
+
+
+def kube_event_sink(q: QuorumSpec) -> CallbackSink:
+    """Recovery events as Kubernetes Events on the KRaftQuorum (failures and unclean recoveries
+    as Warnings), posted through kopf's event poster."""
+    ref = _quorum_ref(q)
 
     def post(type_: str, message: str, detail: Mapping[str, Any]) -> None:
         reason = "".join(p.capitalize() for p in type_.split("_"))  # recovery_failed -> RecoveryFailed

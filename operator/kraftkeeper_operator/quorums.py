@@ -24,12 +24,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import kopf
+
 from quorum.client import QuorumClient
 from quorum.security.clientconfig import ClientConfig
 
 from .controller import ControllerStatus, RecoveryController
-from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, kube_event_sink
+from .kube import (
+    BOOTSTRAP_FIELD_MANAGER,
+    ConfigMapRequestStore,
+    KubeApi,
+    kube_event_sink,
+    post_quorum_event,
+)
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
+from .podhealth import CrashLoops
 from .quorumtls import QuorumTls
 from .recovery import QuorumView, Recovery
 from .rotation import CertRotator
@@ -66,6 +75,8 @@ class Managed:
     last_status: dict[str, Any] = field(default_factory=dict)
     client_config: ClientConfig | None = None  # the operator's admin credential (quorumtls.py)
     rotator: CertRotator | None = None  # node certificate renewal, one pod at a time
+    crash_loops: CrashLoops | None = None  # the quorum pods' crash-loop episodes (podhealth.py)
+    pods_unreadable: str | None = None  # why the pods could not be listed (logged once)
 
     def recoveries_status(self) -> list[dict[str, Any]]:
         """``status.recoveries``: the disk replacements, then the unclean request (newest last,
@@ -249,7 +260,11 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
     if m is None:
         return  # not configured (yet) or invalid spec
     await _refresh_credential(ctx, m)
+    loops = await _check_pods(ctx, m)
+    m.controller.book.suspect_ids = loops.replica_ids()
     st = await m.controller.reconcile()
+    if loops.current:
+        st.annotate_degraded("PodCrashLooping", loops.summary())
     lost = st.condition("QuorumLost").status
     if st.view is not None and not lost:
         m.ever_available = True
@@ -265,6 +280,31 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
         await m.rotator.step(st.view)
     await _finish_scale_down(ctx, m, st.view)
     await _write_status(ctx, m, st)
+
+
+async def _check_pods(ctx: OperatorContext, m: Managed) -> CrashLoops:
+    """List the quorum's pods and follow their crash-loop episodes: a Warning Event when one
+    starts, a Normal one when it ends (Ready again, or the pod replaced). A failed listing keeps
+    what was known (logged once; the pods' troubles are a report, not a decision input we guess)."""
+    q = m.spec
+    if m.crash_loops is None:
+        m.crash_loops = CrashLoops(q.name)
+    try:
+        pods = await ctx.kube.list_pods(q.namespace, q.selector())
+    except (kopf.TemporaryError, kopf.PermanentError) as e:
+        if str(e) != m.pods_unreadable:
+            log.warning("%s: cannot list the quorum's pods: %s", q.cluster, e)
+            m.pods_unreadable = str(e)
+        return m.crash_loops
+    m.pods_unreadable = None
+    started, ended = m.crash_loops.update(pods)
+    for t in started:
+        log.warning("%s: %s", q.cluster, t.describe())
+        post_quorum_event(q, warning=True, reason="PodCrashLooping", message=t.describe())
+    for t in ended:
+        log.info("%s: pod %s no longer crash-looping", q.cluster, t.pod)
+        post_quorum_event(q, warning=False, reason="PodRecovered", message=f"pod {t.pod}: crash loop over")
+    return m.crash_loops
 
 
 async def _refresh_credential(ctx: OperatorContext, m: Managed) -> None:

@@ -118,6 +118,9 @@ class RecoveryBook:
         self.records: list[Recovery] = list(records)
         self.blocked: str | None = None  # why next_action() did nothing
         self.note: str | None = None  # why observe() did not start a recovery it might have
+        # Replicas whose pods crash-loop (podhealth.py, set by the caller before each pass): never
+        # taken as a disk replacement, never promoted.
+        self.suspect_ids: set[int] = set()
         self._window_ms = int(policy.live_window_seconds * 1000)
 
     # -- queries -----------------------------------------------------------------------------
@@ -186,6 +189,10 @@ class RecoveryBook:
         events: list[Event] = []
         pending_here = view.pending is not None and view.pending.id == rid
         if not self.policy.enabled:
+            return events
+        if rid in self.suspect_ids:
+            if new_obs is not None or len(voter_uuids) > 1:
+                self.note = f"replica {rid}'s pod is crash-looping: not taken as a disk replacement"
             return events
         if len(voter_uuids) == 1 and new_obs is not None:
             if not voter_uuids[0]:
@@ -367,6 +374,9 @@ class RecoveryBook:
             return None
         uuids = view.voter_uuids(rec.replica_id)
         old_in, new_in = rec.old_uuid in uuids, rec.new_uuid in uuids
+        if rec.replica_id in self.suspect_ids and not new_in:
+            self.blocked = f"recovery of replica {rec.replica_id} waits: its pod is crash-looping"
+            return None
         if old_in and new_in:
             return self._guard_remove(view, rec, now_ms)
         if rec.phase is Phase.REMOVED and not old_in:

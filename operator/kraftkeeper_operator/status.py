@@ -104,6 +104,15 @@ class ControllerStatus:
         if reason:
             c.reason = reason
 
+    def annotate_degraded(self, reason: str, note: str) -> None:
+        """Mark Degraded with ``note`` first in its message (e.g. a crash-looping pod); the
+        reason becomes ``reason`` unless the quorum is lost (that reason says more)."""
+        c = self.condition("Degraded")
+        c.status = True
+        if not self.condition("QuorumLost").status:
+            c.reason = reason
+        c.message = f"{note}; {c.message}" if c.message else note
+
     @property
     def voter_ids(self) -> list[int]:
         return sorted({v.id for v in self.view.voters}) if self.view else []

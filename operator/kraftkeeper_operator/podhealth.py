@@ -1,0 +1,123 @@
+"""Crash-looping quorum pods (issue 11): which pods of a KRaftQuorum crash-loop, and when an
+episode starts and ends, as pure functions of the pods' ``status`` (the Kubernetes API's Pod
+objects as plain dicts); quorums.py lists the pods, reports and posts the Events.
+
+A pod crash-loops when one of its containers (init containers included: the format container
+refusing a volume formatted for another cluster fails there) waits with reason
+``CrashLoopBackOff``. The episode then lasts until the pod is Ready or is gone (a new pod, a new
+uid, is a new story), so the brief Running spells between two crashes do not end it and the
+Warning Event is posted once per episode, not once per pass.
+
+While its pod crash-loops, a replica is never taken as a disk replacement (recovery.py
+``RecoveryBook.suspect_ids``): a process that starts, fetches for a moment and dies is no disk to
+promote, and a volume of another cluster must never join this quorum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CRASH_LOOP = "CrashLoopBackOff"
+MESSAGE_CHARS = 200  # of a container's last termination message, in status and Events
+
+
+@dataclass(frozen=True)
+class PodTrouble:
+    """One crash-looping pod: what a person needs to start looking (the container, why it last
+    ended, how often)."""
+
+    pod: str
+    uid: str
+    replica_id: int | None  # pod ordinal + 1 (manifests.py); None if the name is not ours
+    container: str
+    reason: str
+    exit_code: int | None
+    restarts: int
+    message: str
+
+    def describe(self) -> str:
+        rid = f" (replica {self.replica_id})" if self.replica_id is not None else ""
+        parts = [f"pod {self.pod}{rid} crash-looping: container {self.container} {self.reason}"]
+        if self.exit_code is not None:
+            parts.append(f"exit code {self.exit_code}")
+        parts.append(f"restarts {self.restarts}")
+        text = ", ".join(parts)
+        return f"{text}: {self.message}" if self.message else text
+
+
+def replica_of(pod: str, quorum: str) -> int | None:
+    """Replica id of pod ``NAME-<ordinal>`` of the StatefulSet ``quorum`` (ordinal + 1)."""
+    prefix = f"{quorum}-"
+    tail = pod[len(prefix) :] if pod.startswith(prefix) else ""
+    return int(tail) + 1 if tail.isdigit() else None
+
+
+def _statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    st = pod.get("status") or {}
+    return [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]
+
+
+def pod_trouble(pod: Mapping[str, Any], quorum: str) -> PodTrouble | None:
+    """The pod's crash loop, or None if no container of it waits in ``CrashLoopBackOff``."""
+    meta = pod.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    for cs in _statuses(pod):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") != CRASH_LOOP:
+            continue
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        msg = str(last.get("message") or last.get("reason") or waiting.get("message") or "").strip()
+        code = last.get("exitCode")
+        return PodTrouble(
+            pod=name,
+            uid=str(meta.get("uid") or ""),
+            replica_id=replica_of(name, quorum),
+            container=str(cs.get("name") or "?"),
+            reason=CRASH_LOOP,
+            exit_code=int(code) if isinstance(code, int) else None,
+            restarts=int(cs.get("restartCount") or 0),
+            message=" ".join(msg.split())[:MESSAGE_CHARS],
+        )
+    return None
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+class CrashLoops:
+    """The crash-loop episodes of one quorum's pods, keyed by pod uid.
+
+    ``update(pods)`` returns (episodes that started, episodes that ended) in this pass; ``current``
+    is every open episode, refreshed with the latest restart count and message."""
+
+    def __init__(self, quorum: str) -> None:
+        self.quorum = quorum
+        self.current: dict[str, PodTrouble] = {}
+
+    def update(self, pods: Iterable[Mapping[str, Any]]) -> tuple[list[PodTrouble], list[PodTrouble]]:
+        started: list[PodTrouble] = []
+        seen: set[str] = set()
+        for pod in pods:
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            seen.add(uid)
+            trouble = pod_trouble(pod, self.quorum)
+            if trouble is not None:
+                if uid not in self.current:
+                    started.append(trouble)
+                self.current[uid] = trouble
+            elif uid in self.current and pod_ready(pod):
+                seen.discard(uid)  # over: Ready again
+        ended = [t for uid, t in self.current.items() if uid not in seen]
+        for t in ended:
+            del self.current[t.uid]
+        return started, ended
+
+    def replica_ids(self) -> set[int]:
+        return {t.replica_id for t in self.current.values() if t.replica_id is not None}
+
+    def summary(self) -> str:
+        return "; ".join(t.describe() for t in sorted(self.current.values(), key=lambda t: t.pod))
