@@ -308,6 +308,33 @@ class RaftCore(DescribeMixin, CoreBase):
         self._truncated_since_ready = None
         return r
 
+    def ready_to_send(self) -> Ready | None:
+        """What may leave while another Ready's persist is in flight (the driver calls this only
+        when that Ready saves no quorum state): the queued messages, and the commit with the
+        client results once the high watermark is within the local durable log. ``None`` when
+        something queued must go through a full ``ready()`` first (a quorum-state save, a
+        truncation, a snapshot, a role change); proposals not yet batched and the rest stay
+        queued for it. Safe for the same reasons as the early send of ``quorum.core.ready``
+        steps 6-7: a Fetch is queued only once the whole log is durable, and every promise a
+        message carries was saved by an earlier Ready."""
+        if (
+            self._state_dirty
+            or self._truncate_to is not None
+            or self._chunks
+            or self._install is not None
+            or self._role_change is not None
+        ):
+            return None
+        r = Ready(messages=self._messages, end_offset=self.meta.end)
+        self._messages = []
+        if not self._commit_dirty or self.hw <= self.meta.durable_end:
+            r.commit = self.hw if self._commit_dirty else None
+            r.proposal_results, self._proposal_results = self._proposal_results, []
+            r.reads, self._reads = self._reads, []
+            r.admin_results, self._admin_results = self._admin_results, []
+            self._commit_dirty = False
+        return r
+
     def advance(self, ready: Ready, persisted_end_offset: int) -> None:
         """The driver carried out ``ready`` up to its persist step: the durable (fsynced) log
         now ends at ``persisted_end_offset``. Nothing is added to ``ready``: the messages,

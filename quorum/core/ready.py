@@ -40,6 +40,12 @@ order:
    RECOVERING: verify the state, snapshot, then call ``core.recovery_verified(lost_after)``;
    ``errors``: log these human-readable notes of rejected input (nothing was applied from them).
 
+While a Ready that saves no quorum state is being persisted, the driver may also take
+``core.ready_to_send()``: the messages queued since, and the commit with its client results
+when the high watermark is within the local durable log, under the same rules as steps 6-7
+(nothing of it waits for the fsync in flight). Everything else stays queued for the next
+``Ready``.
+
 Durability rule for followers (the reason for "queued after ``ready()`` waits"): a Fetch's
 ``fetch_offset`` tells the leader "I hold everything below this durably", and the leader counts
 it toward the high watermark. A follower therefore sends its next Fetch only once its whole

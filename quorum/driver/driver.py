@@ -171,6 +171,22 @@ class Driver:
                 pending.completed = True
         return pending
 
+    def send_now(self) -> bool:
+        """While a Ready's persist runs (between ``begin`` and ``finish``): send what the core
+        lets leave without a persist (``RaftCore.ready_to_send``: messages, and a commit within
+        the durable log with its client answers). Nothing while the Ready in flight saves
+        quorum state (the messages could carry the epoch or vote it saves). A Fetch that proves
+        a batch durable on a follower then commits it and answers its clients at once, instead
+        of after the fsync of the batch the leader is writing meanwhile. True if anything left."""
+        if self.in_flight is not None and self.in_flight.quorum_state is not None:
+            return False
+        ready = self.core.ready_to_send()
+        if ready is None or ready.is_empty():
+            return False
+        self._send(ready.messages)
+        self._complete(ready)
+        return True
+
     def _send(self, messages: list[Outbound]) -> None:
         flushed = self.ports.log.flushed_end_offset
         for out in messages:

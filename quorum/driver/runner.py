@@ -2,7 +2,8 @@
 
 ``AsyncRunner.run(stop)`` owns the loop "wake -> ready -> begin -> await persist in an
 executor -> finish" and a ticker. Inbound messages step the core at any time, also while a
-persist is in flight (they land in the next Ready: see :mod:`quorum.core.ready`).
+persist is in flight (they land in the next Ready: see :mod:`quorum.core.ready`), except
+what may leave without a persist: ``Driver.send_now`` sends that as it is stepped in.
 
 It dies loudly: an exception from the driver, the core or a port is logged and re-raised
 from ``run``, so the process exits non-zero instead of serving with a wedged core (issue 8).
@@ -14,10 +15,11 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Executor
+from typing import Any
 
 from quorum.core.messages import Message
 from quorum.core.raft import RaftCore
-from quorum.driver.driver import Driver
+from quorum.driver.driver import Driver, Pending
 
 log = logging.getLogger("kraftkeeper.driver")
 
@@ -78,6 +80,26 @@ class AsyncRunner:
             self.driver.core.tick(self.now_ms())
             self._wake.set()
 
+    async def _persist(self, loop: asyncio.AbstractEventLoop, pending: Pending) -> None:
+        """Run ``persist`` in the executor; meanwhile, each time something is stepped in, send
+        what needs no persist (``Driver.send_now``: a leader's commit and answers, Fetch
+        responses) instead of holding it until this fsync completes."""
+        persist = loop.run_in_executor(self.executor, self.driver.persist, pending)
+        if pending.quorum_state is not None:
+            await persist  # send_now would send nothing: skip the wake-ups
+            return
+        while not persist.done():
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                waiting: set[asyncio.Future[Any]] = {persist, woken}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+            if self._wake.is_set() and not persist.done():
+                self._wake.clear()  # the loop below takes a full Ready after finish anyway
+                self.driver.send_now()
+        persist.result()  # re-raise a failed persist
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         driver = self.driver
@@ -92,7 +114,7 @@ class AsyncRunner:
                 t0 = time.monotonic()
                 pending = driver.begin(ready)
                 if pending.needs_persist:
-                    await loop.run_in_executor(self.executor, driver.persist, pending)
+                    await self._persist(loop, pending)
                 driver.finish(pending)
                 self.turned_at = time.monotonic()
                 self.busy_seconds += time.monotonic() - t0

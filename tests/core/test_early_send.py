@@ -169,3 +169,66 @@ def test_driver_refuses_an_early_fetch_claiming_beyond_the_fsynced_end() -> None
     bad = FetchRequest(h.next_corr(), CLUSTER, 2, UUIDS[2], 0, 5, 1, 0, 1024)
     with pytest.raises(RuntimeError, match="offset 5 would claim more than the durable log end 0"):
         h.driver.begin(Ready(messages=[Outbound(1, "n1:1", bad)]))
+
+
+# ---------------------------------------------------------------- while a persist is in flight
+
+
+def test_leader_commits_and_answers_while_the_next_batch_fsync_runs() -> None:
+    h = leader()
+    start = h.core.hw
+    last_a = h.core.propose([b"a"], h.now)
+    h.drain()
+    fetch_responses(h.fetch(2, offset=start))  # replica 2 gets A
+    h.core.propose([b"b"], h.now)
+    p1 = h.driver.begin(h.core.ready())  # B written, its fsync in flight
+    sent = len(h.sent)
+    h.core.step(  # replica 2 proves A durable there
+        FetchRequest(h.next_corr(), CLUSTER, 2, UUIDS[2], h.core.epoch, last_a + 1, h.core.epoch, 0, 1 << 20),
+        h.now,
+    )
+    h.core.propose([b"c"], h.now)  # a proposal arriving meanwhile stays for the next Ready
+    assert h.driver.send_now()
+    # A is answered and replica 2 gets B (written, not yet fsynced here) before B's fsync.
+    assert [p.last_offset for p in h.sink.proposals][-1] == last_a and last_a < h.durable_end
+    (resp,) = fetch_responses(h.sent[sent:])
+    assert resp.records and resp.high_watermark == last_a + 1
+    assert h.log.end_offset > h.durable_end
+    assert not h.driver.send_now()  # nothing more to send
+    h.driver.persist(p1)
+    h.driver.finish(p1)
+    nxt = h.core.ready()
+    assert [b.count for b in nxt.append] == [1] and nxt.commit is None  # C; A's commit went out
+
+
+def test_nothing_is_sent_early_while_the_ready_in_flight_saves_quorum_state() -> None:
+    h = make(local=2)
+    h.core.step(VoteRequest(h.next_corr(), CLUSTER, 3, UUIDS[3], 5, 2, UUIDS[2], 0, 0), h.now)
+    pending = h.driver.begin(h.core.ready())
+    assert pending.quorum_state is not None
+    sent = len(h.sent)
+    h.core.step(VoteRequest(h.next_corr(), CLUSTER, 1, UUIDS[1], 5, 2, UUIDS[2], 0, 0), h.now)
+    assert not h.driver.send_now() and len(h.sent) == sent  # not even the refusal to node 1
+    h.driver.persist(pending)
+    h.driver.finish(pending)
+    h.drain()
+    granted = {
+        o.destination_id: o.message.vote_granted for o in h.sent[sent:] if isinstance(o.message, VoteResponse)
+    }
+    assert granted == {3: True, 1: False}
+
+
+def test_follower_sends_no_fetch_and_applies_nothing_early_while_its_fsync_runs() -> None:
+    h, claims = follower()
+    h.core.step(response(last_fetch(h), 0, [b"a", b"b"], 2), h.now)
+    pending = h.driver.begin(h.core.ready())
+    sent = len(claims.claims)
+    for t in range(1, 6):  # ticks past any retry timer while the fsync is in flight
+        h.core.tick(h.now + 1000 * t)
+        h.driver.send_now()
+    assert len(claims.claims) == sent and h.driver.applied_end == 0
+    h.driver.persist(pending)
+    h.driver.finish(pending)
+    h.drain()
+    assert claims.claims[-1] == (2, 2) and h.driver.applied_end == 2
+    assert all(off <= durable for off, durable in claims.claims)

@@ -110,6 +110,34 @@ async def test_runner_commits_and_steps_messages_while_fsync_is_in_flight() -> N
     assert sm.data == {"a": "1", "b": "2"}
 
 
+async def test_runner_answers_while_fsync_is_in_flight_what_needs_no_fsync() -> None:
+    """``Driver.send_now``: a Fetch answered by the core while the leader's fsync runs leaves
+    before that fsync completes (its data is written; the leader serves unflushed data), and
+    the write whose fsync is held is not acknowledged before it."""
+    runner, _store, log, transport, sink, _sm = single_voter()
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    last = await write(runner, b'{"k": "a", "v": "1"}')
+    await until(lambda: any(p.last_offset == last for p in sink.proposals), "the write to commit")
+    log.gate = threading.Event()
+    log.flushing.clear()
+    held = await write(runner, b'{"k": "b", "v": "2"}')
+    await until(log.flushing.is_set, "the fsync to start")
+    sent_before = len(transport.sent)
+    runner.step(FetchRequest(78, CLUSTER, 2, UUIDS[2], runner.core.epoch, 0, 0, 0, 1 << 20, "n2:1"))
+    await until(
+        lambda: any(isinstance(o.message, FetchResponse) for o in transport.sent[sent_before:]),
+        "the answer while the fsync is held",
+    )
+    (resp,) = [o.message for o in transport.sent[sent_before:] if isinstance(o.message, FetchResponse)]
+    assert resp.records and runner.driver.in_flight is not None and not log.gate.is_set()
+    assert log.flushed_end_offset <= held and not any(p.last_offset == held for p in sink.proposals)
+    log.gate.set()
+    await until(lambda: any(p.last_offset == held for p in sink.proposals), "the held write to commit")
+    stop.set()
+    await task
+
+
 async def test_runner_dies_loudly_when_a_port_fails() -> None:
     runner, _store, log, _transport, sink, _sm = single_voter()
     stop = asyncio.Event()

@@ -108,8 +108,13 @@ class Checks:
                 self.fail("acked-write-committed", f"offset {first + i}: acked {rec!r}, committed {got}")
         assert n.core is not None
         # The voter set that committed it: the latest one, or (if a voter change was appended
-        # after the commit, before this acknowledgement) the one at its offset.
+        # after the commit, before this acknowledgement) the one at its offset ...
         sets = [frozenset(n.core.voters().voters), frozenset(n.core.history.at(pr.last_offset).voters)]
+        # ... or one in force in between: one step can move the high watermark under a set
+        # and append the next voter change (a reassignment adds, then removes) before the
+        # acknowledgement leaves.
+        hist = n.core.history
+        sets += [frozenset(hist.at(c.offset).voters) for c in hist.voter_changes_from(pr.last_offset)]
         self.acked_checks += 1
         held = [vs for vs in sets if self.durable_count(pr.last_offset, pr.epoch, vs) >= len(vs) // 2 + 1]
         if not self.unclean and not held:

@@ -300,10 +300,14 @@ class Sim(Checks):
     # ------------------------------------------------------------------ the driver
 
     def pump(self, n: Node) -> None:
-        """Carry out the node's Readies until it is idle or an fsync is in flight."""
+        """Carry out the node's Readies until it is idle or an fsync is in flight; while one
+        is, send what needs no persist (``Driver.send_now``, as the node's runner does)."""
         for _ in range(200):
             core, driver = n.core, n.driver
-            if core is None or driver is None or n.pending is not None:
+            if core is None or driver is None:
+                return
+            if n.pending is not None:
+                driver.send_now()
                 return
             r = core.ready()
             if r.is_empty():
