@@ -54,6 +54,7 @@ class Applier:
             raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, f"not a prepared KV snapshot: {type(state)}")
         self.kv.data = state
         self.kv.applied_offset = applied_offset
+        self.bytes_since_snapshot = 0  # the installed snapshot is this replica's latest one
         self.advanced(applied_offset + 1, self.applied_epoch)
 
     # -- progress ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from quorum.runtime.config import NodeConfig
+from quorum.runtime.kv import KVStore, encode_put
 from quorum.runtime.node import Node
 from quorum.runtime.statemachine import Applier
 from quorum.runtime.transport import InProcessTransport
@@ -132,3 +133,22 @@ def test_snapshot_installed_off_the_loop_while_the_node_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asyncio.run(_scenario(tmp_path, monkeypatch))
+
+
+def test_prepare_leaves_the_live_map_and_install_swaps_it() -> None:
+    """The two halves on their own: ``prepare_snapshot`` builds a new map and touches nothing
+    live; ``install_snapshot`` swaps it in, moves the applied offset and counts the installed
+    snapshot as this replica's latest (no immediate re-snapshot of the same state)."""
+    ap = Applier()
+    ap.apply_batch(0, [encode_put("live", b"1")])
+    ap.advanced(1, 1)
+    source = KVStore()
+    source.data = {b"a": b"x" * 100, b"b": b"y"}
+    chunks = [memoryview(c) for c in source.snapshot_chunks()]
+    prepared = ap.prepare_snapshot(chunks)
+    assert ap.kv.data == {b"live": b"1"} and ap.applied_end == 1 and ap.bytes_since_snapshot > 0
+    ap.install_snapshot(prepared, 41)
+    assert ap.kv.data == source.data and ap.kv.applied_offset == 41
+    assert ap.applied_end == 42 and ap.bytes_since_snapshot == 0
+    with pytest.raises(KraftError):
+        ap.install_snapshot(["not a map"], 50)
