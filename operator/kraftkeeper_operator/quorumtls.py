@@ -43,6 +43,19 @@ from .rotation import CertRotator
 
 log = logging.getLogger("kraftkeeper.operator")
 
+
+async def pods_ready(kube: KubeApi, q: QuorumSpec, replicas: int) -> bool:
+    """Every pod of the StatefulSet Ready, when its controller reports it: the rotator's "back in
+    the quorum" (the node fetched again) comes before the kubelet's readiness probe passes, and
+    restarting the next pod then would leave two pods unready at once (as a StatefulSet roll
+    never does). No status reported (no controller: stand-in nodes in tests) -> the quorum's view
+    alone decides."""
+    sts = await kube.read_statefulset(q.namespace, q.name)
+    st = (sts or {}).get("status") or {}
+    if "observedGeneration" not in st:
+        return True
+    return int(st.get("readyReplicas") or 0) >= replicas
+
 WAIT_S = 5
 
 
@@ -207,6 +220,8 @@ class QuorumTls:
 
         async def due() -> list[int]:
             q, replicas = get()
+            if not await pods_ready(kube, q, replicas):
+                return []
             return await self.due(kube, q, replicas)
 
         async def renew(i: int) -> None:
