@@ -8,8 +8,8 @@ error body is ``{"error_code": ..., "message": ...}`` (plus the leader hint for 
 
 Where TLS and authentication plug in (issue 8): :func:`build_app` takes extra ``middlewares``
 (run before the handlers, after the error mapping, so their KraftErrors get the same JSON
-body); a middleware that authenticates the caller may store the peer's identity in
-``request["peer"]``, which the RPC handler passes to ``NodeApi.handle_rpc``.
+body); the authorization middleware (``quorum.security.middleware``) binds a raft RPC's claimed
+sender to the caller's certificate before the RPC handler runs.
 :func:`start_server` takes the server ``ssl.SSLContext``.
 """
 

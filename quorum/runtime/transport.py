@@ -9,13 +9,16 @@ one encoded request body in, one encoded response body out). Two implementations
 * :class:`InProcessTransport` — the same encoding, delivered to handlers registered by
   endpoint in this process (tests run several nodes in one event loop, no sockets).
 
-Where TLS plugs in (issue 8): ``HttpTransport(ssl_context=...)`` switches to ``https`` with a
-client context that presents this node's certificate; ``peer_check(destination_id, peercert)``
-is called with the server's certificate on every response, so a node can insist that the peer
-it reached is the replica it meant (KIP-595 RPCs name their destination). On the server side
-the middleware that authenticates a request stores what it learned in ``request["peer"]``;
-``server.py`` hands it to :meth:`RpcHandler.handle_rpc` as ``peer``, and the node's
-``peer_check`` compares it with the replica the decoded request claims to be.
+Where TLS plugs in (issue 8): ``HttpTransport(ssl_context=..., server_hostname=...)``
+switches to ``https`` with a client context that presents this node's certificate and checks
+that the server's certificate names the destination replica (the per-replica TLS server name,
+KIP-595 RPCs name their destination); ``peer_check(destination_id, peercert)``, when given, is
+called with the server's certificate on every response. A connection costs one handshake: the
+pool keeps it open across RPCs (``tests/security/test_middleware_tls.py``), TLS session tickets
+are not used (``quorum.security.tlsctx``). On the server side the authorization middleware
+(``quorum.security.middleware``) compares the replica id the decoded request claims with the
+caller's certificate before any handler runs; ``handle_rpc``'s ``peer`` is None there (it is
+the hook for a handler that wants to check again, e.g. in-process tests).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ refused request."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from cryptography import x509
 
 from quorum.core import messages as m
 from quorum.runtime import wire
+from quorum.runtime.transport import HttpTransport
 from quorum.security.middleware import PRINCIPAL_KEY, RPC_MESSAGE_KEY, auth_middleware
 from quorum.security.pki import peer_hostname, peercert_dict
 from quorum.security.tlsctx import check_peer, client_context, peer_client_context, server_context
@@ -29,6 +31,7 @@ class Server:
     base: str
     calls: list[str] = field(default_factory=list)
     principals: list[Any] = field(default_factory=list)
+    transports: list[Any] = field(default_factory=list)  # the connection of each call
 
 
 @pytest.fixture
@@ -37,6 +40,7 @@ async def server(pki: Pki) -> AsyncIterator[Server]:
 
     async def handler(request: web.Request) -> web.Response:
         srv.calls.append(f"{request.method} {request.path}")
+        srv.transports.append(request.transport)
         srv.principals.append(request.get(PRINCIPAL_KEY))
         if RPC_MESSAGE_KEY in request:
             return web.Response(
@@ -197,3 +201,29 @@ def test_check_peer_on_a_certificate(pki: Pki) -> None:
         assert e.value.code is ErrorCode.UNAUTHENTICATED and "replica/1" in e.value.message
     with pytest.raises(KraftError, match="no certificate"):
         check_peer(None, CLUSTER, 1)
+
+
+async def test_peer_transport_reuses_one_connection_per_peer(pki: Pki, server: Server) -> None:
+    """Node-to-node mutual TLS costs one handshake per peer, not one per RPC: the transport's
+    pool keeps the connection to a peer open across RPCs (the node's server answers with
+    keep-alive), and concurrent long-polls open at most one connection each."""
+    seen: list[object] = []
+    app_handler_calls = len(server.calls)
+    transport = HttpTransport(
+        ssl_context=peer_client_context(pki.dir / "ca.crt", *pki.node(2)),
+        server_hostname=lambda replica: peer_hostname(CLUSTER, replica),
+    )
+    endpoint = server.base.removeprefix("https://")
+    try:
+        for i in range(20):
+            req = m.FetchRequest(i, CLUSTER, 2, None, 1, 0, 0, 0, 1024)
+            resp = await transport.send(1, endpoint, req, 10)
+            assert isinstance(resp, m.FetchResponse) and resp.correlation_id == i
+        seen = list(server.transports)
+        assert len(server.calls) - app_handler_calls == 20
+        assert len(set(map(id, seen))) == 1, f"{len(set(map(id, seen)))} connections for 20 sequential RPCs"
+        reqs = [m.FetchRequest(100 + i, CLUSTER, 2, None, 1, 0, 0, 0, 1024) for i in range(4)]
+        await asyncio.gather(*(transport.send(1, endpoint, r, 10) for r in reqs))
+        assert len(set(map(id, server.transports))) <= 1 + len(reqs)
+    finally:
+        await transport.close()
