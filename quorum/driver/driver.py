@@ -6,19 +6,20 @@ and the core tests alike. A Ready is carried out in three synchronous phases so 
 asyncio node and a deterministic simulation can interleave other work between them:
 
 ``begin(ready)``
-    page-cache work: truncate, install (with its last snapshot chunks), append; the leader's
-    fast path (Fetch responses for what was just written leave before the fsync) and the
-    follower's (the next FetchSnapshot leaves before this chunk is written). When the Ready
-    saves no quorum state, its messages leave here too, and its commit and client results
-    when the commit is already durable locally (see "early send" below). Returns a
-    :class:`Pending` saying what must be persisted.
+    page-cache work: truncate, append; the leader's fast path (Fetch responses for what was
+    just written leave before the fsync) and the follower's (the next FetchSnapshot leaves
+    before this chunk is written). When the Ready saves no quorum state, its messages leave
+    here too, and its commit and client results when the commit is already durable locally
+    (see "early send" below). Returns a :class:`Pending` saying what must be persisted.
 ``persist(pending)``
-    blocking: write fetched snapshot chunks, save the quorum state, fsync the log. The node
-    runs it in an executor while inbound RPCs keep stepping the core; the simulation
-    completes it later, or crashes first.
+    blocking: write fetched snapshot chunks (after the last one: verify the download and
+    decode its state, issue 10), save the quorum state, fsync the log. The node runs it in an
+    executor while inbound RPCs keep stepping the core; the simulation completes it later, or
+    crashes first.
 ``finish(pending)``
-    ``core.advance``, send what ``begin`` did not, apply the commit, complete client waits,
-    publish the role. Refuses to run before ``persist`` when something needed persisting.
+    swap in a snapshot ``persist`` prepared, ``core.advance``, send what ``begin`` did not,
+    apply the commit, complete client waits, publish the role. Refuses to run before
+    ``persist`` when something needed persisting.
 
 Persist-before-send is enforced here, in ``_send``: a message leaves before its Ready's persist
 only if that Ready saves no quorum state (a vote, an epoch, a role: every promise a message can
@@ -45,7 +46,7 @@ from quorum.core.ready import LeaderBatch, Outbound, Ready, SnapshotChunk
 from quorum.driver.ports import Clock, LogPort, QuorumStatePort, Sink, SnapshotPort, StateMachine, Transport
 from quorum.driver.recent import RecentBatches
 from quorum.records import data_records, decode_batches
-from quorum.types import ErrorCode, KraftError, LogSummary, OffsetAndEpoch, QuorumState
+from quorum.types import ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch, QuorumState
 
 APPLY_READ_BYTES = 16 * 1024 * 1024
 
@@ -84,10 +85,14 @@ class Pending:
     # still has to send (``begin`` may have sent the FetchSnapshot requests already).
     chunks: list[SnapshotChunk] = field(default_factory=list)
     messages: list[Outbound] = field(default_factory=list)
+    # A fetched snapshot to install: ``persist`` verifies and decodes it off the loop (its
+    # controls and prepared state, or why it was rejected), ``finish`` swaps it in (issue 10).
+    install: OffsetAndEpoch | None = None
+    loaded: tuple[tuple[ControlRecord, ...], object] | str | None = None
 
     @property
     def needs_persist(self) -> bool:
-        return self.quorum_state is not None or self.flush or bool(self.chunks)
+        return self.quorum_state is not None or self.flush or bool(self.chunks) or self.install is not None
 
 
 @dataclass
@@ -131,12 +136,14 @@ class Driver:
                 )
             log.truncate_to(ready.truncate_to)
             self.recent.clear()
-        chunks: list[SnapshotChunk] = []
-        if ready.install_snapshot is not None:
-            self._write_chunks(ready.snapshot_chunks)
-            self._install_snapshot(ready.install_snapshot)
-        else:
-            chunks = ready.snapshot_chunks
+        chunks: list[SnapshotChunk] = ready.snapshot_chunks
+        install = ready.install_snapshot
+        if install is not None and ready.append:
+            # Never expected (the core drops unsent appends when a download completes): the
+            # appends must land in the installed log, so install here, on the loop.
+            self._write_chunks(chunks)
+            self._install_loaded(install, self._load_fetched(install))
+            chunks, install = [], None
         for b in ready.append:
             if isinstance(b, LeaderBatch):
                 log.append(b.base_offset, b.epoch, b.items(), b.append_time_ms)
@@ -159,7 +166,8 @@ class Driver:
             for out in early:
                 self.ports.transport.send(out)
             messages = [o for o in messages if not isinstance(o.message, FetchSnapshotRequest)]
-        pending = Pending(ready, ready.quorum_state, ready.flush, chunks=chunks, messages=messages)
+        pending = Pending(ready, ready.quorum_state, ready.flush, chunks=chunks, messages=messages,
+                          install=install)
         pending.taken = len(ready.messages)
         self.in_flight = pending
         if ready.quorum_state is None:
@@ -221,6 +229,8 @@ class Driver:
         """Phase 2 (blocking; safe to run in an executor: touches storage only). Returns the
         durable log end."""
         self._write_chunks(pending.chunks)
+        if pending.install is not None:
+            pending.loaded = self._load_fetched(pending.install)
         if pending.quorum_state is not None:
             self.ports.quorum_state.save(pending.quorum_state)
         if pending.flush:
@@ -237,6 +247,9 @@ class Driver:
             raise RuntimeError("driver: finish() before persist(): messages would promise unsaved state")
         self.in_flight = None
         durable = pending.durable_end if pending.persisted else self.ports.log.flushed_end_offset
+        if pending.install is not None and pending.loaded is not None:
+            self._install_loaded(pending.install, pending.loaded)
+            durable = self.ports.log.flushed_end_offset  # the log now starts at the snapshot
         ready = pending.ready
         self.core.advance(ready, durable)
         # The core adds nothing to a Ready in flight (quorum.core.ready); for a core that does
@@ -314,20 +327,32 @@ class Driver:
             self.applied_epoch = b.info.epoch
         return self.applied_end != start
 
-    def _install_snapshot(self, sid: OffsetAndEpoch) -> None:
+    def _load_fetched(self, sid: OffsetAndEpoch) -> tuple[tuple[ControlRecord, ...], object] | str:
+        """The blocking half of installing a fetched snapshot (``persist``, off the loop; it
+        touches storage and builds a new state, never the live one): verify and commit the
+        download, decode its state. Returns (controls, prepared state), or why it failed."""
         try:
             self.ports.snapshots.finish_download(sid)  # verifies every CRC before it counts
             controls, chunks = self.ports.snapshots.load(sid, verify_crc=False)
-            self.ports.state_machine.load_snapshot(chunks, sid.offset - 1)
+            return tuple(controls), self.ports.state_machine.prepare_snapshot(chunks)
         except KraftError as e:
-            self.ports.sink.note(f"fetched snapshot {sid} rejected: {e}")
-            self.core.snapshot_rejected(sid, str(e))
+            return str(e)
+
+    def _install_loaded(
+        self, sid: OffsetAndEpoch, loaded: tuple[tuple[ControlRecord, ...], object] | str
+    ) -> None:
+        """The loop half: swap the prepared state in, reset the log, tell the core."""
+        if isinstance(loaded, str):
+            self.ports.sink.note(f"fetched snapshot {sid} rejected: {loaded}")
+            self.core.snapshot_rejected(sid, loaded)
             return
+        controls, state = loaded
+        self.ports.state_machine.install_snapshot(state, sid.offset - 1)
         self.ports.log.reset_to_snapshot(sid)
         self.recent.clear()
         self.applied_end = sid.offset
         self.applied_epoch = sid.epoch
-        self.core.snapshot_installed(sid, tuple(controls))
+        self.core.snapshot_installed(sid, controls)
 
 
 def load_latest_snapshot(snapshots: SnapshotPort, summary: LogSummary, sm: StateMachine) -> tuple[int, int]:
