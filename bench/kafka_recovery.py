@@ -22,7 +22,9 @@ Safety is not traded here: the watcher checks a live majority before each step a
 RemoveThenAdd, removes only a dead directory id; auto-join and the manual path do no such checks.
 
 ``python -m bench.kafka_recovery [--modes watch-0,watch-default,auto-join,manual] [--rounds 2]
-[--workdir DIR] [--json FILE]``; prints a Markdown table.
+[--workdir DIR] [--json FILE]``; prints a Markdown table. The replacement, the watcher and the
+"whole voter set" check are ``kraftkeeper_reports.demo_kafka``'s, which ``kraftkeeper demo
+--engine kafka`` runs too.
 """
 
 from __future__ import annotations

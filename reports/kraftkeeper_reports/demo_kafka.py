@@ -50,6 +50,7 @@ from quorum.security.pki import init_ca, issue_node, write_private
 T = TypeVar("T")
 CLUSTER = "kafka-demo"
 MAX_LAG = 100  # records behind the leader still counted as caught up (the watcher's default)
+POLL_S = 0.05  # DescribeQuorum from outside every 50 ms
 KAFKA_SH = Path(__file__).resolve().parents[2] / "scripts" / "kafka.sh"
 
 
@@ -93,7 +94,7 @@ def whole(k: KafkaControllers, probe: Probe, d: dict[str, Any] | None = None) ->
     )
 
 
-def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = 0.05) -> T:
+def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = POLL_S) -> T:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         v = cond()
@@ -110,6 +111,7 @@ def start_watcher(
     *,
     port: int,
     stabilization: float,
+    interval: float = 0.2,
     extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """``kraftkeeper operator watch`` against ``k``, returned once its first pass saw a healthy
@@ -129,7 +131,7 @@ def start_watcher(
                 "--stabilization-seconds",
                 f"{stabilization:g}",
                 "--interval",
-                "0.2",
+                f"{interval:g}",
                 "--metrics-port",
                 str(port),
                 *extra,
@@ -360,6 +362,8 @@ def _run_quorum(d: Path, recoveries: int, stabilization: float, base: int) -> li
             d / "watch.log",
             port=base + 4,
             stabilization=stabilization,
+            # Passes as often as the auto-join recorder polls, so both detect alike.
+            interval=POLL_S,
             extra=("--kafka-client-config", str(props), "--name", CLUSTER),
         )
         try:
