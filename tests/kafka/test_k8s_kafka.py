@@ -276,7 +276,12 @@ def test_operator_heals_kafka_controller_disk(
 
     s = kube.wait_for("status Running with the three controllers", whole, timeout=120)
     assert s["leaderId"] in k.controllers and s["leaderEpoch"] >= 1 and s["highWatermark"] > 0
-    assert s["kafka"]["clusterId"] == k.cluster_id
+    # Kafka's cluster id comes from DescribeCluster, which a controller answers once it is ready.
+    s = kube.wait_for(
+        "status.kafka.clusterId",
+        lambda: (x := status_of(kube, ns, "kq")).get("kafka", {}).get("clusterId") == k.cluster_id and x,
+        timeout=60,
+    )
     assert {c["id"] for c in s["kafka"]["controllers"]} == set(k.controllers)
 
     for obj, phase, reason, needle in bad:
@@ -348,10 +353,11 @@ def test_operator_heals_kafka_controller_disk(
 
     def late() -> dict[str, Any] | None:
         s = status_of(kube, ns, "no-secret")
-        return s if s.get("phase") == "Running" and len(s.get("voters") or []) == 3 else None
+        ok = s.get("phase") == "Running" and len(s.get("voters") or []) == 3
+        return s if ok and s.get("kafka", {}).get("clusterId") == k.cluster_id else None
 
     s = kube.wait_for("no-secret Running once its Secret exists", late, timeout=60)
-    assert condition(s, "Available")["status"] == "True" and s["kafka"]["clusterId"] == k.cluster_id
+    assert condition(s, "Available")["status"] == "True"
 
 
 def test_operator_restarted_between_remove_and_add_resumes(

@@ -1,6 +1,7 @@
 """``spec.kafka`` without a cluster: the operator's own validation (for objects the schema did not
 check, e.g. stored before it was tightened) and the client settings built from a Secret's data
-(files in the same Secret, written to a private directory only while they are read)."""
+(files in the same Secret, written to a private directory only while they are read), and the
+Degraded condition of an operator that could not change voters for lack of Kafka's schemas."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.kafka.kube import is_kafka, parse_kafka_spec, settings_from_secret
+from kraftkeeper_operator.controller import Condition, ControllerStatus
+from kraftkeeper_operator.kafka.kube import (
+    is_kafka,
+    note_schemas_missing,
+    parse_kafka_spec,
+    schemas_problem,
+    settings_from_secret,
+)
 from kraftkeeper_operator.kafka.wire import ClientConfigError
 from kraftkeeper_operator.manifests import SpecError
 from kraftkeeper_operator.policy import Order
@@ -111,3 +119,27 @@ def test_settings_from_secret_refusals(data: dict[str, str], key: str, needle: s
     with pytest.raises(ClientConfigError) as e:
         settings_from_secret(data, key, "Secret ns/s")
     assert needle in str(e.value)
+
+
+def test_missing_schema_jar_is_reported_as_degraded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KRAFTKEEPER_KAFKA_CLIENTS_JAR", "/nonexistent/kafka-clients.jar")
+    problem = schemas_problem()
+    assert "KRAFTKEEPER_KAFKA_CLIENTS_JAR=/nonexistent/kafka-clients.jar" in problem
+
+    def status(degraded: bool) -> ControllerStatus:
+        conds = [Condition("Available", True, "QuorumAvailable"), Condition("Degraded", degraded, "X", "x")]
+        return ControllerStatus(view=None, conditions=conds, recoveries=[])
+
+    st = status(False)
+    note_schemas_missing(st, problem)
+    c = st.condition("Degraded")
+    assert c.status and c.reason == "KafkaSchemasMissing" and problem in c.message
+    assert "would not be healed" in c.message
+    st = status(True)  # a Degraded that already says something is left as it is
+    note_schemas_missing(st, problem)
+    assert st.condition("Degraded").reason == "X"
+    monkeypatch.delenv("KRAFTKEEPER_KAFKA_CLIENTS_JAR")
+    monkeypatch.setenv("KRAFTKEEPER_KAFKA_LIBS", str(Path(__file__).parent))  # no jar there
+    monkeypatch.setenv("KK_CACHE", "/nonexistent")
+    monkeypatch.delenv("KAFKA_HOME", raising=False)
+    assert "no kafka-clients jar found" in schemas_problem()

@@ -49,6 +49,8 @@ from typing import Any
 
 import kopf
 
+from quorum.kafka.schemas import SchemaJarMissing, find_clients_jar
+
 from ..controller import ControllerStatus, RecoveryController
 from ..manifests import GROUP, PLURAL, VERSION, QuorumSpec, SpecError, parse_spec
 from ..policy import Order, PolicyError, RecoveryPolicy
@@ -180,6 +182,26 @@ def settings_from_secret(data: Mapping[str, str], key: str, where: str) -> Clien
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def schemas_problem() -> str:
+    """Why AddRaftVoter / RemoveRaftVoter cannot be sent ("" when they can): their classes come from
+    the message schemas in Kafka's kafka-clients jar (quorum/kafka/schemas.py), which the operator
+    image does not carry; DescribeQuorum needs no jar, so status works either way."""
+    try:
+        find_clients_jar()
+    except SchemaJarMissing as e:
+        return str(e)
+    return ""
+
+
+def note_schemas_missing(st: ControllerStatus, problem: str) -> None:
+    """Say in ``Degraded`` (unless it already says something) that no recovery can change voters:
+    a quorum that looks healthy but cannot be healed must not look fine."""
+    c = st.condition("Degraded")
+    if not c.status:
+        c.status, c.reason = True, "KafkaSchemasMissing"
+        c.message = f"voter changes are impossible, a replaced controller would not be healed: {problem}"
+
+
 def _fingerprint(data: Mapping[str, str] | None) -> str:
     return hashlib.sha256(repr(sorted((data or {}).items())).encode()).hexdigest()
 
@@ -224,6 +246,7 @@ class KafkaManaged:
     fingerprint: str  # of the Secret data the client was built from
     last_status: dict[str, Any] = field(default_factory=dict)
     ever_available: bool = False
+    schemas_missing: str = ""  # schemas_problem() when the client was built
 
     def kafka_status(self) -> dict[str, Any]:
         return {
@@ -377,8 +400,11 @@ class KafkaDaemon:
             desired_ids=None,  # Kafka has no reassignment: the voter ids are the user's business
         )
         ctl.known_voters = known_voters(status)
-        m = KafkaManaged(q, api, ctl, fp, last_status=status)
+        m = KafkaManaged(q, api, ctl, fp, last_status=status, schemas_missing=schemas_problem())
         self.m = m
+        if m.schemas_missing:
+            kopf.warn(self.body, reason="KafkaSchemasMissing", message=m.schemas_missing)
+            log.error("%s: voter changes are impossible: %s", q.cluster, m.schemas_missing)
 
         async def persist(_: list[dict[str, Any]]) -> None:
             # Before a voter change: which directory id is the old one, where the new one listens.
@@ -402,6 +428,8 @@ class KafkaDaemon:
         assert m is not None
         if st.view is not None and not st.condition("QuorumLost").status:
             m.ever_available = True
+        if m.schemas_missing and m.spec.policy.enabled:
+            note_schemas_missing(st, m.schemas_missing)
         status = st.to_crd_status(m.last_status, m.spec.base.generation)
         status["recoveries"] = m.recoveries_status()
         status["kafka"] = m.kafka_status()
