@@ -5,7 +5,8 @@
 #   e2e/kind.sh [--keep]
 #
 # 1. builds the image (scripts/build-image.sh) and loads it into a new kind cluster;
-# 2. helm-installs the chart and applies e2e/sample.yaml (a 3-voter KRaftQuorum);
+# 2. helm-installs the chart (namespace-scoped RBAC: it watches the release namespace) and applies
+#    e2e/sample.yaml (a 3-voter KRaftQuorum with TLS on) and e2e/client.yaml (a client pod);
 # 3. waits for a leader, then deletes replica 2's pod together with its PVC (a lost disk);
 # 4. waits for the operator's automatic recovery (status.recoveries[-1].result == Succeeded) and
 #    prints its timings (status.recoveries[-1].phaseSeconds) and the recovery event log.
@@ -49,8 +50,12 @@ log "creating the quorum (e2e/sample.yaml)"
 kubectl -n "$ns" apply -f "$here/e2e/sample.yaml"
 leader() { kubectl -n "$ns" get kq demo -o jsonpath='{.status.leaderId}'; }
 wait_for "a leader" "$timeout_s" sh -c "[ \"\$(kubectl -n $ns get kq demo -o jsonpath='{.status.leaderId}')\" -ge 0 ]"
-log "leader is $(leader); writing a key"
-kubectl -n "$ns" exec demo-0 -- kraftkeeper kv put --bootstrap demo-0.demo-headless:9093 e2e-key before-recovery
+log "leader is $(leader); starting a client pod with the quorum's client credential (TLS is on)"
+wait_for "Secret demo-client" "$timeout_s" kubectl -n "$ns" get secret demo-client
+sed "s|image: kraftkeeper:dev|image: $image|" "$here/e2e/client.yaml" | kubectl -n "$ns" apply -f -
+kubectl -n "$ns" wait --for=condition=Ready pod/client --timeout=300s
+log "writing a key through the client Service over TLS"
+kubectl -n "$ns" exec client -- kraftkeeper kv put --bootstrap "demo.$ns.svc:9093" e2e-key before-recovery
 
 before="$(kubectl -n "$ns" get kq demo -o jsonpath='{.status.recoveries}' | python3 -c 'import json,sys; d=sys.stdin.read(); print(len(json.loads(d)) if d.strip() else 0)')"
 victim=demo-1
@@ -78,6 +83,6 @@ print(json.dumps(r, indent=2))
 for phase, secs in (r.get("phaseSeconds") or {}).items():
     print(f"{phase:>16}: {secs:8.2f} s")'
 echo "--- the key written before the recovery ---"
-kubectl -n "$ns" exec demo-1 -- kraftkeeper kv get --bootstrap demo-0.demo-headless:9093,demo-1.demo-headless:9093,demo-2.demo-headless:9093 e2e-key
+kubectl -n "$ns" exec client -- kraftkeeper kv get --bootstrap "demo.$ns.svc:9093" e2e-key
 echo "--- recovery event log ---"
 kubectl -n "$ns" exec deploy/kraftkeeper -- sh -c 'cat /data/events/*.jsonl' || true

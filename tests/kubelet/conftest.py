@@ -204,13 +204,27 @@ def kk_image(node_cluster: NodeCluster) -> Iterator[str]:
             _stop_engine()
 
 
+def _quorum_namespace(c: NodeCluster) -> None:
+    """Namespace kk-e2e under the `restricted` Pod Security level."""
+    if c.get_json("namespace", QUORUM_NS) is None:
+        c.kubectl("create", "namespace", QUORUM_NS)
+    c.kubectl("label", "--overwrite", "namespace", QUORUM_NS,
+              "pod-security.kubernetes.io/enforce=restricted",
+              "pod-security.kubernetes.io/enforce-version=v1.30")
+
+
 @pytest.fixture(scope="package")
 def operator_release(node_cluster: NodeCluster, kk_image: str) -> str:
     repo, tag = kk_image.rsplit(":", 1)
+    # The watched namespace exists before the install: the chart puts the operator's Role there.
+    _quorum_namespace(node_cluster)
     node_cluster.helm("upgrade", "--install", "kraftkeeper", str(REPO / "charts" / "kraftkeeper"),
                       "--namespace", OPERATOR_NS, "--create-namespace",
                       "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
                       "--set", "image.pullPolicy=Never", "--set", "operator.persistence.enabled=true",
+                      # The chart's default namespace-scoped RBAC (issue 8): Role + RoleBinding in
+                      # the quorum's namespace only, nothing cluster-wide.
+                      "--set", "rbac.scope=namespace", "--set", f"operator.watchNamespaces={{{QUORUM_NS}}}",
                       "--wait", "--timeout", "5m")
     return OPERATOR_NS
 
@@ -266,11 +280,6 @@ def wait_available(cluster: NodeCluster, voters: int = 3) -> dict[str, Any]:
 @pytest.fixture(scope="package")
 def quorum_ns(node_cluster: NodeCluster, operator_release: str) -> str:
     c = node_cluster
-    if c.get_json("namespace", QUORUM_NS) is None:
-        c.kubectl("create", "namespace", QUORUM_NS)
-    c.kubectl("label", "--overwrite", "namespace", QUORUM_NS,
-              "pod-security.kubernetes.io/enforce=restricted",
-              "pod-security.kubernetes.io/enforce-version=v1.30")
     c.kubectl("apply", "-n", QUORUM_NS, "-f", str(REPO / "e2e" / "sample.yaml"))
     c.wait_for("KRaftQuorum demo Available with 3 voters", lambda: quorum_available(c), timeout=300,
                context=c.describe)

@@ -206,7 +206,13 @@ def _replace_disk(c: NodeCluster, ordinal: int, prefix: str) -> dict[str, Any]:
 
     rec = c.wait_for(f"the recovery of replica {replica_id}", recovered, timeout=RECOVERY_TIMEOUT_S,
                      interval=1.0, context=c.describe)
-    final = c.wait_for("the quorum Available with 3 voters again", lambda: quorum_available(c), timeout=120,
+    # The status written with the Succeeded record may still show the voter set read at the start
+    # of that pass (AddVoter and RemoveVoter both ran in it); the next pass publishes the new one.
+    def recovered_voters() -> dict[str, Any] | None:
+        s = quorum_available(c)
+        return s if s and voter_uuids(s).get(replica_id) == rec.get("newUuid") else None
+
+    final = c.wait_for("the quorum Available with the new voter", recovered_voters, timeout=120,
                        context=c.describe)
     # The client keeps writing through the recovered quorum, then everything acknowledged reads back.
     writer.wait_acked(len(writer.acked()), "a write acknowledged after the recovery")

@@ -121,50 +121,104 @@ def test_image_change_rolls_one_pod_at_a_time(node_cluster: NodeCluster, quorum_
     read_back(c, writer.stop())
 
 
-def test_operator_pod_deleted_mid_recovery_resumes(node_cluster: NodeCluster, quorum_ns: str) -> None:
-    """The operator pod is deleted while a recovery is in flight (the replacement has joined as an
-    observer with its new UUID, the voter change not done yet): the Deployment's new operator pod
-    picks the recovery up from what the quorum says and finishes it, with no human step."""
+def _wait_new_voter(c: NodeCluster, replica_id: int, new_uuid: str) -> dict[str, Any]:
+    """The status Available with (replica_id, new_uuid) among the voters (the status written with a
+    Succeeded record may still show the voter set read at the start of that pass)."""
+    def check() -> dict[str, Any] | None:
+        s = quorum_available(c)
+        return s if s and voter_uuids(s).get(replica_id) == new_uuid else None
+
+    return c.wait_for(f"the quorum Available with voter ({replica_id}, {new_uuid})", check, timeout=120,
+                      context=c.describe)
+
+
+def _operator_pods(c: NodeCluster) -> list[dict[str, Any]]:
+    items = c.get_json("pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=kraftkeeper")["items"]
+    return [p for p in items if p["metadata"].get("deletionTimestamp") is None]  # type: ignore[no-any-return]
+
+
+def _set_failpoint(c: NodeCluster, failpoint: str, once: str) -> None:
+    """helm upgrade of the operator with the chart's test hook (a new operator pod, Recreate)."""
+    c.helm("upgrade", "kraftkeeper", str(REPO / "charts" / "kraftkeeper"), "--namespace", OPERATOR_NS,
+           "--reuse-values", "--set-string", f"testing.failpoint={failpoint}",
+           "--set-string", f"testing.failpointOnce={once}", "--wait", "--timeout", "5m")
+
+
+def _event_log(c: NodeCluster, pod: str) -> list[dict[str, Any]]:
+    """The operator's recovery event log (spec.eventLog.path on its /data claim)."""
+    out = c.kubectl("exec", "-n", OPERATOR_NS, pod, "--", "python", "-c",
+                    f"import sys; sys.stdout.write(open('/data/events/{QUORUM}.jsonl').read())").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_operator_pod_deleted_between_add_and_remove_voter_resumes(
+        node_cluster: NodeCluster, quorum_ns: str) -> None:
+    """The operator stops (failpoint after-add-voter-committed=hang) right after AddVoter of a
+    disk replacement committed, before RemoveVoter: the voter set briefly holds the old and the
+    new UUID of that replica. The operator pod is deleted; the Deployment's new pod (the failpoint
+    fires once only) resumes with RemoveVoter from what the quorum and the event log say, and
+    the recovery ends Succeeded, each step logged once, no acknowledged write lost."""
     c = node_cluster
-    st = wait_available(c)
-    follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
-    old_uuid = voter_uuids(st)[follower]
-    recoveries_before = len(st.get("recoveries") or [])
-    old_operator = c.get_json("pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=kraftkeeper")["items"]
-    assert len(old_operator) == 1
-    writer = Writer(c, "opkill")
-    writer.wait_acked(0, "the writer's first acknowledged write")
-    pod = f"{QUORUM}-{follower - 1}"
-    c.kubectl("delete", "pvc", f"data-{pod}", "-n", QUORUM_NS, "--wait=false")
-    c.kubectl("delete", "pod", pod, "-n", QUORUM_NS, "--wait=false")
+    once = f"/data/failpoint-{uuid.uuid4().hex[:8]}"
+    _set_failpoint(c, "after-add-voter-committed=hang", once)
+    try:
+        st = wait_available(c)
+        follower = next(i for i in sorted(voter_uuids(st)) if i != st["leaderId"])
+        old_uuid = voter_uuids(st)[follower]
+        recoveries_before = len(st.get("recoveries") or [])
+        (hung,) = _operator_pods(c)
+        hung_pod = hung["metadata"]["name"]
+        writer = Writer(c, "failpoint")
+        writer.wait_acked(0, "the writer's first acknowledged write")
+        pod = f"{QUORUM}-{follower - 1}"
+        c.kubectl("delete", "pvc", f"data-{pod}", "-n", QUORUM_NS, "--wait=false")
+        c.kubectl("delete", "pod", pod, "-n", QUORUM_NS, "--wait=false")
 
-    def new_observer() -> str | None:
-        s = (c.get_json("kraftquorum", QUORUM, "-n", QUORUM_NS) or {}).get("status") or {}
-        for o in s.get("observers") or []:
-            if int(o["id"]) == follower and o.get("uuid") and o["uuid"] != old_uuid:
-                return str(o["uuid"])
-        return None
+        def at_failpoint() -> str | None:
+            log = c.kubectl("logs", "-n", OPERATOR_NS, hung_pod, check=False).stdout
+            return log if "failpoint after-add-voter-committed=hang reached" in log else None
 
-    new_uuid = c.wait_for("the replacement to show up as an observer", new_observer, timeout=180,
-                          interval=0.5, context=c.describe)
-    c.kubectl("delete", "pod", "-n", OPERATOR_NS, old_operator[0]["metadata"]["name"], "--wait=false")
+        log = c.wait_for("the operator stopped at its failpoint after AddVoter", at_failpoint, timeout=300,
+                         interval=1.0, context=c.describe)
+        events = _event_log(c, hung_pod)
+        added = [e for e in events if e["type"] == "add_voter_committed" and e.get("old_uuid") == old_uuid]
+        assert len(added) == 1, events[-10:]
+        rid = added[0]["recovery_id"]
+        assert not [e for e in events if e["recovery_id"] == rid and e["type"].startswith("remove_voter")]
+        assert "add_voter_committed" in log and f"recovery {rid}" in log, log[-3000:]
+        # The quorum keeps serving while the operator is stopped between the two changes.
+        writer.wait_acked(len(writer.acked()), "a write acknowledged while the operator is stopped")
 
-    def recovered() -> dict[str, Any] | None:
-        s = (c.get_json("kraftquorum", QUORUM, "-n", QUORUM_NS) or {}).get("status") or {}
-        recs = s.get("recoveries") or []
-        done = [r for r in recs[recoveries_before:] if r.get("result") == "Succeeded"]
-        return done[-1] if done else None
+        c.kubectl("delete", "pod", "-n", OPERATOR_NS, hung_pod, "--wait=false")
 
-    rec = c.wait_for("the recovery finished by the new operator pod", recovered, timeout=300,
-                     context=c.describe)
-    assert rec["replicaId"] == follower and rec.get("newUuid") == new_uuid, rec
-    now = c.get_json("pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=kraftkeeper")["items"]
-    assert old_operator[0]["metadata"]["uid"] not in {p["metadata"]["uid"] for p in now}
-    final = c.wait_for("the quorum Available with 3 voters", lambda: quorum_available(c), timeout=120,
-                       context=c.describe)
-    assert voter_uuids(final)[follower] == new_uuid and old_uuid not in voter_uuids(final).values()
-    writer.wait_acked(len(writer.acked()), "a write acknowledged after the recovery")
-    read_back(c, writer.stop())
+        def recovered() -> dict[str, Any] | None:
+            s = c.quorum().get("status") or {}
+            done = [r for r in (s.get("recoveries") or [])[recoveries_before:]
+                    if r.get("result") == "Succeeded" and r.get("recoveryId") == rid]
+            return done[-1] if done else None
+
+        rec = c.wait_for("the recovery finished by the new operator pod", recovered, timeout=300,
+                         context=c.describe)
+        assert rec["replicaId"] == follower and rec.get("newUuid") not in (None, old_uuid), rec
+        final = _wait_new_voter(c, follower, str(rec["newUuid"]))
+        assert old_uuid not in voter_uuids(final).values()
+        (resumed,) = _operator_pods(c)
+        assert resumed["metadata"]["name"] != hung_pod
+        # Each step of the recovery is in the event log exactly once, across the two operator pods.
+        steps = [e["type"] for e in _event_log(c, resumed["metadata"]["name"]) if e["recovery_id"] == rid]
+        for step in ("disk_replacement_detected", "add_voter_committed", "remove_voter_committed",
+                     "recovery_completed"):
+            assert steps.count(step) == 1, (step, steps)
+        # The Events a person reads on the KRaftQuorum: the new pod's RemoveVoter and completion.
+        reasons = {e["reason"] for e in c.get_json("events", "-n", QUORUM_NS, "--field-selector",
+                                                   "involvedObject.kind=KRaftQuorum")["items"]
+                   if rid in e.get("message", "")}
+        assert {"RemoveVoterCommitted", "RecoveryCompleted"} <= reasons, sorted(reasons)
+        writer.wait_acked(len(writer.acked()), "a write acknowledged after the recovery")
+        read_back(c, writer.stop())
+    finally:
+        _set_failpoint(c, "", "")
+        wait_available(c)
 
 
 def _available_pv(c: NodeCluster) -> dict[str, Any]:
@@ -239,9 +293,8 @@ def test_volume_of_another_cluster_crash_loops_and_is_never_a_replacement(
         return done[-1] if done else None
 
     rec = c.wait_for("the recovery onto an empty volume", recovered, timeout=300, context=c.describe)
-    final = c.wait_for("the quorum Available with 3 voters", lambda: quorum_available(c), timeout=120,
-                       context=c.describe)
-    assert rec["replicaId"] == follower
-    assert voter_uuids(final)[follower] not in (before[follower], foreign_uuid)
+    assert rec["replicaId"] == follower and rec.get("newUuid") not in (None, before[follower], foreign_uuid)
+    final = _wait_new_voter(c, follower, str(rec["newUuid"]))
+    assert foreign_uuid not in voter_uuids(final).values()
     writer.wait_acked(len(writer.acked()), "a write acknowledged after the recovery")
     read_back(c, writer.stop())
