@@ -28,6 +28,12 @@ until all N are reconciled (status written), API requests and operator CPU secon
 and for a steady window (``--window`` seconds, default 30) afterwards. API requests are the
 kube-apiserver's own ``apiserver_request_total`` counter delta minus the bench's requests.
 
+``--real``: the same two measurements on a real single-node Kubernetes (bench/operator_real.py:
+``kubectl delete pod,pvc`` to recovery completed, split into pod rescheduling, volume, process
+start and the operator's phases, printed next to the local-mode split of the same invocation;
+operator CPU and API requests with 100 objects, pods running for 3 of them). Needs root and
+``scripts/k8s-node.sh install``.
+
 Run from the repository root: ``python -m bench.operator [recovery|cost|all] [options]``.
 """
 
@@ -175,7 +181,9 @@ def bench_recovery(k: int, stabilization: float, workdir: Path) -> dict[str, lis
     d = workdir / "bench-local"
     names = ("detection", "stabilisation", "deadline->add", "add", "commit->remove", "remove", "total")
     rows: dict[str, list[float]] = {n: [] for n in names}
-    extra = ["--stabilization-seconds", str(stabilization)]
+    # --insecure: the bench reads the leader's describe over plain HTTP without a credential (as the
+    # real-path bench does with spec.tls.mode Disabled); the recovery's steps are the same.
+    extra = ["--stabilization-seconds", str(stabilization), "--insecure"]
     with local_cluster(d, 3, extra) as (base, proc):
         eps = [f"127.0.0.1:{base + i}" for i in (1, 2, 3)]
         poll(
@@ -267,7 +275,7 @@ def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
     results: dict[str, float] = {}
     with (
         kube_apiserver() as kube,
-        local_cluster(workdir / "shared-quorum", 3, ["--no-recovery"]) as (base, _),
+        local_cluster(workdir / "shared-quorum", 3, ["--no-recovery", "--insecure"]) as (base, _),
     ):
         crd = yaml.safe_load((REPO / "crds" / "kraftquorums.kraftkeeper.io.yaml").read_text())
         st, body = kube.apply(crd)
@@ -322,7 +330,9 @@ def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
                         "apiVersion": "kraftkeeper.io/v1alpha1",
                         "kind": "KRaftQuorum",
                         "metadata": {"name": f"q{j}"},
-                        "spec": {"voters": 3, "recovery": {"stabilizationSeconds": 5}},
+                        # Plaintext like the shared quorum they all resolve to (--insecure).
+                        "spec": {"voters": 3, "recovery": {"stabilizationSeconds": 5},
+                                 "tls": {"mode": "Disabled"}},
                     },
                 )
                 assert st == 201, body
@@ -369,9 +379,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--objects", type=int, default=100)
     p.add_argument("--window", type=float, default=30.0)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--real", action="store_true",
+                   help="also on a real single-node Kubernetes (scripts/k8s-node.sh), next to local mode")
     a = p.parse_args(argv)
     if a.recoveries < 1 or a.objects < 1:
         p.error("--recoveries and --objects must be >= 1")
+    if a.real:
+        if a.stabilization_seconds != round(a.stabilization_seconds):
+            p.error("--real needs a whole --stabilization-seconds (spec.recovery.stabilizationSeconds)")
+        return main_real(a)
     workdir = Path(tempfile.mkdtemp(prefix="kk-bench-operator-"))
     try:
         if a.what in ("recovery", "all"):
@@ -407,6 +423,39 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"work directory kept: {workdir}")
+    return 0
+
+
+def main_real(a: argparse.Namespace) -> int:
+    """``--real``: local mode and the real cluster in one invocation, printed side by side."""
+    from bench.operator_real import PHASES
+    from bench.operator_real import run as run_real
+
+    workdir = Path(tempfile.mkdtemp(prefix="kk-bench-operator-"))
+    try:
+        local = bench_recovery(a.recoveries, a.stabilization_seconds, workdir) if a.what != "cost" else {}
+        real, cost = run_real(a.recoveries, a.stabilization_seconds, a.objects, a.window, a.what)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if a.what != "cost":
+        print(f"\nRecovery timing, {a.recoveries} replacements each, stabilisation "
+              f"{a.stabilization_seconds:g} s (seconds; real: from `kubectl delete pod,pvc`, local: from the "
+              "replaced node's first fetch)")
+        print(f"{'phase':<16}{'real p50':>10}{'real p99':>10}{'local p50':>11}{'local p99':>11}")
+        for name in PHASES:
+            r, lo = real.get(name) or [], local.get(name) or []
+            cells = [f"{statistics.median(v):>10.3f}{pct(v, 99):>10.3f}" if v else f"{'-':>10}{'-':>10}"
+                     for v in (r, lo)]
+            print(f"{name:<16}{cells[0]}{cells[1]}")
+    if cost is not None:
+        print(f"\nOperator cost on the real cluster, {int(cost['objects'])} KRaftQuorum objects "
+              f"(3 with pods running)")
+        print(f"setup: {cost['setup_seconds']:.1f} s, {cost['setup_requests']:.0f} API requests "
+              f"(all clients), operator CPU {cost['setup_cpu_seconds']:.2f} s")
+        print(f"steady ({cost['window']:g} s windows, running vs stopped): operator "
+              f"{cost['steady_requests_per_s']:.2f} API requests/s "
+              f"(others {cost['steady_other_requests_per_s']:.2f}/s), "
+              f"operator CPU {cost['steady_cpu_percent']:.1f} %")
     return 0
 
 

@@ -1,0 +1,428 @@
+"""Operator benchmark, the real path (``python -m bench.operator --real``; issue 11).
+
+Runs on the single-node Kubernetes of ``scripts/k8s-node.sh`` (kubelet + containerd; started here
+when it is not running and stopped again at the end) with the product image built by
+``scripts/build-image.sh`` and imported into containerd, as tests/kubelet does, and the chart
+installed as release ``kkbench`` in namespace ``kk-bench-system`` (namespace-scoped RBAC watching
+``kk-bench`` and ``kk-bench-idle``; its own release, so a tests/kubelet operator is left alone).
+
+``recovery``: K times (``--recoveries``, at least 10 for a p99 worth printing), ``kubectl delete
+pod,pvc`` of replica 1, 2, 3, 1, ... of the 3-voter KRaftQuorum ``bench`` (the leader included
+whenever it is the one picked), and the time from that command to ``recovery_completed``, split:
+
+* rescheduling: the delete -> the StatefulSet's new pod object (a new uid) first seen;
+* volume: new pod -> its re-created claim ``Bound`` to a fresh local PV (the scheduler binds it:
+  the StorageClass is WaitForFirstConsumer);
+* process start: claim bound -> the new replica's first fetch (the leader's
+  ``last_fetch_timestamp`` of the new (id, UUID)): scheduling, sandbox, the ``tls``/``format`` init
+  containers, the node process and its first Fetch;
+* detection, stabilisation, deadline->add, add, commit->remove, remove: as in local mode
+  (bench/operator.py), from the operator's own event log (``spec.eventLog.path`` on its /data
+  volume, read with ``kubectl exec``).
+
+The bench observes pods, claims and the leader's describe every ~50 ms from the host (pod IPs are
+on the node's bridge). The ``bench`` quorum runs with ``spec.tls.mode: Disabled`` for that reason
+only: the bench holds no admin credential of an Operator-mode CA. Every clock involved (the bench,
+the nodes, the operator) is the host's clock.
+
+``cost``: 100 KRaftQuorum objects (``--objects``): the 3 in ``kk-bench`` have pods running (3
+voters each); the others are in ``kk-bench-idle``, where a ResourceQuota of 0 pods keeps their
+StatefulSets empty (the operator still reconciles every object on every pass). Setup: time, API
+requests and operator CPU from the first create until every object has a status and the 3 live
+ones are Available. Steady state: windows of ``--window`` seconds, alternately with the operator
+running and stopped (SIGSTOP of its process on the host, SIGCONT after; the windows are shorter
+than its liveness probe's 60 s), so the kube-apiserver's ``apiserver_request_total`` delta of the
+stopped windows (kubelet, controllers, this bench) can be subtracted from that of the running ones.
+
+Re-used local PersistentVolumes (``scripts/k8s-node.sh`` makes 32, each used once) are recycled
+here: a Released volume of the bench's namespaces is emptied and made Available again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kraftkeeper_reports.events import parse_ts_ms
+
+REPO = Path(__file__).resolve().parents[1]
+NODE_SH = REPO / "scripts" / "k8s-node.sh"
+OP_NS, RELEASE = "kk-bench-system", "kkbench"
+NS_LIVE, NS_IDLE = "kk-bench", "kk-bench-idle"
+IMAGE = os.environ.get("KK_IMAGE", "kraftkeeper:dev")
+T = TypeVar("T")
+PHASES = ("rescheduling", "volume", "process start", "detection", "stabilisation", "deadline->add", "add",
+          "commit->remove", "remove", "total")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _node(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(NODE_SH), *args], capture_output=True, text=True, timeout=timeout)
+
+
+class Kube:
+    """kubectl/helm with the node's kubeconfig, and direct GETs for the fast polls."""
+
+    def __init__(self, kubeconfig: Path, bin_dir: Path) -> None:
+        cfg = yaml.safe_load(kubeconfig.read_text())
+        cluster, user = cfg["clusters"][0]["cluster"], cfg["users"][0]["user"]
+        self.server = str(cluster["server"])
+        self.ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.token = str(user["token"])
+        self.bin_dir = bin_dir
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig),
+                    "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        helm_home = kubeconfig.parent / "helm"
+        for var, sub in (("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"),
+                         ("HELM_DATA_HOME", "data")):
+            self.env[var] = str(helm_home / sub)
+
+    def get(self, path: str, accept: str = "application/json") -> Any:
+        req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {self.token}",
+                                                                  "Accept": accept})
+        with urllib.request.urlopen(req, context=self.ctx, timeout=10) as r:
+            body = r.read()
+        return json.loads(body) if accept == "application/json" else body.decode()
+
+    def run(self, tool: str, *args: str, stdin: str | None = None, check: bool = True,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.bin_dir / tool), *args], capture_output=True, text=True, env=self.env,
+                              input=stdin, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{tool} {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
+        return proc
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        return self.run("kubectl", *args, stdin=stdin, check=check).stdout
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+
+    def api_requests(self) -> float:
+        total = 0.0
+        for line in str(self.get("/metrics", accept="text/plain")).splitlines():
+            if line.startswith("apiserver_request_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except Exception as e:  # transient: a pod restarting, the leader moving
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@contextmanager
+def node_cluster() -> Iterator[Kube]:
+    """The single-node cluster (up here if it is not running, then down again), image imported."""
+    if os.geteuid() != 0:
+        raise RuntimeError("the single-node cluster needs root")
+    check = _node("check", timeout=60)
+    if check.returncode != 0:
+        raise RuntimeError(f"scripts/k8s-node.sh check: {check.stdout.strip()[-1000:]}")
+    started = _node("status", timeout=60).returncode != 0
+    if started:
+        up = _node("up", timeout=600)
+        if up.returncode != 0:
+            _node("down", timeout=300)
+            raise RuntimeError(f"scripts/k8s-node.sh up: {up.stderr[-2000:]}")
+    try:
+        env_out = _node("env", timeout=60).stdout
+        kubeconfig = next(line.split("=", 1)[1].strip("'") for line in env_out.splitlines()
+                          if line.startswith("export KUBECONFIG="))
+        cache = Path(os.environ.get("KK_CACHE", str(Path.home() / ".cache" / "kraftkeeper")))
+        build = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh"), "build"],
+                               capture_output=True, text=True, timeout=1500,
+                               env={**os.environ, "KK_IMAGE": IMAGE})
+        if build.returncode != 0:
+            raise RuntimeError(f"scripts/build-image.sh: {build.stderr[-2000:]}")
+        load = _node("load-image", IMAGE, timeout=600)
+        if load.returncode != 0:
+            raise RuntimeError(f"k8s-node.sh load-image: {load.stderr[-2000:]}")
+        yield Kube(Path(kubeconfig), cache / "bin")
+    finally:
+        if started:
+            _node("down", timeout=300)
+
+
+def recycle_pvs(k: Kube) -> int:
+    """Empties Released local PVs whose claim was in the bench's namespaces; makes them Available."""
+    n = 0
+    for pv in k.get("/api/v1/persistentvolumes")["items"]:
+        ref = pv["spec"].get("claimRef") or {}
+        if pv.get("status", {}).get("phase") != "Released" or ref.get("namespace") not in (NS_LIVE, NS_IDLE):
+            continue
+        path = Path(pv["spec"]["local"]["path"])
+        for child in path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        os.chown(path, 0, 0)
+        path.chmod(0o755)
+        k.kubectl("patch", "pv", pv["metadata"]["name"], "--type=json",
+                  "-p", '[{"op": "remove", "path": "/spec/claimRef"}]')
+        n += 1
+    return n
+
+
+def quorum(name: str, stabilization: float, tls: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "voters": 3, "image": IMAGE, "imagePullPolicy": "Never", "storage": {"size": "128Mi"},
+        "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "recovery": {"enabled": True, "order": "AddThenRemove", "stabilizationSeconds": round(stabilization),
+                     "timeoutSeconds": 600},
+        "eventLog": {"path": f"/data/events/{name}.jsonl"},
+    }
+    if not tls:
+        spec["tls"] = {"mode": "Disabled"}
+    return {"apiVersion": "kraftkeeper.io/v1alpha1", "kind": "KRaftQuorum", "metadata": {"name": name},
+            "spec": spec}
+
+
+def status(k: Kube, ns: str, name: str) -> dict[str, Any]:
+    obj = k.get(f"/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums/{name}")
+    return obj.get("status") or {}
+
+
+def available(st: dict[str, Any]) -> bool:
+    conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+    vs = st.get("voters") or []
+    return conds.get("Available") == "True" and len(vs) == 3 and all(v.get("uuid") for v in vs)
+
+
+def install(k: Kube) -> None:
+    for ns in (NS_LIVE, NS_IDLE):
+        k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    k.apply({"apiVersion": "v1", "kind": "ResourceQuota",
+             "metadata": {"name": "no-pods", "namespace": NS_IDLE}, "spec": {"hard": {"pods": "0"}}})
+    repo, tag = IMAGE.rsplit(":", 1)
+    k.run("helm", "upgrade", "--install", RELEASE, str(REPO / "charts" / "kraftkeeper"), "--namespace", OP_NS,
+          "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+          "--set", "image.pullPolicy=Never", "--set", f"operator.watchNamespaces={{{NS_LIVE},{NS_IDLE}}}",
+          "--set", "metrics.service.enabled=false",
+          # 100 KRaftQuorums (each with its clients and, in Operator TLS mode, its CA) need more
+          # than the chart's default limit.
+          "--set", "operator.resources.limits.memory=1Gi", "--wait", "--timeout", "5m", timeout=600)
+
+
+def uninstall(k: Kube) -> None:
+    for ns in (NS_LIVE, NS_IDLE):
+        k.kubectl("delete", "kraftquorums", "--all", "-n", ns, "--wait=true", "--timeout=180s", check=False)
+        k.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=180s", check=False)
+    k.run("helm", "uninstall", RELEASE, "--namespace", OP_NS, "--wait", check=False)
+    k.kubectl("delete", "namespace", OP_NS, "--wait=true", "--timeout=180s", check=False)
+    with suppress(Exception):
+        recycle_pvs(k)
+
+
+def operator_events(k: Kube, name: str) -> list[dict[str, Any]]:
+    out = k.kubectl("exec", "-n", OP_NS, f"deploy/{RELEASE}-kraftkeeper", "--", "python", "-c",
+                    f"import sys; sys.stdout.write(open('/data/events/{name}.jsonl').read())")
+    return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
+class Observer:
+    """First-seen times (host ms) of the new pod, its bound claim and the new replica's first fetch."""
+
+    def __init__(self, k: Kube, name: str, ordinal: int, old_pod_uid: str, old_pvc_uid: str) -> None:
+        self.k, self.name, self.ordinal = k, name, ordinal
+        self.old_pod_uid, self.old_pvc_uid = old_pod_uid, old_pvc_uid
+        self.pod_seen: int | None = None
+        self.bound_seen: int | None = None
+        self.first_fetch: int | None = None
+        self.new_uuid: str | None = None
+
+    def _describe(self) -> dict[str, Any] | None:
+        pods = self.k.get(f"/api/v1/namespaces/{NS_LIVE}/pods"
+                          "?labelSelector=app.kubernetes.io/component%3Dquorum")
+        for p in pods["items"]:
+            ip = p.get("status", {}).get("podIP")
+            if not ip:
+                continue
+            with suppress(Exception), urllib.request.urlopen(f"http://{ip}:9093/v1/quorum/describe",
+                                                             timeout=1) as r:
+                return json.loads(r.read())  # type: ignore[no-any-return]
+        return None
+
+    def step(self, old_uuid: str) -> bool:
+        t = now_ms()
+        pod_name, pvc_name = f"{self.name}-{self.ordinal}", f"data-{self.name}-{self.ordinal}"
+        if self.pod_seen is None:
+            with suppress(Exception):
+                p = self.k.get(f"/api/v1/namespaces/{NS_LIVE}/pods/{pod_name}")
+                if p["metadata"]["uid"] != self.old_pod_uid:
+                    self.pod_seen = t
+        if self.pod_seen is not None and self.bound_seen is None:
+            with suppress(Exception):
+                c = self.k.get(f"/api/v1/namespaces/{NS_LIVE}/persistentvolumeclaims/{pvc_name}")
+                if c["metadata"]["uid"] != self.old_pvc_uid and c.get("status", {}).get("phase") == "Bound":
+                    self.bound_seen = t
+        if self.bound_seen is not None and self.first_fetch is None:
+            d = self._describe()
+            for o in (d or {}).get("observers", []) + (d or {}).get("voters", []):
+                if o["id"] == self.ordinal + 1 and o.get("uuid") not in (None, "", old_uuid) \
+                        and o.get("last_fetch_timestamp", -1) >= 0:
+                    self.first_fetch, self.new_uuid = int(o["last_fetch_timestamp"]), str(o["uuid"])
+        return self.first_fetch is not None
+
+
+def ts_ms(e: dict[str, Any]) -> int:
+    v = parse_ts_ms(e["ts"])
+    assert v is not None
+    return v
+
+
+def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
+    name = "bench"
+    def ready() -> dict[str, Any] | None:
+        s = status(k, NS_LIVE, name)
+        return s if available(s) else None
+
+    st = poll("quorum bench Available", ready, timeout=300, every=0.5)
+    ordinal = i % 3
+    old_uuid = next(str(v["uuid"]) for v in st["voters"] if int(v["id"]) == ordinal + 1)
+    done_before = len(st.get("recoveries") or [])
+    recycle_pvs(k)
+    pod = k.get(f"/api/v1/namespaces/{NS_LIVE}/pods/{name}-{ordinal}")
+    pvc = k.get(f"/api/v1/namespaces/{NS_LIVE}/persistentvolumeclaims/data-{name}-{ordinal}")
+    obs = Observer(k, name, ordinal, pod["metadata"]["uid"], pvc["metadata"]["uid"])
+    t0 = now_ms()
+    k.kubectl("delete", "-n", NS_LIVE, f"pvc/data-{name}-{ordinal}", f"pod/{name}-{ordinal}", "--wait=false")
+    poll(f"first fetch of replacement {i + 1}", lambda: obs.step(old_uuid), timeout=300, every=0.05)
+
+    def succeeded() -> dict[str, Any] | None:
+        recs = (status(k, NS_LIVE, name).get("recoveries") or [])[done_before:]
+        ok = [r for r in recs if r.get("result") == "Succeeded" and r.get("newUuid") == obs.new_uuid]
+        return ok[-1] if ok else None
+
+    rec = poll(f"recovery {i + 1} Succeeded", succeeded, timeout=600, every=0.5)
+    evs = [e for e in operator_events(k, name) if e.get("recovery_id") == rec["recoveryId"]]
+    at = {e["type"]: ts_ms(e) for e in evs}
+    first = {e["type"]: ts_ms(e) for e in reversed(evs)}
+    caught = next(e for e in evs if e["type"] == "replica_caught_up")
+    deadline = int(caught["detail"]["stable_since_ms"]) + round(stabilization * 1000)
+    assert obs.pod_seen is not None and obs.bound_seen is not None and obs.first_fetch is not None
+    return {
+        "rescheduling": (obs.pod_seen - t0) / 1000,
+        "volume": (obs.bound_seen - obs.pod_seen) / 1000,
+        "process start": (obs.first_fetch - obs.bound_seen) / 1000,
+        "detection": (first["disk_replacement_detected"] - obs.first_fetch) / 1000,
+        "stabilisation": (at["replica_caught_up"] - first["disk_replacement_detected"]) / 1000,
+        "deadline->add": (first["add_voter_started"] - deadline) / 1000,
+        "add": (at["add_voter_committed"] - at["add_voter_started"]) / 1000,
+        "commit->remove": (first["remove_voter_started"] - at["add_voter_committed"]) / 1000,
+        "remove": (at["remove_voter_committed"] - at["remove_voter_started"]) / 1000,
+        "total": (at["recovery_completed"] - t0) / 1000,
+    }
+
+
+def operator_process(k: Kube) -> Any:
+    import psutil
+
+    want = f"--namespace={NS_LIVE}"
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "operator" in cmd and "run" in cmd and want in cmd:
+            return p
+    raise RuntimeError("the bench operator's process is not visible on the host")
+
+
+def bench_cost(k: Kube, objects: int, window: float, rounds: int = 2) -> dict[str, float]:
+    """Setup and steady-state cost of ``objects`` KRaftQuorums (3 with pods running)."""
+    op = operator_process(k)
+
+    def cpu() -> float:
+        return float(sum(op.cpu_times()[:2]))
+
+    req0, cpu0, t0 = k.api_requests(), cpu(), time.monotonic()
+    for j in range(objects - 3):
+        obj = quorum(f"idle-{j}", 10, tls=True)
+        obj["metadata"]["namespace"] = NS_IDLE
+        k.apply(obj)
+    for name in ("live-2", "live-3"):
+        obj = quorum(name, 10, tls=True)
+        obj["metadata"]["namespace"] = NS_LIVE
+        k.apply(obj)
+
+    def settled() -> bool:
+        idle = k.get(f"/apis/kraftkeeper.io/v1alpha1/namespaces/{NS_IDLE}/kraftquorums")["items"]
+        live = [status(k, NS_LIVE, n) for n in ("bench", "live-2", "live-3")]
+        return len(idle) == objects - 3 and all((i.get("status") or {}).get("phase") for i in idle) \
+            and all(available(s) for s in live)
+
+    poll(f"{objects} objects reconciled, 3 quorums Available", settled, timeout=900, every=2.0)
+    r: dict[str, float] = {"objects": objects, "setup_seconds": time.monotonic() - t0,
+                           "setup_requests": k.api_requests() - req0, "setup_cpu_seconds": cpu() - cpu0}
+    on_req: list[float] = []
+    off_req: list[float] = []
+    on_cpu: list[float] = []
+    for _ in range(rounds):
+        for running in (True, False):
+            if not running:
+                op.send_signal(signal.SIGSTOP)
+            try:
+                a, c0 = k.api_requests(), cpu()
+                time.sleep(window)  # the window being measured; nothing is waited for
+                b, c1 = k.api_requests(), cpu()
+            finally:
+                if not running:
+                    op.send_signal(signal.SIGCONT)
+            (on_req if running else off_req).append((b - a) / window)
+            if running:
+                on_cpu.append((c1 - c0) / window)
+    r["steady_requests_per_s"] = statistics.mean(on_req) - statistics.mean(off_req)
+    r["steady_other_requests_per_s"] = statistics.mean(off_req)
+    r["steady_cpu_percent"] = 100 * statistics.mean(on_cpu)
+    r["window"] = window
+    return r
+
+
+def run(recoveries: int, stabilization: float, objects: int, window: float, what: str
+        ) -> tuple[dict[str, list[float]], dict[str, float] | None]:
+    rows: dict[str, list[float]] = {p: [] for p in PHASES}
+    cost: dict[str, float] | None = None
+    with node_cluster() as k:
+        try:
+            install(k)
+            recycle_pvs(k)
+            obj = quorum("bench", stabilization, tls=False)
+            obj["metadata"]["namespace"] = NS_LIVE
+            k.apply(obj)
+            if what in ("recovery", "all"):
+                for i in range(recoveries):
+                    row = one_replacement(k, i, stabilization)
+                    for p in PHASES:
+                        rows[p].append(row[p])
+                    print(f"  real replacement {i + 1}/{recoveries}: replica {i % 3 + 1}, "
+                          f"total {row['total']:.2f} s", file=sys.stderr)
+            if what in ("cost", "all"):
+                cost = bench_cost(k, objects, window)
+        finally:
+            uninstall(k)
+    return rows, cost
