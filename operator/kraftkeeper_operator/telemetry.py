@@ -97,8 +97,9 @@ class EventLogSink:
 
 
 def logged_steps(sink: EventSink, recovery_ids: Collection[str], since_ms: int) -> set[tuple[str, str]]:
-    """What :meth:`EventLogSink.logged` says, for any sink (a FanOut asks each of its sinks;
-    sinks with no readable history, e.g. stdout or Kubernetes Events, know nothing)."""
+    """What :meth:`EventLogSink.logged` says, for any sink (a FanOut asks each of its sinks, a
+    decorating sink the one in its ``sink`` attribute; sinks with no readable history, e.g. stdout
+    or Kubernetes Events, know nothing)."""
     if isinstance(sink, EventLogSink):
         return sink.logged(recovery_ids, since_ms)
     if isinstance(sink, FanOut):
@@ -106,6 +107,9 @@ def logged_steps(sink: EventSink, recovery_ids: Collection[str], since_ms: int) 
         for s in sink.sinks:
             out |= logged_steps(s, recovery_ids, since_ms)
         return out
+    inner = getattr(sink, "sink", None)  # a decorating sink (e.g. watch.py's engine tags)
+    if inner is not None and inner is not sink and callable(getattr(inner, "emit", None)):
+        return logged_steps(inner, recovery_ids, since_ms)
     return set()
 
 

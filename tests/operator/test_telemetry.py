@@ -4,11 +4,19 @@ event-log sinks write the record the report job reads."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.telemetry import CallbackSink, EventLogSink, FanOut, MemorySink, StdoutEventSink
+from kraftkeeper_operator.telemetry import (
+    CallbackSink,
+    EventLogSink,
+    FanOut,
+    MemorySink,
+    StdoutEventSink,
+    logged_steps,
+)
 from kraftkeeper_reports.events import RecoveryEvent, validate_event
 
 EV = RecoveryEvent("add_voter_started", "r-1", 3, "old-uuid", "new-uuid", 2, 7, {"attempt": 1})
@@ -53,3 +61,34 @@ def test_callback_sink_names_the_replica_and_both_uuids() -> None:
     ((type_, message, detail),) = got
     assert type_ == "add_voter_started" and detail == {"attempt": 1}
     assert "replica 3" in message and "old-uuid -> new-uuid" in message and "r-1" in message
+
+
+def test_logged_steps_reads_the_day_partitions_since_detection_through_wrappers(tmp_path: Path) -> None:
+    """What a restarted controller reads to log no step twice (controller.py ONCE_PER_RECOVERY):
+    the (recovery id, type) pairs of the given recoveries, from the day of the detection on, also
+    through a FanOut and a decorating sink; other recoveries and older days are not read."""
+    sink = EventLogSink(tmp_path / "events", "ns/q")
+    now = datetime.now(UTC)
+    two_days_ago = now - timedelta(days=2)
+    sink.writer.emit(EV, two_days_ago)  # detected two days ago, still active
+    sink.emit(RecoveryEvent("add_voter_committed", "r-1", 3, "old-uuid", "new-uuid", 2, 7))
+    sink.emit(RecoveryEvent("add_voter_committed", "r-2", 1, "a", "b", 2, 7))
+    with sink.writer.path_for(now.isoformat()).open("a") as f:
+        f.write('not json\n{"broken": 1}\n')
+    since = int(two_days_ago.timestamp() * 1000)
+    want = {("r-1", "add_voter_started"), ("r-1", "add_voter_committed")}
+    assert sink.logged({"r-1"}, since) == want
+    # Reading from yesterday on misses the older day's line (by design: detection bounds it).
+    assert sink.logged({"r-1"}, int((now - timedelta(days=1)).timestamp() * 1000)) == {
+        ("r-1", "add_voter_committed")
+    }
+
+    class Tagged:
+        def __init__(self, inner: Any) -> None:
+            self.sink = inner
+
+        def emit(self, event: RecoveryEvent) -> None:
+            self.sink.emit(event)
+
+    assert logged_steps(FanOut(MemorySink(), Tagged(sink)), {"r-1"}, since) == want
+    assert logged_steps(MemorySink(), {"r-1"}, since) == set()
