@@ -134,3 +134,26 @@ def test_a_batch_whose_records_do_not_fill_it_is_not_complete() -> None:
     parse = DownloadParse(SID)
     parse.feed(bytes(raw))
     assert not parse.ok and not parse.complete()
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_a_download_is_written_back_as_it_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    """With fsync on, every SYNC_EVERY_BYTES of a download are fdatasynced as they arrive, so
+    the install's final fsync has only the tail left (issue 10); with fsync off, never."""
+    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 2048)
+    synced: list[int] = []
+    real = snapshot_module.os.fdatasync
+    monkeypatch.setattr(snapshot_module.os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    raw = _raw()
+    store = SnapshotStore(tmp_path / "s", fsync=fsync)
+    try:
+        store.begin_download(SID)
+        for pos in range(0, len(raw), 500):
+            store.write_chunk(SID, pos, raw[pos : pos + 500])
+        assert len(synced) == (len(raw) // 2048 if fsync else 0)
+        store.finish_download(SID)
+        assert store.load(SID) == ((), CHUNKS)
+    finally:
+        store.close()
