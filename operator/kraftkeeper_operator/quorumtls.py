@@ -220,9 +220,9 @@ class QuorumTls:
 
         async def due() -> list[int]:
             q, replicas = get()
-            if not await pods_ready(kube, q, replicas):
-                return []
-            return await self.due(kube, q, replicas)
+            due = await self.due(kube, q, replicas)
+            # The StatefulSet is read only when something is due (no extra request per pass).
+            return due if due and await pods_ready(kube, q, replicas) else []
 
         async def renew(i: int) -> None:
             q, replicas = get()
