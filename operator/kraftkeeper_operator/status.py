@@ -19,10 +19,12 @@ from typing import Any
 from .records import Action, Recovery
 from .view import QuorumView
 
-# The longest leader election the status waits out before it says QuorumLost: an election takes
-# one election timeout plus a random back-off (about 1-2 s in our engine and in Kafka's KRaft
-# defaults), and a new leader learns its followers' fetch times within one fetch long-poll.
-ELECTION_GRACE_MS = 3_000
+# The longest leader election the status waits out before it says QuorumLost (and never longer
+# than the live window): after a leader resigns (a graceful pod stop, KIP-595 EndQuorumEpoch) a new
+# one is elected within about one election timeout (1 s by default, ours and Kafka's KRaft); after
+# a leader crashed, the followers first wait out their fetch timeout (2 s), then one or two
+# election timeouts; a new leader learns its followers' fetch times within one fetch long-poll.
+ELECTION_GRACE_MS = 5_000
 
 
 def grace_s(window_ms: int) -> float:

@@ -6,6 +6,9 @@ passes that publish it, against a scripted sequence of leader answers."""
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
 from prometheus_client import generate_latest
 
 from quorum.types import ErrorCode, KraftError
+from tests.operator.operator_nodes import LocalCluster, engine_missing, poll
 
 NOW = 1_700_000_000_000
 WINDOW = 5_000
@@ -165,3 +169,38 @@ async def test_a_stable_leader_reporting_a_dead_majority_is_lost_at_once(
     st = await ctl.reconcile()
     assert conds(st)["QuorumLost"] == (True, "NoLiveMajority")
     assert st.to_crd_status()["phase"] == "QuorumLost"
+
+
+# ---------------------------------------------------------------------------------------------
+# Real processes: the leader's node restarted (a rolling image change stops pods with SIGTERM)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+def test_restarting_the_leader_node_never_shows_quorum_lost(tmp_path: Path) -> None:
+    """End to end in local mode: the leader resigns on SIGTERM (KIP-595) and the client follows
+    the new leader within one call, so this passes even without the grace; it guards the whole
+    path (describe, conditions, /status) of a rolling restart against a regression."""
+    c = LocalCluster(
+        tmp_path / "roll", 3, extra=["--no-recovery", "--live-window-seconds", "5"], insecure=True
+    )
+    try:
+        first = poll("a leader and 3 known voters", c.describe_all_known, timeout=120)
+        leader = int(first["leader_id"])
+        poll("status Running", lambda: c.status().get("phase") == "Running", timeout=60)
+        pidfile = c.dir / "control" / f"node-{leader}.pid"
+        pid = int(pidfile.read_text())
+        os.kill(pid, signal.SIGTERM)  # the leader resigns and stops; the supervisor restarts it
+        seen: list[tuple[str, str]] = []
+
+        def settled() -> bool:
+            st = c.status()
+            lost = next(x for x in st["conditions"] if x["type"] == "QuorumLost")
+            seen.append((st["phase"], lost["status"]))
+            restarted = pidfile.exists() and int(pidfile.read_text()) != pid
+            return restarted and st["phase"] == "Running" and st["leaderId"] > 0 and len(seen) > 20
+
+        poll("the quorum Running again with the node restarted", settled, timeout=120, every=0.1)
+        assert ("QuorumLost", "True") not in seen and all(s == "False" for _, s in seen), seen
+    finally:
+        assert c.stop() == 0, c.tail()
