@@ -280,6 +280,21 @@ def test_volume_of_another_cluster_crash_loops_and_is_never_a_replacement(
     events = c.kubectl("get", "events", "-n", QUORUM_NS,
                        "--field-selector", f"involvedObject.name={pod}").stdout
     assert "BackOff" in events, events
+
+    # The operator reports it (status and one Warning Event), naming the pod.
+    def reported() -> dict[str, Any] | None:
+        conds = {x.get("type"): x for x in (c.quorum().get("status") or {}).get("conditions") or []}
+        d = conds.get("Degraded") or {}
+        ok = d.get("status") == "True" and d.get("reason") == "PodCrashLooping"
+        return d if ok and pod in str(d.get("message")) else None
+
+    degraded = c.wait_for(f"Degraded/PodCrashLooping naming {pod}", reported, timeout=120, context=c.describe)
+    assert f"replica {follower}" in degraded["message"], degraded
+    warnings = [e for e in c.get_json("events", "-n", QUORUM_NS, "--field-selector",
+                                      "involvedObject.kind=KRaftQuorum")["items"]
+                if e["reason"] == "PodCrashLooping" and pod in e.get("message", "")]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning", warnings
+    assert voter_uuids(c.quorum().get("status") or {}) == before
     # The quorum still has 2 of 3 voters and keeps acknowledging writes.
     writer.wait_acked(len(writer.acked()), "a write acknowledged while the replacement crash-loops")
 
