@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Executor
-from typing import Any
 
 from quorum.core.messages import Message
 from quorum.core.raft import RaftCore
@@ -33,6 +32,12 @@ class AsyncRunner:
         self._wake = asyncio.Event()
         self._stopping = False
         self.turned_at = time.monotonic()  # last turn of the loop (issue 8: /healthz bound)
+        # While a persist that saves no quorum state runs, wake() also schedules one
+        # Driver.send_now for what was stepped in (see _persist).
+        self._persisting = False
+        self._send_soon = False
+        self._send_error: Exception | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
 
     @property
     def core(self) -> RaftCore:
@@ -42,13 +47,26 @@ class AsyncRunner:
         return self.driver.ports.clock.now_ms()
 
     def wake(self) -> None:
-        """Something was stepped or proposed: take the next Ready soon."""
+        """Something was stepped or proposed: take the next Ready soon (or, while a persist
+        runs, send at once what needs no fsync)."""
         self._wake.set()
+        if self._persisting and not self._send_soon and self._aloop is not None:
+            self._send_soon = True  # one send_now for everything stepped in this loop turn
+            self._aloop.call_soon(self._send_now)
+
+    def _send_now(self) -> None:
+        self._send_soon = False
+        if not self._persisting:
+            return
+        try:
+            self.driver.send_now()
+        except Exception as e:  # re-raised by _persist: the runner dies loudly
+            self._send_error = e
 
     def step(self, message: Message) -> None:
         """Step an inbound request or a response into the core (any time) and wake the loop."""
         self.driver.core.step(message, self.now_ms())
-        self._wake.set()
+        self.wake()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then finish the Ready in flight and return. Re-raises
@@ -81,27 +99,22 @@ class AsyncRunner:
             self._wake.set()
 
     async def _persist(self, loop: asyncio.AbstractEventLoop, pending: Pending) -> None:
-        """Run ``persist`` in the executor; meanwhile, each time something is stepped in, send
+        """Run ``persist`` in the executor; meanwhile, whenever something is stepped in, send
         what needs no persist (``Driver.send_now``: a leader's commit and answers, Fetch
-        responses) instead of holding it until this fsync completes."""
+        responses) instead of holding it until this fsync completes. Not while the Ready
+        saves quorum state (send_now would send nothing)."""
         persist = loop.run_in_executor(self.executor, self.driver.persist, pending)
-        if pending.quorum_state is not None:
-            await persist  # send_now would send nothing: skip the wake-ups
-            return
-        while not persist.done():
-            woken = asyncio.ensure_future(self._wake.wait())
-            try:
-                waiting: set[asyncio.Future[Any]] = {persist, woken}
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
-            if self._wake.is_set() and not persist.done():
-                self._wake.clear()  # the loop below takes a full Ready after finish anyway
-                self.driver.send_now()
-        persist.result()  # re-raise a failed persist
+        self._persisting = pending.quorum_state is None
+        try:
+            await persist
+        finally:
+            self._persisting = False
+        if self._send_error is not None:
+            raise self._send_error
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        self._aloop = loop
         driver = self.driver
         while not self._stopping:
             await self._wake.wait()

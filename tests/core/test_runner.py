@@ -148,3 +148,26 @@ async def test_runner_dies_loudly_when_a_port_fails() -> None:
     await write(runner, b'{"k": "b", "v": "2"}')
     with pytest.raises(RuntimeError, match="the disk went away"):
         await asyncio.wait_for(task, 10)
+
+
+async def test_runner_dies_loudly_when_an_early_send_fails() -> None:
+    """An error of ``Driver.send_now`` (run while an fsync is in flight) stops the runner like
+    any other driver error, instead of being lost in an event-loop callback."""
+    runner, _store, log, _transport, sink, _sm = single_voter()
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    last = await write(runner, b'{"k": "a", "v": "1"}')
+    await until(lambda: any(p.last_offset == last for p in sink.proposals), "the first write")
+    log.gate = threading.Event()
+    log.flushing.clear()
+    await write(runner, b'{"k": "b", "v": "2"}')
+    await until(log.flushing.is_set, "the fsync to start")
+
+    def broken() -> bool:
+        raise RuntimeError("driver: a Fetch at offset 9 would claim more than the durable log end 1")
+
+    runner.driver.send_now = broken  # type: ignore[method-assign]
+    runner.step(FetchRequest(79, CLUSTER, 2, UUIDS[2], runner.core.epoch, 0, 0, 0, 1 << 20, "n2:1"))
+    log.gate.set()
+    with pytest.raises(RuntimeError, match="would claim more than the durable log end 1"):
+        await asyncio.wait_for(task, 10)
