@@ -290,19 +290,43 @@ def _voters_line(probe: Probe) -> str:
     return ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in d["voters"]) if d else "(no answer)"
 
 
+def _heal(
+    probe: Probe, victim: int, new: str, done: Callable[[dict[str, Any]], bool], what: str
+) -> tuple[float, float]:
+    """Poll until ``done`` holds for a DescribeQuorum answer; returns the seconds from now (just
+    after the restart) until the new directory id is first listed, and until ``done``."""
+    t0 = time.monotonic()
+    listed: float | None = None
+
+    def step() -> bool:
+        nonlocal listed
+        d = probe.describe()
+        if d is None:
+            return False
+        if listed is None and any(
+            (x["id"], x["uuid"]) == (victim, new) for x in d["voters"] + d["observers"]
+        ):
+            listed = time.monotonic() - t0
+        return done(d)
+
+    poll(step, 300, what)
+    total = time.monotonic() - t0
+    return (listed if listed is not None else total), total
+
+
 def _watch_round(k: KafkaControllers, probe: Probe, events: Path, n: int, total: int) -> None:
     victim, _old, new = replace_disk(k, probe, n, f"operator watch recovery {n + 1}/{total}")
-    t0 = time.monotonic()
     say(f"  controller {victim} restarted empty with directory id {new[:8]}; the watcher takes over")
-    poll(lambda: whole(k, probe), 300, f"controller {victim} healed by the watcher")
-    wall = time.monotonic() - t0
+    clock = _heal(
+        probe, victim, new, lambda d: whole(k, probe, d), f"controller {victim} healed by the watcher"
+    )
 
     def logged() -> list[dict[str, Any]] | None:
         evs = [e for e in read_events(events) if e.get("new_uuid") == new]
         return evs if any(e.get("type") == ev.RECOVERY_COMPLETED for e in evs) else None
 
     evs = poll(logged, 60, "the watcher's event log to record the recovery", 0.1)
-    _report(probe, evs, wall)
+    _report(probe, evs, clock)
 
 
 def _auto_join_round(k: KafkaControllers, probe: Probe, writer: EventLogWriter, n: int, total: int) -> None:
@@ -311,26 +335,24 @@ def _auto_join_round(k: KafkaControllers, probe: Probe, writer: EventLogWriter, 
         victim, old, new = replace_disk(k, probe, n, f"auto-join recovery {n + 1}/{total}")
     finally:
         k.auto_join = False
-    t0 = time.monotonic()
     say(f"  controller {victim} restarted empty with directory id {new[:8]}; Kafka's auto-join takes over")
     rec = AutoJoinRecorder(writer, f"auto-join-{n + 1}-{new[:8]}", victim, old, new)
     want = wanted(k)
-    poll(
-        lambda: (d := probe.describe()) is not None and rec.observe(d, want),
-        300,
-        f"controller {victim} healed by auto-join",
+    clock = _heal(
+        probe, victim, new, lambda d: rec.observe(d, want), f"controller {victim} healed by auto-join"
     )
-    wall = time.monotonic() - t0
     evs = [e for e in read_events(writer.root) if e.get("new_uuid") == new]
-    _report(probe, evs, wall)
+    _report(probe, evs, clock)
 
 
-def _report(probe: Probe, evs: list[dict[str, Any]], wall_s: float) -> None:
+def _report(probe: Probe, evs: list[dict[str, Any]], clock: tuple[float, float]) -> None:
     say(f"  voters now {_voters_line(probe)}")
     print_intervals(evs)
+    listed, whole_s = clock
     say(
-        "  (demo wall clock, controller restarted → whole caught-up voter set seen: "
-        f"{fmt_ms(wall_s * 1000)}; the same measure for both healers, DescribeQuorum polled every 50 ms)"
+        "  (demo wall clock from the controller's restart: listed in DescribeQuorum after "
+        f"{fmt_ms(listed * 1000)} (JVM start), whole caught-up voter set after {fmt_ms(whole_s * 1000)}; "
+        "measured alike for both healers, DescribeQuorum every 50 ms)"
     )
 
 
