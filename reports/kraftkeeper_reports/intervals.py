@@ -28,41 +28,38 @@ class Interval:
     meaning: str
 
 
-CATCH_UP: Final = Interval(
-    "catch_up", ev.DISK_REPLACEMENT_DETECTED, ev.REPLICA_CAUGHT_UP,
-    "Catch-up: detection → caught up",
-    "the new replica fetches the log as an observer",
-)
-ADD_VOTER: Final = Interval(
-    "add_voter", ev.REPLICA_CAUGHT_UP, ev.ADD_VOTER_COMMITTED,
-    "AddVoter: caught up → AddVoter committed",
-    "stabilisation wait and operator reaction plus one AddVoter round",
-)
-REMOVE_VOTER: Final = Interval(
-    "remove_voter", ev.ADD_VOTER_COMMITTED, ev.REMOVE_VOTER_COMMITTED,
-    "RemoveVoter: AddVoter committed → RemoveVoter committed",
-    "operator reaction plus one RemoveVoter round",
-)
-UNDER_REPLICATED: Final = Interval(
-    "under_replicated", ev.DISK_REPLACEMENT_DETECTED, ev.ADD_VOTER_COMMITTED,
-    "Without full voter count: detection → AddVoter committed",
-    "until the replacement (id, new UUID) is a committed voter (a lower bound: the disk was gone "
-    "before it was detected)",
-)
-EXPOSURE: Final = Interval(
-    "exposure", ev.DISK_REPLACEMENT_DETECTED, ev.REMOVE_VOTER_COMMITTED,
-    "Dead voter in set: detection → RemoveVoter committed",
-    "the quorum ran with the dead (id, old UUID) as a voter, tolerating one failure less",
-)
-TOTAL: Final = Interval(
-    "total", ev.DISK_REPLACEMENT_DETECTED, ev.RECOVERY_COMPLETED,
-    "Total: detection → recovery completed",
-    "the whole recovery as the operator logged it",
+# (name, start, end, title, meaning): one row per interval, in the order the report shows them.
+_TABLE: Final = (
+    ("catch_up", ev.DISK_REPLACEMENT_DETECTED, ev.REPLICA_CAUGHT_UP,
+     "Catch-up: detection \u2192 caught up",
+     "the new replica fetches the log as an observer"),
+    ("add_voter", ev.REPLICA_CAUGHT_UP, ev.ADD_VOTER_COMMITTED,
+     "AddVoter: caught up \u2192 AddVoter committed",
+     "stabilisation wait and operator reaction plus one AddVoter round"),
+    ("remove_voter", ev.ADD_VOTER_COMMITTED, ev.REMOVE_VOTER_COMMITTED,
+     "RemoveVoter: AddVoter committed \u2192 RemoveVoter committed",
+     "operator reaction plus one RemoveVoter round"),
+    ("under_replicated", ev.DISK_REPLACEMENT_DETECTED, ev.ADD_VOTER_COMMITTED,
+     "Without full voter count: detection \u2192 AddVoter committed",
+     "until the replacement (id, new UUID) is a committed voter (a lower bound: the disk was gone "
+     "before it was detected)"),
+    ("exposure", ev.DISK_REPLACEMENT_DETECTED, ev.REMOVE_VOTER_COMMITTED,
+     "Dead voter in set: detection \u2192 RemoveVoter committed",
+     "the quorum ran with the dead (id, old UUID) as a voter, tolerating one failure less"),
+    ("total", ev.DISK_REPLACEMENT_DETECTED, ev.RECOVERY_COMPLETED,
+     "Total: detection \u2192 recovery completed",
+     "the whole recovery as the operator logged it"),
 )
 
-INTERVALS: Final = (CATCH_UP, ADD_VOTER, REMOVE_VOTER, UNDER_REPLICATED, EXPOSURE, TOTAL)
+INTERVALS: Final = tuple(Interval(*row) for row in _TABLE)
 BY_NAME: Final = {i.name: i for i in INTERVALS}
 PHASES: Final = tuple(i.name for i in INTERVALS)
+CATCH_UP: Final = BY_NAME["catch_up"]
+ADD_VOTER: Final = BY_NAME["add_voter"]
+REMOVE_VOTER: Final = BY_NAME["remove_voter"]
+UNDER_REPLICATED: Final = BY_NAME["under_replicated"]
+EXPOSURE: Final = BY_NAME["exposure"]
+TOTAL: Final = BY_NAME["total"]
 
 
 NO_VALUE: Final = "\u2013"  # an en dash where there is no number
