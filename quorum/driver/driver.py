@@ -33,7 +33,9 @@ next batch's fsync runs) leave as that fsync completes and the following Ready b
 the following Ready's own fsync. The commit leaves early only up to the local fsynced end: a
 follower applies nothing its own log could still lose.
 
-Only one Ready is in flight at a time; whatever the core queues meanwhile waits for the next.
+Only one Ready is in flight at a time; whatever the core queues meanwhile waits for the next,
+except what ``send_now`` hands out while the persist runs (messages, and a commit within the
+durable log with its answers; see ``RaftCore.ready_to_send``).
 """
 
 from __future__ import annotations
