@@ -92,6 +92,7 @@ class RecoveryController:
         self.book = RecoveryBook(policy, records)
         self.desired_ids = desired_ids  # None: do not manage the voter count
         self.unreachable_since_ms: int | None = None
+        self._lost_reported = False  # this unhealthy episode was published as QuorumLost
         self.last_good_view: QuorumView | None = None  # the last view with a live majority
         self.last_view: QuorumView | None = None  # what the last pass saw (for wake_in)
         # (id, uuid) of the voters of the last healthy view; seeded from status after a restart.
@@ -164,6 +165,7 @@ class RecoveryController:
             self._publish_gauges(view, now)
             return self._unhealthy(now, "the leader sees fewer live voters than a majority", view)
         self.unreachable_since_ms = None
+        self._lost_reported = False
         self.last_good_view = view
         self.known_voters = [(v.id, v.uuid) for v in view.voters]
 
@@ -259,10 +261,13 @@ class RecoveryController:
         """No live majority seen in this pass: lost, or a leader election in progress within its
         grace (status.py ``quorum_health``). Either way nothing is changed in this pass."""
         window = int(self.policy.live_window_seconds * 1000)
-        health = quorum_health(view, now, window, self.last_good_view, self.unreachable_since_ms)
+        health = quorum_health(
+            view, now, window, self.last_good_view, self.unreachable_since_ms, self._lost_reported
+        )
         if self.unreachable_since_ms is None:
             self.unreachable_since_ms = now
         if health is not Health.SETTLING:
+            self._lost_reported = True
             return self._lost(now, why, view)
         msg = f"{why}; a leader election may be in progress (QuorumLost if it lasts {grace_s(window):g}s)"
         active = bool(self.book.active())

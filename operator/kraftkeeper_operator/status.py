@@ -44,6 +44,7 @@ def quorum_health(
     window_ms: int,
     last_good: QuorumView | None,
     unhealthy_since_ms: int | None,
+    already_lost: bool = False,
 ) -> Health:
     """Whether the quorum counts as having a live majority now.
 
@@ -56,11 +57,16 @@ def quorum_health(
       ELECTION_GRACE_MS)``, and only if a healthy view was seen before (a quorum never seen
       healthy has nothing to settle back to) -> else LOST.
 
+    * once an episode was reported LOST (``already_lost``) it stays LOST until a LIVE view: a
+      leader that reported a dead majority and then resigned is no election to wait for, and the
+      status must not flap back to Available.
+
     Invariant: LIVE only on a describe from a leader with a live majority; SETTLING never lasts
-    longer than the grace, so a lost quorum is reported at most that much later."""
+    longer than the grace, so a lost quorum is reported at most that much later, and never
+    follows LOST within one episode."""
     if view is not None and view.has_live_majority(now_ms, window_ms):
         return Health.LIVE
-    if last_good is None:
+    if last_good is None or already_lost:
         return Health.LOST
     if view is not None and view.leader_id >= 0 and view.leader_epoch == last_good.leader_epoch:
         return Health.LOST

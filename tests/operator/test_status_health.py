@@ -63,6 +63,8 @@ def test_quorum_health_decision() -> None:
     # The same leader epoch reporting a dead majority: lost at once (the window was the grace).
     dead = view(5, 1, {2: 6_000, 3: 6_000})
     assert quorum_health(dead, NOW, WINDOW, good, None) is Health.LOST
+    # Within one episode, never SETTLING after LOST.
+    assert quorum_health(None, NOW, WINDOW, good, NOW, already_lost=True) is Health.LOST
     # The grace is never longer than the live window.
     assert quorum_health(None, NOW, 1_000, good, NOW - 1_000) is Health.LOST
 
@@ -169,6 +171,19 @@ async def test_a_stable_leader_reporting_a_dead_majority_is_lost_at_once(
     st = await ctl.reconcile()
     assert conds(st)["QuorumLost"] == (True, "NoLiveMajority")
     assert st.to_crd_status()["phase"] == "QuorumLost"
+    # That leader then resigns (its fetch timeout): no answer now, but this is no election to
+    # wait out: the status stays QuorumLost, never back to Available.
+    for step in range(1, 4):
+        clock.ms = NOW + 6_000 + 500 * step
+        api.answer = ErrorCode.NOT_LEADER
+        st = await ctl.reconcile()
+        assert conds(st)["QuorumLost"] == (True, "NoLiveMajority"), step
+        assert conds(st)["Available"][0] is False
+    # A live majority again ends the episode; a later election gets its grace again.
+    api.answer = describe(6, 2, {}, clock.ms)
+    assert conds(await ctl.reconcile())["QuorumLost"][0] is False
+    api.answer = ErrorCode.NOT_LEADER
+    assert conds(await ctl.reconcile())["QuorumLost"] == (False, "LeaderElection")
 
 
 # ---------------------------------------------------------------------------------------------
