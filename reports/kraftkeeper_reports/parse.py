@@ -13,6 +13,11 @@ expressions over Spark's own JSON parser, so no line goes through a Python worke
 * the first fatal problem, in ``check_event``'s order, is the line's reason; tolerated ones
   (``unknown_type``, ``extra_fields``) are notes, as in ``classify_line``.
 
+Lines in the writer's exact compact form (nearly every line of a real log) take a fast path
+first: one regular expression proves the line is a valid event of that form, and its fields are
+cut out of the text (no JSON parser runs: measured cheaper than ``from_json``); only the others
+get the full checks below.
+
 Each expensive value (the parse, each field, its JSON type) is computed once, in its own
 projection, and the checks compare those columns: nested CASE expressions that repeat variant
 look-ups run an order of magnitude slower (and may exceed what Spark compiles to Java).
@@ -61,9 +66,12 @@ def _has(name: str) -> Column:
     return F.col(f"f_{name}").isNotNull()
 
 
-def _ts_parts(ts: Column) -> tuple[Column, Column]:
-    """(valid, epoch ms) of an RFC 3339 UTC timestamp with fraction, as events.parse_ts_ms."""
-    shape = ts.rlike(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}\.\d{1,9}(Z|z|\+00:00)$")
+def _ts_parts(ts: Column, shape_known: bool = False) -> tuple[Column, Column]:
+    """(valid, epoch ms) of an RFC 3339 UTC timestamp with fraction, as events.parse_ts_ms
+    (``shape_known``: a regular expression already checked the digits and separators)."""
+    shape = F.lit(True) if shape_known else ts.rlike(
+        r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}\.\d{1,9}(Z|z|\+00:00)$"
+    )
 
     def num(pos: int, n: int) -> Column:
         return F.substring(ts, pos, n).cast("int")
@@ -145,67 +153,120 @@ def _json_kind(c: Column) -> Column:
 # The exact form the writer emits (EventLogWriter, compact JSON in the interface's field order)
 # for a step that is plainly valid: simple strings (no escapes, the names not blank), integers
 # that fit in 64 bits, a known type other than recovery_failed (whose detail.reason must be
-# checked), a millisecond UTC timestamp. Lines of this form are read by Spark's typed JSON
-# reader (the fast path); every other line goes through the full checks below.
+# checked), a millisecond UTC timestamp, and a flat detail object of plain values. A line of this
+# form is valid JSON whatever its values, except for a duplicate key inside detail (checked
+# below), so its fields are cut out of the text at the separators the expression fixed: no JSON
+# parser runs on it (the fast path, ~all lines of a real log). Every other line goes through
+# the full checks of parse_general.
 _STR = r'"[^"\\\x00-\x1F]*"'
 _NAME = r'"[^"\\\x00-\x1F' + _WS_CLASS[1:-1] + r'][^"\\\x00-\x1F]*"'
 _NUM = r"(0|[1-9][0-9]{0,17})"
+_VALUE = rf"({_STR}|-?{_NUM}|true|false|null)"
 _FAST_TYPES = "|".join(t for t in ev.KNOWN_TYPES if t != ev.RECOVERY_FAILED)
 CANONICAL = (
     r'^\{"schema_version":1,"ts":"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z",'
     rf'"cluster":{_NAME},"recovery_id":{_NAME},"type":"({_FAST_TYPES})","replica_id":{_NUM},'
     rf'"old_uuid":(null|{_STR}),"new_uuid":(null|{_STR}),"leader_id":(null|{_NUM}),'
-    rf'"leader_epoch":(null|{_NUM}),"detail":\{{.*\}}\}}$'
+    rf'"leader_epoch":(null|{_NUM}),"detail":\{{({_STR}:{_VALUE}(,{_STR}:{_VALUE})*)?\}}\}}$'
 )
-_FAST_SCHEMA = (
-    "schema_version BIGINT, ts STRING, cluster STRING, recovery_id STRING, type STRING, replica_id BIGINT, "
-    "old_uuid STRING, new_uuid STRING, leader_id BIGINT, leader_epoch BIGINT, detail STRING"
-)
+_DETAIL_KEY = ',"detail":'
+_TS_AT = len('{"schema_version":1,"ts":"') + 1  # where ts starts in a canonical line (1-based)
+
+
+def _fast_fields(lines: DataFrame, keep: list[str]) -> DataFrame:
+    """The fast path's columns (q_*, ``ok``) next to the line: set only for canonical lines.
+
+    A canonical line up to detail, split at its quotes (no value holds one), has its fields at
+    fixed places, shifted by two for each of old_uuid and new_uuid that is a string:
+    ``{ schema_version :1, ts : T , cluster : C , recovery_id : R , type : Y , replica_id :N,
+    old_uuid :null, new_uuid ...`` (one split and array look-ups: measured several times
+    cheaper than cutting each field out with substring_index)."""
+    v = F.col("value")
+    s0 = lines.select(
+        "value", "source", *keep, F.coalesce(v.rlike(CANONICAL), F.lit(False)).alias("fast")
+    )
+    s1 = s0.select("*", F.when(F.col("fast"), F.substring_index(v, _DETAIL_KEY, 1)).alias("q_head"))
+    s2 = s1.select("*", F.split("q_head", '"').alias("q_a"))
+    a = F.col("q_a")
+
+    def at(i: int | Column) -> Column:  # 0-based, as in the docstring
+        return F.element_at(a, (F.lit(i) if isinstance(i, int) else i) + 1)
+
+    def number(token: Column) -> Column:  # ":12," or ":null," (or ":12" at the end)
+        n = F.trim(token, F.lit(":,"))
+        return F.when(n != "null", n.cast("long"))
+
+    old_is_str = at(22) == ":"
+    o = F.when(old_is_str, F.lit(2)).otherwise(F.lit(0))
+    new_is_str = at(o + 24) == ":"
+    on = o + F.when(new_is_str, F.lit(2)).otherwise(F.lit(0))
+    # detail follows the FIRST ',"detail":' (detail itself may hold the marker), up to the
+    # line's closing brace.
+    detail_at = F.length("q_head") + F.lit(len(_DETAIL_KEY) + 1)
+    s3 = s2.select(
+        "*",
+        F.when(F.col("fast"), F.substring(v, _TS_AT, 24)).alias("q_ts"),
+        at(9).alias("q_cluster"), at(13).alias("q_recovery_id"), at(17).alias("q_type"),
+        number(at(20)).alias("q_replica_id"),
+        F.when(old_is_str, at(23)).alias("q_old_uuid"),
+        F.when(new_is_str, at(o + 25)).alias("q_new_uuid"),
+        number(at(on + 26)).alias("q_leader_id"),
+        number(at(on + 28)).alias("q_leader_epoch"),
+        F.substring(v, detail_at, F.length(v) - detail_at).alias("q_detail"),
+    )
+    detail, ts = F.col("q_detail"), F.col("q_ts")
+    # The expression fixed the timestamp's digits and separators; Spark's own cast rejects a
+    # day or time that does not exist (2026-02-30, 24:00, second 60) as parse_ts_ms does, but
+    # accepts year 0, which Python's datetime does not.
+    ts_ms = F.unix_millis(ts.cast("timestamp"))
+    ok = (
+        F.col("fast") & ts_ms.isNotNull() & ~ts.startswith("0000")
+        # A flat object of plain values is valid JSON but for a duplicate key (both readers
+        # refuse those): parse detail only when it has two keys or more.
+        & (~detail.contains(",") | F.try_parse_json(detail).isNotNull())
+    )
+
+    def in_detail(key: str) -> Column:
+        return F.when(detail.contains(f'"{key}":'), F.get_json_object(detail, f"$.{key}"))
+
+    return s3.select(
+        "*", F.coalesce(ok, F.lit(False)).alias("ok"), F.when(ok, ts_ms).alias("q_ts_ms"),
+        in_detail("engine").alias("q_engine"), in_detail("order").alias("q_order"),
+    )
 
 
 def parse_lines(lines: DataFrame) -> DataFrame:
     """One row per input line (PARSED_COLUMNS): a clean event, or the reason it is not one.
 
-    ``lines`` has ``value`` (the line) and ``source`` (the file it came from). Lines in the
-    writer's exact form take the fast path (a regular expression, then Spark's typed JSON
-    reader); the detail object must then read back as the same text (so nothing is hidden in
-    it), have no escapes and no duplicate key. Everything else takes :func:`parse_general`."""
-    j = F.from_json("value", _FAST_SCHEMA, {"allowNonNumericNumbers": "false", "allowSingleQuotes": "false"})
-    keep = [c for c in lines.columns if c not in ("value", "source")]  # carried through (tests)
-    pre = lines.select("value", "source", *keep, F.when(F.col("value").rlike(CANONICAL), j).alias("j"))
-    detail = F.col("j.detail")
-    ts_ok, ts_ms = _ts_parts(F.col("j.ts"))
-    ok = F.coalesce(
-        detail.isNotNull()
-        & F.col("value").endswith(F.concat(F.lit('"detail":'), detail, F.lit("}")))
-        & ~detail.contains("\\")
-        & (~detail.contains(",") | F.try_parse_json(detail).isNotNull())  # duplicate keys
-        & ts_ok,
-        F.lit(False),
-    )
-    pre = pre.select("value", "source", *keep, "j", ok.alias("ok"), ts_ms.alias("ts_ms"))
-
-    def in_detail(key: str) -> Column:
-        return F.when(detail.contains(f'"{key}"'), F.get_json_object(detail, f"$.{key}"))
-
-    fast = pre.where("ok").select(
+    ``lines`` has ``value`` (the line) and ``source`` (the file it came from); other columns are
+    carried through. Lines in the writer's exact form take the fast path (:func:`_fast_fields`);
+    the others the full checks of :func:`parse_general`. The two are a union over the same
+    input: the slow side's filter needs only the regular expression and two substrings per line
+    (Spark prunes the other fast-path columns there)."""
+    keep = [c for c in lines.columns if c not in ("value", "source")]
+    both = _fast_fields(lines, keep)
+    fast = both.where("ok").select(
         F.lit(None).cast("string").alias("reason"), F.array().cast("array<string>").alias("notes"),
         F.lit(None).cast("string").alias("example"), F.lit(None).cast("string").alias("message"),
-        "ts_ms",
-        *[F.col(f"j.{n}").alias(n) for n in ("cluster", "recovery_id", "type", "old_uuid", "new_uuid")],
-        *[F.col(f"j.{n}").alias(n) for n in ("replica_id", "leader_id", "leader_epoch")],
+        F.col("q_ts_ms").alias("ts_ms"),
+        *[F.col(f"q_{n}").alias(n) for n in ("cluster", "recovery_id", "type", "old_uuid", "new_uuid",
+                                             "replica_id", "leader_id", "leader_epoch")],
         F.lit(None).cast("string").alias("failure_reason"),
-        in_detail("engine").alias("engine"), in_detail("order").alias("order"), *keep,
+        F.col("q_engine").alias("engine"), F.col("q_order").alias("order"), *keep,
     )
-    return fast.unionByName(parse_general(pre.where(~F.col("ok")).select("value", "source", *keep)))
+    return fast.unionByName(parse_general(both.where(~F.col("ok")).select("value", "source", *keep)))
 
 
-def parse_general(lines: DataFrame) -> DataFrame:
-    """Every check of ``events.classify_line`` on any line (the slow path)."""
+def parse_general(lines: DataFrame, guard: str | None = None) -> DataFrame:
+    """Every check of ``events.classify_line`` on any line (the slow path); with ``guard`` (a
+    boolean column), only on the lines where it is false: elsewhere every output is null."""
     # 1. The parse: the line wrapped in [ ] so that exactly one JSON value is accepted.
-    wrapped = F.try_parse_json(F.concat(F.lit("["), F.col("value"), F.lit("]")))
+    active = F.lit(True) if guard is None else ~F.col(guard)
+    wrapped = F.when(active, F.try_parse_json(F.concat(F.lit("["), F.col("value"), F.lit("]"))))
     keep = [c for c in lines.columns if c not in ("value", "source")]
-    s1 = lines.select("value", "source", *keep, _blank(F.col("value")).alias("blank"), wrapped.alias("w"))
+    s1 = lines.select(
+        "value", "source", *keep, F.when(active, _blank(F.col("value"))).alias("blank"), wrapped.alias("w")
+    )
     malformed = (
         F.col("w").isNull()
         | F.try_variant_get("w", "$[0]", "variant").isNull()
@@ -258,9 +319,9 @@ def parse_general(lines: DataFrame) -> DataFrame:
     s_type = F.col("s_type")
     unknown = (F.col("k_type") == "STRING") & ~_blank(s_type) & ~s_type.isin(*ev.KNOWN_TYPES)
     s6 = s5.select(
-        "*", code.alias("fatal"),
-        F.coalesce(~F.col("malformed") & unknown, F.lit(False)).alias("unknown"),
-        F.coalesce(~F.col("malformed") & (F.size(m) > n_present), F.lit(False)).alias("extra"),
+        "*", F.when(active, code).alias("fatal"),
+        F.coalesce(active & ~F.col("malformed") & unknown, F.lit(False)).alias("unknown"),
+        F.coalesce(active & ~F.col("malformed") & (F.size(m) > n_present), F.lit(False)).alias("extra"),
     )
     return _finish(s6, checks, known, keep)
 

@@ -228,4 +228,10 @@ def test_spark_rules_are_the_python_rules(spark: Any) -> None:
             assert row["replica_id"] == c.event["replica_id"]
     assert mismatches == []
     assert "kafka" in [r["engine"] for r in got]
+    # The writer's own lines take the fast path (no JSON parser), with the same fields.
+    from kraftkeeper_reports.parse import _fast_fields
+
+    writer = [json.dumps(json.loads(b), separators=(",", ":")) for b in base[:-1]]
+    fast = _fast_fields(spark.createDataFrame([(w, "f") for w in writer], "value string, source string"), [])
+    assert [r["ok"] for r in fast.select("ok").collect()] == [True] * len(writer)
     assert len({r["reason"] for r in got}) >= 15  # the samples exercise most reasons
