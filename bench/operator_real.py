@@ -146,6 +146,7 @@ def node_cluster() -> Iterator[Kube]:
     if check.returncode != 0:
         raise RuntimeError(f"scripts/k8s-node.sh check: {check.stdout.strip()[-1000:]}")
     started = _node("status", timeout=60).returncode != 0
+    engine_was_running = _engine_running()
     if started:
         up = _node("up", timeout=600)
         if up.returncode != 0:
@@ -168,6 +169,27 @@ def node_cluster() -> Iterator[Kube]:
     finally:
         if started:
             _node("down", timeout=300)
+        if not engine_was_running:
+            _stop_engine()
+
+
+def _engine_running() -> bool:
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _stop_engine() -> None:
+    """Stops the dockerd that scripts/build-image.sh started for this bench (by its pid file)."""
+    try:
+        pid = int(Path("/var/run/docker.pid").read_text().strip())
+    except (OSError, ValueError):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.2)
 
 
 def recycle_pvs(k: Kube) -> int:
