@@ -152,6 +152,13 @@ def test_operator_runs_as_a_pod_from_the_chart(node_cluster: NodeCluster, operat
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     # The liveness probe has passed on a real kubelet: the container was never restarted.
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    # Namespace-scoped RBAC (the chart's default): a Role in the watched namespace, nothing
+    # cluster-wide, and the operator started without one refused request (no cluster scanning).
+    assert c.get_json("role", "kraftkeeper", "-n", QUORUM_NS) is not None
+    assert c.get_json("clusterrole", "kraftkeeper") is None
+    assert f"--namespace={QUORUM_NS}" in container["args"]
+    log = c.kubectl("logs", "-n", OPERATOR_NS, pod["metadata"]["name"]).stdout
+    assert "forbidden" not in log.lower() and "Not enough permissions" not in log, log[-3000:]
 
 
 def test_quorum_forms_under_restricted_pod_security(node_cluster: NodeCluster, quorum_ns: str) -> None:
