@@ -3,6 +3,7 @@ and in DuckDB, on generated event logs (``kraftkeeper_reports.generate``).
 
     .venv/bin/python bench/report.py                      # 1 M and 10 M events
     .venv/bin/python bench/report.py --sizes 100000,1000000
+    .venv/bin/python bench/report.py --engines spark,duckdb --repeat 3   # ratio of medians
 
 For each size, each engine runs in its own process (so memory is its own), while this script
 samples the process tree with psutil every 0.1 s:
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--engines", default="spark,pandas,duckdb")
+    ap.add_argument("--repeat", type=int, default=1, help="run the engines this many times, interleaved")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
     ap.add_argument("--events", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -239,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         lines = int(info["lines"])
         print(f"# {n:,} events requested: {lines:,} lines, generated in {info['generate_s']} s",
               file=sys.stderr)
-        for eng in engines:
+        # Engines interleaved (A, B, A, B, ...) with --repeat: on a shared machine the load
+        # drifts, and the ratio is taken between medians of runs made side by side.
+        for eng in [e for _ in range(a.repeat) for e in engines]:
             if eng == "spark":
                 out = Path(a.data) / f"report-{n}"
                 cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(data),
@@ -275,10 +280,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{ratio:>7.2f}x | {mib(r['driver_peak']):>15} | {mib(r['total_peak']):>12} | "
               f"{r['p50_total_ms'] / 1000:>8.1f} s |")
     for n in sorted({r["events"] for r in rows}):
-        by = {r["engine"]: r for r in rows if r["events"] == n}
-        if "spark" in by and "duckdb" in by:
-            print(f"\n{n:,} events: spark wall time = {by['spark']['wall_s'] / by['duckdb']['wall_s']:.2f}x "
-                  f"duckdb's; spark driver peak {mib(by['spark']['driver_peak'])}")
+        walls: dict[str, list[float]] = defaultdict(list)
+        peaks: dict[str, list[int]] = defaultdict(list)
+        for r in rows:
+            if r["events"] == n:
+                walls[r["engine"]].append(r["wall_s"])
+                peaks[r["engine"]].append(r["driver_peak"])
+        if "spark" in walls and "duckdb" in walls:
+            spark_s, duck_s = statistics.median(walls["spark"]), statistics.median(walls["duckdb"])
+            print(f"\n{n:,} events: spark wall time = {spark_s / duck_s:.2f}x duckdb's (medians of "
+                  f"{len(walls['spark'])} and {len(walls['duckdb'])} interleaved runs: {spark_s:.1f} s vs "
+                  f"{duck_s:.1f} s); spark driver peak {mib(max(peaks['spark']))} (JVM + Python driver)")
     return 0
 
 
