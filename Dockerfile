@@ -35,7 +35,11 @@ ENV HOME=/tmp \
     XDG_CACHE_HOME=/tmp/.cache \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PATH=/opt/kraftkeeper/bin:$PATH
+    PATH=/opt/kraftkeeper/bin:$PATH \
+    KRAFTKEEPER_KAFKA_LIBS=/opt/kraftkeeper-kafka
+# Kafka's message schemas only (AddRaftVoter / RemoveRaftVoter for `spec.kafka` quorums), written
+# by scripts/build-image.sh from the cached kafka-clients jar: no Kafka code, no JVM.
+COPY dist/kafka/ /opt/kraftkeeper-kafka/
 # The wheels are bind-mounted from the builder (BuildKit), so they never become an image layer.
 RUN --mount=type=bind,from=builder,source=/out,target=/mnt/wheels \
     python3 -m venv /opt/kraftkeeper \

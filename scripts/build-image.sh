@@ -15,7 +15,11 @@
 #      in seconds. The Debian mirror is the one apt already uses (or $KK_DEBIAN_MIRROR).
 #   3. Wheels for kraftkeeper[operator] and every dependency, plus setuptools/wheel for the
 #      in-image build, into dist/wheels with the host's pip (the image build is offline).
-#   4. docker build --build-arg BASE_IMAGE=<base> -t $KK_IMAGE (default kraftkeeper:dev, also
+#   4. Kafka's message schemas (common/message/*.json of the kafka-clients jar that
+#      scripts/kafka.sh caches, fetched if missing) into dist/kafka as a 0.5 MB jar, so the
+#      operator can drive AddRaftVoter / RemoveRaftVoter for `spec.kafka` quorums with nothing
+#      mounted (quorum/kafka/schemas.py).
+#   5. docker build --build-arg BASE_IMAGE=<base> -t $KK_IMAGE (default kraftkeeper:dev, also
 #      tagged kraftkeeper:<version>, the chart's default tag).
 set -euo pipefail
 
@@ -101,6 +105,20 @@ build_wheels() {
   "$python" -m pip download -q --only-binary=:all: -d "$here/dist/wheels" "setuptools>=68" wheel
 }
 
+kafka_schemas() {
+  local jar
+  jar="$(ls "$cache"/kafka-*/libs/kafka-clients-*.jar 2>/dev/null | sort -r | head -n1 || true)"
+  if [ -z "$jar" ]; then
+    log "fetching the Kafka jars for their message schemas (scripts/kafka.sh install)"
+    "$here/scripts/kafka.sh" install >/dev/null
+    jar="$(ls "$cache"/kafka-*/libs/kafka-clients-*.jar | sort -r | head -n1)"
+  fi
+  rm -rf "$here/dist/kafka"
+  local name
+  name="$(basename "$jar" .jar)-schemas.jar"
+  (cd "$here" && "$python" -m quorum.kafka.schemas write-jar "$jar" "dist/kafka/$name") >&2
+}
+
 build_image() {
   local version
   version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/pyproject.toml" | head -n1)"
@@ -118,6 +136,6 @@ case "${1:-build}" in
     docker image inspect "$base_image" >/dev/null 2>&1 || { echo "base image $base_image missing"; exit 1; }
     echo "ok: engine running, $base_image present"
     ;;
-  build) ensure_engine; ensure_base; build_wheels; build_image ;;
+  build) ensure_engine; ensure_base; build_wheels; kafka_schemas; build_image ;;
   *) echo "usage: $0 [build|engine|base|check]" >&2; exit 2 ;;
 esac

@@ -9,7 +9,9 @@ serves ``zipfile.Path`` entries, so kafka-python's ``load_json`` finds them as i
 
 The jar is looked up, in order: ``KRAFTKEEPER_KAFKA_CLIENTS_JAR``; a ``kafka-clients-*.jar`` in
 ``KRAFTKEEPER_KAFKA_LIBS``, then in ``$KAFKA_HOME/libs`` (a Kafka installation, 3.9 or later);
-the newest cached ``kafka-*/libs``. Without one the membership calls
+the newest cached ``kafka-*/libs``. The product image carries a schemas-only jar
+(:func:`write_schema_jar`, run by scripts/build-image.sh) under ``KRAFTKEEPER_KAFKA_LIBS``, so the
+operator on Kubernetes needs nothing mounted. Without one the membership calls
 fail with a clear error naming the missing jar and the script that fetches it; DescribeQuorum
 (from kafka-python's own schemas) still works. Both sides use this module: the operator's Kafka
 backend (client) and the node's Kafka-wire listener (server, ``quorum.kafka.server``).
@@ -94,6 +96,25 @@ def _install_package(jar: Path) -> str:
     return _PACKAGE
 
 
+def write_schema_jar(source: Path, dest: Path) -> int:
+    """Copy only ``common/message/*.json`` of a kafka-clients jar into a small jar at ``dest``
+    (about 0.5 MB instead of 11 MB; the image needs nothing else from it). Returns how many
+    schemas were written; refuses a jar without the KIP-853 membership schemas."""
+    with zipfile.ZipFile(source) as src:
+        names = [n for n in src.namelist() if n.startswith("common/message/") and n.endswith(".json")]
+        if "common/message/AddRaftVoterRequest.json" not in names:
+            raise SchemaJarMissing(
+                f"{source} has no common/message/AddRaftVoterRequest.json (Kafka older than 3.9?)"
+            )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".tmp")
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as out:
+            for name in sorted(names):
+                out.writestr(name, src.read(name))
+    tmp.replace(dest)
+    return len(names)
+
+
 @functools.cache
 def membership_messages() -> dict[str, Any]:
     """``{"AddRaftVoterRequest": cls, ...}``, generated once from the jar's schemas."""
@@ -108,3 +129,22 @@ def membership_messages() -> dict[str, Any]:
         # The class name selects the schema file (kafka-python's convention).
         out[name] = types.new_class(name, (ApiMessage,), {"load_json": pkg})
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m quorum.kafka.schemas write-jar SOURCE DEST``: the image build's step."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "write-jar":
+        print("usage: python -m quorum.kafka.schemas write-jar SOURCE_JAR DEST_JAR", file=sys.stderr)
+        return 2
+    try:
+        n = write_schema_jar(Path(args[1]), Path(args[2]))
+    except (OSError, zipfile.BadZipFile, SchemaJarMissing) as e:
+        print(f"schemas: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {n} Kafka message schemas to {args[2]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

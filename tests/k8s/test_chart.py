@@ -383,3 +383,22 @@ def test_testenv_check_reports_what_is_missing(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert f"missing: {tmp_path}/bin/kube-apiserver v1.30." in proc.stdout, proc.stdout
     assert "helm" in proc.stdout
+
+
+def test_network_policy_extra_egress_reaches_kafka_controllers(helm: Path, tmp_path: Path) -> None:
+    """A `spec.kafka` quorum's controllers live outside the chart's view: extraEgress opens them."""
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "networkPolicy:\n  enabled: true\n  extraEgress:\n"
+        "    - to: [{ipBlock: {cidr: 10.0.12.0/24}}]\n      ports: [{port: 9093, protocol: TCP}]\n"
+    )
+    (policy,) = by_kind(render(helm, "-f", str(values)), "NetworkPolicy")
+    egress = policy["spec"]["egress"]
+    assert egress[-1] == {"to": [{"ipBlock": {"cidr": "10.0.12.0/24"}}],
+                          "ports": [{"port": 9093, "protocol": "TCP"}]}
+    (plain,) = by_kind(render(helm, "--set", "networkPolicy.enabled=true"), "NetworkPolicy")
+    assert len(plain["spec"]["egress"]) == len(egress) - 1
+    values.write_text("networkPolicy:\n  extraEgress:\n    - toCidr: 10.0.0.0/8\n")
+    proc = subprocess.run([str(helm), "template", "kk", str(CHART), "-f", str(values)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "extraEgress" in proc.stderr, proc.stderr

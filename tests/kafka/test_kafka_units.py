@@ -5,9 +5,11 @@ refusals of bad input."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -218,3 +220,41 @@ def test_records_from_event_log(tmp_path: Path) -> None:
     assert set(recs) == {"a", "b"}
     assert recs["a"].phase is Phase.COMPLETED and recs["a"].old_uuid == "old-a" and recs["a"].finished_ms
     assert recs["b"].phase is Phase.REMOVED and recs["b"].replica_id == 2 and recs["b"].remove_committed_ms
+
+
+def test_schemas_only_jar_serves_the_membership_messages(kafka_jars: Path, tmp_path: Path) -> None:
+    """What scripts/build-image.sh puts in the image: common/message/*.json alone, found through
+    KRAFTKEEPER_KAFKA_LIBS with no Kafka installation or cache to fall back on."""
+    source = sorted(kafka_jars.glob("kafka-clients-*.jar"))[-1]
+    libs = tmp_path / "libs"
+    out = subprocess.run(
+        [sys.executable, "-m", "quorum.kafka.schemas", "write-jar", str(source),
+         str(libs / "kafka-clients-x-schemas.jar")],
+        capture_output=True, text=True, check=True,
+    )
+    assert "Kafka message schemas" in out.stdout
+    small = libs / "kafka-clients-x-schemas.jar"
+    assert small.stat().st_size < source.stat().st_size // 5
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_HOME", "KRAFTKEEPER_KAFKA_CLIENTS_JAR")}
+    env.update(KRAFTKEEPER_KAFKA_LIBS=str(libs), KK_CACHE=str(tmp_path / "empty-cache"))
+    probe = (
+        "from quorum.kafka.schemas import find_clients_jar, membership_messages\n"
+        "m = membership_messages()['RemoveRaftVoterRequest']\n"
+        "r = m(cluster_id='c', voter_id=2, voter_directory_id=__import__('uuid').uuid4())\n"
+        "print(find_clients_jar().name, m.decode(r.encode(version=0), version=0).voter_id)\n"
+    )
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert got.stdout.split() == ["kafka-clients-x-schemas.jar", "2"]
+
+
+def test_schema_jar_refuses_a_jar_without_membership_schemas(tmp_path: Path) -> None:
+    old = tmp_path / "kafka-clients-3.0.0.jar"
+    with zipfile.ZipFile(old, "w") as z:
+        z.writestr("common/message/FetchRequest.json", "{}")
+    got = subprocess.run(
+        [sys.executable, "-m", "quorum.kafka.schemas", "write-jar", str(old), str(tmp_path / "out.jar")],
+        capture_output=True, text=True,
+    )
+    assert got.returncode == 1
+    assert "AddRaftVoterRequest.json" in got.stderr and "older than 3.9" in got.stderr
+    assert not (tmp_path / "out.jar").exists()
