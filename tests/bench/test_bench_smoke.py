@@ -9,6 +9,7 @@ process groups.
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,6 +193,7 @@ def test_interrupt_cleans_up_every_process(tmp_path: Path) -> None:
             # installs no KeyboardInterrupt handler: the SIGINT below would be dropped.
             preexec_fn=_sigint_default,
         )
+    kids: list[Any] = []
     try:
         me = psutil.Process(bench.pid)
         deadline = time.monotonic() + 120
@@ -210,3 +213,7 @@ def test_interrupt_cleans_up_every_process(tmp_path: Path) -> None:
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)
             bench.wait()
+        # The nodes run in their own sessions: a failed stop must not leave them to the next tests.
+        for kid in kids:
+            with contextlib.suppress(psutil.Error):
+                kid.kill()
