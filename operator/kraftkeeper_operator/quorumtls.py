@@ -26,7 +26,7 @@ from quorum.security.clientconfig import ClientConfig
 from quorum.security.pki import Identity
 from quorum.types import KraftError
 
-from .kube import KubeApi
+from .kube import KubeApi, post_quorum_event
 from .kubetls import (
     OperatorCa,
     cert_due,
@@ -237,4 +237,9 @@ class QuorumTls:
             q, _ = get()
             return list(range(1, q.voters + 1))
 
-        return CertRotator(due, renew, restart, ids)
+        def notify(reason: str, message: str, warning: bool) -> None:
+            q, _ = get()
+            post_quorum_event(q, warning=warning, reason=reason, message=message)
+
+        q0, _ = get()
+        return CertRotator(due, renew, restart, ids, notify=notify, label=q0.cluster)

@@ -47,7 +47,10 @@ class CertRotator:
 
     ``due()`` lists the replica ids whose certificate needs renewal (soonest first),
     ``renew(id)`` issues the new one, ``restart(id)`` restarts that node; ``ids()`` are the
-    voter ids the quorum should have."""
+    voter ids the quorum should have. ``notify(reason, message, warning)``, when given, hears
+    each step (CertificateRenewalWaiting, CertificateRenewalStarted, CertificateRenewed): the
+    operator posts them as Kubernetes Events on the KRaftQuorum; ``label`` prefixes the log lines
+    (the quorum's name)."""
 
     def __init__(
         self,
@@ -58,8 +61,12 @@ class CertRotator:
         *,
         max_lag: int = 100,
         fresh_ms: int = 3000,
+        notify: Callable[[str, str, bool], None] | None = None,
+        label: str = "",
     ) -> None:
         self.due, self.renew, self.restart, self.ids = due, renew, restart, ids
+        self.notify = notify
+        self.prefix = f"{label}: " if label else ""
         self.max_lag, self.fresh_ms = max_lag, fresh_ms
         self.in_flight: tuple[int, int] | None = None  # (node, restart time in ms)
         self.rotations: dict[int, int] = {}  # node -> renewals done (status, tests)
@@ -82,7 +89,8 @@ class CertRotator:
             node, since = self.in_flight
             if not self._back(view, node, since):
                 return None
-            log.info("node %d is back in the quorum with its renewed certificate", node)
+            self._tell("CertificateRenewed", f"node {node} is back in the quorum with its renewed "
+                       "certificate")
             self.in_flight = None
         due = await self.due()
         if not due:
@@ -90,7 +98,7 @@ class CertRotator:
         if not healthy(view, self.ids(), self.max_lag, now_ms, self.fresh_ms):
             note = f"certificate renewal of node(s) {due} waits for a fully healthy quorum"
             if note != self.waiting_note:  # once per situation, not every pass
-                log.warning("%s", note)
+                self._tell("CertificateRenewalWaiting", note, warning=True)
                 self.waiting_note = note
             return None
         self.waiting_note = None
@@ -98,6 +106,11 @@ class CertRotator:
         await self.renew(node)
         self.in_flight = (node, now_ms)
         self.rotations[node] = self.rotations.get(node, 0) + 1
-        log.info("restarting node %d with its renewed certificate", node)
+        self._tell("CertificateRenewalStarted", f"restarting node {node} with its renewed certificate")
         await self.restart(node)
         return node
+
+    def _tell(self, reason: str, message: str, warning: bool = False) -> None:
+        (log.warning if warning else log.info)("%s%s", self.prefix, message)
+        if self.notify is not None:
+            self.notify(reason, message, warning)

@@ -213,3 +213,41 @@ def test_rotation_renews_one_node_at_a_time_and_waits_for_it_to_return() -> None
 
     asyncio.run(run())
     assert restarted == [1, 2, 3] and r.rotations == {1: 1, 2: 1, 3: 1}
+
+
+def test_rotation_tells_each_step_once() -> None:
+    """What the operator posts as Kubernetes Events on the KRaftQuorum during a renewal."""
+    due = {1}
+    told: list[tuple[str, str, bool]] = []
+
+    async def get_due() -> list[int]:
+        return sorted(due)
+
+    async def renew(i: int) -> None:
+        due.discard(i)
+
+    async def restart(i: int) -> None:
+        pass
+
+    r = CertRotator(get_due, renew, restart, lambda: [1, 2, 3], max_lag=10, fresh_ms=3000,
+                    notify=lambda reason, msg, warn: told.append((reason, msg, warn)), label="ns/q")
+
+    async def run() -> None:
+        import time
+
+        now = int(time.time() * 1000) - 100
+        fresh = {1: now, 2: now, 3: now}
+        lagging = view(2, {1: 0, 2: 0, 3: 50}, fresh)
+        assert await r.step(lagging) is None
+        assert await r.step(lagging) is None  # the same wait is told once, not every pass
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, fresh)) == 1
+        later = int(time.time() * 1000) + 1000
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, {1: later, 2: later, 3: later})) is None
+
+    asyncio.run(run())
+    assert [(reason, warn) for reason, _, warn in told] == [
+        ("CertificateRenewalWaiting", True),
+        ("CertificateRenewalStarted", False),
+        ("CertificateRenewed", False),
+    ]
+    assert "node 1" in told[1][1] and "node 1" in told[2][1]
