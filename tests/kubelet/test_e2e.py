@@ -159,6 +159,12 @@ def test_operator_runs_as_a_pod_from_the_chart(node_cluster: NodeCluster, operat
     assert f"--namespace={QUORUM_NS}" in container["args"]
     log = c.kubectl("logs", "-n", OPERATOR_NS, pod["metadata"]["name"]).stdout
     assert "forbidden" not in log.lower() and "Not enough permissions" not in log, log[-3000:]
+    # The image carries Kafka's membership schemas, so a spec.kafka quorum heals with nothing
+    # mounted (AddRaftVoter built from them inside the running operator container).
+    probe = ("from quorum.kafka.schemas import find_clients_jar, membership_messages; "
+             "print(find_clients_jar(), membership_messages()['AddRaftVoterRequest'].API_KEY)")
+    out = c.kubectl("exec", "-n", OPERATOR_NS, pod["metadata"]["name"], "--", "python3", "-c", probe).stdout
+    assert out.split()[0].startswith("/opt/kraftkeeper-kafka/kafka-clients-") and out.split()[1] == "80", out
 
 
 def test_quorum_forms_under_restricted_pod_security(node_cluster: NodeCluster, quorum_ns: str) -> None:
