@@ -157,6 +157,14 @@ def test_certificate_renewal_one_pod_at_a_time_under_writes(node_cluster: NodeCl
     for i in (1, 2, 3):
         assert f"restarting node {i} with its renewed certificate" in log, log[-3000:]
     assert log.count("is back in the quorum with its renewed certificate") >= 2, log[-3000:]
+    # ... and so do the KRaftQuorum's Events (kubectl describe kraftquorum demo).
+    events = c.get_json("events", "-n", QUORUM_NS,
+                        "--field-selector", "involvedObject.kind=KRaftQuorum")["items"]
+    told = {(e["reason"], e.get("message", "")) for e in events}
+    for i in (1, 2, 3):
+        started = ("CertificateRenewalStarted", f"restarting node {i} with its renewed certificate")
+        assert started in told, told
+    assert sum(1 for reason, _ in told if reason == "CertificateRenewed") >= 2, told
     writer.wait_acked(len(writer.acked()), "a write acknowledged after the renewal")
     read_back(c, writer.stop())
     # The renewed certificates are not due again: no second round.
