@@ -42,6 +42,7 @@ from .podhealth import CrashLoops
 from .quorumtls import QuorumTls
 from .recovery import QuorumView, Recovery
 from .rotation import CertRotator
+from .status import status_changed
 from .survivor import Probe, probe_log_state
 from .telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink
 from .unclean import STATUS_PREFIX, UncleanCoordinator
@@ -352,13 +353,6 @@ async def _write_status(ctx: OperatorContext, m: Managed, st: ControllerStatus) 
     status["recoveries"] = m.recoveries_status()
     if not m.ever_available:
         status["phase"] = "Bootstrapping"
-    comparable = {k: v for k, v in status.items() if k != "conditions"}
-    prev = {k: v for k, v in m.last_status.items() if k in comparable}
-    conds = [(c["type"], c["status"], c["reason"], c["message"]) for c in status["conditions"]]
-    prev_conds = [
-        (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
-        for c in m.last_status.get("conditions") or []
-    ]
-    if comparable != prev or conds != prev_conds:
+    if status_changed(m.last_status, status):
         await ctx.kube.patch_status(m.spec.namespace, m.spec.name, status)
         m.last_status = status

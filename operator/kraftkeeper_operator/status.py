@@ -221,3 +221,16 @@ class ControllerStatus:
                 for c in self.conditions
             ],
         }
+
+
+def status_changed(prev: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Whether ``status`` differs from the last one written in anything but a condition's
+    timestamp: writing on every pass would wake every watcher of the object for nothing."""
+    comparable = {k: v for k, v in status.items() if k != "conditions"}
+    before = {k: v for k, v in prev.items() if k in comparable}
+    conds = [(c["type"], c["status"], c["reason"], c["message"]) for c in status["conditions"]]
+    prev_conds = [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+        for c in prev.get("conditions") or []
+    ]
+    return comparable != before or conds != prev_conds

@@ -56,6 +56,7 @@ from ..manifests import GROUP, PLURAL, VERSION, QuorumSpec, SpecError, parse_spe
 from ..policy import Order, PolicyError, RecoveryPolicy
 from ..quorums import OperatorContext, event_sink, known_voters
 from ..records import Recovery
+from ..status import status_changed
 from .backend import KafkaQuorum, parse_bootstrap
 from .wire import ClientConfigError, ClientSettings, parse_properties
 
@@ -436,14 +437,7 @@ class KafkaDaemon:
         status["observedGeneration"] = m.spec.base.generation
         if not m.ever_available:
             status["phase"] = "Bootstrapping"
-        comparable = {k: v for k, v in status.items() if k != "conditions"}
-        prev = {k: v for k, v in m.last_status.items() if k in comparable}
-        conds = [(c["type"], c["status"], c["reason"], c["message"]) for c in status["conditions"]]
-        prev_conds = [
-            (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
-            for c in m.last_status.get("conditions") or []
-        ]
-        if comparable != prev or conds != prev_conds:
+        if status_changed(m.last_status, status):
             await self.ctx.kube.patch_status(m.spec.base.namespace, m.spec.base.name, status)
             m.last_status = status
 
