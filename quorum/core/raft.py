@@ -306,6 +306,13 @@ class RaftCore(DescribeMixin, CoreBase):
         self._role_change = None
         self._errors = []
         self._truncated_since_ready = None
+        if r.append and r.quorum_state is None:
+            # Pipelined catch-up (quorum.core.replication): the fetched batches are handed over
+            # now, so the next Fetch may leave with them, before their fsync, when it claims
+            # only committed records (the driver sends it right after writing the append).
+            self.tick_fetch()
+            r.messages.extend(self._messages)
+            self._messages = []
         return r
 
     def ready_to_send(self) -> Ready | None:

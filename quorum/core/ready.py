@@ -28,8 +28,9 @@ order:
    saves ``quorum_state``, nothing in ``messages`` leaves before step 4 completed (a vote, an
    epoch). Without it, the messages may leave right after step 3, before the fsync: every
    promise they make was saved by an earlier Ready, the leader serves unflushed data anyway
-   (step 3), and a Fetch's offset never claims more than the log fsynced before this Ready
-   (see the durability rule below; the driver checks it against the log's fsynced end).
+   (step 3), and a Fetch's offset never claims more than the log fsynced before this Ready,
+   or else only committed records (see the durability rule below; the driver checks it
+   against the log's fsynced end and the core's high watermark).
 7. ``commit``: the new high watermark; apply records up to it to the state machine. Without
    ``quorum_state``, this and step 8's client results may also come right after step 3 when
    ``commit`` is at most the log's fsynced end (a leader's always is; a follower's may name
@@ -50,7 +51,11 @@ Durability rule for followers (the reason for "queued after ``ready()`` waits"):
 ``fetch_offset`` tells the leader "I hold everything below this durably", and the leader counts
 it toward the high watermark. A follower therefore sends its next Fetch only once its whole
 log is durable (``durable_end == end``), and the Fetch sits in the Ready after the one whose
-fsync made it so.
+fsync made it so; EXCEPT that a Fetch may claim records not yet durable when its offset is at
+or below the follower's high watermark (already committed, so the claim cannot move any high
+watermark: the invariant and its argument are in :mod:`quorum.core.replication`, "Pipelined
+catch-up"). Such a Fetch sits in the same Ready as the append it follows (issue 10: the next
+batch travels while this one is fsynced).
 """
 
 from __future__ import annotations

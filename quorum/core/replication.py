@@ -6,8 +6,9 @@ high watermark, and answers from the WRITTEN log (``LogReader``, fsynced or not:
 ``serve_fetch``), or parks the request (long poll) until data is written, the high watermark
 moves, a read-index round needs confirmation, or ``max_wait`` passes.
 
-Follower side: one Fetch in flight, sent only once the whole local log is durable (its offset
-claims the fsynced log, which the leader counts toward the high watermark); a response's
+Follower side: one Fetch in flight; its offset is a claim the leader counts toward the high
+watermark, so it is sent only when :meth:`ReplicationMixin.fetch_claim_ok` holds (the whole
+local log is durable, or the offset is already committed: the pipelining rule below); a response's
 bytes are decoded with ``quorum.records.decode_batches`` (CRC checked, headers only) and
 must start exactly at the local log end with non-decreasing epochs no newer than the leader's,
 else the response is rejected (noted in ``Ready.errors``) and the fetch retried: nothing of it
@@ -16,6 +17,25 @@ watermark is the leader's capped at the local log end.
 
 Replicas that know no leader (observers, a replaced disk, a voter that missed
 BeginQuorumEpoch) send "discovery" Fetches to a known voter; any answer names the leader.
+
+Pipelined catch-up (issue 10), with no wire change. INVARIANT: a Fetch whose ``fetch_offset``
+is above the sender's fsynced log end names an offset at or below the sender's high watermark,
+and a replica's high watermark is always an offset some leader committed (the leader's, capped
+at the local end; at start the applied offset or the snapshot's). Why a claim about committed,
+not yet durable records is harmless: the leader counts a replica's claim ``c`` only toward a
+candidate high watermark ``x <= c`` (``LeaderState.majority_end``), and moves its high watermark
+only to an ``x`` above both its current one and its epoch start offset (``update_leader_hw``).
+If the claim names the leader's own committed offsets, ``x <= c <= hw`` moves nothing; if it
+names offsets committed under an earlier leader, the current leader holds them (KIP-595 leader
+completeness), so ``c <= epoch start offset < x``. So every majority that moves a high
+watermark consists of durable claims, in any voter set, also one that has just added this
+replica (KIP-853: a voter set takes effect when appended, and the new set's high watermark is
+counted the same way). A power cut loses the non-durable records; the replica then fetches
+from its real end, and those records stay durable on the majority that committed them. Near
+the tail (offset above the known high watermark) the strict rule stands: the next Fetch waits
+for the fsync. Memory stays bounded: the next Fetch leaves only once every fetched batch has
+been handed to the driver (``ready`` sends it in the same Ready as the append, before that
+Ready's fsync), so one response travels while the previous one is fsynced.
 """
 
 from __future__ import annotations
@@ -240,8 +260,13 @@ class ReplicationMixin(ElectionMixin):
 
     # ================================================================== follower side
 
+    def fetch_claim_ok(self, offset: int) -> bool:
+        """May a Fetch claim ``offset`` (module docstring, "Pipelined catch-up")? True when the
+        log below it is fsynced, or when it is at or below the (committed) high watermark."""
+        return offset <= self.meta.durable_end or offset <= self.hw
+
     def send_fetch(self, dest: ReplicaKey) -> None:
-        assert self.meta.durable_end == self.meta.end, "a Fetch may claim only the durable log"
+        assert self.fetch_claim_ok(self.meta.end), "a Fetch may claim only durable or committed records"
         req = FetchRequest(
             correlation_id=self.new_corr(),
             cluster_id=self.cluster_id,
@@ -278,9 +303,10 @@ class ReplicationMixin(ElectionMixin):
         """Keep one Fetch in flight to the leader, or a discovery Fetch when leaderless."""
         if self.fetch_corr is not None or self.snap_installing is not None:
             return
-        if self.meta.durable_end < self.meta.end:
+        if self.meta.durable_end < self.meta.end and (self._append or not self.fetch_claim_ok(self.meta.end)):
             # A Fetch's offset claims "durable below here" and the leader counts it toward the
-            # high watermark: wait until the appended batches are fsynced (``advance``).
+            # high watermark: wait until the appended batches are fsynced (``advance``), unless
+            # they are committed already and handed to the driver (pipelining, module docstring).
             return
         role = self.role
         if isinstance(role, Leader):

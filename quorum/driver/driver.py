@@ -25,9 +25,11 @@ Persist-before-send is enforced here, in ``_send``: a message leaves before its 
 only if that Ready saves no quorum state (a vote, an epoch, a role: every promise a message can
 make was then saved by an earlier Ready, which completed before this one began), and a Fetch
 never leaves with an offset above the log's fsynced end at that moment (what a follower's Fetch
-claims, and the leader counts toward the high watermark: issue 12). The core queues a Fetch only
-once its whole log is fsynced, so a Ready holding one appends nothing; the check is the
-backstop. Early send is what keeps a write's commit from waiting for a second fsync: the answers
+claims, and the leader counts toward the high watermark: issue 12) unless the offset is at or
+below the core's high watermark (committed records: the pipelining rule of
+``quorum.core.replication``, issue 10). The core queues a strict Fetch only once its whole log
+is fsynced, and a pipelined one with the append it follows; the check is the backstop.
+Early send is what keeps a write's commit from waiting for a second fsync: the answers
 a leader can give once a follower's Fetch proves a batch durable (the Fetch arrives while the
 next batch's fsync runs) leave as that fsync completes and the following Ready begins, not after
 the following Ready's own fsync. The commit leaves early only up to the local fsynced end: a
@@ -201,11 +203,11 @@ class Driver:
         flushed = self.ports.log.flushed_end_offset
         for out in messages:
             msg = out.message
-            if isinstance(msg, FetchRequest) and msg.fetch_offset > flushed:
+            if isinstance(msg, FetchRequest) and msg.fetch_offset > max(flushed, self.core.hw):
                 # The leader would count records we could still lose (issue 12): a core bug.
                 raise RuntimeError(
                     f"driver: a Fetch at offset {msg.fetch_offset} would claim more than the "
-                    f"durable log end {flushed}"
+                    f"durable log end {flushed} and the high watermark {self.core.hw}"
                 )
             self.ports.transport.send(out)
 

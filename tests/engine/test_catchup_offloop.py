@@ -12,79 +12,38 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from quorum.runtime.config import NodeConfig
 from quorum.runtime.kv import KVStore, encode_put
-from quorum.runtime.node import Node
 from quorum.runtime.statemachine import Applier
-from quorum.runtime.transport import InProcessTransport
-from quorum.storage.meta import format_dir
 from quorum.types import ErrorCode, KraftError
+from tests.engine.inprocess import InProcessCluster, now, until
 
 VOTERS = {i: f"node-{i}.test:{28100 + i}" for i in (1, 2, 3)}
 OBSERVER = "node-4.test:28104"
 VALUE = bytes(range(256)) * 16  # 4 KiB
 
 
-async def _until(cond: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:
-    async def loop() -> Any:
-        while True:
-            try:
-                v = await cond()
-                if v:
-                    return v
-            except KraftError:
-                pass
-            await asyncio.sleep(0.02)
-
-    try:
-        return await asyncio.wait_for(loop(), limit_s)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
-def _now(value: Any) -> Callable[[], Awaitable[Any]]:
-    async def f() -> Any:
-        return value()
-
-    return f
-
-
 async def _scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    transport = InProcessTransport()
     cfg = NodeConfig(
         raft={"election_timeout_ms": 300, "fetch_timeout_ms": 800, "snapshot_chunk_bytes": 64 * 1024},
         fsync=True,
         segment_bytes=128 * 1024,
         snapshot_bytes=256 * 1024,
     )
-    nodes: dict[int, Node] = {}
-    stops: dict[int, asyncio.Event] = {}
-    tasks: list[asyncio.Task[None]] = []
-
-    def start(i: int, endpoint: str) -> None:
-        format_dir(tmp_path / f"n{i}", "catchup", i)
-        nodes[i] = Node(str(tmp_path / f"n{i}"), endpoint, VOTERS, cfg, transport)
-        transport.register(endpoint, nodes[i])
-        stops[i] = asyncio.Event()
-        tasks.append(asyncio.create_task(nodes[i].run(stops[i])))
-
-    for i, ep in VOTERS.items():
-        start(i, ep)
+    cluster = InProcessCluster(tmp_path, VOTERS, cfg, "catchup")
+    nodes = cluster.nodes
+    cluster.start_voters()
     try:
-        leader = await _until(
-            _now(lambda: next((i for i, n in nodes.items() if n.readiness()[1]["role"] == "leader"), None)),
-            "a leader",
-        )
+        leader = await cluster.leader()
         lead = nodes[leader]
         for k in range(200):  # 800 KiB of distinct keys: several snapshots, the log prefix deleted
-            await _until(lambda k=k: lead.put(f"key-{k:04d}", VALUE + k.to_bytes(2, "big")), f"write {k}")
-        await _until(_now(lambda: lead.log.log_start_offset > 0), "the leader to delete its log prefix")
+            await until(lambda k=k: lead.put(f"key-{k:04d}", VALUE + k.to_bytes(2, "big")), f"write {k}")
+        await until(now(lambda: lead.log.log_start_offset > 0), "the leader to delete its log prefix")
 
         # Hold the observer's snapshot decode in its worker thread until released.
         release = threading.Event()
@@ -99,9 +58,9 @@ async def _scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             return real_prepare(self, chunks)
 
         monkeypatch.setattr(Applier, "prepare_snapshot", held_prepare)
-        start(4, OBSERVER)
+        cluster.start(4, OBSERVER)
         obs = nodes[4]
-        await _until(_now(entered.is_set), "the observer to decode the fetched snapshot")
+        await until(now(entered.is_set), "the observer to decode the fetched snapshot")
         loop_thread = threading.current_thread()
         assert threads and threads[0] is not loop_thread, "the snapshot was decoded on the event loop"
         # The loop keeps answering while the decode runs: several turns, health, a refused read.
@@ -115,18 +74,14 @@ async def _scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         release.set()
 
         expect = {f"key-{k:04d}".encode(): VALUE + k.to_bytes(2, "big") for k in range(200)}
-        await _until(_now(lambda: obs.applier.kv.data == expect), "the observer's map to equal the leader's")
-        await _until(
-            _now(lambda: obs.driver.applied_end >= lead.driver.applied_end), "the observer to catch up"
+        await until(now(lambda: obs.applier.kv.data == expect), "the observer's map to equal the leader's")
+        await until(
+            now(lambda: obs.driver.applied_end >= lead.driver.applied_end), "the observer to catch up"
         )
         assert obs.snapshots.latest() is not None  # the download became a snapshot file
         assert obs.log.log_start_offset > 0  # its log starts at the installed snapshot
     finally:
-        for s in stops.values():
-            s.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for n in nodes.values():
-            n.close()
+        await cluster.close()
 
 
 def test_snapshot_installed_off_the_loop_while_the_node_answers(

@@ -6,9 +6,7 @@ the node needs nothing of aiohttp's server, and that the transport seam carries 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,48 +19,20 @@ from quorum.runtime.node import Node
 from quorum.runtime.transport import InProcessTransport
 from quorum.storage.meta import format_dir
 from quorum.types import ErrorCode, KraftError
+from tests.engine.inprocess import InProcessCluster, leader_among, now, until
 
 ENDPOINTS = {i: f"node-{i}.test:{9000 + i}" for i in (1, 2, 3)}
 
 
-async def _until(cond: Callable[[], Awaitable[Any]], what: str, limit_s: float = 30) -> Any:
-    async def loop() -> Any:
-        while True:
-            try:
-                v = await cond()
-                if v:
-                    return v
-            except KraftError:
-                pass
-            await asyncio.sleep(0.02)
-
-    try:
-        return await asyncio.wait_for(loop(), limit_s)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
-def _leader(nodes: dict[int, Node]) -> int | None:
-    leaders = [i for i, n in nodes.items() if n.readiness()[1]["role"] == "leader"]
-    return leaders[0] if len(leaders) == 1 else None
-
-
 async def _cluster(tmp_path: Path) -> None:
-    transport = InProcessTransport()
     cfg = NodeConfig(raft={"election_timeout_ms": 300, "fetch_timeout_ms": 800}, fsync=True)
-    nodes: dict[int, Node] = {}
-    stops: dict[int, asyncio.Event] = {}
-    tasks: dict[int, asyncio.Task[None]] = {}
-    for i, ep in ENDPOINTS.items():
-        format_dir(tmp_path / f"n{i}", "inproc", i)
-        nodes[i] = Node(str(tmp_path / f"n{i}"), ep, ENDPOINTS, cfg, transport)
-        transport.register(ep, nodes[i])
-        stops[i] = asyncio.Event()
-        tasks[i] = asyncio.create_task(nodes[i].run(stops[i]))
+    cluster = InProcessCluster(tmp_path, ENDPOINTS, cfg, "inproc")
+    cluster.start_voters()
+    nodes, transport = cluster.nodes, cluster.transport
     try:
         api: dict[int, NodeApi] = dict(nodes)  # what the HTTP server sees
-        first = await _until(lambda: asyncio.sleep(0, _leader(nodes)), "a leader")
-        await _until(lambda: api[first].put("k", b"v1"), "a first committed write")
+        first = await cluster.leader()
+        await until(lambda: api[first].put("k", b"v1"), "a first committed write")
         assert await api[first].get("k") == b"v1"
         follower = next(i for i in nodes if i != first)
         try:
@@ -73,24 +43,18 @@ async def _cluster(tmp_path: Path) -> None:
             assert e.extra["leader_id"] == first and e.extra["leader_endpoint"] == ENDPOINTS[first]
         # Cut the leader off the transport: the other two elect a new one and keep the data.
         transport.cut(ENDPOINTS[first])
-        second = await _until(
-            lambda: asyncio.sleep(0, _leader({i: n for i, n in nodes.items() if i != first})),
+        second = await until(
+            now(lambda: leader_among({i: n for i, n in nodes.items() if i != first})),
             "a new leader among the other two",
         )
         assert second != first
-        await _until(lambda: api[second].put("k2", b"v2"), "a write under the new leader")
+        await until(lambda: api[second].put("k2", b"v2"), "a write under the new leader")
         assert await api[second].get("k") == b"v1"
         state = api[second].log_state()
         assert state["leader_id"] == second and state["last_epoch"] == state["epoch"] > 1
     finally:
-        for i in nodes:
-            stops[i].set()
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-        for n in nodes.values():
-            n.close()
-        await transport.close()
-    for t in tasks.values():
-        assert t.exception() is None
+        await cluster.close()
+    cluster.check_tasks()
 
 
 def test_three_nodes_in_process_fail_over(tmp_path: Path) -> None:
@@ -110,7 +74,7 @@ def test_health_fails_when_a_storage_write_stalls(tmp_path: Path, monkeypatch: p
             monkeypatch.setattr(observe, "STALL_S", 0.0)
             node.driver.in_flight = Pending(Ready(), None, True)  # persist started, never ends
             node.health()  # first seen now
-            await _until(lambda: asyncio.sleep(0, not node.health()[0]), "health to fail")
+            await until(now(lambda: not node.health()[0]), "health to fail")
             ok, info = node.health()
             assert info["status"] == "stalled" and node.local.uuid not in str(info)
             node.driver.in_flight = None

@@ -56,6 +56,8 @@ class Checks:
         # its record committed and one of its holders lost its disk still counts that holder.
         self.retired: list[Node] = []
         self.acked_checks = 0
+        # Fetches that claimed committed, not yet fsynced records (issue 10's pipelining rule).
+        self.pipelined_fetches = 0
         self.unclean = False  # set by an unclean recovery: committed data may be lost on purpose
 
     def fail(self, name: str, detail: str) -> None:

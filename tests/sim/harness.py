@@ -85,11 +85,17 @@ class SimTransport:
     def send(self, out: Outbound) -> None:
         msg = out.message
         if isinstance(msg, FetchRequest) and msg.fetch_offset > self.node.log.flushed_end_offset:
-            self.sim.fail(
-                "fetch-claims-durable",
-                f"node {self.node.id} sends a Fetch at offset {msg.fetch_offset} but has fsynced "
-                f"only up to {self.node.log.flushed_end_offset}",
-            )
+            # Issue 10's pipelining rule (quorum.core.replication): a claim beyond the fsynced
+            # log names only committed records, against the simulation's own record of what
+            # was committed (not the node's view of it).
+            if msg.fetch_offset > self.sim.committed_end:
+                self.sim.fail(
+                    "fetch-claims-durable",
+                    f"node {self.node.id} sends a Fetch at offset {msg.fetch_offset} but has fsynced "
+                    f"only up to {self.node.log.flushed_end_offset} and only "
+                    f"{self.sim.committed_end} records are committed",
+                )
+            self.sim.pipelined_fetches += 1
         self.sim.send(self.node, out.destination_id, msg)
 
 
@@ -533,6 +539,7 @@ class Sim(Checks):
             "seed": self.seed,
             "now": self.now,
             "committed": self.committed_end,
+            "pipelined_fetches": self.pipelined_fetches,
             "leaders": len(self.leaders),
             "errors": len(self.errors),
         }
