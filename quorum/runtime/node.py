@@ -224,8 +224,10 @@ class Node:
             self.waits.drop_read(rid)
         return self.applier.kv.get(key)
 
-    async def handle_rpc(self, path: str, body: bytes, peer: object | None = None) -> bytes:
-        return await self.peers.handle_rpc(path, body, peer)
+    async def handle_rpc(
+        self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
+    ) -> bytes:
+        return await self.peers.handle_rpc(path, body, peer, decoded)
 
     # ---- admin --------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -95,11 +95,16 @@ class Peers:
         self.wake()
 
     # -- inbound ----------------------------------------------------------------------------
-    async def handle_rpc(self, path: str, body: bytes, peer: object | None = None) -> bytes:
+    async def handle_rpc(
+        self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
+    ) -> bytes:
+        """``decoded``: the request as the server's authorization middleware already decoded
+        it from ``body`` (TLS: it checks the replica id the request claims), so that it is not
+        decoded twice; taken only if it is a message of the type ``path`` names."""
         cls = wire.REQUEST_BY_PATH.get(path)
         if cls is None:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"unknown RPC {path!r}")
-        msg: Any = wire.decode(cls, body)
+        msg: Any = decoded if type(decoded) is cls else wire.decode(cls, body)
         if self.inbound_check is not None:
             self.inbound_check(peer, msg)
         self.metrics.inc(f"rpc-{path}-requests", help=f"{path} requests received")

@@ -67,10 +67,14 @@ class Transport(Protocol):
 class RpcHandler(Protocol):
     """Server side: the node's RPC entry (``POST /raft/v1/{path}``)."""
 
-    async def handle_rpc(self, path: str, body: bytes, peer: object | None = None) -> bytes:
+    async def handle_rpc(
+        self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
+    ) -> bytes:
         """Decode ``body`` as the request named by ``path``, step it into the core, return the
         encoded response. ``peer``: what the server's authentication learned about the caller
-        (None without TLS). Raises ``KraftError`` (INVALID_REQUEST for bad input)."""
+        (None without TLS); ``decoded``: the request already decoded from ``body`` by the
+        server's authorization middleware (TLS), used instead of decoding it again when it is
+        of the type ``path`` names. Raises ``KraftError`` (INVALID_REQUEST for bad input)."""
         ...
 
 
