@@ -423,7 +423,29 @@ def render(results: list[RecoveryResult]) -> str:
         who = f" @{rev}" if rev else ""
         lines.append(f"{size / MB:.0f} MB{who}: catch-up at {ratio:.2f}x the plain copy of the same bytes "
                      f"({rate:.0f} vs {copy:.0f} MB/s), replica {cpu:.2f} CPU s per GB, median of {len(rs)}")
+    lines.extend(compare_revs(results))
     return "\n".join(lines)
+
+
+def compare_revs(results: list[RecoveryResult]) -> list[str]:
+    """With --baseline: per size, the current code's catch-up against REV's in the same run,
+    as the ratio of their medians (copy-relative and MB/s), with each round's pair."""
+    out: list[str] = []
+    for size in dict.fromkeys(r.size_bytes for r in results):
+        now = [r for r in results if r.size_bytes == size and not r.rev]
+        for rev in dict.fromkeys(r.rev for r in results if r.size_bytes == size and r.rev):
+            old = [r for r in results if r.size_bytes == size and r.rev == rev]
+            if not now or not old:
+                continue
+            x_copy = statistics.median(r.catch_up_to_copy for r in now) / max(
+                1e-9, statistics.median(r.catch_up_to_copy for r in old))
+            x_rate = statistics.median(r.catch_up_mb_per_s for r in now) / max(
+                1e-9, statistics.median(r.catch_up_mb_per_s for r in old))
+            pairs = ", ".join(f"{a.catch_up_mb_per_s / max(1e-9, b.catch_up_mb_per_s):.2f}"
+                              for a, b in zip(now, old, strict=False))
+            out.append(f"{size / MB:.0f} MB current / @{rev}: {x_copy:.2f}x (copy-relative), "
+                       f"{x_rate:.2f}x (MB/s); per round MB/s {pairs}")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,9 @@ order:
    control records it carries (or ``core.snapshot_rejected(id, reason)`` if it does not verify).
 3. ``append``: batches to write: :class:`LeaderBatch` (records or control records the leader
    appends, encoded by the log's leader path ``LogStorage.append``) or :class:`RawBatches`
-   (already-encoded bytes a follower fetched, CRC-checked by the core). Optional fast path,
+   (already-encoded bytes a follower fetched, CRC-checked by the core; these may be written
+   in step 4 instead, before the fsync and off the event loop, when the Ready holds no
+   leader batch and no snapshot install: issue 10). Optional fast path,
    leader only: once written (not yet fsynced) call ``core.appended(written_end, now)`` and send
    the Fetch responses it returns at once (KIP-595 leaders serve unflushed data; the high
    watermark still counts the leader's own log only up to its durable end).

@@ -6,16 +6,17 @@ and the core tests alike. A Ready is carried out in three synchronous phases so 
 asyncio node and a deterministic simulation can interleave other work between them:
 
 ``begin(ready)``
-    page-cache work: truncate, append; the leader's fast path (Fetch responses for what was
+    page-cache work: truncate, the leader's append (a follower's fetched batches are written
+    by ``persist``, off the loop, issue 10); the leader's fast path (Fetch responses for what was
     just written leave before the fsync) and the follower's (the next FetchSnapshot leaves
     before this chunk is written). When the Ready saves no quorum state, its messages leave
     here too, and its commit and client results when the commit is already durable locally
     (see "early send" below). Returns a :class:`Pending` saying what must be persisted.
 ``persist(pending)``
-    blocking: write fetched snapshot chunks (after the last one: verify the download and
-    decode its state, issue 10), save the quorum state, fsync the log. The node runs it in an
-    executor while inbound RPCs keep stepping the core; the simulation completes it later, or
-    crashes first.
+    blocking: write a follower's fetched batches and snapshot chunks (after the last chunk:
+    verify the download and decode its state, issue 10), save the quorum state, fsync the log.
+    The node runs it in an executor while inbound RPCs keep stepping the core; the simulation
+    completes it later, or crashes first.
 ``finish(pending)``
     swap in a snapshot ``persist`` prepared, ``core.advance``, send what ``begin`` did not,
     apply the commit, complete client waits, publish the role. Refuses to run before
@@ -46,7 +47,7 @@ from dataclasses import dataclass, field
 
 from quorum.core.messages import FetchRequest, FetchSnapshotRequest
 from quorum.core.raft import RaftCore
-from quorum.core.ready import LeaderBatch, Outbound, Ready, SnapshotChunk
+from quorum.core.ready import LeaderBatch, Outbound, RawBatches, Ready, SnapshotChunk
 from quorum.driver.ports import Clock, LogPort, QuorumStatePort, Sink, SnapshotPort, StateMachine, Transport
 from quorum.driver.recent import RecentBatches
 from quorum.records import data_records, decode_batches
@@ -93,10 +94,15 @@ class Pending:
     # controls and prepared state, or why it was rejected), ``finish`` swaps it in (issue 10).
     install: OffsetAndEpoch | None = None
     loaded: tuple[tuple[ControlRecord, ...], object] | str | None = None
+    # A follower's fetched batches, written by ``persist`` (off the loop) before its fsync.
+    raw: list[RawBatches] = field(default_factory=list)
 
     @property
     def needs_persist(self) -> bool:
-        return self.quorum_state is not None or self.flush or bool(self.chunks) or self.install is not None
+        return (
+            self.quorum_state is not None or self.flush or bool(self.chunks) or self.install is not None
+            or bool(self.raw)
+        )
 
 
 @dataclass
@@ -142,6 +148,10 @@ class Driver:
             self.recent.clear()
         chunks: list[SnapshotChunk] = ready.snapshot_chunks
         install = ready.install_snapshot
+        # Issue 10: a follower's fetched batches are written by ``persist``, off the loop, which
+        # meanwhile receives the next response (a pipelined Fetch leaves below, in this begin).
+        raw = [b for b in ready.append if isinstance(b, RawBatches)]
+        defer = install is None and len(raw) == len(ready.append)
         if install is not None and ready.append:
             # Never expected (the core drops unsent appends when a download completes): the
             # appends must land in the installed log, so install here, on the loop.
@@ -153,9 +163,10 @@ class Driver:
                 log.append(b.base_offset, b.epoch, b.items(), b.append_time_ms)
                 self.recent.add_leader(b)
             else:
-                log.append_batches(b.data, b.infos)
+                if not defer:
+                    log.append_batches(b.data, b.infos)
                 self.recent.add_fetched(b)
-        if ready.append and ready.quorum_state is None:
+        if ready.append and ready.quorum_state is None and not defer:
             # Fast path (leader): parked Fetches get what was just written before our fsync.
             # Not while this Ready's epoch change is unsaved: responses carry the epoch.
             for out in self.core.appended(log.end_offset, self.ports.clock.now_ms()):
@@ -171,7 +182,7 @@ class Driver:
                 self.ports.transport.send(out)
             messages = [o for o in messages if not isinstance(o.message, FetchSnapshotRequest)]
         pending = Pending(ready, ready.quorum_state, ready.flush, chunks=chunks, messages=messages,
-                          install=install)
+                          install=install, raw=raw if defer else [])
         pending.taken = len(ready.messages)
         self.in_flight = pending
         if ready.quorum_state is None:
@@ -235,6 +246,8 @@ class Driver:
         self._write_chunks(pending.chunks)
         if pending.install is not None:
             pending.loaded = self._load_fetched(pending.install)
+        for b in pending.raw:
+            self.ports.log.append_batches(b.data, b.infos)
         if pending.quorum_state is not None:
             self.ports.quorum_state.save(pending.quorum_state)
         if pending.flush:

@@ -91,6 +91,9 @@ class SegmentedLog:
         # Descriptors of segments removed while a flush ran in a worker thread are closed
         # after it (the flush may still be writing or syncing them).
         self._flush_lock = threading.Lock()
+        # Fetched batches are written in a worker thread (the driver's persist, issue 10)
+        # while the loop may delete a snapshotted prefix: those two take turns.
+        self._struct_lock = threading.Lock()
         self._flushing = False
         self._deferred_close: list[int] = []
         ensure_dir(self.directory, fsync=fsync)
@@ -226,7 +229,11 @@ class SegmentedLog:
     def append_batches(self, data: bytes | memoryview, infos: Sequence[BatchInfo]) -> None:
         """Append pre-encoded batches (the follower path: Fetch bytes written unchanged).
         ``infos`` must describe ``data`` exactly and start at ``end_offset``; otherwise
-        INVALID_REQUEST and nothing is written."""
+        INVALID_REQUEST and nothing is written. May run in a worker thread."""
+        with self._struct_lock:
+            self._append_batches(data, infos)
+
+    def _append_batches(self, data: bytes | memoryview, infos: Sequence[BatchInfo]) -> None:
         self._check_open()
         sizes = validate_append(self.end_offset, self.last_epoch, data, infos)
         view = memoryview(data)
@@ -369,15 +376,16 @@ class SegmentedLog:
         snapshot). The active segment is never deleted; the log start becomes the base of the
         first kept segment, so it may stay below ``offset``."""
         self._check_open()
-        offset = min(offset, self.end_offset)
-        removed = False
-        while len(self._segments) > 1 and self._segments[1].base <= offset:
-            self._remove_segment(self._segments.pop(0))
-            self._bases.pop(0)
-            removed = True
-        if removed:
-            self._meta.on_delete_before(self.log_start_offset)
-            self._sync_after_structural_change([])
+        with self._struct_lock:
+            offset = min(offset, self.end_offset)
+            removed = False
+            while len(self._segments) > 1 and self._segments[1].base <= offset:
+                self._remove_segment(self._segments.pop(0))
+                self._bases.pop(0)
+                removed = True
+            if removed:
+                self._meta.on_delete_before(self.log_start_offset)
+                self._sync_after_structural_change([])
 
     def reset_to_snapshot(self, snapshot_id: OffsetAndEpoch) -> None:
         """Replace the log by an empty one starting at the snapshot's end offset (KIP-630: a

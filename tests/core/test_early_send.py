@@ -64,7 +64,9 @@ def test_follower_next_fetch_leaves_right_after_its_fsync_claiming_only_the_fsyn
     h, claims = follower()
     h.core.step(response(last_fetch(h), 0, [b"a", b"b"], 0), h.now)
     pending = h.driver.begin(h.core.ready())
-    assert pending.needs_persist and h.log.end_offset == 2 and h.durable_end == 0
+    # The fetched batch is written by persist, off the loop (issue 10): not yet here.
+    assert pending.needs_persist and h.log.end_offset == 0 and h.durable_end == 0
+    assert pending.raw and pending.raw[0].next_offset == 2
     sent = len(claims.claims)
     # While the fsync runs, the next response cannot come (one Fetch in flight) and no Fetch
     # leaves: the log is not durable yet.
@@ -92,7 +94,7 @@ def test_follower_response_during_fsync_then_fetch_never_claims_the_unflushed_ba
     # The next response arrives and its batch is written; its fsync is in flight.
     h.core.step(response(last_fetch(h), 1, [b"b", b"c"], 1), h.now)
     p3 = h.driver.begin(h.core.ready())
-    assert h.log.end_offset == 3 and h.durable_end == 1
+    assert h.core.log_end_offset == 3 and h.durable_end == 1  # written by p3's persist
     # Nothing the core holds may claim offset 3 yet, whatever is stepped in meanwhile.
     h.core.tick(h.now + 10_000)
     early = h.core.ready()

@@ -6,7 +6,8 @@ move any high watermark). Near the tail (offset above the high watermark) the st
 issue 12 stands. The pipelined Fetch leaves in the same Ready as the append it follows (written,
 not fsynced); a response arriving while that fsync runs waits for the next Ready, so at most one
 batch is fsynced while one travels. The driver refuses any Fetch beyond both the fsynced end and
-the high watermark.
+the high watermark. The fetched batches themselves are written by the driver's persist (off
+the event loop in a node), before its fsync.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def test_fetch_for_committed_records_leaves_with_the_append_before_its_fsync() -
     # Sent in begin, after the write and before the fsync: it claims 2 with 0 fsynced.
     assert claims.claims[sent:] == [(2, 0)] and pending.needs_persist
     assert h.core.hw == 2  # the local high watermark: the leader's, capped at the local end
+    assert h.log.end_offset == 0  # the batch is written by persist (off the loop in a node)
     h.driver.persist(pending)
+    assert h.log.end_offset == 2 and h.log.flushed_end_offset == 2
     h.driver.finish(pending)
     assert h.driver.applied_end == 2  # applied only once durable here
     assert all(off <= max(durable, 2) for off, durable in claims.claims)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -106,4 +107,48 @@ def test_a_damaged_batch_in_a_large_fetch_is_named_and_nothing_is_written(tmp_pa
         finally:
             follower.close()
     finally:
+        leader.close()
+
+
+def _read_from(log: SegmentedLog, offset: int) -> bytes:
+    out = bytearray()
+    while offset < log.end_offset:
+        data = log.read(offset, 1 << 30)
+        out += data
+        offset = records.decode_batches(data, verify_crc=False)[0][-1].info.next_offset
+    return bytes(out)
+
+
+def test_raw_appends_in_a_worker_thread_while_the_loop_deletes_a_prefix(tmp_path: Path) -> None:
+    """The driver writes a follower's fetched batches in its persist thread (issue 10) while the
+    event loop may delete a snapshotted log prefix: the two take turns (the log's structural
+    lock), and the log that results is the leader's from the deleted prefix on, byte for byte."""
+    leader, _batches = _leader_log(tmp_path / "leader")
+    follower = SegmentedLog(tmp_path / "follower", segment_bytes=256 * 1024, fsync=False)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            while follower.end_offset < leader.end_offset:
+                data = leader.read(follower.end_offset, 64 * 1024)
+                decoded, _used = records.decode_batches(data)
+                follower.append_batches(data, [b.info for b in decoded])
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    deletes = 0
+    while t.is_alive():
+        follower.delete_before(follower.end_offset // 2)
+        deletes += 1
+    t.join()
+    try:
+        assert not errors, errors
+        assert deletes > 0 and follower.end_offset == leader.end_offset
+        start = follower.log_start_offset
+        assert start > 0
+        assert _read_from(follower, start) == _read_from(leader, start)
+    finally:
+        follower.close()
         leader.close()
