@@ -10,6 +10,11 @@ RemoveVoter, each committed in milliseconds by one quorum round trip. Some recov
   REPLICA_NOT_CAUGHT_UP), and the operator gave up after its retries;
 * ``quorum_lost``: the leader was lost mid-recovery (leader_id is null on the failed event).
 
+With ``engines`` naming Kafka, Kafka clusters record Kafka's order (KIP-853): RemoveVoter first,
+by ``operator watch`` (``RemoveThenAdd``, with both *_started events and the same failures) or,
+on every other Kafka cluster, by Kafka's own auto-join (``auto-join``: only committed steps, as
+``kraftkeeper demo`` records them from outside, 5 events, never failed).
+
 Many clusters (namespace/name) with their own log size and fetch throughput; a weekly pattern
 and one cluster with a degraded week make the daily trend worth looking at. With
 ``malformed_rate`` > 0 a fraction of lines is damaged, one damage per line, each kind of bad
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kraftkeeper_reports import events as ev
+from kraftkeeper_reports.intervals import ADD_THEN_REMOVE, AUTO_JOIN, REMOVE_THEN_ADD
 
 _NAMESPACES = ("payments", "search", "ingest", "billing", "identity", "analytics", "edge", "ml")
 _NAMES = ("kraft-a", "kraft-b", "meta", "controller", "quorum")
@@ -54,6 +60,7 @@ LINE_DAMAGE = (
     ev.EXTRA_FIELDS,
     ev.BLANK_LINE,
 )
+AUTO_JOIN_RECORDER = "kraftkeeper demo: DescribeQuorum every 50 ms"  # as demo_kafka writes it
 RECOVERY_ANOMALIES = ("impossible_order", "event_after_end", "missing_detection", "duplicate_event")
 
 
@@ -194,6 +201,46 @@ def _damage(line: str, kind: str, rng: random.Random) -> list[str]:
     return [json.dumps(obj, separators=(",", ":"))]
 
 
+def _remove_then_add(add: Any, rng: random.Random, t: int, catch: int, log_bytes: int, voters: int,
+                     failed: str | None, auto_join: bool) -> int:
+    """The steps after detection of a Kafka recovery, old voter removed first (KIP-853; see
+    ``intervals``). ``operator watch`` logs both *_started events and may fail: the quorum lost
+    during RemoveVoter, or the replica behind again when AddVoter checks it, with the voter set
+    left one short. Auto-join is recorded from outside (``demo_kafka.AutoJoinRecorder``): only
+    committed steps, seen by a DescribeQuorum every 50 ms, and Kafka never gives up. Returns the
+    last timestamp."""
+    t += catch
+    add(ev.REPLICA_CAUGHT_UP, t, f'{{"fetched_bytes":{log_bytes}}}')
+    if auto_join:  # Kafka's controller notices and removes the old id within its own period
+        t += int(rng.lognormvariate(math.log(900), 0.4)) + 50
+        add(ev.REMOVE_VOTER_COMMITTED, t, f'{{"voters":{voters - 1}}}')
+        t += int(rng.lognormvariate(math.log(400), 0.4)) + 50
+        add(ev.ADD_VOTER_COMMITTED, t, f'{{"voters":{voters}}}')
+        t += int(rng.expovariate(1 / 60)) + 1
+        add(ev.RECOVERY_COMPLETED, t)
+        return t
+    t += int(rng.expovariate(1 / 150)) + 5
+    add(ev.REMOVE_VOTER_STARTED, t)
+    if failed == "quorum_lost":
+        t += int(rng.uniform(500, 20_000))
+        add(ev.RECOVERY_FAILED, t, '{"reason":"quorum_lost","message":"no leader for 10 s"}', None, None)
+        return t
+    t += int(rng.lognormvariate(math.log(8), 0.5)) + 1
+    add(ev.REMOVE_VOTER_COMMITTED, t, f'{{"voters":{voters - 1}}}')
+    t += int(rng.expovariate(1 / 40)) + 2
+    add(ev.ADD_VOTER_STARTED, t)
+    if failed == "replica_fell_behind":
+        t += int(rng.uniform(2_000, 30_000))
+        add(ev.RECOVERY_FAILED, t,
+            '{"reason":"replica_fell_behind","message":"REPLICA_NOT_CAUGHT_UP after 5 retries"}')
+        return t
+    t += int(rng.lognormvariate(math.log(8), 0.5)) + 1
+    add(ev.ADD_VOTER_COMMITTED, t, f'{{"voters":{voters}}}')
+    t += int(rng.expovariate(1 / 3)) + 1
+    add(ev.RECOVERY_COMPLETED, t)
+    return t
+
+
 def _generate_day(job: _DayJob) -> GenerateStats:
     rng = random.Random(f"{job.seed}:{job.day.isoformat()}")
     stats = GenerateStats()
@@ -217,15 +264,22 @@ def _generate_day(job: _DayJob) -> GenerateStats:
             out = handles[ci % len(handles)]
             catch_median_ms = 1500.0 + prof.log_mb / prof.fetch_mb_s * 1000.0
             engine_detail = ""
+            order = ADD_THEN_REMOVE
             if job.engines:
                 # Which engine runs this cluster, and its voter-change order (Kafka refuses a
-                # second directory id for a voter id, so it removes first: RemoveThenAdd).
+                # second directory id for a voter id, so it removes first: RemoveThenAdd). Kafka
+                # clusters take turns between `operator watch` and Kafka's own auto-join.
                 engine = job.engines[ci % len(job.engines)]
-                order = "RemoveThenAdd" if engine == "kafka" else "AddThenRemove"
-                engine_detail = f',"engine":"{engine}","order":"{order}"'
                 if engine == "kafka":
+                    order = AUTO_JOIN if (ci // len(job.engines)) % 2 else REMOVE_THEN_ADD
                     catch_median_ms *= 1.3
-            fail_rate = min(0.9, prof.fail_rate * job.failure_scale * (3.0 if degraded else 1.0))
+                engine_detail = f',"engine":"{engine}","order":"{order}"'
+                if order == AUTO_JOIN:
+                    engine_detail += f',"recorded_by":"{AUTO_JOIN_RECORDER}"'
+            if order == AUTO_JOIN:
+                fail_rate = 0.0  # Kafka retries by itself; the recorder logs no failure
+            else:
+                fail_rate = min(0.9, prof.fail_rate * job.failure_scale * (3.0 if degraded else 1.0))
             for seq, t0 in enumerate(starts):
                 rid = f"r-{job.day:%Y%m%d}-{ci:03d}-{seq:06d}"
                 replica = rng.randrange(1, prof.voters + 1)
@@ -250,11 +304,14 @@ def _generate_day(job: _DayJob) -> GenerateStats:
                 failed: str | None = None
                 if rng.random() < fail_rate:
                     failed = rng.choices(ev.FAILURE_REASONS, weights=(0.5, 0.3, 0.2))[0]
-                if catch >= 600_000:  # the operator's catch-up deadline (10 minutes)
+                if catch >= 600_000 and order != AUTO_JOIN:  # the operator's catch-up deadline (10 min)
                     failed = "timeout"
                 if failed == "timeout":
                     t += 600_000
                     add(ev.RECOVERY_FAILED, t, '{"reason":"timeout","message":"catch-up exceeded 600 s"}')
+                elif order != ADD_THEN_REMOVE:
+                    t = _remove_then_add(add, rng, t, int(catch), log_bytes, prof.voters, failed,
+                                         order == AUTO_JOIN)
                 else:
                     t += int(catch)
                     add(ev.REPLICA_CAUGHT_UP, t, f'{{"fetched_bytes":{log_bytes}}}')
@@ -286,8 +343,11 @@ def _generate_day(job: _DayJob) -> GenerateStats:
                 if m > 0 and rng.random() < m * 4 and len(lines) >= 3:
                     kind = rng.choice(RECOVERY_ANOMALIES)
                     if kind == "impossible_order" and len(lines) >= 4:
-                        # add_voter_committed stamped before add_voter_started (clock stepped back)
-                        i = 3 if lines[3][0] == ev.ADD_VOTER_COMMITTED else 2
+                        # add_voter_committed stamped before add_voter_started (clock stepped back);
+                        # in the other orders the step after caught up is stamped before it.
+                        steps = (lines[2][0], lines[3][0])
+                        add_first = steps == (ev.ADD_VOTER_STARTED, ev.ADD_VOTER_COMMITTED)
+                        i = 3 if add_first else 2
                         times[i] = times[i - 1] - rng.randrange(5, 500)
                     elif kind == "event_after_end":
                         lines.append((ev.REPLICA_CAUGHT_UP if failed else ev.REMOVE_VOTER_COMMITTED,

@@ -21,12 +21,21 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from kraftkeeper_reports.intervals import BY_NAME, PHASES, fmt_ms
+from kraftkeeper_reports.intervals import (
+    ADD_THEN_REMOVE,
+    AUTO_JOIN,
+    BY_NAME,
+    LABEL_ORDER,
+    PHASES,
+    REMOVE_THEN_ADD,
+    fmt_ms,
+    recorded_order,
+)
 
 ALL = "(all)"
 FEW = 30  # up to this many completed recoveries, each one is drawn and labelled
 SEVERAL_DAYS = 3  # a daily trend needs at least this many days
-PHASE_TITLES = {name: BY_NAME[name].title for name in PHASES}
+PHASE_TITLES = {name: BY_NAME[name].title for name in PHASES}  # AddThenRemove's (KIP-856)
 COLORS = {
     "catch_up": "#4C78A8",
     "add_voter": "#F58518",
@@ -34,6 +43,7 @@ COLORS = {
     "finish": "#B279A2",
     "under_replicated": "#E45756",
     "exposure": "#9D755D",
+    "degraded": "#B07AA1",
     "total": "#1B2A41",
 }
 ACTION_COLORS = {"rejected": "#E45756", "excluded": "#F58518", "skipped": "#BAB0AC", "ignored": "#72B7B2"}
@@ -135,19 +145,54 @@ def _label(r: Any) -> str:
     return f"{r['cluster']} {r['recovery_id']} (replica {r['replica_id']})"
 
 
-def plot_each(slow: pd.DataFrame) -> str:
-    """Few recoveries: one strip per interval, one labelled dot per recovery, linear axes."""
+_T_COL = {"disk_replacement_detected": "t_detected", "replica_caught_up": "t_caught_up",
+          "add_voter_started": "t_add_voter_started", "add_voter_committed": "t_add_voter_committed",
+          "remove_voter_started": "t_remove_voter_started",
+          "remove_voter_committed": "t_remove_voter_committed"}
+
+
+def row_order(r: Any) -> str:
+    """The voter-change order one row of ``slowest`` recorded (``intervals.recorded_order``)."""
+    return recorded_order({typ: (r[col] if col in r and pd.notna(r[col]) else None)
+                           for typ, col in _T_COL.items()})
+
+
+def orders_of(slow: pd.DataFrame, compare: pd.DataFrame | None = None) -> frozenset[str]:
+    """The voter-change orders recorded by the completed recoveries: from the comparison's order
+    labels (over every completed recovery) where it has them, else from the rows of ``slow``."""
+    if compare is not None and not compare.empty and "order" in compare:
+        found = {LABEL_ORDER[o] for o in compare["order"].dropna().unique() if o in LABEL_ORDER}
+        if found:
+            return frozenset(found)
+    return frozenset(row_order(r) for _, r in slow.iterrows()) or frozenset({ADD_THEN_REMOVE})
+
+
+def order_label(label: Any, recorded: str) -> str:
+    """How a recovery's order is named to a reader: Kafka's auto-join is said to be Kafka's and
+    recorded from outside (its steps as DescribeQuorum showed them)."""
+    if label == AUTO_JOIN:
+        return f"Kafka auto-join, {recorded}, recorded from outside"
+    return recorded
+
+
+def phase_title(phase: str, orders: frozenset[str]) -> str:
+    return BY_NAME[phase].title_for(set(orders))
+
+
+def plot_each(slow: pd.DataFrame, orders: frozenset[str] = frozenset({ADD_THEN_REMOVE})) -> str:
+    """Few recoveries: one strip per interval, one labelled dot per recovery, linear axes; each
+    strip titled with the spans of the orders present (``intervals``)."""
     fig, axes = plt.subplots(len(PHASES), 1, figsize=(11, 1.05 * len(PHASES) + 0.9))
     labels = [_label(r) for _, r in slow.iterrows()]
     markers = "osD^v<>ph*"
     points = 0
     for ax, phase in zip(axes, PHASES, strict=True):
         vals = slow[f"{phase}_ms"].astype(float)
-        ax.set_title(PHASE_TITLES[phase], loc="left", fontsize=9.5)
+        ax.set_title(phase_title(phase, orders), loc="left", fontsize=9.5)
         ax.set_yticks([])
         ax.spines["left"].set_visible(False)
         for i, v in enumerate(vals):
-            if math.isnan(v):  # no such interval in this recovery's order (RemoveThenAdd)
+            if math.isnan(v):  # an end missing or before its start in this recovery
                 continue
             ax.scatter([v], [0], s=46, color=COLORS[phase], marker=markers[i % len(markers)], zorder=3,
                        label=labels[i] if phase == PHASES[0] else None)
@@ -157,7 +202,7 @@ def plot_each(slow: pd.DataFrame) -> str:
             points += 1
         top = float(vals.max())
         if math.isnan(top):
-            ax.text(0.5, 0.3, "none: every recovery here removed the old voter first (RemoveThenAdd)",
+            ax.text(0.5, 0.3, "none: no recovery here has both ends of this interval",
                     transform=ax.transAxes, ha="center", fontsize=8.5, color="#666")
             top = 1000.0
         duration_axis(ax, top * 1.1)
@@ -170,13 +215,18 @@ def plot_each(slow: pd.DataFrame) -> str:
     return _svg(fig, "each", points)
 
 
-def plot_distributions(hist: pd.DataFrame, stats: pd.DataFrame) -> str:
+def plot_distributions(hist: pd.DataFrame, stats: pd.DataFrame,
+                       orders: frozenset[str] = frozenset({ADD_THEN_REMOVE})) -> str:
     """Many recoveries: a histogram per interval on a log axis with human tick labels."""
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.2))
+    cols = 3
+    rows = math.ceil(len(PHASES) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(13, 3.2 * rows))
+    for ax in list(axes.flat)[len(PHASES):]:
+        ax.set_visible(False)
     points = 0
-    for ax, phase in zip(axes.flat, PHASES, strict=True):
+    for ax, phase in zip(axes.flat, PHASES, strict=False):
         h = hist[hist["phase"] == phase]
-        ax.set_title(PHASE_TITLES[phase], fontsize=9.5)
+        ax.set_title(_wrap(phase_title(phase, orders), 48), fontsize=9)
         ax.bar(h["bin_lo_ms"], h["count"], width=h["bin_hi_ms"] - h["bin_lo_ms"], align="edge",
                color=COLORS[phase], alpha=0.85)
         points += int((h["count"] > 0).sum())
@@ -196,6 +246,17 @@ def plot_distributions(hist: pd.DataFrame, stats: pd.DataFrame) -> str:
                  fontweight="bold")
     fig.tight_layout()
     return _svg(fig, "distributions", points)
+
+
+def _wrap(text: str, width: int) -> str:
+    """Break a long title at spaces so it stays above its own panel."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
 
 
 def plot_groups(stats: pd.DataFrame, key: str, title: str, label: str) -> str:
@@ -226,22 +287,34 @@ def plot_groups(stats: pd.DataFrame, key: str, title: str, label: str) -> str:
 
 def plot_gantt(slow: pd.DataFrame, every: bool) -> str:
     fig, ax = plt.subplots(figsize=(11, 0.4 * len(slow) + 1.7))
-    segments = (
-        ("catch_up", "t_detected", "t_caught_up", "catch-up"),
-        ("add_voter", "t_caught_up", "t_add_voter_committed", "caught up → AddVoter committed"),
-        ("remove_voter", "t_add_voter_committed", "t_remove_voter_committed", "→ RemoveVoter committed"),
-        ("finish", "t_remove_voter_committed", "t_completed", "→ completed"),
-    )
+    # Each row's bars follow the order it recorded (intervals): AddThenRemove adds then removes.
+    segments = {
+        ADD_THEN_REMOVE: (
+            ("catch_up", "t_detected", "t_caught_up", "catch-up"),
+            ("add_voter", "t_caught_up", "t_add_voter_committed", "→ AddVoter committed"),
+            ("remove_voter", "t_add_voter_committed", "t_remove_voter_committed", "→ RemoveVoter committed"),
+            ("finish", "t_remove_voter_committed", "t_completed", "→ completed"),
+        ),
+        REMOVE_THEN_ADD: (
+            ("catch_up", "t_detected", "t_caught_up", "catch-up"),
+            ("remove_voter", "t_caught_up", "t_remove_voter_committed", "→ RemoveVoter committed"),
+            ("add_voter", "t_remove_voter_committed", "t_add_voter_committed", "→ AddVoter committed"),
+            ("finish", "t_add_voter_committed", "t_completed", "→ completed"),
+        ),
+    }
     labels = []
+    seen: set[str] = set()
     for i, (_, r) in enumerate(slow.iloc[::-1].iterrows()):
         t0 = float(r["t_detected"])
-        for key, a, b, name in segments:
+        order = row_order(r)
+        for key, a, b, name in segments[order]:
             start, end = float(r[a]) - t0, float(r[b]) - t0
             ax.barh(i, max(end - start, 0.0), left=start, color=COLORS[key], height=0.6,
-                    label=name if i == 0 else None)
+                    label=name if key not in seen else None)
+            seen.add(key)
         ax.text(float(r["t_completed"]) - t0, i,
-                f"  total {fmt_ms(r['total_ms'])}, dead voter in set {fmt_ms(r['exposure_ms'])}",
-                va="center", fontsize=7.5)
+                f"  total {fmt_ms(r['total_ms'])}, one failure less tolerated {fmt_ms(r['degraded_ms'])}"
+                f" ({order_label(r.get('order'), order)})", va="center", fontsize=7.5)
         labels.append(_label(r))
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     xmax = max(float(r["t_completed"]) - float(r["t_detected"]) for _, r in slow.iterrows())

@@ -19,8 +19,16 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from kraftkeeper_reports import plots
-from kraftkeeper_reports.intervals import BY_NAME, NO_VALUE, PHASES, fmt_ms
-from kraftkeeper_reports.plots import ALL, FEW, SEVERAL_DAYS
+from kraftkeeper_reports.intervals import (
+    ADD_THEN_REMOVE,
+    AUTO_JOIN,
+    BY_NAME,
+    NO_VALUE,
+    PHASES,
+    REMOVE_THEN_ADD,
+    fmt_ms,
+)
+from kraftkeeper_reports.plots import ALL, FEW, SEVERAL_DAYS, order_label, orders_of, row_order
 from kraftkeeper_reports.tables import ReportTables
 
 __all__ = ["fmt_ms", "render_html", "summary_sentence"]
@@ -43,14 +51,19 @@ def _table(df: pd.DataFrame, cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def _stats_table(stats: pd.DataFrame, cluster: str) -> pd.DataFrame:
+def _orders(t: ReportTables) -> frozenset[str]:
+    """The voter-change orders the completed recoveries recorded (titles follow them)."""
+    return orders_of(t.slowest, t.compare)
+
+
+def _stats_table(stats: pd.DataFrame, cluster: str, orders: frozenset[str]) -> pd.DataFrame:
     s = stats[stats["cluster"] == cluster].copy()
-    s["order"] = s["phase"].map({p: i for i, p in enumerate(PHASES)})
-    s = s.sort_values("order")
+    s["rank"] = s["phase"].map({p: i for i, p in enumerate(PHASES)})
+    s = s.sort_values("rank")
     return pd.DataFrame(
         {
-            "interval": s["phase"].map(lambda p: BY_NAME[p].title),
-            "what it measures": s["phase"].map(lambda p: BY_NAME[p].meaning),
+            "interval": s["phase"].map(lambda p: BY_NAME[p].title_for(set(orders))),
+            "what it measures": s["phase"].map(lambda p: BY_NAME[p].meaning_for(set(orders))),
             "recoveries": s["recoveries"].astype(int),
             "p50": s["p50_ms"].map(fmt_ms),
             "p90": s["p90_ms"].map(fmt_ms),
@@ -89,6 +102,8 @@ def summary_sentence(t: ReportTables) -> str:
     if others:
         parts[0] += f", {others:,} still in progress or inconsistent"
     total, exposure = _all_row(t.phase_stats, "total"), _all_row(t.phase_stats, "exposure")
+    degraded = _all_row(t.phase_stats, "degraded")
+    orders = _orders(t)
     text = parts[0] + "."
     if total is not None:
         text += (f" The slowest took {_metric('max_total_ms', fmt_ms(total['max_ms']))} "
@@ -103,7 +118,24 @@ def summary_sentence(t: ReportTables) -> str:
             text += f" The quorum ran with a dead voter for {median} at the median and at most {worst}"
         else:
             text += f" The quorum ran with a dead voter for {worst}"
-        text += " (detection → RemoveVoter committed: one failure less tolerated meanwhile)."
+        if REMOVE_THEN_ADD not in orders:
+            text += " (detection → RemoveVoter committed: one failure less tolerated meanwhile)."
+        else:
+            text += " (detection → RemoveVoter committed)"
+            if degraded is not None:
+                which = ("" if orders == {REMOVE_THEN_ADD} else
+                         " (AddThenRemove: until RemoveVoter committed; RemoveThenAdd: until AddVoter "
+                         "committed)")
+                worst_d = _metric("max_degraded_ms", fmt_ms(degraded["max_ms"]))
+                if done > 1:
+                    median_d = _metric("p50_degraded_ms", fmt_ms(degraded["p50_ms"]))
+                    text += (f", and tolerated one failure less for {median_d} at the median and at most "
+                             f"{worst_d}")
+                else:
+                    text += f", and tolerated one failure less for {worst_d}"
+                text += (f": removing the old voter first leaves the voter set one short until AddVoter "
+                         f"commits (detection → the second voter change committed{which})")
+            text += "."
     if failed:
         text += f" {failed:,} failed recover{'y' if failed == 1 else 'ies'} left the dead voter in the set."
     return text
@@ -121,17 +153,24 @@ def _cards(t: ReportTables) -> str:
     failed, done = int(s.get("failed") or 0), int(s.get("completed") or 0)
     fail_rate = f"{100.0 * failed / (failed + done):.1f} %" if failed + done else NO_VALUE
     total, exposure = _all_row(t.phase_stats, "total"), _all_row(t.phase_stats, "exposure")
+    degraded = _all_row(t.phase_stats, "degraded")
+    stat, word = ("max_ms", "longest") if done <= FEW else ("p99_ms", "p99")
 
     def v(row: pd.Series | None, col: str) -> str:
         return NO_VALUE if row is None else fmt_ms(row[col])
+
+    tolerance = ""
+    if REMOVE_THEN_ADD in _orders(t):  # only then does it differ from the dead voter in set
+        tolerance = _card(v(degraded, stat),
+                          f"{word} one failure less tolerated (detection → second voter change committed)")
 
     return "".join([
         _card(f"{done:,}", "completed", "good"),
         _card(f"{failed:,} ({fail_rate})", "failed", "bad" if failed else ""),
         _card(v(total, "p50_ms"), "median total (detection → completed)"),
         _card(v(total, "max_ms"), "slowest total"),
-        _card(v(exposure, "max_ms" if done <= FEW else "p99_ms"),
-              f"{'longest' if done <= FEW else 'p99'} dead voter in set (detection → RemoveVoter committed)"),
+        _card(v(exposure, stat), f"{word} dead voter in set (detection → RemoveVoter committed)"),
+        tolerance,
         _card(f"{int(s.get('rejected_lines') or 0):,}", f"bad lines of {int(s.get('lines') or 0):,}",
               "bad" if s.get("rejected_lines") else ""),
     ])
@@ -146,14 +185,25 @@ def _intervals_section(t: ReportTables) -> str:
     if done == 0:
         return _section("phases", "Interval durations", _note("No completed recovery: no durations to show."))
     each = done <= min(FEW, len(t.slowest))
-    plot = plots.plot_each(t.slowest) if each else plots.plot_distributions(t.phase_histogram, t.phase_stats)
+    orders = _orders(t)
+    plot = (plots.plot_each(t.slowest, orders) if each
+            else plots.plot_distributions(t.phase_histogram, t.phase_stats, orders))
+    how = {
+        frozenset({ADD_THEN_REMOVE}): "Every recovery here added the replacement first, then removed the "
+                                      "old voter (AddThenRemove, KIP-856).",
+        frozenset({REMOVE_THEN_ADD}): "Every recovery here removed the old voter first, then added the "
+                                      "replacement (RemoveThenAdd: Kafka keeps one directory id per voter "
+                                      "id, KIP-853); the intervals follow that order.",
+    }.get(orders, "Recoveries of both voter-change orders: where an interval's span differs by order, "
+                   "its title names both, and each recovery is measured by the order it recorded.")
     note = _note("Completed recoveries only. Percentiles are exact (linear interpolation between ranks). "
-                 "Every interval starts and ends at the first event of its type in the recovery's log.")
+                 "Every interval starts and ends at the first event of its type in the recovery's log. "
+                 + how)
     return _section("phases", "Interval durations", note + plot + plots_table(t))
 
 
 def plots_table(t: ReportTables) -> str:
-    return _table(_stats_table(t.phase_stats, ALL))
+    return _table(_stats_table(t.phase_stats, ALL, _orders(t)))
 
 
 def _clusters_section(t: ReportTables) -> str:
@@ -177,7 +227,7 @@ def _compare_section(t: ReportTables) -> str:
     c = t.compare
     if c is None or c.empty:
         return ""
-    c = c.assign(group=c["engine"] + " · " + c["order"])
+    c = c.assign(group=c["engine"] + " · " + c["order"].map(_group_label))
     if c["group"].nunique() < 2:
         return ""
     wide = []
@@ -186,14 +236,25 @@ def _compare_section(t: ReportTables) -> str:
         if "total" not in r or "exposure" not in r:
             continue
         tot, exp = r["total"], r["exposure"]
+        deg = r.get("degraded")
         wide.append({"engine · order": g, "completed": int(tot["recoveries"]),
                      "p50 total": fmt_ms(tot["p50_ms"]), "p99 total": fmt_ms(tot["p99_ms"]),
                      "p50 dead voter in set": fmt_ms(exp["p50_ms"]),
-                     "max dead voter in set": fmt_ms(exp["max_ms"])})
+                     "max dead voter in set": fmt_ms(exp["max_ms"]),
+                     "max one failure less tolerated": NO_VALUE if deg is None else fmt_ms(deg["max_ms"])})
     body = _note("Side by side by the engine and the voter-change order named in the events' detail "
-                 "(detail.engine, detail.order).")
+                 "(detail.engine, detail.order; where the events do not name the order, the one they "
+                 "recorded). Kafka's auto-join logs nothing: its recoveries were recorded from outside, "
+                 "each step when DescribeQuorum first showed it (no *_started events; committed steps "
+                 "seen up to one poll late). \"One failure less tolerated\" runs from detection to the "
+                 "second voter change committed: RemoveVoter in AddThenRemove, AddVoter in RemoveThenAdd "
+                 "and auto-join.")
     body += plots.plot_groups(c, "group", "Per engine and order (sorted by median total)", "compare")
     return _section("compare", "Engines and orders compared", body + _table(pd.DataFrame(wide)))
+
+
+def _group_label(order: str) -> str:
+    return "auto-join (Kafka's own, recorded from outside)" if order == AUTO_JOIN else order
 
 
 def _timeline_section(t: ReportTables) -> str:
@@ -201,11 +262,14 @@ def _timeline_section(t: ReportTables) -> str:
     if slow.empty:
         return _section("slowest", "Timelines", _note("No completed recovery: no timeline to show."))
     every = int(t.summary.get("completed") or 0) <= len(slow)
+    orders = frozenset(row_order(r) for _, r in slow.iterrows())
+    labels = [order_label(r.get("order"), row_order(r)) for _, r in slow.iterrows()]
     tbl = pd.DataFrame(
         {"cluster": slow["cluster"], "recovery": slow["recovery_id"], "replica": slow["replica_id"],
          "detected (UTC)": [datetime.fromtimestamp(float(x) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
                             for x in slow["t_detected"]],
-         **{BY_NAME[p].title: slow[f"{p}_ms"].map(fmt_ms) for p in PHASES}}
+         **({"order": labels} if len(set(labels)) > 1 or REMOVE_THEN_ADD in orders else {}),
+         **{BY_NAME[p].title_for(set(orders)): slow[f"{p}_ms"].map(fmt_ms) for p in PHASES}}
     )
     title = "Every recovery" if every else "Slowest recoveries"
     return _section("slowest", title, plots.plot_gantt(slow, every) + _table(tbl))

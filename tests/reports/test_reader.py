@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from kraftkeeper_reports.intervals import fmt_ms
+from kraftkeeper_reports.intervals import PHASES, fmt_ms
 
 pytestmark = pytest.mark.spark
 
@@ -86,7 +86,7 @@ def test_demo_sized_report_shows_each_recovery(demo_report: Path) -> None:
     assert plots == ["each", "gantt"]
     assert {"phases", "slowest", "clusters", "daily"} <= set(page.sections) and "compare" not in page.sections
     each = next(f for f in page.figures if f["data-plot"] == "each")
-    assert int(each["data-points"]) == 3 * 6
+    assert int(each["data-points"]) == 3 * len(PHASES)
     recs = pd.read_parquet(demo_report / "tables" / "slowest.parquet")
     for rid in recs["recovery_id"]:
         assert html.count(rid) >= 3  # labelled in the strip's legend, the timeline and the table
@@ -106,7 +106,7 @@ def test_fleet_report_compares_clusters_days_and_engines(fleet_report: Path) -> 
     assert page.metrics["p50_exposure_ms"] == fmt_ms(all_row(stats, "exposure")["p50_ms"])
     compare = pd.read_parquet(fleet_report / "tables" / "compare.parquet")
     groups = set(zip(compare["engine"], compare["order"], strict=True))
-    assert groups == {("kafka", "RemoveThenAdd"), ("kraftkeeper", "AddThenRemove")}
+    assert groups == {("kafka", "RemoveThenAdd"), ("kafka", "auto-join"), ("kraftkeeper", "AddThenRemove")}
     for engine, order in groups:
         assert f"{engine} · {order}" in html
     dist = next(f for f in page.figures if f["data-plot"] == "distributions")

@@ -57,6 +57,7 @@ def independent(root: Path) -> dict[str, Any]:
             "remove_voter": r["remove_voter_committed"] - r["add_voter_committed"],
             "under_replicated": r["add_voter_committed"] - d,
             "exposure": r["remove_voter_committed"] - d,
+            "degraded": r["remove_voter_committed"] - d,  # AddThenRemove: until the second change
             "total": r["recovery_completed"] - d,
         }
         totals.append((vals["total"], cluster, rid))
