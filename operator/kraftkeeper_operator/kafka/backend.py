@@ -35,7 +35,8 @@ import contextlib
 import logging
 import time
 import uuid as _uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from kafka.protocol.admin import (  # type: ignore[import-untyped]
     DescribeClusterRequest,
@@ -50,6 +51,7 @@ from quorum.types import ErrorCode, KraftError
 from .wire import ClientSettings, KafkaConnection, KafkaWireError, register_response
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 register_response(DescribeQuorumRequest, DescribeQuorumResponse)
 register_response(DescribeClusterRequest, DescribeClusterResponse)
@@ -142,19 +144,30 @@ def parse_bootstrap(text: str, option: str = "--kafka-bootstrap-controllers") ->
 
 class KafkaQuorum:
     """``QuorumApi`` over a Kafka controller quorum. ``reassign`` is refused (UNSUPPORTED): Kafka
-    has no KIP-642 reassignment; voter ids change only through single Add/RemoveRaftVoter calls."""
+    has no KIP-642 reassignment; voter ids change only through single Add/RemoveRaftVoter calls.
+
+    Timeouts, as Kafka's clients name them (the client properties, wire.py): ``timeout`` bounds one
+    request to one controller, connecting and authenticating included (``request.timeout.ms``);
+    ``api_timeout`` bounds one whole operation (``default.api.timeout.ms``): a describe that tries
+    every bootstrap controller, or a voter change with the describes it needs (plus the change's
+    own ``change_timeout_ms``, which Kafka spends waiting for the commit). A controller that
+    accepts a connection and then never answers costs one operation at most that long, never the
+    caller's whole loop. All I/O is asyncio on the caller's event loop: no thread, no executor."""
 
     def __init__(
         self,
         bootstrap: list[tuple[str, int]] | str,
         settings: ClientSettings | None = None,
         *,
-        timeout: float = 10.0,
+        timeout: float | None = None,
+        api_timeout: float | None = None,
         change_timeout_ms: int = 15000,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
         self.settings = settings or ClientSettings()
-        self.timeout = timeout
+        self.timeout = timeout if timeout is not None else self.settings.request_timeout_ms / 1000
+        api = api_timeout if api_timeout is not None else self.settings.api_timeout_ms / 1000
+        self.api_timeout = max(api, self.timeout)
         self.change_timeout_ms = change_timeout_ms
         self.cluster_id: str | None = None
         self._conns: dict[tuple[str, int], KafkaConnection] = {}
@@ -195,6 +208,27 @@ class KafkaQuorum:
     async def close(self) -> None:
         for addr in list(self._conns):
             await self._drop(addr)
+
+    def operation_budget(self) -> float:
+        """The longest one describe / add_voter / remove_voter may take (seconds)."""
+        return self.api_timeout + self.change_timeout_ms / 1000
+
+    async def _bounded(self, what: str, call: Awaitable[T], budget: float) -> T:
+        """``call`` within ``budget`` seconds. Past it, every connection is dropped (the one that
+        hung may have a response in flight) and the outcome is REQUEST_TIMED_OUT: for a voter
+        change that means "unknown", the controller describes again before anything else."""
+        try:
+            async with asyncio.timeout(budget) as cm:
+                return await call
+        except TimeoutError:
+            if not cm.expired():
+                raise
+        await self.close()
+        raise KraftError(
+            ErrorCode.REQUEST_TIMED_OUT,
+            f"{what}: no outcome within {budget:g}s (default.api.timeout.ms) from "
+            + ",".join(f"{h}:{p}" for h, p in self.bootstrap),
+        )
 
     # -- describe ------------------------------------------------------------------------------
 
@@ -240,7 +274,7 @@ class KafkaQuorum:
         )
 
     async def describe(self) -> dict[str, Any]:
-        _, resp = await self._leader_describe()
+        _, resp = await self._bounded("DescribeQuorum", self._leader_describe(), self.api_timeout)
         return self._to_describe(resp)
 
     def _to_describe(self, resp: Any) -> dict[str, Any]:
@@ -325,6 +359,9 @@ class KafkaQuorum:
 
     async def add_voter(self, id: int, uuid: str) -> dict[str, Any]:
         what = f"AddRaftVoter({id}, {uuid})"
+        return await self._bounded(what, self._add_voter(what, id, uuid), self.operation_budget())
+
+    async def _add_voter(self, what: str, id: int, uuid: str) -> dict[str, Any]:
         try:
             msgs = _membership()
         except SchemaJarMissing as e:
@@ -378,6 +415,9 @@ class KafkaQuorum:
 
     async def remove_voter(self, id: int, uuid: str) -> dict[str, Any]:
         what = f"RemoveRaftVoter({id}, {uuid})"
+        return await self._bounded(what, self._remove_voter(what, id, uuid), self.operation_budget())
+
+    async def _remove_voter(self, what: str, id: int, uuid: str) -> dict[str, Any]:
         try:
             req_cls = _membership()["RemoveRaftVoterRequest"]
         except SchemaJarMissing as e:

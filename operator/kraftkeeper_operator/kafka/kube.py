@@ -33,18 +33,13 @@ the new controller listens (Kafka lists only the voters' endpoints).
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import dataclasses
-import hashlib
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -58,13 +53,18 @@ from ..quorums import OperatorContext, event_sink, known_voters
 from ..records import Recovery
 from ..status import status_changed
 from .backend import KafkaQuorum, parse_bootstrap
-from .wire import ClientConfigError, ClientSettings, parse_properties
+from .clientconf import fingerprint, settings_from_secret
+from .watchdog import stale_conditions, watched, within
+from .wire import ClientConfigError, ClientSettings
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
 MEMO_KEY = "kraftkeeper"  # handlers.py puts the OperatorContext there (its MEMO_KEY)
 DEFAULT_SECRET_KEY = "client.properties"
 SECRET_REFRESH_S = 10.0
+# All of a pass's Kubernetes API calls together, in the watchdog's budget (watchdog.py; each call
+# alone is bounded by its KUBE_CALL_S).
+KUBE_SLACK_S = 60.0
 # Fields that only make sense when the operator runs the engine. Those with a schema default
 # (voters, storage, ports, imagePullPolicy, tls: {}) cannot be told apart from "not given" and are
 # ignored instead.
@@ -151,38 +151,6 @@ def parse_kafka_spec(body: Mapping[str, Any]) -> KafkaSpec:
     )
 
 
-def settings_from_secret(data: Mapping[str, str], key: str, where: str) -> ClientSettings:
-    """Client settings from a Secret's ``data`` (base64 values). Relative file names in the
-    properties name other keys of the Secret; they are written with mode 0600 into a private
-    temporary directory that is removed once the TLS context has read them."""
-    if key not in data:
-        raise ClientConfigError(f"{where}: has no key {key!r} (keys: {', '.join(sorted(data)) or 'none'})")
-    files: dict[str, bytes] = {}
-    for name, value in data.items():
-        try:
-            files[name] = base64.b64decode(value, validate=True)
-        except ValueError:
-            raise ClientConfigError(f"{where}: key {name!r} is not valid base64") from None
-    try:
-        props = parse_properties(files[key].decode())
-    except UnicodeDecodeError:
-        raise ClientConfigError(f"{where}: key {key!r} is not a UTF-8 properties file") from None
-    tmp = Path(tempfile.mkdtemp(prefix="kk-kafka-client-"))
-    try:
-        for name, blob in files.items():
-            if name in (".", "..") or "/" in name:  # the API server refuses such keys; be sure
-                continue
-            fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-        try:
-            return ClientSettings.from_dict(props, base=tmp)
-        except ClientConfigError as e:
-            raise ClientConfigError(f"{where} key {key}: {str(e).replace(str(tmp) + '/', '')}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def schemas_problem() -> str:
     """Why AddRaftVoter / RemoveRaftVoter cannot be sent ("" when they can): their classes come from
     the message schemas in Kafka's kafka-clients jar (quorum/kafka/schemas.py), which the operator
@@ -201,10 +169,6 @@ def note_schemas_missing(st: ControllerStatus, problem: str) -> None:
     if not c.status:
         c.status, c.reason = True, "KafkaSchemasMissing"
         c.message = f"voter changes are impossible, a replaced controller would not be healed: {problem}"
-
-
-def _fingerprint(data: Mapping[str, str] | None) -> str:
-    return hashlib.sha256(repr(sorted((data or {}).items())).encode()).hexdigest()
 
 
 def _condition(reason: str, message: str) -> dict[str, Any]:
@@ -300,6 +264,46 @@ class KafkaDaemon:
             self.ctx.metrics.forget(self.m.spec.cluster)
             self.m = None
 
+    async def _patch_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        await within(f"status of KRaftQuorum {ns}/{name}", self.ctx.kube.patch_status(ns, name, status))
+
+    def pass_budget(self) -> float:
+        """The watchdog's limit for one pass: up to MAX_STEPS voter changes, each with a describe
+        before it, every Kafka operation at its client's bound, plus the API server's share."""
+        api = self.m.api if self.m is not None else KafkaQuorum([("-", 1)])  # default timeouts
+        return KUBE_SLACK_S + RecoveryController.MAX_STEPS * (api.api_timeout + api.operation_budget())
+
+    def slow_after(self) -> float:
+        """A pass longer than one Kafka operation's bound is worth a log line."""
+        return self.m.api.api_timeout if self.m is not None else KafkaQuorum([("-", 1)]).api_timeout
+
+    async def abandon(self) -> None:
+        """Drop the client and controller after a hung pass; the next pass builds new ones from
+        the persisted status (kopf's live body), as a restarted operator does."""
+        m, self.m = self.m, None
+        self.secret_read_at = -1e9
+        if m is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(m.api.close(), KUBE_SLACK_S)
+
+    async def report_stale(self, why: str) -> None:
+        """Say in ``Degraded`` that the status was not refreshed and why (a failed or hung pass):
+        voters and phase as last written must not pass for current."""
+        m = self.m
+        if m is None or not m.last_status.get("conditions"):
+            return
+        status = {"phase": m.last_status.get("phase"), "conditions": stale_conditions(m.last_status, why)}
+        if status["phase"] == "Running":
+            status["phase"] = "Degraded"
+        if not status_changed(m.last_status, {**m.last_status, **status}):
+            return
+        try:
+            await self._patch_status(m.spec.base.namespace, m.spec.base.name, status)
+        except Exception as e:  # reporting is best effort; the log has the cause already
+            log.warning("%s: could not write the Degraded condition: %s", m.spec.cluster, e)
+            return
+        m.last_status = {**m.last_status, **status}
+
     async def step(self) -> float:
         """One pass; returns the seconds to wait before the next."""
         gen = int((self.body.get("metadata") or {}).get("generation") or 0)
@@ -328,15 +332,16 @@ class KafkaDaemon:
         self.secret_read_at = now
         if q.secret_name is None:
             self.secret = {}
-            return _fingerprint({}), ""
-        data = await self.ctx.kube.secret_data(q.base.namespace, q.secret_name)
+            return fingerprint({}), ""
+        where = f"Secret {q.base.namespace}/{q.secret_name}"
+        data = await within(where, self.ctx.kube.secret_data(q.base.namespace, q.secret_name))
         if data is None:
             return (
                 "",
                 f"Secret {q.base.namespace}/{q.secret_name} (spec.kafka.clientSecretRef) does not exist",
             )
         self.secret = data
-        return _fingerprint(data), ""
+        return fingerprint(data), ""
 
     async def _ensure_client(self, q: KafkaSpec) -> bool:
         got = await self._read_secret(q)
@@ -375,12 +380,15 @@ class KafkaDaemon:
             (c for c in live.get("conditions") or [] if c.get("type") == "Available"), {}
         )
         if live.get("phase") != status["phase"] or shown.get("message") != problem[:32000]:
-            await self.ctx.kube.patch_status(q.base.namespace, q.base.name, status)
+            await self._patch_status(q.base.namespace, q.base.name, status)
 
     async def _configure(self, q: KafkaSpec, settings: ClientSettings | None, fp: str) -> None:
         """A new client (first pass, changed bootstrap or Secret) under the same controller."""
         self.problem = ""
-        api = KafkaQuorum(list(q.bootstrap), settings, timeout=self.ctx.quorum_timeout)
+        # Kafka's own timeouts (request.timeout.ms, default.api.timeout.ms in the client
+        # properties, or wire.py's defaults), not the operator's short one for in-cluster pods: a
+        # Kafka cluster may be a SASL_SSL handshake away over a real network.
+        api = KafkaQuorum(list(q.bootstrap), settings)
         if self.m is not None:
             api.listeners.update(self.m.api.listeners)
             await self.m.api.close()
@@ -411,9 +419,7 @@ class KafkaDaemon:
             # Before a voter change: which directory id is the old one, where the new one listens.
             items, kafka = m.recoveries_status(), m.kafka_status()
             if items != m.last_status.get("recoveries") or kafka != m.last_status.get("kafka"):
-                await self.ctx.kube.patch_status(
-                    q.base.namespace, q.base.name, {"recoveries": items, "kafka": kafka}
-                )
+                await self._patch_status(q.base.namespace, q.base.name, {"recoveries": items, "kafka": kafka})
                 m.last_status = {**m.last_status, "recoveries": items, "kafka": kafka}
 
         ctl.persist = persist
@@ -438,7 +444,7 @@ class KafkaDaemon:
         if not m.ever_available:
             status["phase"] = "Bootstrapping"
         if status_changed(m.last_status, status):
-            await self.ctx.kube.patch_status(m.spec.base.namespace, m.spec.base.name, status)
+            await self._patch_status(m.spec.base.namespace, m.spec.base.name, status)
             m.last_status = status
 
 
@@ -464,11 +470,19 @@ async def kafka_daemon(
         while not stopped:
             pause = ctx.interval
             try:
-                pause = await d.step()
+                # Each pass under the watchdog (watchdog.py): a pass that hangs is cancelled and
+                # said in status instead of freezing this resource's status for good.
+                out = await watched(key, d.step, d.pass_budget, d.slow_after)
+                if out.hung:
+                    await d.report_stale(out.hung)
+                    await d.abandon()
+                elif isinstance(out.value, int | float):
+                    pause = float(out.value)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the daemon must survive anything: the next pass retries
+            except Exception as e:  # the daemon must survive anything: the next pass retries
                 logger.exception("Kafka membership pass of %s failed", key)
+                await d.report_stale(f"the last membership pass failed: {type(e).__name__}: {e}")
             await stopped.wait(pause)
     finally:
         await d.close()

@@ -62,7 +62,17 @@ _SUPPORTED = {
     "sasl.jaas.config",
     "client.id",
     "request.timeout.ms",
+    "default.api.timeout.ms",
 }
+
+# Our defaults for Kafka's two client timeouts (Kafka's own are 30 s and 60 s). One request to one
+# controller, including the TCP connect, TLS and SASL handshakes, may take request.timeout.ms: a
+# few round trips over a real network plus a loaded controller fit in 10 s with room. One
+# operation (a describe that may try every bootstrap controller, or a voter change with the
+# describes around it) gives up after default.api.timeout.ms, so a pass never waits on a hung
+# controller for longer than that.
+DEFAULT_REQUEST_TIMEOUT_MS = 10_000
+DEFAULT_API_TIMEOUT_MS = 30_000
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -103,7 +113,8 @@ class ClientSettings:
     server_hostname_check: bool = True
     sasl: dict[str, Any] = field(default_factory=dict)  # kafka-python mechanism config
     client_id: str = CLIENT_ID
-    request_timeout_ms: int = 30000
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS  # request.timeout.ms: one request
+    api_timeout_ms: int = DEFAULT_API_TIMEOUT_MS  # default.api.timeout.ms: one whole operation
 
     @classmethod
     def from_properties(cls, path: str | Path) -> ClientSettings:
@@ -130,13 +141,16 @@ class ClientSettings:
             )
         s.security_protocol = proto
         s.client_id = props.get("client.id", CLIENT_ID)
-        if "request.timeout.ms" in props:
-            try:
-                s.request_timeout_ms = int(props["request.timeout.ms"])
-            except ValueError:
-                raise ClientConfigError(
-                    f"request.timeout.ms: {props['request.timeout.ms']!r} is not an integer"
-                ) from None
+        s.request_timeout_ms = _millis(props, "request.timeout.ms", s.request_timeout_ms)
+        # Not given: at least one request's worth (a longer request.timeout.ms alone raises both).
+        s.api_timeout_ms = _millis(
+            props, "default.api.timeout.ms", max(s.api_timeout_ms, s.request_timeout_ms)
+        )
+        if s.api_timeout_ms < s.request_timeout_ms:
+            raise ClientConfigError(
+                f"default.api.timeout.ms: {s.api_timeout_ms} is below request.timeout.ms "
+                f"({s.request_timeout_ms}); one operation must allow at least one request"
+            )
         if proto in ("SSL", "SASL_SSL"):
             s.ssl_context = _ssl_context(props, base)
             s.server_hostname_check = props.get("ssl.endpoint.identification.algorithm", "https") != ""
@@ -147,6 +161,16 @@ class ClientSettings:
         if proto.startswith("SASL_"):
             s.sasl = _sasl_config(props, proto)
         return s
+
+
+def _millis(props: dict[str, str], key: str, default: int) -> int:
+    """A positive timeout in milliseconds (at most a day), or the default when not given."""
+    if key not in props:
+        return default
+    text = props[key].strip()
+    if not text.isdigit() or not 0 < int(text) <= 86_400_000:
+        raise ClientConfigError(f"{key}: {props[key]!r} is not a whole number of milliseconds in 1..86400000")
+    return int(text)
 
 
 def _resolve(base: Path, value: str) -> str:
@@ -289,8 +313,9 @@ class KafkaConnection:
         t = within if within is not None else self.settings.request_timeout_ms / 1000
         try:
             return await asyncio.wait_for(self._request(msg, version), t)
-        except TimeoutError:
-            # A response may still arrive: this connection's framing can no longer be trusted.
+        except (TimeoutError, asyncio.CancelledError):
+            # A response may still arrive (also after a cancellation by the caller's own deadline,
+            # backend.py): this connection's framing can no longer be trusted.
             self._close_now()
             raise
 
