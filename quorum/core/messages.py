@@ -145,7 +145,8 @@ class FetchResponse:
     leader_epoch: int
     high_watermark: int = -1
     log_start_offset: int = 0
-    records: bytes = b""
+    # A view into the received body when decoded from the wire (issue 10: no copy of it).
+    records: bytes | memoryview = b""
     diverging_epoch: OffsetAndEpoch | None = None
     snapshot_id: OffsetAndEpoch | None = None
     leader_endpoint: str | None = None

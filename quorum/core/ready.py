@@ -115,7 +115,7 @@ class RawBatches:
     """Batches a follower fetched: the exact bytes (write them as they are) and their headers.
     ``infos[0].base_offset`` is where they go; they end at ``infos[-1].next_offset``."""
 
-    data: bytes
+    data: bytes | memoryview
     infos: tuple[BatchInfo, ...]
 
     @property

@@ -412,7 +412,7 @@ class ReplicationMixin(ElectionMixin):
             to = mine.offset
         return min(to, self.meta.end)
 
-    def append_fetched(self, records: bytes, leader_epoch: int) -> bool:
+    def append_fetched(self, records: bytes | memoryview, leader_epoch: int) -> bool:
         try:
             batches, used = decode_batches(records)
         except CorruptRecordError as e:
@@ -433,7 +433,7 @@ class ReplicationMixin(ElectionMixin):
             expect = b.info.next_offset
             last_epoch = b.info.epoch
         infos = tuple(b.info for b in batches)
-        self._append.append(RawBatches(bytes(records), infos))
+        self._append.append(RawBatches(records, infos))  # as received: a view, no copy
         before = self.voters()
         for info in infos:
             self.meta.append(info.base_offset, info.epoch, info.count)

@@ -156,6 +156,11 @@ class _Spec:
     bytes_field: str | None
     required: frozenset[str]
     fields: tuple[str, ...]
+    # The bytes field takes a memoryview: decode hands it a view into the body, no copy.
+    view: bool = False
+
+
+_BYTES_TYPES = ("bytes", bytes, "bytes | memoryview")
 
 
 _SPECS: dict[type, _Spec] = {}
@@ -165,7 +170,7 @@ def _spec(cls: type) -> _Spec:
     s = _SPECS.get(cls)
     if s is None:
         fs = dataclasses.fields(cls)
-        bf = next((f.name for f in fs if f.type in ("bytes", bytes)), None)
+        bf = next((f.name for f in fs if f.type in _BYTES_TYPES), None)
         missing = [f.name for f in fs if f.name != bf and f.name not in FIELD_RULES]
         if missing:  # pragma: no cover - a new message field needs a rule first
             raise TypeError(f"{cls.__name__}: no wire rule for {missing}")
@@ -174,7 +179,8 @@ def _spec(cls: type) -> _Spec:
             for f in fs
             if f.name != bf and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         )
-        s = _SPECS[cls] = _Spec(bf, required, tuple(f.name for f in fs if f.name != bf))
+        view = any(f.name == bf and f.type == "bytes | memoryview" for f in fs)
+        s = _SPECS[cls] = _Spec(bf, required, tuple(f.name for f in fs if f.name != bf), view)
     return s
 
 
@@ -199,22 +205,31 @@ def encode(msg: Any) -> bytes:
     return b"".join((_LEN.pack(len(hb)), hb, raw))
 
 
-def split_frame(name: str, body: bytes) -> tuple[bytes, bytes]:
-    """The framing alone: (JSON header bytes, trailing raw bytes); INVALID_REQUEST if the
-    length prefix is missing, larger than :data:`MAX_HEADER` or runs past the body."""
+def _header_length(name: str, body: bytes | bytearray) -> int:
     if len(body) < 4:
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{name}: body of {len(body)} bytes is too short")
     (hl,) = _LEN.unpack_from(body, 0)
     if hl > MAX_HEADER or 4 + hl > len(body):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{name}: header length {hl} does not fit the body")
+    return int(hl)
+
+
+def split_frame(name: str, body: bytes) -> tuple[bytes, bytes]:
+    """The framing alone: (JSON header bytes, trailing raw bytes); INVALID_REQUEST if the
+    length prefix is missing, larger than :data:`MAX_HEADER` or runs past the body."""
+    hl = _header_length(name, body)
     return body[4 : 4 + hl], body[4 + hl :]
 
 
-def decode(cls: type[T], body: bytes) -> T:
+def decode(cls: type[T], body: bytes | bytearray) -> T:
     """Parse a body into ``cls``; raises ``KraftError(INVALID_REQUEST)`` naming the problem."""
     name = cls.__name__
     spec = _spec(cls)
-    hb, rest = split_frame(name, body)
+    hl = _header_length(name, body)
+    hb = bytes(body[4 : 4 + hl])  # body may be a bytearray (the transport's one-copy read)
+    # Catch-up bodies are megabytes: a view into the body where the message accepts one.
+    tail = memoryview(body)[4 + hl :]
+    rest: bytes | memoryview = tail if spec.view else bytes(tail)
     header = loads_strict(hb, f"{name} header")
     if not isinstance(header, dict):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{name}: header is not a JSON object")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from quorum.core.messages import BeginQuorumEpochRequest, FetchRequest, FetchResponse
 from quorum.core.ready import RawBatches
 from quorum.records import HEADER_SIZE, decode_batches, encode_batch
+from quorum.runtime import wire
 from quorum.types import ErrorCode
 from tests.core.util import CLUSTER, UUIDS, Harness, make
 
@@ -53,3 +54,18 @@ def test_damaged_batch_in_a_large_fetch_refuses_it_whole_naming_the_offset() -> 
     assert len(raws) == 1 and raws[0].data == good  # the fetched bytes, unchanged, in one append
     assert h.log.end_offset == 256 and h.core.hw == 256
     assert h.log.read(0, len(good) + 1) == good
+
+
+def test_fetched_records_are_a_view_into_the_received_body_not_a_copy() -> None:
+    """The wire decode hands the core a view into the HTTP body (issue 10: no copy of the
+    megabytes a catch-up Fetch carries); the follower appends exactly those bytes."""
+    h, fetch = _follower()
+    good = _large_fetch()
+    body = wire.encode(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=256,
+                                     records=good))
+    resp = wire.decode(FetchResponse, body)
+    assert isinstance(resp.records, memoryview) and resp.records.obj is body
+    h.step(resp)
+    raws = [b for r in h.readies for b in r.append if isinstance(b, RawBatches)]
+    assert len(raws) == 1 and isinstance(raws[0].data, memoryview) and raws[0].data.obj is body
+    assert h.log.end_offset == 256 and h.log.read(0, len(good) + 1) == good
