@@ -31,7 +31,12 @@ class NodeApi(Protocol):
     async def reassign(self, ids: list[int] | None) -> dict[str, Any]: ...
 
     # -- node-to-node RPCs (transport.RpcHandler) -------------------------------------------
-    async def handle_rpc(self, path: str, body: bytes, peer: object | None = None) -> bytes: ...
+    async def handle_rpc(
+        self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
+    ) -> bytes:
+        """``peer``: the caller's principal when the server authenticated it (TLS), else None;
+        ``decoded``: the request the authorization middleware already decoded from ``body``."""
+        ...
 
     # -- observability ----------------------------------------------------------------------
     def health(self) -> tuple[bool, dict[str, Any]]: ...

@@ -4,7 +4,7 @@ brick").
 aiohttp bounds one request's body (``client_max_size``) but not how many connections a client
 may hold open, how long it may take to send a request head, or how many large bodies are read
 at once. Tried on loopback, 500 half-sent connections were all kept open and 100 connections
-each sending a 4 MiB body took the leader to 720 MiB. Three rules fix that:
+each sending a 4 MiB body took the leader to 720 MiB. These rules fix that:
 
 * **Connection cap** (:class:`Limits.max_connections`): :class:`GuardedProtocol` wraps aiohttp's
   protocol; at the cap a new connection evicts the oldest one that is not inside a handler
@@ -18,6 +18,11 @@ each sending a 4 MiB body took the leader to 720 MiB. Three rules fix that:
   memory a node spends on request bodies is bounded whatever the number of connections. Large
   bodies leave a reserve for small ones (raft RPCs, ordinary writes).
   aiohttp's own flow control keeps an unread body to about 128 KiB per connection.
+* **Shared loop turns** (:class:`ReadTurns`): the connections reading a large body share
+  ``turn_quota`` bytes per event-loop turn, so a flood of bodies cannot hold the loop for
+  seconds while raft RPCs wait (the leader lost its leadership in the 4 MiB-body flood).
+  :class:`LoopWatch` measures the loop's lag (``/metrics``) and logs each stall with what the
+  process did meanwhile.
 
 The handshake of a TLS connection is bounded separately (``ssl_handshake_timeout``).
 """
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +45,7 @@ __all__ = [
     "LIMITS_KEY",
     "GuardedProtocol",
     "Limits",
+    "LoopWatch",
     "body_middleware",
     "connection_middleware",
     "metrics_text",
@@ -62,11 +70,20 @@ class Limits:
     small_body: int = 64 * 1024
     small_reserve: int = 8 * 1024 * 1024
     max_body: int = 4 * 1024 * 1024 + 64 * 1024  # set by build_app to its client_max_size
+    turn_quota: int = 1024 * 1024  # bytes of large bodies read per event-loop turn (ReadTurns)
     # live state
     guards: dict[object, GuardedProtocol] = field(default_factory=dict)  # transport -> guard
+    turns: ReadTurns = field(init=False)
     buffered: int = 0
     refused_connections: int = 0
     refused_bodies: int = 0
+    read_bytes: int = 0  # bytes handed to the HTTP protocol (after TLS), for LoopWatch
+    read_calls: int = 0
+    loop_stalls: int = 0
+    loop_lag_max_ms: int = 0
+
+    def __post_init__(self) -> None:
+        self.turns = ReadTurns(self)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -74,6 +91,9 @@ class Limits:
             "buffered_body_bytes": self.buffered,
             "refused_connections": self.refused_connections,
             "refused_bodies": self.refused_bodies,
+            "loop_stalls": self.loop_stalls,
+            "loop_lag_max_ms": self.loop_lag_max_ms,
+            "held_reads": self.turns.held,
         }
 
 
@@ -82,6 +102,9 @@ _METRICS = {
     "buffered_body_bytes": ("gauge", "Request body bytes reserved from the body budget right now"),
     "refused_connections": ("counter", "Connections refused or evicted at the connection cap"),
     "refused_bodies": ("counter", "Requests answered 503 because their body did not fit the budget"),
+    "loop_stalls": ("counter", "Times the event loop ran a timer more than 250 ms late"),
+    "loop_lag_max_ms": ("gauge", "The largest event-loop lag seen since start, in milliseconds"),
+    "held_reads": ("counter", "Times a large body's connection was held to the next loop turn"),
 }
 
 
@@ -98,15 +121,204 @@ def metrics_text(limits: Limits, prefix: str = "kraftkeeper_http") -> str:
 LIMITS_KEY = web.AppKey("limits", Limits)
 
 
+class LoopWatch:
+    """Measures the event loop's lag: a timer due every ``interval_s`` notes how late it ran.
+    A lag over ``stall_s`` is a stall: counted, and logged with what the process did meanwhile
+    (CPU time, time spent runnable but waiting for a CPU where Linux reports it, and the bytes
+    the HTTP protocol received), which tells a loop busy reading (CPU close to the lag, many
+    bytes) from a process starved of CPU (long run-queue wait) or blocked (neither). A raft
+    leader stalled past the followers' fetch timeout loses its leadership (KIP-595)."""
+
+    def __init__(self, limits: Limits, interval_s: float = 0.05, stall_s: float = 0.25) -> None:
+        self.limits = limits
+        self.interval_s = interval_s
+        self.stall_s = stall_s
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self._cpu = 0.0
+        self._bytes = 0
+        self._calls = 0
+        self._wait_ns = 0
+
+    @staticmethod
+    def _runqueue_wait_ns() -> int:
+        """Nanoseconds this thread has spent runnable but not running (Linux schedstat)."""
+        try:
+            with open("/proc/thread-self/schedstat", "rb") as f:
+                return int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def start(self) -> None:
+        self._arm(asyncio.get_running_loop())
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        lim = self.limits
+        self._due = loop.time() + self.interval_s
+        self._cpu = time.process_time()
+        self._bytes, self._calls = lim.read_bytes, lim.read_calls
+        self._wait_ns = self._runqueue_wait_ns()
+        self._handle = loop.call_at(self._due, self._tick, loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        lim = self.limits
+        lag = max(0.0, loop.time() - self._due)
+        lim.loop_lag_max_ms = max(lim.loop_lag_max_ms, int(lag * 1000))
+        if lag > self.stall_s:
+            lim.loop_stalls += 1
+            log.warning(
+                "event loop stalled %.0f ms: %.0f ms of CPU, %.0f ms waiting for a CPU, "
+                "%d KiB received in %d reads, %d connections",
+                lag * 1000,
+                (time.process_time() - self._cpu) * 1000,
+                (self._runqueue_wait_ns() - self._wait_ns) / 1e6,
+                (lim.read_bytes - self._bytes) >> 10,
+                lim.read_calls - self._calls,
+                len(lim.guards),
+            )
+        self._arm(loop)
+
+
+class FlowTransport(asyncio.Transport):
+    """The transport aiohttp's protocol sees. Reading is paused while aiohttp asks for it (its
+    own flow control) or while :class:`ReadTurns` holds the connection; everything else goes
+    to the real transport."""
+
+    def __init__(self, real: asyncio.Transport) -> None:
+        super().__init__()
+        self.real = real
+        self.app_paused = False
+        self.held = False
+        self.closed = False
+        self._paused = False
+
+    def _apply(self) -> None:
+        want = (self.app_paused or self.held) and not self.closed
+        if want == self._paused:
+            return
+        self._paused = want
+        try:
+            if want:
+                self.real.pause_reading()
+            else:
+                self.real.resume_reading()
+        except (AttributeError, NotImplementedError, RuntimeError):
+            pass  # a closing transport
+
+    def pause_reading(self) -> None:
+        self.app_paused = True
+        self._apply()
+
+    def resume_reading(self) -> None:
+        self.app_paused = False
+        self._apply()
+
+    def is_reading(self) -> bool:
+        return not self._paused and not self.real.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.real.get_extra_info(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.real.write(data)
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.real.writelines(list_of_data)
+
+    def write_eof(self) -> None:
+        self.real.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self.real.can_write_eof()
+
+    def is_closing(self) -> bool:
+        return self.real.is_closing()
+
+    def close(self) -> None:
+        self.real.close()
+
+    def abort(self) -> None:
+        self.real.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self.real.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.real.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.real.set_write_buffer_limits(high, low)
+
+
+class ReadTurns:
+    """Shares each event-loop turn between large request bodies and everything else.
+
+    Why: the event loop delivers every ready socket's bytes in one poll phase before it runs
+    any task; uvloop reads up to 32 x 256 KiB per socket there, and TLS decrypts each read in
+    the same callback. 100 connections streaming 4 MiB bodies made single turns of 40+ MiB
+    (measured: 1.2 s turns with 0.25 s of CPU on the loaded test machine), during which the
+    leader answered no Fetch, and the followers elected a new leader after their fetch timeout
+    (KIP-595 ``fetch.timeout.ms``). Now the connections reading a large body
+    (:attr:`GuardedProtocol.bulk`) share ``turn_quota`` bytes per turn: past it a connection is
+    held (reading paused, TLS bytes stay encrypted in the kernel and the SSL buffer) and
+    resumed at the end of a turn, oldest first, so a turn does a bounded amount of body work
+    and raft RPCs, small requests and new connections are served every turn. Small requests
+    are never held."""
+
+    CHUNK = 256 * 1024  # what one resumed connection reads in a turn (one socket read)
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.used = 0
+        self.held = 0
+        self.waiting: deque[FlowTransport] = deque()
+        self._turn_end_due = False
+
+    def account(self, flow: FlowTransport, n: int) -> None:
+        self.used += n
+        if not self._turn_end_due:
+            # runs after this turn's I/O callbacks, before the next poll
+            self._turn_end_due = True
+            asyncio.get_running_loop().call_soon(self._turn_end)
+        if self.used >= self.limits.turn_quota and not flow.held:
+            flow.held = True
+            flow._apply()
+            self.held += 1
+            self.waiting.append(flow)
+
+    def _turn_end(self) -> None:
+        self._turn_end_due = False
+        self.used = 0
+        room = max(1, self.limits.turn_quota // self.CHUNK)
+        while self.waiting and room > 0:
+            flow = self.waiting.popleft()
+            flow.held = False
+            flow._apply()
+            if not flow.closed:
+                room -= 1
+        if self.waiting:  # nothing may arrive to end the next turn: end it anyway
+            self._turn_end_due = True
+            asyncio.get_running_loop().call_soon(self._turn_end)
+
+
 class GuardedProtocol(asyncio.Protocol):
     """Delegates to aiohttp's request handler; applies the connection cap and the head and idle
-    deadlines. ``in_request`` is set by :func:`limits_middleware` while a handler runs."""
+    deadlines; shares loop turns between large bodies (:class:`ReadTurns`). ``in_request`` and
+    ``bulk`` are set by :func:`connection_middleware` when a request starts."""
 
     def __init__(self, inner: asyncio.Protocol, limits: Limits) -> None:
         self.inner = inner
         self.limits = limits
-        self.transport: asyncio.Transport | None = None
+        self.transport: FlowTransport | None = None
         self.in_request = False
+        # the current (or last, while aiohttp drains a refused body) request's body is large;
+        # set from its head, so a body refused before it is read (401, 403, 503) counts too
+        self.bulk = False
         self._waiting_head = False  # bytes of a request head arrived, the handler not yet run
         self._timer: asyncio.TimerHandle | None = None
         self._admitted = False
@@ -123,8 +335,9 @@ class GuardedProtocol(asyncio.Protocol):
             log.info("closing a connection: %s", why)
             self.transport.abort()
 
-    def request_started(self) -> None:
+    def request_started(self, bulk: bool = False) -> None:
         self.in_request = True
+        self.bulk = bulk
         self._waiting_head = False
         if self._timer is not None:
             self._timer.cancel()
@@ -137,14 +350,14 @@ class GuardedProtocol(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         lim = self.limits
-        self.transport = transport  # type: ignore[assignment]
+        flow = self.transport = FlowTransport(transport)  # type: ignore[arg-type]
         if len(lim.guards) >= lim.max_connections and not self._evict_one():
             lim.refused_connections += 1
-            transport.abort()  # type: ignore[attr-defined]
+            flow.abort()
             return
         self._admitted = True
-        lim.guards[transport] = self
-        self.inner.connection_made(transport)
+        lim.guards[flow] = self
+        self.inner.connection_made(flow)
         self._arm(lim.head_timeout_s, f"no request head within {lim.head_timeout_s:.0f}s")
         self._waiting_head = True
 
@@ -160,6 +373,10 @@ class GuardedProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
             return
+        self.limits.read_bytes += len(data)
+        self.limits.read_calls += 1
+        if self.bulk and self.transport is not None:
+            self.limits.turns.account(self.transport, len(data))
         if not self.in_request and not self._waiting_head:
             self._waiting_head = True
             self._arm(
@@ -175,6 +392,8 @@ class GuardedProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.transport is not None:
+            self.transport.closed = True
         if not self._admitted:
             return
         self.limits.guards.pop(self.transport, None)
@@ -195,7 +414,8 @@ def connection_middleware(limits: Limits) -> Any:
     async def mw(request: web.Request, handler: Handler) -> web.StreamResponse:
         guard = limits.guards.get(request.transport) if request.transport is not None else None
         if guard is not None:
-            guard.request_started()
+            size = request.content_length
+            guard.request_started(request.body_exists and (size is None or size > limits.small_body))
         try:
             return await handler(request)
         finally:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -29,10 +29,12 @@ from quorum.runtime.limits import (
     LIMITS_KEY,
     GuardedProtocol,
     Limits,
+    LoopWatch,
     body_middleware,
     connection_middleware,
 )
 from quorum.runtime.limits import metrics_text as limits_metrics
+from quorum.security.middleware import PRINCIPAL_KEY, RPC_MESSAGE_KEY
 from quorum.security.strictjson import INT32, get_int, loads_strict
 from quorum.types import ErrorCode, KraftError, canonical_uuid
 
@@ -209,7 +211,15 @@ def _node_routes(app: web.Application, node: NodeApi) -> None:
 
     async def rpc(request: web.Request) -> web.Response:
         body = await request.read()
-        out = await node.handle_rpc(request.match_info["rpc"], body, request.get("peer"))
+        # With TLS the authorization middleware has already decoded the request (to bind the
+        # replica id it claims to the certificate): the node takes that message instead of
+        # decoding the body a second time (about 51 us per Fetch), and the caller's principal.
+        out = await node.handle_rpc(
+            request.match_info["rpc"],
+            body,
+            request.get(PRINCIPAL_KEY),
+            decoded=request.get(RPC_MESSAGE_KEY),
+        )
         return web.Response(body=out, content_type="application/octet-stream")
 
     async def log_state(request: web.Request) -> web.Response:
@@ -254,6 +264,14 @@ def build_app(
         client_max_size=max_body,
     )
     app[LIMITS_KEY] = lim
+    watch = LoopWatch(lim)
+
+    async def watch_loop(app: web.Application) -> AsyncIterator[None]:
+        watch.start()
+        yield
+        watch.stop()
+
+    app.cleanup_ctx.append(watch_loop)
     _kv_routes(app, node)
     _admin_routes(app, node)
     _node_routes(app, node)
