@@ -176,7 +176,7 @@ class FetchSnapshotResponse:
     snapshot_id: OffsetAndEpoch | None = None
     size: int = 0  # total size of the snapshot in bytes
     position: int = 0  # where ``unaligned_records`` starts
-    unaligned_records: bytes = b""
+    unaligned_records: bytes | memoryview = b""  # a view into the received body (issue 10)
     leader_endpoint: str | None = None
 
 

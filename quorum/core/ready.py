@@ -203,7 +203,7 @@ class SnapshotChunk:
 
     snapshot_id: OffsetAndEpoch
     position: int
-    data: bytes
+    data: bytes | memoryview
     size: int
 
 

@@ -5,11 +5,11 @@ fetches again from the same offset; the undamaged response is appended byte for 
 
 from __future__ import annotations
 
-from quorum.core.messages import BeginQuorumEpochRequest, FetchRequest, FetchResponse
+from quorum.core.messages import BeginQuorumEpochRequest, FetchRequest, FetchResponse, FetchSnapshotResponse
 from quorum.core.ready import RawBatches
 from quorum.records import HEADER_SIZE, decode_batches, encode_batch
 from quorum.runtime import wire
-from quorum.types import ErrorCode
+from quorum.types import ErrorCode, OffsetAndEpoch
 from tests.core.util import CLUSTER, UUIDS, Harness, make
 
 VALUE = bytes(range(256)) * 128  # 32 KiB
@@ -69,3 +69,12 @@ def test_fetched_records_are_a_view_into_the_received_body_not_a_copy() -> None:
     raws = [b for r in h.readies for b in r.append if isinstance(b, RawBatches)]
     assert len(raws) == 1 and isinstance(raws[0].data, memoryview) and raws[0].data.obj is body
     assert h.log.end_offset == 256 and h.log.read(0, len(good) + 1) == good
+
+
+def test_fetched_snapshot_chunks_are_a_view_into_the_received_body() -> None:
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+    sid = OffsetAndEpoch(10, 1)
+    body = wire.encode(FetchSnapshotResponse(3, ErrorCode.NONE, 1, 1, sid, 2 << 20, 0, chunk))
+    resp = wire.decode(FetchSnapshotResponse, body)
+    assert isinstance(resp.unaligned_records, memoryview) and resp.unaligned_records.obj is body
+    assert resp.unaligned_records == chunk and resp.size == 2 << 20
