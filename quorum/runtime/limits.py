@@ -81,6 +81,8 @@ class Limits:
     read_calls: int = 0
     loop_stalls: int = 0
     loop_lag_max_ms: int = 0
+    loop_busy_max_ms: int = 0
+    loop_cpu_wait_ms: int = 0
 
     def __post_init__(self) -> None:
         self.turns = ReadTurns(self)
@@ -93,6 +95,8 @@ class Limits:
             "refused_bodies": self.refused_bodies,
             "loop_stalls": self.loop_stalls,
             "loop_lag_max_ms": self.loop_lag_max_ms,
+            "loop_busy_max_ms": self.loop_busy_max_ms,
+            "loop_cpu_wait_ms": self.loop_cpu_wait_ms,
             "held_reads": self.turns.held,
         }
 
@@ -104,6 +108,15 @@ _METRICS = {
     "refused_bodies": ("counter", "Requests answered 503 because their body did not fit the budget"),
     "loop_stalls": ("counter", "Times the event loop ran a timer more than 250 ms late"),
     "loop_lag_max_ms": ("gauge", "The largest event-loop lag seen since start, in milliseconds"),
+    "loop_busy_max_ms": (
+        "gauge",
+        "The most CPU the event-loop thread used between two 50 ms lag checks, in milliseconds "
+        "(far over 50: one loop turn did that much work)",
+    ),
+    "loop_cpu_wait_ms": (
+        "counter",
+        "Milliseconds the event-loop thread was ready to run but waited for a CPU (Linux)",
+    ),
     "held_reads": ("counter", "Times a large body's connection was held to the next loop turn"),
 }
 
@@ -136,6 +149,7 @@ class LoopWatch:
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
         self._cpu = 0.0
+        self._thread_cpu = 0.0
         self._bytes = 0
         self._calls = 0
         self._wait_ns = 0
@@ -157,31 +171,37 @@ class LoopWatch:
             self._handle.cancel()
             self._handle = None
 
-    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _arm(self, loop: asyncio.AbstractEventLoop, wait_ns: int | None = None) -> None:
         lim = self.limits
         self._due = loop.time() + self.interval_s
         self._cpu = time.process_time()
+        self._thread_cpu = time.thread_time()
         self._bytes, self._calls = lim.read_bytes, lim.read_calls
-        self._wait_ns = self._runqueue_wait_ns()
+        self._wait_ns = self._runqueue_wait_ns() if wait_ns is None else wait_ns
         self._handle = loop.call_at(self._due, self._tick, loop)
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         lim = self.limits
         lag = max(0.0, loop.time() - self._due)
         lim.loop_lag_max_ms = max(lim.loop_lag_max_ms, int(lag * 1000))
+        busy = time.thread_time() - self._thread_cpu
+        lim.loop_busy_max_ms = max(lim.loop_busy_max_ms, int(busy * 1000))
+        wait_ns = self._runqueue_wait_ns()
+        lim.loop_cpu_wait_ms += (wait_ns - self._wait_ns) // 1_000_000
         if lag > self.stall_s:
             lim.loop_stalls += 1
             log.warning(
-                "event loop stalled %.0f ms: %.0f ms of CPU, %.0f ms waiting for a CPU, "
-                "%d KiB received in %d reads, %d connections",
+                "event loop stalled %.0f ms: %.0f ms of CPU (%.0f ms on the loop's thread), "
+                "%.0f ms waiting for a CPU, %d KiB received in %d reads, %d connections",
                 lag * 1000,
                 (time.process_time() - self._cpu) * 1000,
-                (self._runqueue_wait_ns() - self._wait_ns) / 1e6,
+                busy * 1000,
+                (wait_ns - self._wait_ns) / 1e6,
                 (lim.read_bytes - self._bytes) >> 10,
                 lim.read_calls - self._calls,
                 len(lim.guards),
             )
-        self._arm(loop)
+        self._arm(loop, wait_ns)
 
 
 class FlowTransport(asyncio.Transport):
@@ -453,6 +473,12 @@ def body_middleware(limits: Limits) -> Any:
                 else:
                     async with asyncio.timeout(limits.body_timeout_s):
                         await request.read()
+            except ConnectionResetError:
+                # the client went away mid-body (a flood closing its sockets): nobody to answer,
+                # and no traceback per connection in the log
+                resp = web.Response(status=400)
+                resp.force_close()
+                return resp
             except TimeoutError:
                 resp = web.json_response(
                     {

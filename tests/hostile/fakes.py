@@ -11,6 +11,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,6 +118,47 @@ def hold_large_bodies(
     return [s for s, _ in socks], peak - base
 
 
+class Prober:
+    """A thread sending one request after another to ``endpoint`` (a fresh connection each, as
+    a new client would) and noting when each was sent and what status came back; used to show
+    a node answers while a flood is under way."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        path: str,
+        *,
+        ctx: ssl.SSLContext | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.endpoint, self.path, self.ctx, self.headers = endpoint, path, ctx, headers
+        self.answers: list[tuple[float, int]] = []  # (monotonic time sent, status)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            try:
+                status, _ = request(self.endpoint, "GET", self.path, ctx=self.ctx, headers=self.headers)
+            except OSError:
+                status = 0
+            self.answers.append((sent, status))
+            self._stop.wait(0.1)  # pace: each probe is a TLS handshake for the flooded node
+
+    def answered_since(self, t: float, status: int = 200) -> bool:
+        """A request sent at or after ``t`` was answered with ``status``."""
+        return any(sent >= t and st == status for sent, st in self.answers)
+
+    def __enter__(self) -> Prober:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
 def buffered_body_bytes(endpoint: str, ctx: ssl.SSLContext | None = None) -> int:
     """The node's ``kraftkeeper_http_buffered_body_bytes`` gauge (request bodies being read)."""
     status, raw = request(endpoint, "GET", "/metrics", ctx=ctx)
@@ -125,6 +167,35 @@ def buffered_body_bytes(endpoint: str, ctx: ssl.SSLContext | None = None) -> int
         if line.startswith("kraftkeeper_http_buffered_body_bytes "):
             return int(float(line.split()[1]))
     raise AssertionError("no kraftkeeper_http_buffered_body_bytes in /metrics")
+
+
+def http_metrics(endpoint: str, ctx: ssl.SSLContext | None = None) -> dict[str, float]:
+    """The node's ``kraftkeeper_http_*`` metrics (its server limits and event-loop lag), by name
+    without the prefix."""
+    status, raw = request(endpoint, "GET", "/metrics", ctx=ctx)
+    assert status == 200
+    out: dict[str, float] = {}
+    for line in raw.decode().splitlines():
+        if line.startswith("kraftkeeper_http_"):
+            name, value = line.split()
+            out[name.removeprefix("kraftkeeper_http_")] = float(value)
+    return out
+
+
+def assert_kept_leadership(
+    before: dict[str, Any], after: dict[str, Any], loop_before: dict[str, float], loop_after: dict[str, float]
+) -> None:
+    """The leader of ``before`` still leads in the same epoch; if not, the message carries the
+    leader's event-loop measurements over the attack (a long wait for a CPU points at an
+    overloaded machine, a long busy turn at the server)."""
+    assert (after["leader_id"], after["leader_epoch"]) == (before["leader_id"], before["leader_epoch"]), (
+        f"leadership moved from {before['leader_id']} (epoch {before['leader_epoch']}) to "
+        f"{after['leader_id']} (epoch {after['leader_epoch']}); the old leader's loop: longest "
+        f"lag {loop_after['loop_lag_max_ms']:.0f} ms, most CPU between two checks "
+        f"{loop_after['loop_busy_max_ms']:.0f} ms, waited "
+        f"{loop_after['loop_cpu_wait_ms_total'] - loop_before['loop_cpu_wait_ms_total']:.0f} ms "
+        f"for a CPU during the attack"
+    )
 
 
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
@@ -244,8 +315,8 @@ def assert_intact(
     assert voters(after) == voters(before)
     if same_leader:
         assert (after["leader_id"], after["leader_epoch"]) == (before["leader_id"], before["leader_epoch"])
-    for ep in endpoints:
-        assert request(ep, "GET", "/healthz", ctx=ctx)[0] == 200, ep
+    for ep in endpoints:  # polled: a node the test restarted may still be starting
+        poll(lambda ep=ep: request(ep, "GET", "/healthz", ctx=ctx)[0] == 200, 60, f"{ep} serving /healthz")
     for k, v in keys.items():
         assert read(k) == v, k
     assert write("after-attack", b"ok") >= 0
