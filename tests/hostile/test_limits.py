@@ -1,7 +1,8 @@
 """The server limits of quorum/runtime/limits.py with small bounds, in-process on loopback (a
 real aiohttp server, real sockets): the connection cap evicts the oldest half-sent connection,
 the head deadline closes stalled connections, the body budget refuses what does not fit with
-503 while small bodies still pass, and /healthz fails when the driver loop stops turning."""
+503 while small bodies still pass, large bodies share the event loop's turns, and /healthz
+fails when the driver loop stops turning."""
 
 from __future__ import annotations
 
@@ -155,3 +156,36 @@ def test_healthz_fails_when_the_driver_loop_stops_turning(monkeypatch: Any) -> N
     # a persist in flight is the storage rule's business, not this one's
     driver.in_flight = object()
     assert obs.health()[0]
+
+
+def test_large_bodies_share_loop_turns_and_all_complete() -> None:
+    """With a small per-turn quota, eight 1 MiB bodies sent at once are held and resumed turn
+    after turn (``ReadTurns``) and every one of them still arrives whole; a small request
+    sent meanwhile is answered."""
+
+    async def go() -> None:
+        limits = Limits(turn_quota=64 * 1024, body_budget=32 * 1024 * 1024)
+        stub = StubNode()
+        app = build_app(stub, max_body=2 * 1024 * 1024, limits=limits)  # type: ignore[arg-type]
+        ep = f"127.0.0.1:{free_ports(1)[0]}"
+        runner = await start_server(app, ep)
+        try:
+            async with aiohttp.ClientSession() as s:
+
+                async def put(i: int) -> int:
+                    body = bytes([i]) * (1024 * 1024)
+                    async with s.put(f"http://{ep}/v1/kv/big-{i}", data=body) as resp:
+                        return resp.status
+
+                puts = [asyncio.create_task(put(i)) for i in range(8)]
+                async with s.get(f"http://{ep}/healthz") as resp:
+                    assert resp.status == 200
+                assert await asyncio.gather(*puts) == [200] * 8
+            assert limits.turns.held > 0, "no connection was ever held: the quota did not apply"
+            assert not limits.turns.waiting
+            for i in range(8):
+                assert stub.data[f"big-{i}"] == bytes([i]) * (1024 * 1024)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
