@@ -40,11 +40,5 @@ def kafka_jars() -> Path:
 def kafka_controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaControllers]:
     """Three formatted and started controllers (auto-join off: the watcher heals them)."""
     k = KafkaControllers(tmp_path / "kafka", kafka_jars)
-    try:
-        k.format_all()
-        k.start_all()
-        for i in k.controllers:
-            k.wait_port(i)
+    with k.running():
         yield k
-    finally:
-        k.stop_all(kill=True)

@@ -81,14 +81,8 @@ def controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaControllers]:
     taken: set[int] = set()
     for c in k.controllers.values():
         c.port = _port_in_range(taken)
-    try:
-        k.format_all()
-        k.start_all()
-        for i in k.controllers:
-            k.wait_port(i)
+    with k.running():
         yield k
-    finally:
-        k.stop_all(kill=True)
 
 
 def kq(name: str, **kafka: Any) -> dict[str, Any]:

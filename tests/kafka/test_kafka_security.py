@@ -78,14 +78,8 @@ def secure_controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaContro
     ca, ks = make_pki(tmp_path)
     sec = KafkaSecurity(ca, ks, "admin", "admin-secret")
     k = KafkaControllers(tmp_path / "kafka", kafka_jars, security=sec)
-    try:
-        k.format_all()
-        k.start_all()
-        for i in k.controllers:
-            k.wait_port(i)
+    with k.running():
         yield k
-    finally:
-        k.stop_all(kill=True)
 
 
 def test_watch_over_sasl_ssl(secure_controllers: KafkaControllers, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import time
 import uuid as _uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -316,6 +317,19 @@ class KafkaControllers:
             self.stop_proc(b, kill=kill)
         for i in self.controllers:
             self.stop(i, kill=kill)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[KafkaControllers]:
+        """Format and start every controller, wait until each listens; killed on the way out
+        (the fixtures of the Kafka tests)."""
+        try:
+            self.format_all()
+            self.start_all()
+            for i in self.controllers:
+                self.wait_port(i)
+            yield self
+        finally:
+            self.stop_all(kill=True)
 
     def wipe_and_format(self, i: int) -> str:
         """A replaced volume: empty data directory formatted with ``--no-initial-controllers``;
