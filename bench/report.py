@@ -8,12 +8,15 @@ and in DuckDB, on generated event logs (``kraftkeeper_reports.generate``).
 For each size, each engine runs in its own process (so memory is its own), while this script
 samples the process tree with psutil every 0.1 s:
 
-* spark:  ``python -m kraftkeeper_reports.job`` on ``local[2]``: parse and validate every line
-  in the JVM (Spark's JSON parser into VARIANT, SQL checks; per-reason counts with examples),
-  sessionise, phase percentiles per cluster and overall, failures, daily trend, slowest
-  recoveries, engine comparison, Parquet/CSV tables and the HTML report. Wall time includes JVM
-  start. "driver peak" = the driver's Python + its JVM (in local mode the executors are threads
-  of that JVM); any Python worker would count in "all".
+* spark:  ``python -m kraftkeeper_reports.job`` on ``local[2]``: ONE Spark job parses and
+  validates every line in the JVM (the writer's form by one regular expression, any other line
+  by Spark's JSON parser into VARIANT and SQL checks) and aggregates it into per-recovery rows
+  and per-reason bad-line counts with examples; those come to the driver as Arrow, and the
+  phase percentiles per cluster and overall, failures, daily trend, slowest recoveries and
+  engine comparison are computed there with pandas; Parquet/CSV tables and the HTML report.
+  Wall time includes JVM start. "driver peak" = the driver's Python + its JVM (in local mode
+  the executors are threads of that JVM); any Python worker would count in "all". The job's
+  own step timings (KK_REPORT_TIMINGS) are printed on stderr.
 * pandas: the same per-line classification (``events.classify_line``), then groupby per
   recovery, exact percentiles per phase (numpy, linear), failures and daily counts; no report.
 * duckdb: ``read_json`` with ``ignore_errors`` (a line DuckDB cannot read is skipped without a
@@ -184,7 +187,7 @@ class Sampler(threading.Thread):
             self.stop.wait(0.1)
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int, str]:
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int, str, str]:
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     s = Sampler(proc.pid)
@@ -195,7 +198,7 @@ def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int, str]:
     s.join()
     if proc.returncode != 0:
         raise SystemExit(f"bench: {' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
-    return wall, s.peak_driver, s.peak_total, out
+    return wall, s.peak_driver, s.peak_total, out, err
 
 
 def ensure_data(base: Path, n: int, seed: int) -> tuple[Path, dict[str, Any]]:
@@ -249,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(a.data) / f"report-{n}"
                 cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(data),
                        "--out", str(out), "--master", a.master]
-                wall, drv, tot, _ = measure(cmd, env)
+                wall, drv, tot, _, err = measure(cmd, dict(env, KK_REPORT_TIMINGS="1"))
+                for t in (x for x in err.splitlines() if x.startswith("# report timing")):
+                    print(t, file=sys.stderr)
                 summary = json.loads((out / "tables" / "summary.json").read_text())
                 p50 = float(summary["p50_total_ms"] or 0.0)
                 counted = sum(int(summary[k]) for k in ("events", "rejected_lines", "skipped_lines"))
@@ -260,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"bench: spark accounted for {counted:,} lines of {lines:,}")
             else:
                 cmd = [sys.executable, __file__, "--engine", eng, "--events", str(data)]
-                wall, drv, tot, out_s = measure(cmd, env)
+                wall, drv, tot, out_s, _ = measure(cmd, env)
                 p50 = float(json.loads(out_s.strip().splitlines()[-1])["p50_total_ms"])
             rows.append({"events": n, "lines": lines, "engine": eng, "wall_s": wall, "eps": lines / wall,
                          "driver_peak": drv, "total_peak": tot, "p50_total_ms": p50})

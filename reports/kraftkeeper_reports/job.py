@@ -2,12 +2,19 @@
 
     run_report(["events/"], "out/")   ->  out/report.html
                                           out/tables/<name>.parquet and out/tables/<name>.csv
-                                          out/tables/recoveries.parquet/ (and .csv/), Spark parts
+                                          out/tables/recoveries.parquet/ (and .csv/), one part each
 
 Tables: ``phase_stats`` (p50/p90/p99/max per phase, per cluster and "(all)"),
 ``phase_histogram``, ``outcomes``, ``failures``, ``daily``, ``slowest`` (with timelines),
 ``bad_input`` (counts by reason with examples), ``summary`` (the headline numbers) and the
 per-recovery table ``recoveries``. Definitions are in ``kraftkeeper_reports.transform``.
+
+How it runs: ONE Spark job (``transform.one_pass``) reads every line once, parses and validates
+it in the JVM and aggregates it into per-recovery rows and per-reason bad-line groups; those
+(about one row per 7 events) come to the driver as Arrow, and the small tables are computed
+there with pandas (``tables``). A dozen small Spark jobs, one per table, cost more in fixed
+overhead than the whole computation on the driver. With KK_REPORT_TIMINGS=1 each step's wall
+time goes to stderr.
 
 Errors are one ``CODE: message`` line on stderr and a non-zero exit; the report's path is the
 last line on stdout.
@@ -18,21 +25,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
 import pandas as pd
-from pyspark import StorageLevel
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
 from kraftkeeper_reports.session import build_session
-from kraftkeeper_reports.tables import ReportTables
+from kraftkeeper_reports.tables import ReportTables, small_tables
 
 EXIT_INVALID = 2
 EXIT_FAILED = 1
@@ -87,85 +97,50 @@ def compute(
     spark: SparkSession, paths: list[str], top: int = 20, out: Path | None = None,
     collect_recoveries: bool = False,
 ) -> ReportTables:
-    """Run every transformation; write the big per-recovery table under ``out`` when given."""
+    """Run the report: ONE Spark job reads, parses and validates every line and aggregates it
+    into per-recovery rows and bad-input groups (``transform.one_pass``); those come to the
+    driver as Arrow and the small tables are computed there with pandas (``tables``). The
+    per-recovery table is written under ``out`` when given."""
+    timer = _Timer()
     try:
         lines = tf.read_lines(spark, paths)
     except AnalysisException as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: {first}") from e
-    parsed = tf.parse_lines(lines).persist(StorageLevel.MEMORY_AND_DISK)
-    timer = _Timer()
-    try:
-        counts = parsed.agg(
-            F.count(F.lit(1)).alias("lines"),
-            F.sum(F.when(F.col("reason").isNull(), 1).otherwise(0)).alias("events"),
-        ).first()
-        assert counts is not None
-        n_lines = int(counts["lines"] or 0)
-        n_events = int(counts["events"] or 0)
-        timer("read and parse every line")
-        if n_lines == 0:
-            where = ", ".join(paths)
-            raise ReportError("INVALID_REQUEST", f"no events found at {where}: the files are empty")
-        recoveries = tf.sessionise(tf.events_of(parsed)).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            problems = tf.line_problems(parsed).unionByName(tf.recovery_problems(recoveries))
-            bad = tf.bad_input(problems).toPandas()
-            timer("sessionise, bad input")
-            stats = tf.phase_stats(recoveries).toPandas()
-            hist = tf.phase_histogram(recoveries).toPandas()
-            outc = tf.outcomes(recoveries).toPandas()
-            fails = tf.failures(recoveries).toPandas()
-            day = tf.daily(recoveries).toPandas()
-            slow = tf.slowest(recoveries, top).toPandas()
-            comp = tf.compare(recoveries).toPandas()
-            timer("small tables")
-            rec_pd = recoveries.toPandas() if collect_recoveries else None
-            if out is not None:
-                tables = out / "tables"
-                rec = recoveries.drop("problem_messages")
-                rec.write.mode("overwrite").parquet(str(tables / "recoveries.parquet"))
-                rec.withColumn("problems", F.concat_ws(";", "problems")).write.mode("overwrite").option(
-                    "header", "true"
-                ).csv(str(tables / "recoveries.csv"))
-                timer("per-recovery table written")
-        finally:
-            recoveries.unpersist()
-    finally:
-        parsed.unpersist()
+    result = tf.one_pass(tf.parse_lines(lines)).drop("all_ts").toArrow()
+    timer("read, parse, validate and aggregate every line (one Spark job)")
+    is_rec = pc.is_null(result.column("pcode"))
+    rec_tbl = result.filter(is_rec).drop_columns(list(tf.PROBLEM_COLUMNS))
+    groups = result.filter(pc.invert(is_rec)).select(list(tf.PROBLEM_COLUMNS)).to_pandas()
+    del result
+    rec = rec_tbl.to_pandas()
+    n_events = int(rec["n_events"].sum())
+    n_lines = n_events + int(groups.loc[~groups["pnote"].astype(bool), "n_problem"].sum())
+    if n_lines == 0:
+        raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
+    tables = small_tables(rec, groups, paths, n_lines, top, keep_recoveries=collect_recoveries)
+    timer("small tables (pandas, on the driver)")
+    if out is not None:
+        write_recoveries(rec_tbl, out / "tables")
+        timer("per-recovery table written")
+    return tables
 
-    def pick(phase: str, col: str) -> float | None:
-        row = stats[(stats["cluster"] == tf.ALL_CLUSTERS) & (stats["phase"] == phase)]
-        return None if row.empty else float(row.iloc[0][col])
 
-    by_outcome = outc.groupby("outcome")["recoveries"].sum().to_dict()
-    rejected = int(bad.loc[(bad["level"] == "line") & (bad["action"] == "rejected"), "count"].sum())
-    summary: dict[str, float | int | str | None] = {
-        "inputs": ", ".join(paths),
-        "lines": n_lines,
-        "events": n_events,
-        "rejected_lines": rejected,
-        "skipped_lines": int(bad.loc[(bad["level"] == "line") & (bad["action"] == "skipped"), "count"].sum()),
-        "recoveries": int(sum(by_outcome.values())),
-        "completed": int(by_outcome.get("completed", 0)),
-        "failed": int(by_outcome.get("failed", 0)),
-        "in_progress": int(by_outcome.get("in_progress", 0)),
-        "invalid": int(by_outcome.get("invalid", 0)),
-        "clusters": int(outc["cluster"].nunique()),
-        "p50_total_ms": pick("total", "p50_ms"),
-        "p90_total_ms": pick("total", "p90_ms"),
-        "p99_total_ms": pick("total", "p99_ms"),
-        "max_total_ms": pick("total", "max_ms"),
-        "p50_under_replicated_ms": pick("under_replicated", "p50_ms"),
-        "p99_under_replicated_ms": pick("under_replicated", "p99_ms"),
-        "p50_exposure_ms": pick("exposure", "p50_ms"),
-        "p99_exposure_ms": pick("exposure", "p99_ms"),
-        "max_exposure_ms": pick("exposure", "max_ms"),
-        "days": len(day),
-        "first_day": None if day.empty else str(day["date"].min()),
-        "last_day": None if day.empty else str(day["date"].max()),
-    }
-    return ReportTables(summary, stats, hist, outc, fails, day, slow, bad, comp, rec_pd)
+def write_recoveries(rec: pa.Table, tables: Path) -> None:
+    """The per-recovery table as recoveries.parquet/ and recoveries.csv/ (directories of parts,
+    as Spark lays them out, so a reader of either layout finds them)."""
+    for name in ("recoveries.parquet", "recoveries.csv"):
+        d = tables / name
+        if d.is_dir():
+            shutil.rmtree(d)
+        elif d.exists():
+            d.unlink()
+        d.mkdir(parents=True)
+    t = rec.drop_columns(["problem_messages"])
+    pq.write_table(t, tables / "recoveries.parquet" / "part-00000.parquet")
+    problems = pc.binary_join(t.column("problems").cast(pa.list_(pa.string())), ";")
+    flat = t.set_column(t.schema.get_field_index("problems"), "problems", problems)
+    pa_csv.write_csv(flat, tables / "recoveries.csv" / "part-00000.csv")
 
 
 def write_tables(t: ReportTables, out: Path) -> None:
@@ -201,14 +176,18 @@ def run_report(events: list[str], out: str, master: str | None = None, top: int 
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError("INVALID_REQUEST", f"--out {out} exists and is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
+    timer = _Timer()
     spark = build_session(master)
+    timer("Spark session (JVM start)")
     tables = compute(spark, paths, top=top, out=out_dir.resolve())
+    timer = _Timer()
     write_tables(tables, out_dir)
     html = render_html(tables)
     report = out_dir / "report.html"
     tmp = out_dir / ".report.html.tmp"
     tmp.write_text(html, encoding="utf-8")
     os.replace(tmp, report)  # a reader never sees a half-written report
+    timer("small tables written, HTML report rendered")
     return report.resolve()
 
 

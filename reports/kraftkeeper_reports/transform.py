@@ -5,6 +5,11 @@
                                                                        |--recovery_problems
                                                                        |--failures / daily / slowest
 
+The job runs ``one_pass`` (parse, validate, sessionise and count bad lines in one aggregation,
+one Spark job) and computes the small tables on the driver (``kraftkeeper_reports.tables``).
+The per-table functions below (phase_stats, failures, ...) are the same tables in Spark; the
+tests compare the two.
+
 Every input line ends up counted somewhere: as an event, or under a reason in the bad-input
 table (``bad_input``). Nothing is fatal and nothing is dropped silently.
 
@@ -63,21 +68,20 @@ from kraftkeeper_reports.intervals import (
     Interval,
 )
 
-EXAMPLES_PER_REASON = 3
-ALL_CLUSTERS = "(all)"
-PERCENTILES = (0.5, 0.9, 0.99)
+# The constants are defined with the driver-side tables (no pyspark there) and shared.
+from kraftkeeper_reports.tables import (
+    ALL_CLUSTERS,
+    EXAMPLES_PER_REASON,
+    LINE_ACTION,
+    PERCENTILES,
+    RECOVERY_ACTION,
+    TS_COL,
+    UNSPECIFIED,
+)
 
-# Column names of the first-timestamp-per-type columns of the recovery table.
-TS_COL = {
-    ev.DISK_REPLACEMENT_DETECTED: "t_detected",
-    ev.REPLICA_CAUGHT_UP: "t_caught_up",
-    ev.ADD_VOTER_STARTED: "t_add_voter_started",
-    ev.ADD_VOTER_COMMITTED: "t_add_voter_committed",
-    ev.REMOVE_VOTER_STARTED: "t_remove_voter_started",
-    ev.REMOVE_VOTER_COMMITTED: "t_remove_voter_committed",
-    ev.RECOVERY_COMPLETED: "t_completed",
-    ev.RECOVERY_FAILED: "t_failed",
-}
+__all__ = ["ALL_CLUSTERS", "EXAMPLES_PER_REASON", "LINE_ACTION", "PERCENTILES", "RECOVERY_ACTION", "TS_COL",
+           "UNSPECIFIED"]
+
 
 def read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     """Every line of every file under ``paths`` (files, directories, date=... trees; any
@@ -115,14 +119,12 @@ def _first_ts(typ: str) -> Column:
     return F.min(F.when(F.col("type") == typ, F.col("ts_ms"))).alias(TS_COL[typ])
 
 
-def sessionise(events: DataFrame) -> DataFrame:
-    """One row per (cluster, recovery_id): first timestamp of each step, outcome, durations,
-    and the recovery-level problems (see the module docstring)."""
-    known = events.where(F.col("type").isin(*ev.KNOWN_TYPES))
-    agg = known.groupBy("cluster", "recovery_id").agg(
+def _recovery_aggs() -> list[Column]:
+    """The per-recovery aggregates over event rows (other rows hold nulls and add nothing)."""
+    return [
         *[_first_ts(t) for t in ev.KNOWN_TYPES],
         *[F.sum(F.when(F.col("type") == t, 1).otherwise(0)).alias(f"n_{t}") for t in ev.KNOWN_TYPES],
-        F.count(F.lit(1)).alias("n_events"),
+        F.count("type").alias("n_events"),
         F.min("replica_id").alias("replica_id"),
         F.max("replica_id").alias("replica_id_max"),
         F.min_by("old_uuid", "ts_ms").alias("old_uuid"),
@@ -134,7 +136,19 @@ def sessionise(events: DataFrame) -> DataFrame:
         F.min("ts_ms").alias("min_ts"),
         F.max("ts_ms").alias("max_ts"),
         F.collect_list("ts_ms").alias("all_ts"),
-    )
+    ]
+
+
+def sessionise(events: DataFrame) -> DataFrame:
+    """One row per (cluster, recovery_id): first timestamp of each step, outcome, durations,
+    and the recovery-level problems (see the module docstring)."""
+    known = events.where(F.col("type").isin(*ev.KNOWN_TYPES))
+    return _recovery_rows(known.groupBy("cluster", "recovery_id").agg(*_recovery_aggs()))
+
+
+def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
+    """The recovery table from the aggregates of :func:`_recovery_aggs` (``extra`` columns are
+    carried through)."""
     end = F.least(F.col("t_completed"), F.col("t_failed"))
     agg = agg.withColumn("t_end", end)
     # Plain (code-generated) expressions for every flag; lambdas (interpreted by Spark) only on
@@ -251,9 +265,52 @@ def sessionise(events: DataFrame) -> DataFrame:
         *[span_dur(i).alias(f"{i.name}_ms") for i in INTERVALS],
         F.when(F.col("outcome") == "failed", F.col("t_failed") - F.col("t_detected")).cast("long")
         .alias("give_up_ms"),
-        "problems", "problem_messages",
+        "problems", "problem_messages", *extra,
     )
     return out
+
+
+# Columns of the one-pass result that describe a bad-input group (null on recovery rows).
+PROBLEM_COLUMNS = ("pcode", "pnote", "n_problem", "h_min", "h_max", "ex_min", "ex_max", "ex_any", "pmessage")
+
+
+def one_pass(parsed: DataFrame) -> DataFrame:
+    """Everything the report needs from the lines, in ONE aggregation (one Spark job, the input
+    read once): a row per recovery (the columns of :func:`sessionise`, ``pcode`` null) and a
+    row per bad-input code of the lines (``pcode`` the reason or note, ``pnote`` whether it was
+    a tolerated note, ``n_problem`` lines, the examples of least and greatest hash and any
+    one, a message). The small tables are computed from this on the driver (``tables``).
+
+    A line is exploded into its event row (reason null) and one row per problem (its reason,
+    each note), so a line with only notes counts both as an event and under its notes, as the
+    separate ``events_of`` / ``line_problems`` did. Problem rows carry no recovery key, so they
+    group per code whatever recovery they name."""
+    codes = F.concat(
+        F.when(F.col("reason").isNull(), F.array(F.lit(None).cast("string"))).otherwise(F.array("reason")),
+        F.col("notes"),
+    )
+    x = parsed.select("*", F.posexplode(codes).alias("pos", "pcode"))
+    prob = F.col("pcode").isNotNull()
+    event = ~prob & F.col("type").isin(*ev.KNOWN_TYPES)
+    fields = ("ts_ms", "type", "replica_id", "old_uuid", "new_uuid", "failure_reason", "engine", "order")
+    rows = x.select(
+        F.when(~prob, F.col("cluster")).alias("cluster"),
+        F.when(~prob, F.col("recovery_id")).alias("recovery_id"),
+        "pcode", F.when(prob, F.col("pos") > 0).alias("pnote"),
+        *[F.when(event, F.col(c)).alias(c) for c in fields],
+        F.when(prob, F.col("example")).alias("example"),
+        F.when(prob, F.col("message")).alias("message"),
+    )
+    h = F.when(prob, F.xxhash64("example"))
+    agg = rows.groupBy("cluster", "recovery_id", "pcode", "pnote").agg(
+        *_recovery_aggs(),
+        F.count("pcode").alias("n_problem"),
+        F.min(h).alias("h_min"), F.max(h).alias("h_max"),
+        F.min_by("example", h).alias("ex_min"), F.max_by("example", h).alias("ex_max"),
+        F.first("example", ignorenulls=True).alias("ex_any"),
+        F.first("message", ignorenulls=True).alias("pmessage"),
+    )
+    return _recovery_rows(agg, PROBLEM_COLUMNS)
 
 
 def _fmt_ts(c: Column) -> Column:
@@ -272,23 +329,6 @@ def recovery_problems(recoveries: DataFrame) -> DataFrame:
         F.concat_ws(" ", F.col("cluster"), F.col("recovery_id"), F.lit("->"), F.col("pm")).alias("example"),
         F.col("pm").alias("message"),
     )
-
-
-LINE_ACTION = {
-    **{r: "rejected" for r in ev.REJECTED},
-    ev.UNKNOWN_TYPE: "skipped",
-    ev.BLANK_LINE: "skipped",
-    ev.EXTRA_FIELDS: "ignored",
-}
-RECOVERY_ACTION = {
-    "missing_detection": "excluded",
-    "impossible_order": "excluded",
-    "conflicting_outcome": "excluded",
-    "incomplete_steps": "excluded",
-    "inconsistent_replica": "excluded",
-    "event_after_end": "late events ignored",
-    "duplicate_event": "first used",
-}
 
 
 def bad_input(problems: DataFrame) -> DataFrame:
@@ -325,9 +365,6 @@ def phase_long(recoveries: DataFrame, keys: tuple[str, ...] = ("cluster",)) -> D
         .select(*keys, F.expr(f"stack({len(PHASES)}, {stack}) as (phase, ms)"))
         .where(F.col("ms").isNotNull())
     )
-
-
-UNSPECIFIED = "(not logged)"
 
 
 def compare(recoveries: DataFrame) -> DataFrame:
