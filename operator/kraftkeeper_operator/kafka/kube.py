@@ -267,15 +267,21 @@ class KafkaDaemon:
     async def _patch_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
         await within(f"status of KRaftQuorum {ns}/{name}", self.ctx.kube.patch_status(ns, name, status))
 
+    def _client_bounds(self) -> tuple[float, float]:
+        """(one operation's bound, one voter change's bound) of the client, or of a client with
+        the default settings while there is none yet."""
+        api = self.m.api if self.m is not None else KafkaQuorum([])
+        return api.api_timeout, api.operation_budget()
+
     def pass_budget(self) -> float:
         """The watchdog's limit for one pass: up to MAX_STEPS voter changes, each with a describe
         before it, every Kafka operation at its client's bound, plus the API server's share."""
-        api = self.m.api if self.m is not None else KafkaQuorum([("-", 1)])  # default timeouts
-        return KUBE_SLACK_S + RecoveryController.MAX_STEPS * (api.api_timeout + api.operation_budget())
+        describe, change = self._client_bounds()
+        return KUBE_SLACK_S + RecoveryController.MAX_STEPS * (describe + change)
 
     def slow_after(self) -> float:
         """A pass longer than one Kafka operation's bound is worth a log line."""
-        return self.m.api.api_timeout if self.m is not None else KafkaQuorum([("-", 1)]).api_timeout
+        return self._client_bounds()[0]
 
     async def abandon(self) -> None:
         """Drop the client and controller after a hung pass; the next pass builds new ones from
