@@ -51,12 +51,18 @@ def encode_delete(key: str) -> bytes:
     return bytes((OP_DELETE,)) + _KLEN.pack(len(kb)) + kb
 
 
-def decode_snapshot(chunks: Iterable[bytes | memoryview]) -> dict[bytes, bytes]:
+Value = bytes | memoryview
+
+
+def decode_snapshot(chunks: Iterable[bytes | memoryview]) -> dict[bytes, Value]:
     """The map a snapshot's chunks hold (the inverse of :meth:`KVStore.snapshot_chunks`); pure,
     so a follower can run it off the event loop while the old map keeps serving (issue 10).
-    Raises CORRUPT_RECORD on a malformed chunk."""
-    data: dict[bytes, bytes] = {}
-    for chunk in chunks:
+    Values are views into the chunks, not copies (a fetched snapshot's chunks are the received
+    bytes: a 1 GB state is not copied once more on the catch-up's critical path); keys are
+    copied (they are hashed). Raises CORRUPT_RECORD on a malformed chunk."""
+    data: dict[bytes, Value] = {}
+    for c in chunks:
+        chunk = memoryview(c)
         pos = 0
         n = len(chunk)
         while pos < n:
@@ -66,7 +72,7 @@ def decode_snapshot(chunks: Iterable[bytes | memoryview]) -> dict[bytes, bytes]:
             pos += _SNAP_ENTRY.size
             if pos + kl + vl > n:
                 raise KraftError(ErrorCode.CORRUPT_RECORD, "snapshot entry runs past its chunk")
-            data[bytes(chunk[pos : pos + kl])] = bytes(chunk[pos + kl : pos + kl + vl])
+            data[bytes(chunk[pos : pos + kl])] = chunk[pos + kl : pos + kl + vl]
             pos += kl + vl
     return data
 
@@ -75,7 +81,8 @@ class KVStore:
     """The in-memory map plus the offset of the last applied record."""
 
     def __init__(self) -> None:
-        self.data: dict[bytes, bytes] = {}
+        # values: bytes, or views into the chunks of the snapshot the map was loaded from
+        self.data: dict[bytes, Value] = {}
         self.applied_offset = -1  # offset of the last applied record; -1 = none
 
     def apply(self, offset: int, record: bytes) -> None:
@@ -99,7 +106,8 @@ class KVStore:
             self.apply(base_offset + i, r)
 
     def get(self, key: str) -> bytes | None:
-        return self.data.get(check_key(key))
+        v = self.data.get(check_key(key))
+        return v if v is None or isinstance(v, bytes) else bytes(v)
 
     def snapshot_chunks(self) -> Iterator[bytes]:
         """The map as chunks of ``(key len, value len, key, value)`` entries, sorted by key so

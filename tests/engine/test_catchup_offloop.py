@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from quorum.runtime.config import NodeConfig
-from quorum.runtime.kv import KVStore, encode_put
+from quorum.runtime.kv import KVStore, decode_snapshot, encode_put
 from quorum.runtime.statemachine import Applier
 from quorum.types import ErrorCode, KraftError
 from tests.engine.inprocess import InProcessCluster, now, until
@@ -107,3 +107,24 @@ def test_prepare_leaves_the_live_map_and_install_swaps_it() -> None:
     assert ap.applied_end == 42 and ap.bytes_since_snapshot == 0
     with pytest.raises(KraftError):
         ap.install_snapshot(["not a map"], 50)
+
+
+def test_snapshot_values_are_views_of_the_received_chunks_and_reads_return_bytes() -> None:
+    """A fetched snapshot's state is decoded without copying its values (issue 10: they stay
+    views of the received chunks); reads still return bytes, and the map snapshots, digests and
+    compares the same as one built by copies. A chunk cut short is CORRUPT_RECORD."""
+    source = KVStore()
+    source.data = {b"a": b"x" * 100, b"b": b"y" * 5, b"c": b""}
+    chunks = [bytearray(c) for c in source.snapshot_chunks()]
+    data = decode_snapshot(chunks)
+    assert data == source.data
+    assert all(isinstance(v, memoryview) and v.obj is chunks[0] for v in data.values())
+    kv = KVStore()
+    kv.load_snapshot(chunks, 9)
+    got = kv.get("a")
+    assert got == b"x" * 100 and type(got) is bytes and kv.get("zz") is None
+    assert list(kv.snapshot_chunks()) == list(source.snapshot_chunks())
+    assert kv.digest() == source.digest()
+    with pytest.raises(KraftError) as e:
+        decode_snapshot([chunks[0][:-1]])
+    assert e.value.code is ErrorCode.CORRUPT_RECORD
