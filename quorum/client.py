@@ -12,6 +12,14 @@ taken effect and is returned to the caller, never retried silently. With ``refus
 ``UNAVAILABLE`` at once instead of after ``timeout``: nothing listens there. 401 / 403 and TLS
 certificate failures are final too (retrying cannot fix a credential).
 
+Per-address connect share: one address that does not resolve or never completes a TCP handshake
+(a pod being rescheduled: its old IP drops the SYN) may hold a connect for at most ``timeout /
+addresses`` (never less than :data:`MIN_CONNECT_S`), then the next address is tried; an address
+whose connect timed out is tried after the others until it answers again. So a status describe still answers
+from a live node within the caller's timeout while one pod restarts (issue 11). Only the connect
+is shared: a request a node has accepted (a voter change waiting for its commit) keeps the whole
+remaining time.
+
 TLS and credentials (issue 8): with a :class:`~quorum.security.clientconfig.ClientConfig` the
 client speaks https (verifying nodes against the config's ``ca_file``) and sends its bearer
 token or presents its client certificate on every request.
@@ -32,6 +40,10 @@ import aiohttp
 
 from quorum.security.clientconfig import ClientConfig
 from quorum.types import ErrorCode, KraftError
+
+# The least connect time an address gets: a loopback or pod-network handshake takes well under a
+# millisecond; this leaves room for a loaded machine.
+MIN_CONNECT_S = 0.25
 
 
 def parse_bootstrap(bootstrap: Sequence[str] | str) -> list[str]:
@@ -87,6 +99,7 @@ class QuorumClient:
         self._ssl = client_config.ssl_context() if client_config is not None else None
         self._headers = client_config.headers() if client_config is not None else {}
         self._leader: str | None = None
+        self._slow: set[str] = set()  # addresses whose last connect timed out: tried last
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> QuorumClient:
@@ -129,12 +142,12 @@ class QuorumClient:
         NOT_LEADER hints and trying every bootstrap node until ``timeout`` runs out."""
         deadline = time.monotonic() + self.timeout
         last: KraftError | None = None
+        unreachable: dict[str, str] = {}  # address -> its last transport error
         tried_hint = 0
         refused_since: float | None = None
         while True:
-            candidates = ([self._leader] if self._leader else []) + [
-                b for b in self.bootstrap if b != self._leader
-            ]
+            candidates = self._candidates()
+            connect_share = max(MIN_CONNECT_S, self.timeout / len(candidates))
             refused = 0
             for ep in candidates:
                 remaining = deadline - time.monotonic()
@@ -143,15 +156,20 @@ class QuorumClient:
                 data = json.dumps(json_body).encode() if json_body is not None else body
                 try:
                     status, raw = await self._attempt(
-                        method, ep, path, data, json_body is not None, remaining
+                        method, ep, path, data, json_body is not None, remaining, connect_share
                     )
+                    self._slow.discard(ep)
                 except (TimeoutError, aiohttp.ClientError, OSError) as e:
                     if _refused(e):
                         refused += 1
-                    last = KraftError(ErrorCode.UNAVAILABLE, f"cannot reach {ep}: {e or type(e).__name__}")
+                    if isinstance(e, aiohttp.ConnectionTimeoutError):
+                        self._slow.add(ep)
+                    unreachable[ep] = str(e) or type(e).__name__
+                    last = KraftError(ErrorCode.UNAVAILABLE, f"cannot reach {ep}: {unreachable[ep]}")
                     if ep == self._leader:
                         self._leader = None
                     continue
+                unreachable.pop(ep, None)
                 if status in ok or (allow_404 and status == 404):
                     if leader_only:
                         self._leader = ep
@@ -190,10 +208,35 @@ class QuorumClient:
                 continue
             if time.monotonic() >= deadline:
                 break
+        if unreachable.keys() >= set(self.bootstrap):
+            # Every address failed to connect: name them all with each one's error, in bootstrap
+            # order, and keep the errors apart in ``extra["errors"]``: the operator's status says
+            # only which addresses (how each failed, and which one the deadline fell on, change
+            # from pass to pass, and a status that changes is a write).
+            each = "; ".join(f"{ep}: {unreachable[ep]}" for ep in self.bootstrap)
+            raise KraftError(
+                ErrorCode.UNAVAILABLE,
+                f"cannot reach any address ({each})",
+                errors={ep: unreachable[ep] for ep in self.bootstrap},
+            )
         raise last or KraftError(ErrorCode.REQUEST_TIMED_OUT, f"no answer from {', '.join(self.bootstrap)}")
 
+    def _candidates(self) -> list[str]:
+        """The known leader first, then the bootstrap addresses, those whose last connect timed
+        out last (module docstring)."""
+        rest = [b for b in self.bootstrap if b != self._leader]
+        rest.sort(key=lambda b: b in self._slow)  # stable: bootstrap order otherwise
+        return ([self._leader] if self._leader else []) + rest
+
     async def _attempt(
-        self, method: str, ep: str, path: str, data: bytes | None, is_json: bool, remaining: float
+        self,
+        method: str,
+        ep: str,
+        path: str,
+        data: bytes | None,
+        is_json: bool,
+        remaining: float,
+        connect: float | None = None,
     ) -> tuple[int, bytes]:
         """One request to one node. A TLS failure is final (KraftError UNAVAILABLE): retrying
         cannot fix a certificate or https to a plaintext node; other transport errors propagate
@@ -205,7 +248,9 @@ class QuorumClient:
                 self.url(ep, path),
                 data=data,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=remaining),
+                # connect: name resolution, TCP and TLS handshakes (an address that does not
+                # resolve in time is as unreachable as one that drops the SYN).
+                timeout=aiohttp.ClientTimeout(total=remaining, connect=min(remaining, connect or remaining)),
             ) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ClientConnectorCertificateError as e:

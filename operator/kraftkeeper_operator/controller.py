@@ -46,7 +46,7 @@ from .recovery import (
     majority,
 )
 from .status import Condition, ControllerStatus, Health, grace_s, quorum_health
-from .telemetry import EventSink, OperatorMetrics, logged_steps
+from .telemetry import EventSink, OperatorMetrics, flush_sink, has_history, logged_steps
 
 __all__ = ["ONCE_PER_RECOVERY", "Condition", "ControllerStatus", "RecoveryController"]
 
@@ -66,6 +66,12 @@ ONCE_PER_RECOVERY = frozenset(
         "recovery_completed",
         "recovery_failed",
     }
+)
+
+
+BLIND_RESUME = (
+    "resumed after an operator restart with no event log to read back (eventLog: stdout): "
+    "a step logged just before the restart may appear twice, the second time with observed: true"
 )
 
 
@@ -95,12 +101,19 @@ class RecoveryController:
         self._lost_reported = False  # this unhealthy episode was published as QuorumLost
         self.last_good_view: QuorumView | None = None  # the last view with a live majority
         self.last_view: QuorumView | None = None  # what the last pass saw (for wake_in)
+        # This pass's view with the changes it committed applied (None: nothing committed yet):
+        # what a status written right after a commit shows (view.after_change).
+        self.committed_view: QuorumView | None = None
         # (id, uuid) of the voters of the last healthy view; seeded from status after a restart.
         self.known_voters: list[tuple[int, str]] = []
         self._lock = asyncio.Lock()  # one reconcile at a time per quorum
         # (recovery id, event type) of the once-per-recovery steps already logged; None until the
         # first pass reads the event log for the recoveries a previous run left active.
         self._logged: set[tuple[str, str]] | None = None
+        # The recoveries resumed without a readable event log (eventLog: stdout): a step logged
+        # just before the restart may be logged again, and the status says so while they run.
+        self.resumed_blind: set[str] = set()
+        self._unreachable_errors: dict[str, str] | None = None  # each address's error, last logged
 
     @property
     def policy(self) -> RecoveryPolicy:
@@ -145,6 +158,10 @@ class RecoveryController:
             return
         since = min(r.detected_ms for r in active)
         ids = {r.recovery_id for r in active}
+        if not has_history(self.sink):
+            self.resumed_blind = ids
+            log.warning("%s: %s", self.cluster, BLIND_RESUME)
+            return
         try:
             self._logged = await asyncio.to_thread(logged_steps, self.sink, ids, since)
         except OSError as e:  # an unreadable log costs at most a repeated line, never a step
@@ -153,12 +170,21 @@ class RecoveryController:
     async def _pass(self) -> ControllerStatus:
         if self._logged is None:
             await self._seed_logged()
+        self.committed_view = None
         now = self.now_ms()
         try:
             view = QuorumView.from_describe(await self.api.describe())
         except (TimeoutError, KraftError, DescribeError, OSError) as e:
             self.last_view = None
-            return self._unhealthy(now, f"{e}")
+            errors = e.extra.get("errors") if isinstance(e, KraftError) else None
+            if not isinstance(errors, dict) or not errors:
+                return self._unhealthy(now, f"{e}")
+            # Every address unreachable: the status names them, the log says how each failed
+            # (that changes from pass to pass: in status it would be a write on every pass).
+            if errors != self._unreachable_errors:
+                log.info("%s: describe failed: %s", self.cluster, e)
+            self._unreachable_errors = errors
+            return self._unhealthy(now, f"UNAVAILABLE: cannot reach any address of {', '.join(errors)}")
         self.last_view = view
         window = int(self.policy.live_window_seconds * 1000)
         if not view.has_live_majority(now, window):
@@ -170,6 +196,7 @@ class RecoveryController:
         self.known_voters = [(v.id, v.uuid) for v in view.voters]
 
         self._emit(self.book.observe(view, now), view)
+        await flush_sink(self.sink)
         action = self.book.next_action(view, now)
         blocked = self.book.blocked
         reassigned: list[int] | None = None
@@ -189,6 +216,7 @@ class RecoveryController:
         """Issue one voter change; True if it committed."""
         started = self.now_ms()
         self._emit(self.book.started(action, started), view)
+        await flush_sink(self.sink)  # each step's Kubernetes Event is posted before the step
         if self.persist is not None:
             await self.persist(self.book.to_status())  # before the call: crash-safe bookkeeping
         code: str | None = None
@@ -209,8 +237,12 @@ class RecoveryController:
             op = "add" if action.kind is ActionKind.ADD_VOTER else "remove"
             self.metrics.voter_change_duration.labels(self.cluster, op).observe((done - started) / 1000)
         self._emit(self.book.finished(action, code, done, message), view)
+        await flush_sink(self.sink)  # posted before the next step, and before a failpoint stops us
         if code is None:
             add = action.kind is ActionKind.ADD_VOTER
+            seen = self.committed_view or view
+            self.committed_view = seen.after_change(add, action.replica_id, action.uuid)
+            self.known_voters = [(v.id, v.uuid) for v in self.committed_view.voters]
             # The crash window item: the commit is logged, its progress not yet persisted.
             failpoints.hit(failpoints.AFTER_ADD_COMMITTED if add else failpoints.AFTER_REMOVE_COMMITTED)
         if self.persist is not None:
@@ -270,12 +302,19 @@ class RecoveryController:
             self._lost_reported = True
             return self._lost(now, why, view)
         msg = f"{why}; a leader election may be in progress (QuorumLost if it lasts {grace_s(window):g}s)"
+        return self._no_majority(view, why, True, ("LeaderElection",) * 3, msg)
+
+    def _no_majority(
+        self, view: QuorumView | None, why: str, available: bool, reasons: tuple[str, str, str], msg: str
+    ) -> ControllerStatus:
+        """The status of a pass without a live majority: ``available`` (a leader election within
+        its grace) or lost; ``reasons`` of the Available, Degraded and QuorumLost conditions."""
         active = bool(self.book.active())
         conds = [
-            Condition("Available", True, "LeaderElection", msg),
-            Condition("Degraded", True, "LeaderElection", msg),
+            Condition("Available", available, reasons[0], msg),
+            Condition("Degraded", True, reasons[1], msg),
             Condition("Recovering", active, "Waiting" if active else "Idle"),
-            Condition("QuorumLost", False, "LeaderElection", msg),
+            Condition("QuorumLost", not available, reasons[2], msg),
         ]
         return ControllerStatus(
             view,
@@ -299,21 +338,7 @@ class RecoveryController:
         # the kopf daemon asks the survivor's pod (unclean.py); both annotate this status.
         since = datetime.fromtimestamp(self.unreachable_since_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         msg = f"{why} (since {since})"
-        conds = [
-            Condition("Available", False, "QuorumLost", msg),
-            Condition("Degraded", True, "QuorumLost", msg),
-            Condition("Recovering", bool(self.book.active()), "Waiting" if self.book.active() else "Idle"),
-            Condition("QuorumLost", True, "NoLiveMajority", msg),
-        ]
-        return ControllerStatus(
-            view,
-            conds,
-            self.book.to_status(),
-            error=why,
-            blocked=msg,
-            records=list(self.book.records),
-            known_voters=list(self.known_voters),
-        )
+        return self._no_majority(view, why, False, ("QuorumLost", "QuorumLost", "NoLiveMajority"), msg)
 
     def _status(
         self,
@@ -335,6 +360,8 @@ class RecoveryController:
         if blocked:
             degraded_why.append(blocked)
         rec_msg = ", ".join(f"replica {r.replica_id} {r.phase.value}" for r in active)
+        if any(r.recovery_id in self.resumed_blind for r in active):
+            rec_msg = f"{rec_msg}; {BLIND_RESUME}"
         conds = [
             Condition(
                 "Available", True, "LeaderElected", f"leader {view.leader_id} epoch {view.leader_epoch}"

@@ -53,7 +53,7 @@ from .manifests import (
     pod_disruption_budget,
     statefulset,
 )
-from .quorums import OperatorContext, configure, daemon_pass
+from .quorums import OperatorContext, configure, daemon_pass, next_pass_in
 
 log = logging.getLogger("kraftkeeper.operator")
 MEMO_KEY = "kraftkeeper"
@@ -209,5 +209,20 @@ async def recovery_daemon(
             raise
         except Exception:  # the daemon must survive anything: next pass retries
             logger.exception("recovery pass of %s failed", key)
-        m = ctx.managed.get(key)
-        await stopped.wait(m.controller.wake_in(ctx.interval) if m is not None else ctx.interval)
+        await _sleep(ctx, key, stopped, next_pass_in(ctx, key))
+
+
+async def _sleep(ctx: OperatorContext, key: str, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Until the next pass is due, the daemon is stopped, or the resource's pods changed
+    (``OperatorContext.wake``: a quorum in its idle back-off starts at once)."""
+    wake = ctx.wake_event(key)
+    if wake.is_set():  # pods changed during the pass: look again now
+        wake.clear()
+        return
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait(seconds))]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    wake.clear()

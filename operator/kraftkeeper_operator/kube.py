@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
+from kraftkeeper_reports.events import RecoveryEvent
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -200,6 +201,31 @@ class KubeApi:
         ):
             await _call(f"deleting {what} of {ns}/{name}", call(), missing_ok=True)
 
+    async def post_event(self, q: QuorumSpec, *, warning: bool, reason: str, message: str) -> None:
+        """Create one Event on the KRaftQuorum now (core/v1, as kubectl describe shows them)."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{q.name}.", "namespace": q.namespace},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "KRaftQuorum",
+                "name": q.name,
+                "namespace": q.namespace,
+                "uid": q.uid,
+            },
+            "type": "Warning" if warning else "Normal",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await _call(f"Event {reason} on {q.cluster}", self.core.create_namespaced_event(q.namespace, body))
+
     async def delete_certificates(self, ns: str, names: list[str]) -> None:
         """cert-manager Certificates (their Secrets are cert-manager's: owned by the Certificate
         only when cert-manager is told to); 404, also for a missing CRD, is nothing to do."""
@@ -246,19 +272,46 @@ def post_quorum_event(q: QuorumSpec, *, warning: bool, reason: str, message: str
     (kopf.warn if warning else kopf.info)(_quorum_ref(q), reason=reason, message=message)
 
 
-def kube_event_sink(q: QuorumSpec) -> CallbackSink:
+class KubeEventSink:
     """Recovery events as Kubernetes Events on the KRaftQuorum (failures and unclean recoveries
-    as Warnings), posted through kopf's event poster."""
-    ref = _quorum_ref(q)
+    as Warnings), posted by the operator itself, not through kopf's queue: ``emit`` keeps them
+    and :meth:`flush` creates them, which the controller awaits before the next step and before a
+    failpoint (issue 11: kopf posts Events asynchronously, so the AddVoterCommitted Event of an
+    operator stopped right after the commit was lost). A refused post is logged and dropped:
+    an Event is a notice, the event log is the record."""
 
-    def post(type_: str, message: str, detail: Mapping[str, Any]) -> None:
+    def __init__(self, kube: KubeApi | None, q: QuorumSpec) -> None:
+        self.kube = kube  # None: through kopf's queue, as before (no API client at hand)
+        self.q = q
+        self.pending: list[tuple[bool, str, str]] = []  # (warning, reason, message)
+        self.callback = CallbackSink(self._keep)
+
+    def _keep(self, type_: str, message: str, detail: Mapping[str, Any]) -> None:
         reason = "".join(p.capitalize() for p in type_.split("_"))  # recovery_failed -> RecoveryFailed
         if type_ == "recovery_failed":
-            kopf.warn(ref, reason=reason, message=f"{message}: {detail.get('reason', '')}")
+            self.pending.append((True, reason, f"{message}: {detail.get('reason', '')}"))
         elif type_ == "unclean_recovery":
             text = f"UNCLEAN RECOVERY {message}: {detail.get('reason', '')}; {detail.get('warning', '')}"
-            kopf.warn(ref, reason=reason, message=text)
+            self.pending.append((True, reason, text))
         else:
-            kopf.info(ref, reason=reason, message=message)
+            self.pending.append((False, reason, message))
 
-    return CallbackSink(post)
+    def emit(self, event: RecoveryEvent) -> None:
+        self.callback.emit(event)
+        if self.kube is None:
+            for warning, reason, message in self.pending:
+                post_quorum_event(self.q, warning=warning, reason=reason, message=message)
+            self.pending.clear()
+
+    async def flush(self) -> None:
+        while self.pending and self.kube is not None:
+            warning, reason, message = self.pending.pop(0)
+            try:
+                await self.kube.post_event(self.q, warning=warning, reason=reason, message=message)
+            except (kopf.TemporaryError, kopf.PermanentError) as e:
+                log.warning("%s: Event %s not posted: %s", self.q.cluster, reason, e)
+
+
+def kube_event_sink(q: QuorumSpec, kube: KubeApi | None = None) -> KubeEventSink:
+    """The Kubernetes Events of a quorum's recovery steps (:class:`KubeEventSink`)."""
+    return KubeEventSink(kube, q)

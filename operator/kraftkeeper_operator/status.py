@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .records import Action, Recovery
-from .view import QuorumView
+from .view import QuorumView, Replica
 
 # The longest leader election the status waits out before it says QuorumLost (and never longer
 # than the live window): after a leader resigns (a graceful pod stop, KIP-595 EndQuorumEpoch) a new
@@ -145,17 +145,8 @@ class ControllerStatus:
         prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-        def rep(r: Any) -> dict[str, Any]:
-            out = {"id": r.id, "lag": r.lag, "logEndOffset": r.log_end_offset, "endpoint": r.endpoint}
-            # Omitted, never "": a voter whose UUID the leader has not learned yet must not make
-            # the status write fail (issue 11; the CRD's pattern refuses ""). Not null either: a
-            # merge patch drops null keys.
-            if r.uuid:
-                out["uuid"] = r.uuid
-            return out
-
         if v is not None:
-            voters = [rep(r) for r in v.voters]
+            voters = crd_voters(v)
         else:
             # No leader answers: the last voter set one reported (it cannot have changed since),
             # without progress figures.
@@ -189,7 +180,7 @@ class ControllerStatus:
             "leaderEpoch": v.leader_epoch if v else -1,
             "highWatermark": v.high_watermark if v else -1,
             "voters": voters,
-            "observers": [rep(r) for r in v.observers] if v else [],
+            "observers": [crd_replica(r) for r in v.observers] if v else [],
             "conditions": conds,
             "recoveries": [r.to_crd_status() for r in self.records][-20:],
         }
@@ -221,6 +212,22 @@ class ControllerStatus:
                 for c in self.conditions
             ],
         }
+
+
+def crd_replica(r: Replica) -> dict[str, Any]:
+    """One ``status.voters`` / ``status.observers`` item of the KRaftQuorum."""
+    out: dict[str, Any] = {"id": r.id, "lag": r.lag, "logEndOffset": r.log_end_offset, "endpoint": r.endpoint}
+    # Omitted, never "": a voter whose UUID the leader has not learned yet must not make the
+    # status write fail (issue 11; the CRD's pattern refuses ""). Not null either: a merge patch
+    # drops null keys.
+    if r.uuid:
+        out["uuid"] = r.uuid
+    return out
+
+
+def crd_voters(view: QuorumView) -> list[dict[str, Any]]:
+    """``status.voters`` from a leader's view."""
+    return [crd_replica(r) for r in view.voters]
 
 
 def status_changed(prev: dict[str, Any], status: dict[str, Any]) -> bool:

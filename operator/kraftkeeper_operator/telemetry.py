@@ -113,6 +113,16 @@ def logged_steps(sink: EventSink, recovery_ids: Collection[str], since_ms: int) 
     return set()
 
 
+def has_history(sink: EventSink) -> bool:
+    """Whether :func:`logged_steps` can read what ``sink`` logged (an event log on disk in it)."""
+    if isinstance(sink, EventLogSink):
+        return True
+    if isinstance(sink, FanOut):
+        return any(has_history(s) for s in sink.sinks)
+    inner = getattr(sink, "sink", None)
+    return inner is not None and inner is not sink and has_history(inner)
+
+
 class StdoutEventSink:
     """The event log as JSON lines on stdout (``spec.eventLog.path: stdout``), for log collectors."""
 
@@ -140,6 +150,23 @@ class FanOut:
                 s.emit(event)
             except Exception:  # a full disk must not stop the recovery itself
                 log.exception("event sink %r failed for %s", s, event.type)
+
+
+async def flush_sink(sink: EventSink) -> None:
+    """Let a sink that posts its events later (kube.py ``KubeEventSink``) post them now: the
+    controller calls it before the next step and before a failpoint. A FanOut flushes each of its
+    sinks, a decorating sink the one in its ``sink`` attribute; others have nothing to flush."""
+    if isinstance(sink, FanOut):
+        for s in sink.sinks:
+            await flush_sink(s)
+        return
+    flush = getattr(sink, "flush", None)
+    if callable(flush):
+        await flush()
+        return
+    inner = getattr(sink, "sink", None)
+    if inner is not None and inner is not sink:
+        await flush_sink(inner)
 
 
 class CallbackSink:

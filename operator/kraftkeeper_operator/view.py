@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +106,23 @@ class QuorumView:
             for v in self.voters
             if (v.id, v.uuid) != exclude and self.live_for_change(v, now_ms, window_ms)
         ]
+
+    def after_change(self, add: bool, replica_id: int, uuid: str) -> QuorumView:
+        """This view with a committed voter change applied: AddVoter moves the (id, uuid) observer
+        (or a bare entry) into the voters, RemoveVoter drops the (id, uuid) voter. What the status
+        written right after the commit shows, before the next describe (issue 11: the status that
+        carried a Succeeded record still listed the removed voter)."""
+        key = (replica_id, uuid)
+        if not add:
+            return replace(self, voters=tuple(v for v in self.voters if (v.id, v.uuid) != key))
+        if any((v.id, v.uuid) == key for v in self.voters):
+            return self
+        joined = next((o for o in self.observers if (o.id, o.uuid) == key), Replica(replica_id, uuid))
+        return replace(
+            self,
+            voters=(*self.voters, joined),
+            observers=tuple(o for o in self.observers if (o.id, o.uuid) != key),
+        )
 
     def has_live_majority(self, now_ms: int, window_ms: int) -> bool:
         return self.leader_id >= 0 and len(self.live_voters(now_ms, window_ms)) >= majority(len(self.voters))

@@ -79,6 +79,9 @@ class KubeEnv:
     kubeconfig: Path
     bin_dir: Path
     workdir: Path
+    # The API server's audit log (JSON lines, Metadata level): who asked for what, to count the
+    # operator's requests by verb and path (test_operator_cost.py).
+    audit_log: Path | None = None
 
     def _ssl(self) -> ssl.SSLContext:
         # The API server's serving certificate is self-signed (generated into --cert-dir);
@@ -273,6 +276,12 @@ def kube() -> Iterator[KubeEnv]:
     (certs / "tokens.csv").write_text(f'{token},kk-admin,kk-admin,"system:masters"\n')
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     etcd_log, api_log = workdir / "etcd.log", workdir / "apiserver.log"
+    audit_log, audit_policy = workdir / "audit.jsonl", workdir / "audit-policy.yaml"
+    # Metadata only (no bodies), and not the API server's own loopback client.
+    audit_policy.write_text(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n"
+        "- level: None\n  users: [system:apiserver]\n- level: Metadata\n"
+    )
     etcd_proc = subprocess.Popen(
         [str(etcd), "--data-dir", str(workdir / "etcd"), "--name", "kk",
          "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -299,13 +308,16 @@ def kube() -> Iterator[KubeEnv]:
          "--disable-admission-plugins=ServiceAccount",
          # One user, one client: API priority and fairness only adds background work here.
          "--enable-priority-and-fairness=false",
-         "--profiling=false"],
+         "--profiling=false",
+         f"--audit-policy-file={audit_policy}", f"--audit-log-path={audit_log}",
+         "--audit-log-format=json", "--audit-log-maxsize=0"],
         stdout=api_log.open("wb"), stderr=subprocess.STDOUT,
     )
     base_url = f"https://127.0.0.1:{api_port}"
     kubeconfig = workdir / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(_kubeconfig(base_url, "kk-admin", token)))
-    env = KubeEnv(base_url=base_url, token=token, kubeconfig=kubeconfig, bin_dir=cache_bin(), workdir=workdir)
+    env = KubeEnv(base_url=base_url, token=token, kubeconfig=kubeconfig, bin_dir=cache_bin(), workdir=workdir,
+                  audit_log=audit_log)
     try:
         if etcd_proc.poll() is not None:
             raise RuntimeError(f"etcd exited at once:\n{_tail(etcd_log)}")

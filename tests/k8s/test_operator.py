@@ -41,13 +41,13 @@ KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
 class Operator:
     """``kraftkeeper operator run`` in a subprocess, watching one namespace."""
 
-    def __init__(self, kube: KubeEnv, ns: str, log: Path, overrides: str = "") -> None:
+    def __init__(self, kube: KubeEnv, ns: str, log: Path, overrides: str = "", interval: float = 0.5) -> None:
         self.metrics_port = free_port()
         env = kube.env()
         env.update(
             KRAFTKEEPER_METRICS_PORT=str(self.metrics_port),
             KRAFTKEEPER_METRICS_HOST="127.0.0.1",
-            KRAFTKEEPER_RECONCILE_INTERVAL="0.5",
+            KRAFTKEEPER_RECONCILE_INTERVAL=str(interval),
             KRAFTKEEPER_QUORUM_TIMEOUT="2",
             KRAFTKEEPER_ENDPOINT_OVERRIDES=overrides,
             KRAFTKEEPER_DEFAULT_IMAGE="kraftkeeper:test",
@@ -392,6 +392,26 @@ def test_status_with_a_voter_whose_uuid_is_not_known_yet_is_written(
 
 @pytest.mark.slow
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+def status_versions(kube: KubeEnv, ns: str, name: str, resource_version: str) -> list[dict[str, Any]]:
+    """Every version of one KRaftQuorum's status written since ``resource_version`` (every write,
+    not whatever a poll happened to see): a watch from that version replays them, and the server
+    ends it after a second."""
+    params = {
+        "watch": "true",
+        "fieldSelector": f"metadata.name={name}",
+        "resourceVersion": resource_version,
+        "timeoutSeconds": "1",
+    }
+    st, body = kube.request("GET", KQ.format(ns=ns), params=params)
+    assert st == 200, body
+    if isinstance(body, str):  # several events: one JSON object a line
+        events = [json.loads(line) for line in body.splitlines() if line.strip()]
+    else:
+        events = [body] if body else []
+    assert all(e.get("type") != "ERROR" for e in events), events  # 410: the versions are gone
+    return [(e["object"].get("status") or {}) for e in events if e.get("type") in ("ADDED", "MODIFIED")]
+
+
 def test_disk_replacement_is_recovered_without_a_human(
     kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
 ) -> None:
@@ -450,6 +470,9 @@ def test_disk_replacement_is_recovered_without_a_human(
         assert out.returncode == 0, out.stderr
         assert load_meta(tmp_path / "fresh-pvc").initial_bootstrap is False
 
+        obj = get(kube, KQ.format(ns=ns) + "/q")
+        assert obj is not None
+        since = obj["metadata"]["resourceVersion"]
         out = kk("cluster", "replace-disk", "--dir", str(tmp_path / "nodes"), "--node", "3")
         assert out.returncode == 0, out.stderr
         new = out.stdout.strip().splitlines()[-1]
@@ -462,6 +485,17 @@ def test_disk_replacement_is_recovered_without_a_human(
             return s if recs and (3, new) in keys and (3, old) not in keys else None
 
         s = kube.wait_for("recovery Succeeded in status", done, timeout=180)
+        # Every status ever written with the Succeeded record shows the new voter set, also the
+        # one written right after RemoveVoter committed (issue 11: it showed the old voter).
+        written = [
+            v
+            for v in status_versions(kube, ns, "q", since)
+            if any(r.get("result") == "Succeeded" for r in v.get("recoveries") or [])
+        ]
+        assert written, "the watch saw no status with the Succeeded record"
+        for v in written:
+            keys = {(x["id"], x.get("uuid")) for x in v.get("voters") or []}
+            assert (3, new) in keys and (3, old) not in keys, v
         rec = next(r for r in s["recoveries"] if r["result"] == "Succeeded")
         assert rec["oldUuid"] == old and rec["newUuid"] == new and rec["replicaId"] == 3
         assert {"catchUp", "addVoter", "removeVoter"} <= set(rec["phaseSeconds"])

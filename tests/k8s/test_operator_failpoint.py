@@ -14,19 +14,11 @@ from kraftkeeper_operator import failpoints
 
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.test_operator import KQ, PLAINTEXT, Operator, create, get, kq
+from tests.operator.helpers import FULL
 from tests.operator.operator_nodes import LocalCluster, engine_missing, kk
 
 pytestmark = pytest.mark.k8s
 
-FULL = [
-    "disk_replacement_detected",
-    "replica_caught_up",
-    "add_voter_started",
-    "add_voter_committed",
-    "remove_voter_started",
-    "remove_voter_committed",
-    "recovery_completed",
-]
 
 
 def _log(d: Path) -> list[dict[str, Any]]:
@@ -100,13 +92,12 @@ def test_operator_stopped_after_add_voter_committed_resumes_with_remove_voter(
             ]
 
         kube.wait_for("RecoveryCompleted Event", lambda: k8s_events("RecoveryCompleted"), timeout=30)
-        for reason in ("RemoveVoterStarted", "RemoveVoterCommitted"):
+        # Each step's Event exactly once: the operator posts a step's Event itself before the next
+        # step and before the failpoint (issue 11: through kopf's queue, AddVoterCommitted was
+        # lost when the process stopped there), and the restarted one does not post it again.
+        for reason in ("AddVoterStarted", "AddVoterCommitted", "RemoveVoterStarted", "RemoveVoterCommitted"):
             got = k8s_events(reason)
             assert len(got) == 1 and int(got[0].get("count") or 1) == 1, (reason, got)
-        # kopf posts Events from a queue, after the handler's step: the process stopped at the
-        # failpoint before it sent AddVoterCommitted, and the restarted one does not post it again
-        # (the event log has it). Never twice.
-        assert sum(int(e.get("count") or 1) for e in k8s_events("AddVoterCommitted")) <= 1
         assert op.proc.poll() is None, op.tail()
     finally:
         op.stop()

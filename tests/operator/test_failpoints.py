@@ -22,17 +22,9 @@ from kraftkeeper_operator.local import local_main
 from kraftkeeper_operator.recovery import Phase, Recovery, RecoveryPolicy
 from kraftkeeper_operator.telemetry import EventLogSink, FanOut, MemorySink
 
+from tests.operator.helpers import FULL, Clock, OperatorCrash
 from tests.operator.operator_nodes import LocalCluster, engine_missing, poll
 
-FULL = [
-    "disk_replacement_detected",
-    "replica_caught_up",
-    "add_voter_started",
-    "add_voter_committed",
-    "remove_voter_started",
-    "remove_voter_committed",
-    "recovery_completed",
-]
 POLICY = RecoveryPolicy(stabilization_seconds=2, max_lag=10, timeout_seconds=300, live_window_seconds=3)
 
 
@@ -142,23 +134,8 @@ def test_hang_action_blocks_until_killed() -> None:
 # Restart between the committed event and the progress persist (in-process, log on disk)
 
 
-class _Crash(BaseException):
-    """The operator process dies here (nothing in the operator catches a BaseException)."""
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ms(self) -> int:
-        return int(self.t * 1000)
-
-
 async def test_crash_after_the_committed_event_before_persist_logs_each_step_once(tmp_path: Path) -> None:
-    clock = _Clock()
+    clock = Clock()
     q = InMemoryQuorum(3, clock.ms)
     saved: list[dict[str, Any]] = []
     crash = {"armed": True}
@@ -170,7 +147,7 @@ async def test_crash_after_the_committed_event_before_persist_logs_each_step_onc
             # The process dies when it is about to persist the commit it has just logged.
             if crash["armed"] and any(r["addCommittedMs"] is not None for r in recs):
                 crash["armed"] = False
-                raise _Crash()
+                raise OperatorCrash()
             saved[:] = recs
 
         return RecoveryController(
@@ -181,7 +158,7 @@ async def test_crash_after_the_committed_event_before_persist_logs_each_step_onc
     ctl = controller([], first)
     old = q.current(3).uuid
     new = q.replace_disk(3, lag=0)
-    with pytest.raises(_Crash):
+    with pytest.raises(OperatorCrash):
         for _ in range(100):
             clock.t += 1
             q.tick()
@@ -206,7 +183,7 @@ async def test_crash_after_the_committed_event_before_persist_logs_each_step_onc
 
 
 async def test_an_unreadable_event_log_line_does_not_stop_the_resume(tmp_path: Path) -> None:
-    clock = _Clock()
+    clock = Clock()
     q = InMemoryQuorum(3, clock.ms)
     sink = EventLogSink(tmp_path / "events", "t")
     old = q.current(3).uuid

@@ -14,6 +14,7 @@ from kraftkeeper_operator.local import local_main, replace_disk_main
 from kraftkeeper_operator.localcluster import ClusterLayout
 
 from quorum.storage.meta import load_meta
+from tests.operator.helpers import FULL
 from tests.operator.operator_nodes import (
     STALE_NODE_CONFIG,
     LocalCluster,
@@ -21,16 +22,6 @@ from tests.operator.operator_nodes import (
     make_stale_longer_log,
     poll,
 )
-
-FULL = [
-    "disk_replacement_detected",
-    "replica_caught_up",
-    "add_voter_started",
-    "add_voter_committed",
-    "remove_voter_started",
-    "remove_voter_committed",
-    "recovery_completed",
-]
 
 
 def read_events(d: Path) -> list[dict[str, object]]:

@@ -12,6 +12,8 @@ from kraftkeeper_operator.podhealth import CrashLoops, pod_trouble, replica_of
 from kraftkeeper_operator.recovery import RecoveryPolicy
 from kraftkeeper_operator.telemetry import MemorySink
 
+from tests.operator.helpers import Clock
+
 WRONG_CLUSTER = (
     "INVALID_REQUEST: /var/lib/kraftkeeper/data is formatted for cluster 7Hq2 but this pod belongs "
     "to cluster a1b2; refusing to touch it"
@@ -86,17 +88,6 @@ def test_one_episode_until_ready_or_gone() -> None:
     loops.update([pod("kk-2", "u2", crash=True)])
     started, ended = loops.update([pod("kk-2", "u3", crash=True)])
     assert [t.uid for t in started] == ["u3"] and [t.uid for t in ended] == ["u2"]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ms(self) -> int:
-        return int(self.t * 1000)
 
 
 async def test_a_crash_looping_replica_is_never_taken_as_a_disk_replacement() -> None:

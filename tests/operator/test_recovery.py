@@ -23,34 +23,9 @@ from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
 from prometheus_client import generate_latest
 
 from quorum.types import ErrorCode
-
-FULL = [
-    "disk_replacement_detected",
-    "replica_caught_up",
-    "add_voter_started",
-    "add_voter_committed",
-    "remove_voter_started",
-    "remove_voter_committed",
-    "recovery_completed",
-]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ms(self) -> int:
-        return int(self.t * 1000)
-
+from tests.operator.helpers import FULL, Clock, OperatorCrash
 
 POLICY = RecoveryPolicy(stabilization_seconds=10, max_lag=10, timeout_seconds=300, live_window_seconds=3)
-
-
-class OperatorCrash(BaseException):
-    """Raised where the operator process dies (nothing in the operator may catch it)."""
 
 
 class Rig:

@@ -29,6 +29,7 @@ from kraftkeeper_operator.unclean import (
 from prometheus_client import generate_latest
 
 from quorum.storage.meta import load_meta
+from tests.operator.helpers import Clock
 from tests.operator.operator_nodes import engine_missing, run_format_container
 
 OWNER = {"apiVersion": "kraftkeeper.io/v1alpha1", "kind": "KRaftQuorum", "name": "q", "uid": "u-1"}
@@ -56,17 +57,6 @@ def test_survivor_is_the_answering_former_voter_a_raft_election_would_prefer() -
     got = pick_survivor([(1, "old"), (1, "new"), (2, "u2")], [probe(0, 1, 7)])
     assert got is not None and got[1] == ("old", "new")
     assert pick_survivor([], [probe(0, 1, 7)]) is None
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ms(self) -> int:
-        return int(self.t * 1000)
 
 
 class Rig:
