@@ -24,18 +24,21 @@ and a replica's high watermark is always an offset some leader committed (the le
 at the local end; at start the applied offset or the snapshot's). Why a claim about committed,
 not yet durable records is harmless: the leader counts a replica's claim ``c`` only toward a
 candidate high watermark ``x <= c`` (``LeaderState.majority_end``), and moves its high watermark
-only to an ``x`` above both its current one and its epoch start offset (``update_leader_hw``).
+only to an ``x`` above both its current one and its epoch start offset (``update_leader_hw``;
+KIP-595 Fetch handling, leader step 4: only once an entry of its own epoch is on a majority).
 If the claim names the leader's own committed offsets, ``x <= c <= hw`` moves nothing; if it
 names offsets committed under an earlier leader, the current leader holds them (KIP-595 leader
 completeness), so ``c <= epoch start offset < x``. So every majority that moves a high
 watermark consists of durable claims, in any voter set, also one that has just added this
-replica (KIP-853: a voter set takes effect when appended, and the new set's high watermark is
-counted the same way). A power cut loses the non-durable records; the replica then fetches
-from its real end, and those records stay durable on the majority that committed them. Near
-the tail (offset above the known high watermark) the strict rule stands: the next Fetch waits
-for the fsync. Memory stays bounded: the next Fetch leaves only once every fetched batch has
-been handed to the driver (``ready`` sends it in the same Ready as the append, before that
-Ready's fsync), so one response travels while the previous one is fsynced.
+replica (KIP-853, as KIP-642 says: replicas act on a voter set as soon as it is appended, and
+the new set's high watermark is counted the same way). A power cut loses the non-durable
+records; the replica then fetches from its real end, and those records stay durable on the
+majority that committed them. Near the tail (offset above the known high watermark) the strict
+rule stands: the next Fetch waits for the fsync. Memory stays bounded: the next Fetch leaves
+only once every fetched batch has been handed to the driver (``ready`` sends it in the same
+Ready as the append, before that Ready's write and fsync), so one response travels while the
+previous one is written and fsynced. The simulation checks every such claim against what was
+really committed, with power cuts (tests/sim, ``test_pipelined_catchup_power_loss``).
 """
 
 from __future__ import annotations
