@@ -24,13 +24,16 @@ each sending a 4 MiB body took the leader to 720 MiB. These rules fix that:
   :class:`LoopWatch` measures the loop's lag (``/metrics``) and logs each stall with what the
   process did meanwhile.
 
-The handshake of a TLS connection is bounded separately (``ssl_handshake_timeout``).
+TLS handshakes are bounded in time (``handshake_timeout_s``) and in number at once
+(``max_handshakes``): :class:`GuardedProtocol` starts TLS itself once a slot is free, so a burst
+of new connections (about 1 ms of CPU per handshake) is spread over many loop turns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -66,6 +69,7 @@ class Limits:
     idle_timeout_s: float = 120.0  # a keep-alive connection with no request at all
     body_budget: int = 64 * 1024 * 1024
     handshake_timeout_s: float = 10.0
+    max_handshakes: int = 16  # TLS handshakes run at once; later connections wait their turn
     linger_s: float = 2.0  # draining a refused body before closing (aiohttp lingering_time)
     small_body: int = 64 * 1024
     small_reserve: int = 8 * 1024 * 1024
@@ -74,9 +78,12 @@ class Limits:
     # live state
     guards: dict[object, GuardedProtocol] = field(default_factory=dict)  # transport -> guard
     turns: ReadTurns = field(init=False)
+    handshake_slots: asyncio.Semaphore = field(init=False)
+    handshaking: dict[GuardedProtocol, None] = field(default_factory=dict)  # oldest first
     buffered: int = 0
     refused_connections: int = 0
     refused_bodies: int = 0
+    queued_handshakes: int = 0
     read_bytes: int = 0  # bytes handed to the HTTP protocol (after TLS), for LoopWatch
     read_calls: int = 0
     loop_stalls: int = 0
@@ -86,13 +93,15 @@ class Limits:
 
     def __post_init__(self) -> None:
         self.turns = ReadTurns(self.turn_quota)
+        self.handshake_slots = asyncio.Semaphore(self.max_handshakes)
 
     def stats(self) -> dict[str, int]:
         return {
-            "connections": len(self.guards),
+            "connections": len(self.guards) + len(self.handshaking),
             "buffered_body_bytes": self.buffered,
             "refused_connections": self.refused_connections,
             "refused_bodies": self.refused_bodies,
+            "queued_handshakes": self.queued_handshakes,
             "loop_stalls": self.loop_stalls,
             "loop_lag_max_ms": self.loop_lag_max_ms,
             "loop_busy_max_ms": self.loop_busy_max_ms,
@@ -106,6 +115,7 @@ _METRICS = {
     "buffered_body_bytes": ("gauge", "Request body bytes reserved from the body budget right now"),
     "refused_connections": ("counter", "Connections refused or evicted at the connection cap"),
     "refused_bodies": ("counter", "Requests answered 503 because their body did not fit the budget"),
+    "queued_handshakes": ("counter", "TLS handshakes that waited for one of max_handshakes slots"),
     "loop_stalls": ("counter", "Times the event loop ran a timer more than 250 ms late"),
     "loop_lag_max_ms": ("gauge", "The largest event-loop lag seen since start, in milliseconds"),
     "loop_busy_max_ms": (
@@ -210,9 +220,18 @@ class GuardedProtocol(asyncio.Protocol):
     ``in_request`` and ``bulk`` are set by :func:`connection_middleware` when a request
     starts."""
 
-    def __init__(self, inner: asyncio.Protocol, limits: Limits) -> None:
+    def __init__(self, inner: asyncio.Protocol, limits: Limits, tls: ssl.SSLContext | None = None) -> None:
         self.inner = inner
         self.limits = limits
+        self.tls = tls
+        self._raw: asyncio.Transport | None = None  # the TCP connection under a TLS one
+        self._handshake_task: asyncio.Task[None] | None = None
+        # what the TLS layer delivers between the end of the handshake and _admit (the client's
+        # first request can arrive with its last handshake message)
+        self._early: list[bytes] = []
+        self._raw_early: list[bytes] = []
+        self._tls_started = False
+        self._lost = False
         self.transport: FlowTransport | None = None
         self.in_request = False
         # the current (or last, while aiohttp drains a refused body) request's body is large;
@@ -230,9 +249,10 @@ class GuardedProtocol(asyncio.Protocol):
 
     def _expire(self, why: str) -> None:
         self._timer = None
-        if not self.in_request and self.transport is not None:
+        t = self.transport if self.transport is not None else self._raw
+        if not self.in_request and t is not None:
             log.info("closing a connection: %s", why)
-            self.transport.abort()
+            t.abort()
 
     def request_started(self, bulk: bool = False) -> None:
         self.in_request = True
@@ -249,8 +269,69 @@ class GuardedProtocol(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         lim = self.limits
-        flow = self.transport = FlowTransport(transport)  # type: ignore[arg-type]
-        if len(lim.guards) >= lim.max_connections and not self._evict_one():
+        if self.tls is None or self._raw is not None:
+            self._admit(transport)  # type: ignore[arg-type]
+            return
+        # TLS: the connection counts against the cap from its first byte, and its handshake
+        # (about 1 ms of CPU) waits for one of ``max_handshakes`` slots, so a burst of new
+        # connections is spread over many loop turns instead of one.
+        self._raw = transport  # type: ignore[assignment]
+        if len(lim.guards) + len(lim.handshaking) >= lim.max_connections and not self._evict_one():
+            lim.refused_connections += 1
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        transport.pause_reading()  # type: ignore[attr-defined]
+        lim.handshaking[self] = None
+        self._arm(lim.handshake_timeout_s, f"no TLS handshake within {lim.handshake_timeout_s:.0f}s")
+        self._handshake_task = asyncio.get_running_loop().create_task(self._handshake())
+
+    async def _handshake(self) -> None:
+        lim, raw, ctx = self.limits, self._raw, self.tls
+        assert raw is not None and ctx is not None
+        loop = asyncio.get_running_loop()
+        tls: asyncio.Transport | None = None
+        try:
+            if lim.handshake_slots.locked():
+                lim.queued_handshakes += 1
+            async with lim.handshake_slots:
+                if raw.is_closing():
+                    return
+                started = asyncio.ensure_future(
+                    loop.start_tls(
+                        raw, self, ctx, server_side=True, ssl_handshake_timeout=lim.handshake_timeout_s
+                    )
+                )
+                # start_tls swaps the connection's protocol for its TLS layer and schedules that
+                # layer's connection_made; what uvloop read before (it starts reading after
+                # connection_made, whatever the protocol asked) is handed to the layer after it.
+                await asyncio.sleep(0)
+                loop.call_soon(self._replay_raw, raw)
+                tls = await started
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as e:
+            log.debug("TLS handshake failed: %r", e)
+        finally:
+            lim.handshaking.pop(self, None)
+        if tls is None or self._lost:  # (closed right after its handshake)
+            raw.abort()
+            return
+        self._admit(tls)
+
+    def _replay_raw(self, raw: asyncio.Transport) -> None:
+        """Feed the bytes read before the TLS layer existed to it (a ``BufferedProtocol``)."""
+        pending, self._raw_early = b"".join(self._raw_early), []
+        self._tls_started = True
+        proto = raw.get_protocol()
+        while pending and not raw.is_closing() and hasattr(proto, "buffer_updated"):
+            buf = memoryview(proto.get_buffer(len(pending)))  # type: ignore[attr-defined]
+            n = min(len(buf), len(pending))
+            buf[:n] = pending[:n]
+            proto.buffer_updated(n)
+            pending = pending[n:]
+
+    def _admit(self, transport: asyncio.Transport) -> None:
+        lim = self.limits
+        flow = self.transport = FlowTransport(transport)
+        if self._raw is None and len(lim.guards) >= lim.max_connections and not self._evict_one():
             lim.refused_connections += 1
             flow.abort()
             return
@@ -259,6 +340,9 @@ class GuardedProtocol(asyncio.Protocol):
         self.inner.connection_made(flow)
         self._arm(lim.head_timeout_s, f"no request head within {lim.head_timeout_s:.0f}s")
         self._waiting_head = True
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
 
     def _evict_one(self) -> bool:
         for guard in self.limits.guards.values():  # insertion order: oldest first
@@ -271,6 +355,12 @@ class GuardedProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
+            if self._raw is not None and self.transport is None:
+                if self._tls_started:
+                    self._early.append(data)  # decrypted, before _admit
+                else:  # raw TLS bytes before the handshake's turn: kept for _replay_raw
+                    self._raw_early.append(data)
+                    self._raw.pause_reading()
             return
         self.limits.read_bytes += len(data)
         self.limits.read_calls += 1
@@ -288,6 +378,8 @@ class GuardedProtocol(asyncio.Protocol):
         return self.inner.eof_received() if self._admitted else None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.limits.handshaking.pop(self, None)
+        self._lost = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -279,8 +279,8 @@ def build_app(
 
 
 class _GuardedSite(web.TCPSite):
-    """A TCP site whose connections go through :class:`GuardedProtocol` (the connection cap
-    and the head and idle deadlines) and whose TLS handshakes are bounded."""
+    """A TCP site whose connections go through :class:`GuardedProtocol` (the connection cap,
+    the head and idle deadlines, and TLS handshakes bounded in time and in number at once)."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, **kw: Any) -> None:
         super().__init__(runner, host, port, **kw)
@@ -291,14 +291,13 @@ class _GuardedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         lim = self._limits
+        # TLS is started by GuardedProtocol itself, so that handshakes can wait for a slot
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: GuardedProtocol(server(), lim),
+            lambda: GuardedProtocol(server(), lim, self._ssl_context),
             self._host,
             self._port,
-            ssl=self._ssl_context,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
-            ssl_handshake_timeout=lim.handshake_timeout_s if self._ssl_context is not None else None,
         )
 
 

@@ -25,6 +25,11 @@ from quorum.runtime import wire
 from quorum.types import ErrorCode, OffsetAndEpoch
 from tests.engine.cluster import free_ports, poll
 
+# The node's own (KRaft's) election and fetch timeouts for the hostile clusters, not the shorter
+# ones of the other process tests: the attacks, the 4 MiB flood above all, load the 2-core test
+# machine while the leader must keep its leadership.
+NODE_DEFAULT_TIMEOUTS = {"raft": {"election_timeout_ms": 1000, "fetch_timeout_ms": 2000}}
+
 
 def request(
     endpoint: str,

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import uvloop
 
 from quorum.runtime import observe
 from quorum.runtime.limits import Limits
 from quorum.runtime.server import build_app, start_server
+from quorum.security.tlsctx import client_context, server_context
 from tests.engine.cluster import free_ports
+from tests.tlsfixtures import make_tls_dir
 
 
 class StubNode:
@@ -189,3 +193,38 @@ def test_large_bodies_share_loop_turns_and_all_complete() -> None:
             await runner.cleanup()
 
     asyncio.run(go())
+
+
+def test_tls_handshakes_wait_for_a_slot_and_all_complete(tmp_path: Path) -> None:
+    """With two handshake slots, 24 TLS connections opened at once are admitted a few at a time
+    (their handshakes queue) and every one is answered; under uvloop too, which reads a new
+    connection's first bytes (the ClientHello) before its handshake's turn comes."""
+    tls = make_tls_dir(tmp_path, nodes=(1,))
+
+    async def go() -> None:
+        limits = Limits(max_handshakes=2)
+        app = build_app(StubNode(), max_body=1024 * 1024, limits=limits)  # type: ignore[arg-type]
+        ep = f"127.0.0.1:{free_ports(1)[0]}"
+        runner = await start_server(
+            app, ep, server_context(tls / "ca.crt", tls / "node-1.crt", tls / "node-1.key")
+        )
+        host, _, port = ep.rpartition(":")
+        ctx = client_context(tls / "ca.crt")
+        try:
+
+            async def probe() -> bytes:
+                r, w = await asyncio.open_connection(host, int(port), ssl=ctx, server_hostname=host)
+                w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                status = await r.readline()
+                w.close()
+                return status
+
+            statuses = await asyncio.gather(*(probe() for _ in range(24)))
+            assert all(b" 200 " in st for st in statuses), statuses
+            assert limits.queued_handshakes > 0, "no handshake ever waited: the slots did not apply"
+            assert not limits.handshaking
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
+    uvloop.run(go())

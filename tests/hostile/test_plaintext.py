@@ -25,6 +25,7 @@ from quorum.runtime import wire
 from quorum.types import KraftError
 from tests.engine.cluster import LocalCluster, free_ports, poll, run_cli
 from tests.hostile.fakes import (
+    NODE_DEFAULT_TIMEOUTS,
     FakeLeader,
     Prober,
     assert_intact,
@@ -48,7 +49,7 @@ KEYS = {f"committed-{i}": f"value-{i}".encode() for i in range(5)}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path_factory.mktemp("plain"), 3, cluster_id=CLUSTER).up()
+    c = LocalCluster(tmp_path_factory.mktemp("plain"), 3, NODE_DEFAULT_TIMEOUTS, cluster_id=CLUSTER).up()
     try:
         c.leader(60)
         for k, v in KEYS.items():

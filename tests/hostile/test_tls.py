@@ -27,6 +27,7 @@ from quorum.security.pki import peer_hostname
 from quorum.security.tlsctx import client_context
 from tests.engine.cluster import poll
 from tests.hostile.fakes import (
+    NODE_DEFAULT_TIMEOUTS,
     FakeLeader,
     Prober,
     assert_intact,
@@ -55,7 +56,13 @@ def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, tls_dir: Path) -> Iterator[TlsCluster]:
-    c = TlsCluster(tmp_path_factory.mktemp("nodes"), tls_dir).up()
+    c = TlsCluster(tmp_path_factory.mktemp("nodes"), tls_dir)
+    assert c.config_path is not None
+    # the node's own (KRaft's) election and fetch timeouts, as in the plaintext half
+    cfg = json.loads(c.config_path.read_text())
+    cfg["raft"].update(NODE_DEFAULT_TIMEOUTS["raft"])
+    c.config_path.write_text(json.dumps(cfg))
+    c.up()
     try:
         c.state(60)
         for k, v in KEYS.items():
