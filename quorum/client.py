@@ -12,10 +12,10 @@ taken effect and is returned to the caller, never retried silently. With ``refus
 ``UNAVAILABLE`` at once instead of after ``timeout``: nothing listens there. 401 / 403 and TLS
 certificate failures are final too (retrying cannot fix a credential).
 
-Per-address connect share: one address that does not resolve or never completes a TCP handshake
-(a pod being rescheduled: its old IP drops the SYN) may hold a connect for at most ``timeout /
-addresses`` (never less than :data:`MIN_CONNECT_S`), then the next address is tried; an address
-whose connect timed out is tried after the others until it answers again. So a status describe still answers
+Per-address connect share: one address that never completes a TCP handshake (a pod being
+rescheduled: its old IP drops the SYN) may hold a connect for at most ``timeout / addresses``
+(never less than :data:`MIN_CONNECT_S`), then the next address is tried; an address whose connect
+timed out is tried after the others until it answers again. So a status describe still answers
 from a live node within the caller's timeout while one pod restarts (issue 11). Only the connect
 is shared: a request a node has accepted (a voter change waiting for its commit) keeps the whole
 remaining time.
@@ -143,6 +143,7 @@ class QuorumClient:
         deadline = time.monotonic() + self.timeout
         last: KraftError | None = None
         unreachable: dict[str, str] = {}  # address -> its last transport error
+        answered = False  # some node answered (an HTTP status): not a connectivity failure
         tried_hint = 0
         refused_since: float | None = None
         while True:
@@ -170,6 +171,7 @@ class QuorumClient:
                         self._leader = None
                     continue
                 unreachable.pop(ep, None)
+                answered = True
                 if status in ok or (allow_404 and status == 404):
                     if leader_only:
                         self._leader = ep
@@ -208,17 +210,14 @@ class QuorumClient:
                 continue
             if time.monotonic() >= deadline:
                 break
-        if unreachable.keys() >= set(self.bootstrap):
-            # Every address failed to connect: name them all with each one's error, in bootstrap
-            # order, and keep the errors apart in ``extra["errors"]``: the operator's status says
-            # only which addresses (how each failed, and which one the deadline fell on, change
-            # from pass to pass, and a status that changes is a write).
-            each = "; ".join(f"{ep}: {unreachable[ep]}" for ep in self.bootstrap)
-            raise KraftError(
-                ErrorCode.UNAVAILABLE,
-                f"cannot reach any address ({each})",
-                errors={ep: unreachable[ep] for ep in self.bootstrap},
-            )
+        if unreachable and not answered:
+            # No node answered: name every address with its error (or that the deadline came
+            # first), in bootstrap order, and keep the errors apart in ``extra["errors"]``: the
+            # operator's status says only which addresses (how each failed, and which one the
+            # deadline fell on, change from pass to pass, and a status that changes is a write).
+            errors = {ep: unreachable.get(ep, "not tried before the deadline") for ep in self.bootstrap}
+            each = "; ".join(f"{ep}: {why}" for ep, why in errors.items())
+            raise KraftError(ErrorCode.UNAVAILABLE, f"cannot reach any address ({each})", errors=errors)
         raise last or KraftError(ErrorCode.REQUEST_TIMED_OUT, f"no answer from {', '.join(self.bootstrap)}")
 
     def _candidates(self) -> list[str]:
@@ -248,9 +247,11 @@ class QuorumClient:
                 self.url(ep, path),
                 data=data,
                 headers=headers,
-                # connect: name resolution, TCP and TLS handshakes (an address that does not
-                # resolve in time is as unreachable as one that drops the SYN).
-                timeout=aiohttp.ClientTimeout(total=remaining, connect=min(remaining, connect or remaining)),
+                # sock_connect: the TCP handshake only; a TLS handshake on a loaded machine may
+                # take longer than a share and must not make a live node look unreachable.
+                timeout=aiohttp.ClientTimeout(
+                    total=remaining, sock_connect=min(remaining, connect or remaining)
+                ),
             ) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ClientConnectorCertificateError as e:
