@@ -195,33 +195,16 @@ def test_operator_heals_kafka_controller_disk(
     ):
         st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", obj)
         assert st == 201, body
-    # What the schema cannot see is reported in status (and as a Warning Event), never a crash.
-    bad: list[tuple[dict[str, Any], str, str, str]] = [
-        (kq("bad-port", bootstrapControllers=["127.0.0.1:70000"]), "Failed", "InvalidSpec", "70000"),
-        (
-            kq("bad-config", bootstrapControllers=boot, clientSecretRef={"name": "kafka-broken"}),
-            "Failed",
-            "InvalidClientConfig",
-            "security.protocol",
-        ),
-        (
-            kq("no-secret", bootstrapControllers=boot, clientSecretRef={"name": "absent"}),
-            "Pending",
-            "ClientSecretMissing",
-            "absent",
-        ),
-    ]
     events = tmp_path / "events"
     good = kq(
         "kq", bootstrapControllers=boot, clientSecretRef={"name": "kafka-client"}, stabilizationSeconds=0
     )
     good["spec"]["eventLog"] = {"path": str(events)}
-    for obj in [o for o, *_ in bad] + [good]:
-        st, body = kube.request("POST", KQ.format(ns=ns), obj)
-        assert st == 201, body
+    st, body = kube.request("POST", KQ.format(ns=ns), good)
+    assert st == 201, body
 
-    def whole() -> dict[str, Any] | None:
-        s = status_of(kube, ns, "kq")
+    def whole(name: str = "kq") -> dict[str, Any] | None:
+        s = status_of(kube, ns, name)
         voters = {(v["id"], v.get("uuid")) for v in s.get("voters") or []}
         want = {(i, uuid_of(k, i)) for i in k.controllers}
         ok = (
@@ -243,6 +226,40 @@ def test_operator_heals_kafka_controller_disk(
     )
     assert {c["id"] for c in s["kafka"]["controllers"]} == set(k.controllers)
 
+    # What the schema cannot see is reported in status (and as a Warning Event), never a crash.
+    # Created after kq (seconds later: creationTimestamp has whole seconds), so kq owns the quorum.
+    bad: list[tuple[dict[str, Any], str, str, str]] = [
+        (kq("bad-port", bootstrapControllers=["127.0.0.1:70000"]), "Failed", "InvalidSpec", "70000"),
+        (
+            kq("bad-config", bootstrapControllers=boot, clientSecretRef={"name": "kafka-broken"}),
+            "Failed",
+            "InvalidClientConfig",
+            "security.protocol",
+        ),
+        (
+            # The same controllers by another name: the ownership rule must still see one quorum.
+            kq(
+                "no-secret",
+                bootstrapControllers=[e.replace("127.0.0.1", "localhost") for e in boot[1:]],
+                clientSecretRef={"name": "absent"},
+                stabilizationSeconds=0,
+            ),
+            "Pending",
+            "ClientSecretMissing",
+            "absent",
+        ),
+    ]
+    late_events = tmp_path / "late-events"
+    bad[2][0]["spec"]["eventLog"] = {"path": str(late_events)}
+    for obj in [o for o, *_ in bad]:
+        st, body = kube.request("POST", KQ.format(ns=ns), obj)
+        assert st == 201, body
+    created = {
+        n: kube.request("GET", KQ.format(ns=ns) + "/" + n)[1]["metadata"]["creationTimestamp"]
+        for n in ("kq", "no-secret")
+    }
+    assert created["kq"] < created["no-secret"], created
+
     for obj, phase, reason, needle in bad:
         name = obj["metadata"]["name"]
 
@@ -261,6 +278,34 @@ def test_operator_heals_kafka_controller_disk(
             timeout=30,
         )
 
+    # A missing Secret is retried: creating it is all it takes. no-secret then sees the quorum
+    # (voters, cluster id) but kq, the older resource over the same controllers, owns it.
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", secret("absent", client))
+    assert st == 201, body
+
+    seen: list[dict[str, Any]] = []
+
+    def conflict() -> dict[str, Any] | None:
+        s = status_of(kube, ns, "no-secret")
+        seen[:] = [s]  # shown when the wait fails
+        ok = len(s.get("voters") or []) == 3 and s.get("kafka", {}).get("clusterId") == k.cluster_id
+        return s if ok and condition(s, "Degraded").get("reason") == "OwnerConflict" else None
+
+    try:
+        s = kube.wait_for("no-secret reports that kq owns the quorum", conflict, timeout=60)
+    except AssertionError:
+        print("no-secret's last status:", json.dumps(seen, indent=1))
+        raise
+    assert condition(s, "Available")["status"] == "True" and s["phase"] == "Degraded"
+    assert f"KRaftQuorum {ns}/kq," in condition(s, "Degraded")["message"]
+    assert condition(status_of(kube, ns, "kq"), "Degraded").get("status") == "False"
+    warned = kube.wait_for(
+        "a Warning Event OwnerConflict on no-secret",
+        lambda: [e for e in events_of(kube, ns, "no-secret") if e["reason"] == "OwnerConflict"],
+        timeout=30,
+    )
+    assert len(warned) == 1 and warned[0]["type"] == "Warning"
+
     # Replace a follower's disk: it comes back as an observer with a new directory id.
     leader = status_of(kube, ns, "kq")["leaderId"]
     victim = next(i for i in k.controllers if i != leader)
@@ -268,8 +313,8 @@ def test_operator_heals_kafka_controller_disk(
     new = str(base64_to_uuid(k.replace_disk(victim)))
     assert new != old
 
-    def healed() -> dict[str, Any] | None:
-        s = whole()
+    def healed(name: str = "kq", victim: int = victim, new: str = new) -> dict[str, Any] | None:
+        s = whole(name)
         recs = (s or {}).get("recoveries") or []
         done = [r for r in recs if r.get("newUuid") == new and r.get("result") == "Succeeded"]
         return s if s and done and (victim, new) in {(v["id"], v.get("uuid")) for v in s["voters"]} else None
@@ -283,17 +328,28 @@ def test_operator_heals_kafka_controller_disk(
         return got if {"RemoveVoterCommitted", "RecoveryCompleted"} <= got else None
 
     assert "Reconciled" in kube.wait_for("RecoveryCompleted Event on kq", reasons, timeout=30)
-    logged = [
-        json.loads(line)
-        for f in sorted(events.rglob("*.jsonl"))
-        for line in f.read_text().splitlines()
-        if line.strip()
-    ]
-    mine = [e for e in logged if e.get("new_uuid") == new]
+
+    def logged(where: Path) -> list[dict[str, Any]]:
+        return [
+            json.loads(line)
+            for f in sorted(where.rglob("*.jsonl"))
+            for line in f.read_text().splitlines()
+            if line.strip()
+        ]
+
+    mine = [e for e in logged(events) if e.get("new_uuid") == new]
     assert [e["type"] for e in mine][-1] == "recovery_completed"
     assert {e["cluster"] for e in mine} == {f"{ns}/kq"} and {e["old_uuid"] for e in mine} == {old}
     types = [e["type"] for e in mine]
     assert types.index("remove_voter_committed") < types.index("add_voter_started"), types
+    # The resource that does not own the quorum took no part: no event logged, no recovery, no
+    # voter-change Event, and it still names kq.
+    assert logged(late_events) == []
+    s = status_of(kube, ns, "no-secret")
+    assert not s.get("recoveries") and condition(s, "Degraded").get("reason") == "OwnerConflict", s
+    assert not {"RemoveVoterStarted", "RemoveVoterCommitted"} & {
+        str(e["reason"]) for e in events_of(kube, ns, "no-secret")
+    }
 
     # The operator ran nothing: no StatefulSet, Service, PDB or NetworkPolicy in the namespace.
     for path in (
@@ -305,18 +361,26 @@ def test_operator_heals_kafka_controller_disk(
         st, body = kube.request("GET", path)
         assert st == 200 and body["items"] == [], (path, body)
 
-    # A missing Secret is retried: creating it is all it takes (the quorum is whole by now, so
-    # the second resource watching the same controllers has nothing to repair).
-    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", secret("absent", client))
-    assert st == 201, body
-
-    def late() -> dict[str, Any] | None:
-        s = status_of(kube, ns, "no-secret")
-        ok = s.get("phase") == "Running" and len(s.get("voters") or []) == 3
-        return s if ok and s.get("kafka", {}).get("clusterId") == k.cluster_id else None
-
-    s = kube.wait_for("no-secret Running once its Secret exists", late, timeout=60)
-    assert condition(s, "Available")["status"] == "True"
+    # The owner deleted: no-secret takes over (an Info Event says so) and heals the next one.
+    st, body = kube.request("DELETE", KQ.format(ns=ns) + "/kq")
+    assert st in (200, 202), body
+    s = kube.wait_for("no-secret Running as the owner", lambda: whole("no-secret"), timeout=60)
+    assert condition(s, "Degraded").get("reason") != "OwnerConflict"
+    kube.wait_for(
+        "an OwnershipTaken Event on no-secret",
+        lambda: [e for e in events_of(kube, ns, "no-secret") if e["reason"] == "OwnershipTaken"],
+        timeout=30,
+    )
+    leader = s["leaderId"]
+    victim2 = next(i for i in k.controllers if i not in (leader, victim))
+    new2 = str(base64_to_uuid(k.replace_disk(victim2)))
+    s = kube.wait_for(
+        "the second replacement healed by no-secret",
+        lambda: healed("no-secret", victim2, new2),
+        timeout=120,
+    )
+    assert {e["cluster"] for e in logged(late_events)} == {f"{ns}/no-secret"}
+    assert "recovery_completed" in [e["type"] for e in logged(late_events) if e.get("new_uuid") == new2]
 
 
 def test_operator_restarted_between_remove_and_add_resumes(

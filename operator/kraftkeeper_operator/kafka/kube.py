@@ -54,6 +54,7 @@ from ..records import Recovery
 from ..status import status_changed
 from .backend import KafkaQuorum, parse_bootstrap
 from .clientconf import fingerprint, settings_from_secret
+from .ownership import Ownership, policy_for
 from .watchdog import stale_conditions, watched, within
 from .wire import ClientConfigError, ClientSettings
 
@@ -257,6 +258,7 @@ class KafkaDaemon:
         self.secret: Mapping[str, str] | None = None
         self.secret_read_at = -1e9
         self.problem = ""  # the last reported client-setting problem (one Warning per change)
+        self.ownership = Ownership()  # one owner per Kafka quorum (ownership.py)
 
     async def close(self) -> None:
         if self.m is not None:
@@ -326,7 +328,11 @@ class KafkaDaemon:
         if not await self._ensure_client(self.spec):
             return max(self.ctx.interval, 2.0)
         assert self.m is not None
+        # Another resource owning the same quorum: observe only, never a voter change.
+        owner = await self.ownership.decide(self.ctx, self.body, self.m.api)
+        self.m.controller.set_policy(policy_for(self.spec.policy, owner))
         st = await self.m.controller.reconcile()
+        self.ownership.report(self.body, st, owner)
         await self._write_status(st)
         return self.m.controller.wake_in(self.ctx.interval)
 

@@ -1,0 +1,252 @@
+"""One owner per Kafka controller quorum among the KRaftQuorums with ``spec.kafka`` (kube.py).
+
+Two resources whose ``spec.kafka.bootstrapControllers`` reach the same Kafka controller quorum
+would both run the recovery controller and race each other's voter changes (both sending
+RemoveRaftVoter / AddRaftVoter for one replacement). KIP-853 serialises the changes inside Kafka,
+but not the decisions: the second controller would act on a view the first one is changing.
+
+The rule, derived from the API server on every pass (so a restarted operator, or a second
+replica of it, picks the same owner without remembering anything):
+
+* two resources watch the same quorum when both know Kafka's cluster id (``status.kafka.clusterId``,
+  from DescribeCluster) and it is equal; while either does not know it, when their endpoints
+  overlap: the bootstrap list, the controllers' listeners Kafka reported (DescribeQuorum v2 Nodes,
+  ``status.kafka.controllers``), each as written and as resolved to addresses. Two different
+  cluster ids are two quorums even at the same address (a quorum rebuilt in place);
+* the owner of a quorum is the resource that was created first (``metadata.creationTimestamp``;
+  ties by namespace/name), among the resources with a parseable ``spec.kafka`` that are not being
+  deleted and have a working client (not ``Pending`` / ``Failed`` for a missing or unusable
+  Secret: such a resource cannot heal anything, and cannot even show that it points at this
+  quorum; it may also be a leftover whose quorum is gone). When its Secret is fixed it takes over
+  again, as when it was created: the controller then finds the quorum as a restarted operator
+  would. The others observe only (recovery policy disabled: no recovery is started, no voter
+  change is sent), say ``Degraded`` with reason ``OwnerConflict`` naming the owner, post one
+  Warning Event per episode, and take over on the first pass after the owner is gone.
+
+What the rule cannot see: resources the operator cannot list. It lists KRaftQuorums cluster-wide,
+or only in the resource's namespace when its RBAC refuses that (the chart's namespace-scoped
+mode); two operator processes watching different namespaces therefore do not see each other's
+resources, and both would act. docs/operator.md says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from ..manifests import GROUP, PLURAL, VERSION
+from ..policy import RecoveryPolicy
+from ..quorums import OperatorContext
+from ..status import ControllerStatus
+from .backend import KafkaQuorum, parse_bootstrap
+from .watchdog import within
+
+log = logging.getLogger("kraftkeeper.operator.kafka")
+
+REASON = "OwnerConflict"
+TAKEN_REASON = "OwnershipTaken"
+# A resource in these phases has no working Kafka client (kube.py's _report_problem).
+IDLE_PHASES = ("Pending", "Failed")
+RESOLVE_TIMEOUT_S = 2.0
+RESOLVE_TTL_S = 60.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One KRaftQuorum with ``spec.kafka`` as the ownership rule sees it."""
+
+    namespace: str
+    name: str
+    created: str  # metadata.creationTimestamp (RFC 3339, UTC: sorts as text)
+    endpoints: frozenset[str]  # "host:port" as written and as resolved
+    cluster_id: str = ""
+    deleting: bool = False
+    idle: bool = False  # no working client: status.phase Pending / Failed (Secret missing or unusable)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def order(self) -> tuple[str, str, str]:
+        return (self.created, self.namespace, self.name)
+
+
+def same_quorum(a: Claim, b: Claim) -> bool:
+    """Whether two resources reach the same Kafka controller quorum (module docstring)."""
+    if a.cluster_id and b.cluster_id:
+        return a.cluster_id == b.cluster_id
+    return bool(a.endpoints & b.endpoints)
+
+
+def owner_of(me: Claim, peers: Iterable[Claim]) -> Claim:
+    """The owner of ``me``'s quorum: the oldest live resource connected to ``me`` by
+    :func:`same_quorum` (transitively: A overlapping B overlapping C is one quorum)."""
+    others = [p for p in peers if not (p.deleting or p.idle) and p.key != me.key]
+    group, todo = [me], [me]
+    while todo:
+        cur = todo.pop()
+        for p in others:
+            if p not in group and same_quorum(cur, p):
+                group.append(p)
+                todo.append(p)
+    return min(group, key=Claim.order)
+
+
+def policy_for(policy: RecoveryPolicy, owner: Claim | None) -> RecoveryPolicy:
+    """The recovery policy of a pass: the resource's own, or recovery off (observe and report
+    only) while ``owner`` (another resource) owns the quorum."""
+    return policy if owner is None else dataclasses.replace(policy, enabled=False)
+
+
+def norm_host(host: str) -> str:
+    return host.strip("[]").rstrip(".").lower()
+
+
+def claim_endpoints(body: Mapping[str, Any]) -> set[tuple[str, int]]:
+    """The (host, port) pairs a resource names or has seen: its bootstrap list and the
+    controllers' listeners in its status; empty if the bootstrap list does not parse."""
+    kafka = (body.get("spec") or {}).get("kafka") or {}
+    boot = kafka.get("bootstrapControllers")
+    if not isinstance(boot, list) or not all(isinstance(b, str) for b in boot):
+        return set()
+    try:
+        out = {(norm_host(h), p) for h, p in parse_bootstrap(",".join(boot), "bootstrapControllers")}
+    except ValueError:
+        return set()
+    for c in ((body.get("status") or {}).get("kafka") or {}).get("controllers") or []:
+        for x in (c.get("listeners") if isinstance(c, Mapping) else None) or []:
+            if isinstance(x, Mapping) and isinstance(x.get("host"), str) and isinstance(x.get("port"), int):
+                out.add((norm_host(x["host"]), x["port"]))
+    return out
+
+
+def claim_of(body: Mapping[str, Any], resolved: Mapping[str, frozenset[str]]) -> Claim | None:
+    """A resource's :class:`Claim` (None: no usable ``spec.kafka``); ``resolved`` maps a host to
+    its addresses (missing or empty: not resolved, only the written form counts)."""
+    pairs = claim_endpoints(body)
+    if not pairs:
+        return None
+    meta = body.get("metadata") or {}
+    keys = {f"{h}:{p}" for h, p in pairs}
+    keys |= {f"{a}:{p}" for h, p in pairs for a in resolved.get(h, frozenset())}
+    return Claim(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        created=str(meta.get("creationTimestamp") or ""),
+        endpoints=frozenset(keys),
+        cluster_id=str(((body.get("status") or {}).get("kafka") or {}).get("clusterId") or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        idle=(body.get("status") or {}).get("phase") in IDLE_PHASES,
+    )
+
+
+def conflict_message(owner: Claim) -> str:
+    cid = f" (cluster id {owner.cluster_id})" if owner.cluster_id else ""
+    return (
+        f"the Kafka controller quorum{cid} is managed by KRaftQuorum {owner.key}, the oldest resource "
+        "pointing at it: this one makes no voter change and takes over when that one is deleted"
+    )
+
+
+class Ownership:
+    """The ownership state of one resource's daemon: the host resolution cache and the owner of
+    the last pass (for one Event per episode)."""
+
+    def __init__(self) -> None:
+        self.owner: str | None = None  # the owner's key of the last pass; None: none decided yet
+        self.cluster_wide = True  # False once the API refused a cluster-wide list (403)
+        self._resolved: dict[str, tuple[float, frozenset[str]]] = {}
+
+    async def _resolve(self, hosts: Iterable[str]) -> dict[str, frozenset[str]]:
+        now = time.monotonic()
+        loop = asyncio.get_running_loop()
+        for h in set(hosts):
+            hit = self._resolved.get(h)
+            if hit is not None and now - hit[0] < RESOLVE_TTL_S:
+                continue
+            try:
+                infos = await asyncio.wait_for(loop.getaddrinfo(h, None), RESOLVE_TIMEOUT_S)
+                addrs = frozenset(str(i[4][0]) for i in infos)
+            except (OSError, TimeoutError):
+                addrs = frozenset()  # unresolvable now: compared as written only
+            self._resolved[h] = (now, addrs)
+        return {h: v for h, (_, v) in self._resolved.items()}
+
+    async def _list(self, ctx: OperatorContext, ns: str) -> list[dict[str, Any]]:
+        custom = ctx.kube.custom
+        if self.cluster_wide:
+            try:
+                got = await within(
+                    "listing KRaftQuorums", custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+                )
+                return list(got.get("items") or [])
+            except ApiException as e:
+                if e.status != 403:
+                    raise
+                self.cluster_wide = False  # namespace-scoped RBAC: the namespace's resources only
+        call = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+        got = await within(f"listing KRaftQuorums in {ns}", call)
+        return list(got.get("items") or [])
+
+    async def decide(self, ctx: OperatorContext, body: Mapping[str, Any], api: KafkaQuorum) -> Claim | None:
+        """The owner of this resource's quorum if it is another resource, else None. The live
+        client's cluster id and listeners count as this resource's (its status may lag)."""
+        if not api.cluster_id and not api.listeners:
+            # A new client knows only the bootstrap list: learn the quorum's identity before
+            # deciding, or a resource reaching the quorum by other names would act once.
+            try:
+                await api.describe()
+            except Exception as e:  # an unreachable quorum: the pass itself reports it
+                log.debug("describe before the ownership decision failed: %s", e)
+        meta = body.get("metadata") or {}
+        items = [i for i in await self._list(ctx, str(meta.get("namespace") or "")) if _is_kafka(i)]
+        status = dict(body.get("status") or {})
+        kafka = dict(status.get("kafka") or {})
+        if api.cluster_id:
+            kafka["clusterId"] = api.cluster_id
+        lst = [{"listeners": [{"host": h, "port": p} for _, h, p in v]} for v in api.listeners.values()]
+        kafka["controllers"] = list(kafka.get("controllers") or []) + lst
+        mine = {**body, "status": {**status, "kafka": kafka}}
+        hosts = {h for b in [mine, *items] for h, _ in claim_endpoints(b)}
+        resolved = await self._resolve(hosts)
+        me = claim_of(mine, resolved)
+        if me is None:
+            return None
+        peers = [c for c in (claim_of(i, resolved) for i in items) if c is not None]
+        owner = owner_of(me, peers)
+        return None if owner.key == me.key else owner
+
+    def report(self, body: kopf.Body, st: ControllerStatus, owner: Claim | None) -> None:
+        """Degraded (reason OwnerConflict) while another resource owns the quorum; a Warning Event
+        when an episode starts (not again after an operator restart: the status says it
+        already), an Info Event when this resource takes over."""
+        key = None if owner is None else owner.key
+        if owner is not None:
+            msg = conflict_message(owner)
+            st.annotate_degraded(REASON, msg)
+            conds = (body.get("status") or {}).get("conditions") or []
+            shown: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Degraded"), {})
+            said = shown.get("reason") == REASON and f"KRaftQuorum {owner.key}," in str(shown.get("message"))
+            if key != self.owner and not said:
+                kopf.warn(body, reason=REASON, message=msg)
+                log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
+        elif self.owner is not None:
+            msg = (
+                f"KRaftQuorum {self.owner} no longer manages this Kafka controller quorum: this one does now"
+            )
+            kopf.info(body, reason=TAKEN_REASON, message=msg)
+            log.info("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
+        self.owner = key
+
+
+def _is_kafka(body: Mapping[str, Any]) -> bool:
+    spec = body.get("spec")
+    return isinstance(spec, Mapping) and spec.get("kafka") is not None

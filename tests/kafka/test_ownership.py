@@ -1,0 +1,206 @@
+"""The one-owner rule for KRaftQuorums over the same Kafka controller quorum (kafka/ownership.py):
+the pure decision, from resource bodies as the API server returns them."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import kopf
+import pytest
+from kraftkeeper_operator.kafka.ownership import (
+    REASON,
+    Claim,
+    Ownership,
+    claim_of,
+    conflict_message,
+    owner_of,
+    policy_for,
+    same_quorum,
+)
+from kraftkeeper_operator.policy import RecoveryPolicy
+from kraftkeeper_operator.status import Condition, ControllerStatus
+
+
+def body(
+    name: str,
+    created: str,
+    boot: list[str],
+    *,
+    ns: str = "ns",
+    cluster_id: str = "",
+    listeners: list[tuple[str, int]] = (),  # type: ignore[assignment]
+    deleting: bool = False,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "creationTimestamp": created}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-23T20:00:00Z"
+    status: dict[str, Any] = {}
+    if cluster_id or listeners:
+        status["kafka"] = {
+            "clusterId": cluster_id,
+            "controllers": [
+                {"id": i, "listeners": [{"name": "CONTROLLER", "host": h, "port": p}]}
+                for i, (h, p) in enumerate(listeners)
+            ],
+        }
+    return {"metadata": meta, "spec": {"kafka": {"bootstrapControllers": boot}}, "status": status}
+
+
+def claim(b: dict[str, Any], resolved: dict[str, frozenset[str]] | None = None) -> Claim:
+    c = claim_of(b, resolved or {})
+    assert c is not None
+    return c
+
+
+T1, T2, T3 = "2026-11-23T10:00:00Z", "2026-11-23T11:00:00Z", "2026-11-23T12:00:00Z"
+
+
+def test_the_oldest_resource_owns_whatever_order_the_list_comes_in() -> None:
+    a = claim(body("a", T2, ["k0:9093", "k1:9093"]))
+    b = claim(body("b", T1, ["k1:9093", "k2:9093"]))  # oldest, overlapping on k1
+    c = claim(body("c", T3, ["k2:9093"]))
+    for peers in itertools.permutations([a, b, c]):
+        for me in (a, b, c):
+            assert owner_of(me, peers).key == "ns/b"
+
+
+def test_ties_on_creation_time_go_by_namespace_then_name() -> None:
+    x = claim(body("x", T1, ["k0:9093"], ns="beta"))
+    y = claim(body("a", T1, ["k0:9093"], ns="gamma"))
+    z = claim(body("z", T1, ["k0:9093"], ns="alpha"))
+    assert owner_of(x, [y, z]).key == "alpha/z"
+    w = claim(body("b", T1, ["k0:9093"], ns="alpha"))
+    assert owner_of(x, [y, z, w]).key == "alpha/b"
+
+
+def test_disjoint_quorums_each_have_their_own_owner() -> None:
+    a = claim(body("a", T1, ["k0:9093"]))
+    b = claim(body("b", T2, ["other:9093"]))
+    assert not same_quorum(a, b)
+    assert owner_of(b, [a]).key == "ns/b" and owner_of(a, [b]).key == "ns/a"
+
+
+def test_same_host_other_port_is_another_quorum() -> None:
+    a = claim(body("a", T1, ["k0:9093"]))
+    b = claim(body("b", T2, ["k0:9094"]))
+    assert owner_of(b, [a]).key == "ns/b"
+
+
+def test_the_cluster_id_decides_when_both_know_it() -> None:
+    # Disjoint bootstrap names, one cluster: one owner.
+    a = claim(body("a", T1, ["k0.svc:9093"], cluster_id="Cid-1"))
+    b = claim(body("b", T2, ["10.0.0.7:9093"], cluster_id="Cid-1"))
+    assert owner_of(b, [a]).key == "ns/a"
+    # The same address, two cluster ids (a quorum rebuilt in place, an old status): two quorums.
+    c = claim(body("c", T2, ["k0.svc:9093"], cluster_id="Cid-2"))
+    assert owner_of(c, [a]).key == "ns/c"
+    # One side does not know the cluster id yet: the endpoints decide.
+    d = claim(body("d", T3, ["k0.svc:9093"]))
+    assert owner_of(d, [a]).key == "ns/a"
+
+
+def test_listeners_kafka_reported_and_resolved_addresses_count() -> None:
+    # b names the controllers by address; a's status lists the listeners Kafka reported.
+    a = claim(body("a", T1, ["kafka-0.kafka:9093"], listeners=[("k-0.internal", 9093)]))
+    b = claim(body("b", T2, ["K-0.Internal.:9093"]))  # case and a trailing dot do not matter
+    assert owner_of(b, [a]).key == "ns/a"
+    # Written differently, resolved to one address.
+    resolved = {"localhost": frozenset({"127.0.0.1", "::1"}), "127.0.0.1": frozenset({"127.0.0.1"})}
+    c = claim(body("c", T1, ["localhost:25001"]), resolved)
+    d = claim(body("d", T2, ["127.0.0.1:25001"]), resolved)
+    assert owner_of(d, [c]).key == "ns/c"
+    # Unresolved, they are compared as written only.
+    assert owner_of(
+        claim(body("d", T2, ["127.0.0.1:25001"])), [claim(body("c", T1, ["localhost:25001"]))]
+    ).key == ("ns/d")
+
+
+def test_the_next_oldest_takes_over_when_the_owner_is_deleted() -> None:
+    a = body("a", T1, ["k0:9093"])
+    b, c = claim(body("b", T2, ["k0:9093"])), claim(body("c", T3, ["k0:9093"]))
+    assert owner_of(c, [claim(a), b]).key == "ns/a"
+    gone = claim(body("a", T1, ["k0:9093"], deleting=True))
+    assert owner_of(c, [gone, b]).key == "ns/b" and owner_of(b, [gone, c]).key == "ns/b"
+    assert owner_of(c, [b]).key == "ns/b"  # and once it is gone from the list
+
+
+def test_a_resource_without_a_working_client_owns_nothing() -> None:
+    old = body("a", T1, ["k0:9093"])
+    b = claim(body("b", T2, ["k0:9093"]))
+    for phase in ("Pending", "Failed"):
+        old["status"] = {"phase": phase}
+        assert owner_of(b, [claim(old)]).key == "ns/b"
+    old["status"] = {"phase": "Degraded"}
+    assert owner_of(b, [claim(old)]).key == "ns/a"
+
+
+def test_a_resource_finds_itself_in_the_list_without_counting_twice() -> None:
+    a, b = claim(body("a", T2, ["k0:9093"])), claim(body("b", T3, ["k0:9093"]))
+    assert owner_of(a, [a, b]).key == "ns/a"
+
+
+def test_overlap_is_transitive() -> None:
+    a = claim(body("a", T1, ["k0:9093"]))
+    b = claim(body("b", T2, ["k0:9093", "k1:9093"]))
+    c = claim(body("c", T3, ["k1:9093"]))
+    assert not same_quorum(a, c)
+    assert owner_of(c, [a, b]).key == "ns/a"
+
+
+def test_bodies_without_a_usable_spec_kafka_make_no_claim() -> None:
+    assert claim_of(body("a", T1, ["no-port"]), {}) is None
+    assert claim_of({"metadata": {"name": "x"}, "spec": {"kafka": {}}}, {}) is None
+    assert claim_of({"metadata": {"name": "x"}, "spec": {"kafka": {"bootstrapControllers": [7]}}}, {}) is None
+
+
+def test_the_conflict_message_names_the_owner_and_the_cluster() -> None:
+    owner = claim(body("first", T1, ["k0:9093"], ns="kafka", cluster_id="Cid-1"))
+    msg = conflict_message(owner)
+    assert "KRaftQuorum kafka/first," in msg and "Cid-1" in msg and "no voter change" in msg
+    assert REASON == "OwnerConflict"
+
+
+def test_a_resource_that_does_not_own_the_quorum_runs_with_recovery_off() -> None:
+    mine = RecoveryPolicy(enabled=True)
+    owner = claim(body("first", T1, ["k0:9093"]))
+    assert policy_for(mine, None) is mine
+    off = policy_for(mine, owner)
+    assert not off.enabled and off == RecoveryPolicy(enabled=False)
+
+
+def _status() -> ControllerStatus:
+    conds = [
+        Condition("Available", True, "LeaderElected"),
+        Condition("Degraded", False, "Healthy"),
+        Condition("Recovering", False, "Idle"),
+        Condition("QuorumLost", False, "LeaderElected"),
+    ]
+    return ControllerStatus(view=None, conditions=conds, recoveries=[])
+
+
+def test_one_warning_per_episode_and_an_info_event_on_takeover(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(kopf, "warn", lambda _b, reason, message: seen.append(("Warning", reason)))
+    monkeypatch.setattr(kopf, "info", lambda _b, reason, message: seen.append(("Normal", reason)))
+    me = body("late", T2, ["k0:9093"])
+    owner = claim(body("first", T1, ["k0:9093"]))
+    o = Ownership()
+    for _ in range(3):
+        st = _status()
+        o.report(me, st, owner)  # type: ignore[arg-type]
+        d = st.condition("Degraded")
+        assert (d.status, d.reason) == (True, REASON) and "KRaftQuorum ns/first," in d.message
+        assert st.phase == "Degraded"
+    assert seen == [("Warning", REASON)]
+    st = _status()
+    o.report(me, st, None)  # type: ignore[arg-type]
+    assert seen[-1] == ("Normal", "OwnershipTaken") and st.condition("Degraded").status is False
+    o.report(me, _status(), None)  # type: ignore[arg-type]
+    assert len(seen) == 2
+    # A restarted operator (no memory) whose status already names the owner posts nothing again.
+    me["status"] = {
+        "conditions": [{"type": "Degraded", "reason": REASON, "message": conflict_message(owner)}]
+    }
+    Ownership().report(me, _status(), owner)  # type: ignore[arg-type]
+    assert len(seen) == 2
