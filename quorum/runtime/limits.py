@@ -24,9 +24,10 @@ each sending a 4 MiB body took the leader to 720 MiB. These rules fix that:
   :class:`LoopWatch` measures the loop's lag (``/metrics``) and logs each stall with what the
   process did meanwhile.
 
-TLS handshakes are bounded in time (``handshake_timeout_s``) and in number at once
-(``max_handshakes``): :class:`GuardedProtocol` starts TLS itself once a slot is free, so a burst
-of new connections (about 1 ms of CPU per handshake) is spread over many loop turns.
+TLS handshakes are bounded in time (``handshake_timeout_s``) and in how many start per loop
+turn (``handshakes_per_turn``, :class:`~quorum.runtime.turns.StartTurns`): :class:`GuardedProtocol`
+starts TLS itself, so a burst of new connections (about 1 ms of CPU per handshake) is spread over
+many loop turns.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
-from quorum.runtime.turns import FlowTransport, ReadTurns
+from quorum.runtime.turns import FlowTransport, ReadTurns, StartTurns
 from quorum.types import ErrorCode, KraftError
 
 __all__ = [
@@ -69,7 +70,7 @@ class Limits:
     idle_timeout_s: float = 120.0  # a keep-alive connection with no request at all
     body_budget: int = 64 * 1024 * 1024
     handshake_timeout_s: float = 10.0
-    max_handshakes: int = 16  # TLS handshakes run at once; later connections wait their turn
+    handshakes_per_turn: int = 4  # TLS handshakes started per loop turn (StartTurns)
     linger_s: float = 2.0  # draining a refused body before closing (aiohttp lingering_time)
     small_body: int = 64 * 1024
     small_reserve: int = 8 * 1024 * 1024
@@ -78,12 +79,11 @@ class Limits:
     # live state
     guards: dict[object, GuardedProtocol] = field(default_factory=dict)  # transport -> guard
     turns: ReadTurns = field(init=False)
-    handshake_slots: asyncio.Semaphore = field(init=False)
+    handshake_turns: StartTurns = field(init=False)
     handshaking: dict[GuardedProtocol, None] = field(default_factory=dict)  # oldest first
     buffered: int = 0
     refused_connections: int = 0
     refused_bodies: int = 0
-    queued_handshakes: int = 0
     read_bytes: int = 0  # bytes handed to the HTTP protocol (after TLS), for LoopWatch
     read_calls: int = 0
     loop_stalls: int = 0
@@ -93,7 +93,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         self.turns = ReadTurns(self.turn_quota)
-        self.handshake_slots = asyncio.Semaphore(self.max_handshakes)
+        self.handshake_turns = StartTurns(self.handshakes_per_turn)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -101,7 +101,7 @@ class Limits:
             "buffered_body_bytes": self.buffered,
             "refused_connections": self.refused_connections,
             "refused_bodies": self.refused_bodies,
-            "queued_handshakes": self.queued_handshakes,
+            "queued_handshakes": self.handshake_turns.queued,
             "loop_stalls": self.loop_stalls,
             "loop_lag_max_ms": self.loop_lag_max_ms,
             "loop_busy_max_ms": self.loop_busy_max_ms,
@@ -115,7 +115,7 @@ _METRICS = {
     "buffered_body_bytes": ("gauge", "Request body bytes reserved from the body budget right now"),
     "refused_connections": ("counter", "Connections refused or evicted at the connection cap"),
     "refused_bodies": ("counter", "Requests answered 503 because their body did not fit the budget"),
-    "queued_handshakes": ("counter", "TLS handshakes that waited for one of max_handshakes slots"),
+    "queued_handshakes": ("counter", "TLS handshakes that waited for a later loop turn to start"),
     "loop_stalls": ("counter", "Times the event loop ran a timer more than 250 ms late"),
     "loop_lag_max_ms": ("gauge", "The largest event-loop lag seen since start, in milliseconds"),
     "loop_busy_max_ms": (
@@ -273,7 +273,7 @@ class GuardedProtocol(asyncio.Protocol):
             self._admit(transport)  # type: ignore[arg-type]
             return
         # TLS: the connection counts against the cap from its first byte, and its handshake
-        # (about 1 ms of CPU) waits for one of ``max_handshakes`` slots, so a burst of new
+        # (about 1 ms of CPU) starts in a turn with room (StartTurns), so a burst of new
         # connections is spread over many loop turns instead of one.
         self._raw = transport  # type: ignore[assignment]
         if len(lim.guards) + len(lim.handshaking) >= lim.max_connections and not self._evict_one():
@@ -291,22 +291,20 @@ class GuardedProtocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         tls: asyncio.Transport | None = None
         try:
-            if lim.handshake_slots.locked():
-                lim.queued_handshakes += 1
-            async with lim.handshake_slots:
-                if raw.is_closing():
-                    return
-                started = asyncio.ensure_future(
-                    loop.start_tls(
-                        raw, self, ctx, server_side=True, ssl_handshake_timeout=lim.handshake_timeout_s
-                    )
+            await lim.handshake_turns.turn()
+            if raw.is_closing() or self._lost:
+                return
+            started = asyncio.ensure_future(
+                loop.start_tls(
+                    raw, self, ctx, server_side=True, ssl_handshake_timeout=lim.handshake_timeout_s
                 )
-                # start_tls swaps the connection's protocol for its TLS layer and schedules that
-                # layer's connection_made; what uvloop read before (it starts reading after
-                # connection_made, whatever the protocol asked) is handed to the layer after it.
-                await asyncio.sleep(0)
-                loop.call_soon(self._replay_raw, raw)
-                tls = await started
+            )
+            # start_tls swaps the connection's protocol for its TLS layer and schedules that
+            # layer's connection_made; what uvloop read before (it starts reading after
+            # connection_made, whatever the protocol asked) is handed to the layer after it.
+            await asyncio.sleep(0)
+            loop.call_soon(self._replay_raw, raw)
+            tls = await started
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as e:
             log.debug("TLS handshake failed: %r", e)
         finally:

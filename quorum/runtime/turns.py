@@ -1,5 +1,5 @@
-"""Sharing the event loop's turns between large request bodies and everything else (issue 8,
-"A node no request can brick"; used by :mod:`quorum.runtime.limits`).
+"""Sharing the event loop's turns between large request bodies, TLS handshakes and everything
+else (issue 8, "A node no request can brick"; used by :mod:`quorum.runtime.limits`).
 
 :class:`FlowTransport` is the transport aiohttp's protocol sees, so reading can be paused for
 two reasons at once (aiohttp's flow control, and :class:`ReadTurns` holding the connection).
@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["FlowTransport", "ReadTurns"]
+__all__ = ["FlowTransport", "ReadTurns", "StartTurns"]
 
 
 class FlowTransport(asyncio.Transport):
@@ -135,3 +135,47 @@ class ReadTurns:
         if self.waiting:  # nothing may arrive to end the next turn: end it anyway
             self._turn_end_due = True
             asyncio.get_running_loop().call_soon(self._turn_end)
+
+
+class StartTurns:
+    """At most ``per_turn`` TLS handshakes start in one event-loop turn; later ones wait for
+    the next turns, oldest first. A handshake costs about 1 ms of CPU on the server (key
+    exchange and signature, when the ClientHello is processed), so a burst of 128 new
+    connections started at once is a 0.1 s turn, several times that on a loaded machine. Unlike
+    a cap on handshakes in progress, nothing is held while a handshake waits for its client:
+    slow or silent clients cannot keep others from starting (the handshake deadline closes
+    them)."""
+
+    def __init__(self, per_turn: int) -> None:
+        self.per_turn = per_turn
+        self.started = 0
+        self.queued = 0  # handshakes that had to wait for a later turn
+        self.waiting: deque[asyncio.Future[None]] = deque()
+        self._turn_end_due = False
+
+    async def turn(self) -> None:
+        """Return when this handshake may start."""
+        self._schedule_turn_end()
+        if self.started < self.per_turn and not self.waiting:
+            self.started += 1
+            return
+        self.queued += 1
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(fut)
+        await fut
+
+    def _schedule_turn_end(self) -> None:
+        if not self._turn_end_due:
+            self._turn_end_due = True
+            asyncio.get_running_loop().call_soon(self._turn_end)
+
+    def _turn_end(self) -> None:
+        self._turn_end_due = False
+        self.started = 0
+        while self.waiting and self.started < self.per_turn:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                self.started += 1
+        if self.waiting or self.started:
+            self._schedule_turn_end()
