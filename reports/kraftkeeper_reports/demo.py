@@ -223,7 +223,9 @@ ENGINE_HELP = (
     "kraftkeeper (default): our engine, 3 nodes under `kraftkeeper operator local`. "
     "kafka: three real Apache Kafka 4.4.0 controllers (SASL_SSL on their listener) healed by "
     "`kraftkeeper operator watch`, then the same replacements healed by Kafka's own auto-join, compared "
-    "in the report. On its first run it fetches the Kafka 4.4.0 jars from Maven Central (about 90 MB, "
+    "in the report; each healer replaces the controllers' disks in turn, the leader's first (3 "
+    "recoveries: every disk once). On its first run it fetches the Kafka 4.4.0 jars from Maven Central "
+    "(about 90 MB, "
     "scripts/kafka.sh install, which installs Debian's maven if missing; cached under "
     "~/.cache/kraftkeeper)"
 )

@@ -13,7 +13,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kraftkeeper_reports.intervals import CATCH_UP, EXPOSURE, TOTAL, durations, first_timestamps, fmt_ms
+from kraftkeeper_reports.intervals import (
+    CATCH_UP,
+    DEGRADED,
+    EXPOSURE,
+    REMOVE_THEN_ADD,
+    TOTAL,
+    UNDER_REPLICATED,
+    durations,
+    first_timestamps,
+    fmt_ms,
+    recorded_order,
+)
 
 MARKER = ".kraftkeeper-demo"
 
@@ -83,9 +94,15 @@ def read_events(events_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def print_intervals(evs: list[dict[str, Any]]) -> None:
-    """One recovery's total, dead-voter exposure and catch-up, named and measured as the report
-    does (``intervals``), from that recovery's events."""
-    d = durations(first_timestamps(evs))
-    for i in (TOTAL, EXPOSURE, CATCH_UP):
-        say(f"  {i.title}: {fmt_ms(d[i.name])}")
+def print_intervals(evs: list[dict[str, Any]], healer: str = "") -> None:
+    """One recovery's total, the time it tolerated one failure less, its dead-voter exposure,
+    (RemoveThenAdd) the time a voter was missing, and catch-up: named and measured as the report
+    does, in the voter-change order the recovery recorded (``intervals``), from its events."""
+    first = first_timestamps(evs)
+    order = recorded_order(first)
+    d = durations(first)
+    by = f"healed by {healer}, " if healer else ""
+    say(f"  {by}order {order}; the report's intervals for this recovery:")
+    shown = (TOTAL, DEGRADED, EXPOSURE, *((UNDER_REPLICATED,) if order == REMOVE_THEN_ADD else ()), CATCH_UP)
+    for i in shown:
+        say(f"  {i.span(order).title}: {fmt_ms(d[i.name])}")

@@ -5,8 +5,11 @@ three real Apache Kafka 4.x controllers.
    certificate for 127.0.0.1 and a random SASL PLAIN password, and start three controllers
    (``KafkaControllers``: a KIP-853 dynamic quorum) with SASL_SSL on their controller listener.
 2. ``kraftkeeper operator watch`` heals K disk replacements one after another: each kills a
-   follower controller, wipes and re-formats its disk (``--no-initial-controllers``: a new
-   directory id) and restarts it. The watcher's events go to ``DIR/events/watch``.
+   controller, wipes and re-formats its disk (``--no-initial-controllers``: a new directory id)
+   and restarts it. The controllers take turns (:func:`next_victim`): the first replacement is
+   the leader's (the case KIP-853 users fear most: the quorum elects a new leader, then heals),
+   then each other controller, so K = 3 (the default) replaces every disk once. The watcher's
+   events go to ``DIR/events/watch``.
 3. The watcher stops; the same K replacements are healed by Kafka's auto-join
    (``controller.quorum.auto.join.enable=true`` on the restarted controller, KIP-853). Kafka logs
    no recovery events, so :class:`AutoJoinRecorder` records them from outside into
@@ -14,8 +17,9 @@ three real Apache Kafka 4.x controllers.
 4. The Spark report over both; its "Engines and orders compared" section puts ``kafka ·
    RemoveThenAdd`` (the watcher) next to ``kafka · auto-join``.
 
-After each recovery the console prints the report's intervals for it (``intervals``) and the
-demo's own wall clock from the controller's restart to a whole, caught-up voter set, measured the
+After each recovery the console prints the report's intervals for it, in the voter-change order
+it recorded and under the report's titles (``intervals``, ``demo_common.print_intervals``), and
+the demo's own wall clock from the controller's restart to a whole, caught-up voter set, measured the
 same way for both healers. The helpers here (:class:`Probe`, :func:`whole`, :func:`poll`,
 :func:`start_watcher`, :func:`stop_process`) are also what ``bench/kafka_recovery.py`` runs.
 """
@@ -266,18 +270,36 @@ def make_security(d: Path) -> tuple[KafkaSecurity, Path]:
     return sec, props
 
 
+def next_victim(leader: int, ids: list[int], replaced: list[int]) -> int:
+    """Whose disk the demo replaces next: the leader first, then each controller not yet replaced
+    in this turn (lowest id first), so every len(ids) replacements replace every disk once, the
+    leader's included. ``replaced``: the controllers replaced so far by this healer, in order."""
+    done = set(replaced[len(replaced) - len(replaced) % len(ids):])
+    if not done and leader in ids:
+        return leader
+    return min(i for i in ids if i not in done)
+
+
 def replace_disk(
-    k: KafkaControllers, probe: Probe, n: int, what: str, note: Callable[[str], None] = say
+    k: KafkaControllers,
+    probe: Probe,
+    n: int,
+    what: str,
+    note: Callable[[str], None] = say,
+    victim: int | None = None,
 ) -> tuple[int, str, str]:
-    """Replacement ``n``: kill a follower (they take turns), wipe and re-format its disk, start
-    it; returns (controller id, old UUID, new UUID). ``note`` tells what is replaced."""
+    """Replacement ``n``: kill controller ``victim`` (default: a follower, they take turns), wipe
+    and re-format its disk, start it; returns (controller id, old UUID, new UUID). ``note`` tells
+    what is replaced, and whether it was the leader."""
     d = poll(probe.describe, 60, "a leader")
-    followers = sorted(i for i in k.controllers if i != d["leader_id"])
-    victim = followers[n % len(followers)]
+    if victim is None:
+        followers = sorted(i for i in k.controllers if i != d["leader_id"])
+        victim = followers[n % len(followers)]
     old = uuid_of(k.controllers[victim].directory_id())
+    role = "the leader" if victim == d["leader_id"] else f"a follower; the leader is {d['leader_id']}"
     note(
-        f"{what}: replacing the disk of controller {victim} (a follower; leader is "
-        f"{d['leader_id']} at epoch {d['leader_epoch']}), old directory id {old[:8]}"
+        f"{what}: replacing the disk of controller {victim} ({role}, epoch {d['leader_epoch']}), "
+        f"old directory id {old[:8]}"
     )
     k.stop(victim, kill=True)
     new = uuid_of(k.wipe_and_format(victim))
@@ -314,8 +336,19 @@ def _heal(
     return (listed if listed is not None else total), total
 
 
-def _watch_round(k: KafkaControllers, probe: Probe, events: Path, n: int, total: int) -> None:
-    victim, _old, new = replace_disk(k, probe, n, f"operator watch recovery {n + 1}/{total}")
+def _pick(k: KafkaControllers, probe: Probe, replaced: list[int]) -> int:
+    d = poll(probe.describe, 60, "a leader")
+    victim = next_victim(d["leader_id"], sorted(k.controllers), replaced)
+    replaced.append(victim)
+    return victim
+
+
+def _watch_round(
+    k: KafkaControllers, probe: Probe, events: Path, n: int, total: int, replaced: list[int]
+) -> None:
+    victim, _old, new = replace_disk(
+        k, probe, n, f"operator watch recovery {n + 1}/{total}", victim=_pick(k, probe, replaced)
+    )
     say(f"  controller {victim} restarted empty with directory id {new[:8]}; the watcher takes over")
     clock = _heal(
         probe, victim, new, lambda d: whole(k, probe, d), f"controller {victim} healed by the watcher"
@@ -329,10 +362,14 @@ def _watch_round(k: KafkaControllers, probe: Probe, events: Path, n: int, total:
     _report(probe, evs, clock)
 
 
-def _auto_join_round(k: KafkaControllers, probe: Probe, writer: EventLogWriter, n: int, total: int) -> None:
+def _auto_join_round(
+    k: KafkaControllers, probe: Probe, writer: EventLogWriter, n: int, total: int, replaced: list[int]
+) -> None:
     k.auto_join = True  # only the restarted controller's setting matters
     try:
-        victim, old, new = replace_disk(k, probe, n, f"auto-join recovery {n + 1}/{total}")
+        victim, old, new = replace_disk(
+            k, probe, n, f"auto-join recovery {n + 1}/{total}", victim=_pick(k, probe, replaced)
+        )
     finally:
         k.auto_join = False
     say(f"  controller {victim} restarted empty with directory id {new[:8]}; Kafka's auto-join takes over")
@@ -342,12 +379,14 @@ def _auto_join_round(k: KafkaControllers, probe: Probe, writer: EventLogWriter, 
         probe, victim, new, lambda d: rec.observe(d, want), f"controller {victim} healed by auto-join"
     )
     evs = [e for e in read_events(writer.root) if e.get("new_uuid") == new]
-    _report(probe, evs, clock)
+    _report(probe, evs, clock, "Kafka's auto-join (steps recorded from outside by DescribeQuorum)")
 
 
-def _report(probe: Probe, evs: list[dict[str, Any]], clock: tuple[float, float]) -> None:
+def _report(
+    probe: Probe, evs: list[dict[str, Any]], clock: tuple[float, float], healer: str = "operator watch"
+) -> None:
     say(f"  voters now {_voters_line(probe)}")
-    print_intervals(evs)
+    print_intervals(evs, healer)
     listed, whole_s = clock
     say(
         "  (demo wall clock from the controller's restart: listed in DescribeQuorum after "
@@ -389,14 +428,16 @@ def _run_quorum(d: Path, recoveries: int, stabilization: float, base: int) -> li
             extra=("--kafka-client-config", str(props), "--name", CLUSTER),
         )
         try:
+            replaced: list[int] = []
             for n in range(recoveries):
-                _watch_round(k, p, watch_events, n, recoveries)
+                _watch_round(k, p, watch_events, n, recoveries, replaced)
         finally:
             stop_process(watcher)
         say("watcher stopped; the same replacements now with Kafka's own auto-join (KIP-853)")
         writer = EventLogWriter(aj_events, CLUSTER)
+        replaced = []
         for n in range(recoveries):
-            _auto_join_round(k, p, writer, n, recoveries)
+            _auto_join_round(k, p, writer, n, recoveries, replaced)
     except TimeoutError as e:
         raise DemoError(f"REQUEST_TIMED_OUT: {e}") from None
     except RuntimeError as e:  # a controller that would not format or start

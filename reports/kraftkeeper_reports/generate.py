@@ -60,6 +60,7 @@ LINE_DAMAGE = (
     ev.EXTRA_FIELDS,
     ev.BLANK_LINE,
 )
+ENGINES = ("kraftkeeper", "kafka")
 AUTO_JOIN_RECORDER = "kraftkeeper demo: DescribeQuorum every 50 ms"  # as demo_kafka writes it
 RECOVERY_ANOMALIES = ("impossible_order", "event_after_end", "missing_detection", "duplicate_event")
 
@@ -405,6 +406,9 @@ def generate(
         raise ValueError("events, clusters, days and files_per_day must be positive")
     if not 0.0 <= malformed_rate < 0.25:
         raise ValueError("malformed_rate must be in [0, 0.25)")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise ValueError(f"engines: unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})")
     profiles = tuple(cluster_profiles(clusters, seed))
     rng = random.Random(f"{seed}:plan")
     recoveries = max(1, round(events / EVENTS_PER_RECOVERY))
@@ -452,10 +456,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--malformed-rate", type=float, default=0.001)
     ap.add_argument("--files-per-day", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--engines", default="",
+                    help="comma-separated engines clusters take turns on, e.g. kraftkeeper,kafka (Kafka "
+                         "clusters: RemoveThenAdd by operator watch, or Kafka's auto-join); default none")
     a = ap.parse_args(argv)
+    engines = tuple(e for e in a.engines.split(",") if e)
     try:
         stats = generate(a.out, a.events, a.clusters, a.days, seed=a.seed, malformed_rate=a.malformed_rate,
-                         files_per_day=a.files_per_day, workers=a.workers)
+                         files_per_day=a.files_per_day, workers=a.workers, engines=engines)
     except (ValueError, OSError) as e:
         print(f"INVALID_REQUEST: {e}", file=sys.stderr)
         return 2

@@ -76,9 +76,14 @@ class Interval:
         known = sorted(o for o in orders if o in self.spans) or [ADD_THEN_REMOVE]
         if len(known) == 1 or self.same_in_both():
             return self.span(known[0]).title
-        head = self.spans[ADD_THEN_REMOVE].title.split(":")[0]
+        head = self.head_for(orders)
         both = "; ".join(f"{o}: {self.spans[o].title.split(': ', 1)[1]}" for o in known)
         return f"{head} ({both})"
+
+    def head_for(self, orders: set[str] | frozenset[str]) -> str:
+        """The title's short name (before its colon) for ``orders``: a column heading."""
+        known = sorted(o for o in orders if o in self.spans) or [ADD_THEN_REMOVE]
+        return " / ".join(dict.fromkeys(self.spans[o].title.split(":")[0] for o in known))
 
     def meaning_for(self, orders: set[str] | frozenset[str]) -> str:
         known = sorted(o for o in orders if o in self.spans) or [ADD_THEN_REMOVE]

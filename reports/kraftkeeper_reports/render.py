@@ -123,9 +123,10 @@ def summary_sentence(t: ReportTables) -> str:
         else:
             text += " (detection → RemoveVoter committed)"
             if degraded is not None:
-                which = ("" if orders == {REMOVE_THEN_ADD} else
-                         " (AddThenRemove: until RemoveVoter committed; RemoveThenAdd: until AddVoter "
-                         "committed)")
+                which = ("AddVoter committed: removing the old voter first leaves the voter set one short "
+                         "until AddVoter commits" if orders == {REMOVE_THEN_ADD} else
+                         "the second voter change committed: RemoveVoter in AddThenRemove, AddVoter in "
+                         "RemoveThenAdd, whose voter set stays one short until AddVoter commits")
                 worst_d = _metric("max_degraded_ms", fmt_ms(degraded["max_ms"]))
                 if done > 1:
                     median_d = _metric("p50_degraded_ms", fmt_ms(degraded["p50_ms"]))
@@ -133,11 +134,12 @@ def summary_sentence(t: ReportTables) -> str:
                              f"{worst_d}")
                 else:
                     text += f", and tolerated one failure less for {worst_d}"
-                text += (f": removing the old voter first leaves the voter set one short until AddVoter "
-                         f"commits (detection → the second voter change committed{which})")
+                text += f" (detection → {which})"
             text += "."
     if failed:
-        text += f" {failed:,} failed recover{'y' if failed == 1 else 'ies'} left the dead voter in the set."
+        text += f" {failed:,} failed recover{'y' if failed == 1 else 'ies'} left the dead voter in the set"
+        text += (", or, failing after RemoveVoter (RemoveThenAdd), the voter set one short."
+                 if REMOVE_THEN_ADD in orders else ".")
     return text
 
 
@@ -269,10 +271,12 @@ def _timeline_section(t: ReportTables) -> str:
          "detected (UTC)": [datetime.fromtimestamp(float(x) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
                             for x in slow["t_detected"]],
          **({"order": labels} if len(set(labels)) > 1 or REMOVE_THEN_ADD in orders else {}),
-         **{BY_NAME[p].title_for(set(orders)): slow[f"{p}_ms"].map(fmt_ms) for p in PHASES}}
+         **{BY_NAME[p].head_for(set(orders)): slow[f"{p}_ms"].map(fmt_ms) for p in PHASES}}
     )
     title = "Every recovery" if every else "Slowest recoveries"
-    return _section("slowest", title, plots.plot_gantt(slow, every) + _table(tbl))
+    note = _note("Columns are the intervals of the table under \"Interval durations\", each measured in "
+                 "the voter-change order its recovery recorded.")
+    return _section("slowest", title, plots.plot_gantt(slow, every) + note + _table(tbl))
 
 
 def _daily_section(t: ReportTables) -> str:

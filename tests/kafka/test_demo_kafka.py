@@ -1,8 +1,9 @@
-"""End to end: ``kraftkeeper demo --engine kafka`` with one replacement per healer (three real
-Kafka controllers over SASL_SSL, ``operator watch``, then Kafka's auto-join, real local Spark)
-must end with a report whose engines/orders comparison holds both healers, every recovery
-completed, and console numbers that are the report's. Plus the recorder of auto-join events on
-hand-made DescribeQuorum answers."""
+"""End to end: ``kraftkeeper demo --engine kafka`` with three replacements per healer (three real
+Kafka controllers over SASL_SSL, ``operator watch``, then Kafka's auto-join, real local Spark):
+each healer replaces every controller's disk once, the leader's first; the report's
+engines/orders comparison holds both healers, every recovery completed, its intervals are
+RemoveThenAdd's, and the console's numbers are the report's under the same titles. Plus the
+recorder of auto-join events on hand-made DescribeQuorum answers, and the order of victims."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from typing import Any
 import pandas as pd
 import pytest
 from kraftkeeper_reports import events as ev
-from kraftkeeper_reports.demo_kafka import AutoJoinRecorder
+from kraftkeeper_reports.demo_kafka import AutoJoinRecorder, next_victim
 from kraftkeeper_reports.events import EventLogWriter, validate_event
+from kraftkeeper_reports.intervals import fmt_ms
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,7 +63,7 @@ def test_demo_kafka_end_to_end(tmp_path: Path, kafka_jars: Path) -> None:
             "--dir",
             str(d),
             "--recoveries",
-            "1",
+            "3",
             "--stabilization-seconds",
             "0",
             "--base-port",
@@ -75,7 +77,7 @@ def test_demo_kafka_end_to_end(tmp_path: Path, kafka_jars: Path) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     last = p.stdout.strip().splitlines()[-1]
     assert last == str(d / "report" / "report.html")
-    assert "SASL_SSL" in p.stdout and "auto-join recovery 1/1" in p.stdout, p.stdout
+    assert "SASL_SSL" in p.stdout and "auto-join recovery 3/3" in p.stdout, p.stdout
     assert (d / "client.properties").stat().st_mode & 0o077 == 0  # it holds the SASL password
     assert "security.protocol=SASL_SSL" in (d / "client.properties").read_text()
 
@@ -83,37 +85,66 @@ def test_demo_kafka_end_to_end(tmp_path: Path, kafka_jars: Path) -> None:
     watch, auto = _read(d / "events" / "watch"), _read(d / "events" / "auto-join")
     for evs in (watch, auto):
         assert all(validate_event(e) == [] for e in evs)
-        assert [e["type"] for e in evs].count(ev.RECOVERY_COMPLETED) == 1
+        assert [e["type"] for e in evs].count(ev.RECOVERY_COMPLETED) == 3
         assert not [e for e in evs if e["type"] == ev.RECOVERY_FAILED]
     assert watch[0]["detail"]["engine"] == "kafka" and watch[0]["detail"]["order"] == "RemoveThenAdd"
     assert auto[0]["detail"]["engine"] == "kafka" and auto[0]["detail"]["order"] == "auto-join"
-    assert [e["type"] for e in auto] == [
+    assert [e["type"] for e in auto] == 3 * [
         ev.DISK_REPLACEMENT_DETECTED,
         ev.REPLICA_CAUGHT_UP,
         ev.REMOVE_VOTER_COMMITTED,
         ev.ADD_VOTER_COMMITTED,
         ev.RECOVERY_COMPLETED,
     ]
-    # The same replacement in both rounds: a follower's disk, so a new directory id each time.
-    assert watch[0]["replica_id"] in (1, 2, 3) and auto[0]["new_uuid"] != watch[0]["new_uuid"]
+    # Each healer replaced every controller's disk once, a new directory id each time, and its
+    # first replacement was the leader's (the console says whose disk and whether it led).
+    for evs in (watch, auto):
+        detected = [e for e in evs if e["type"] == ev.DISK_REPLACEMENT_DETECTED]
+        assert sorted(e["replica_id"] for e in detected) == [1, 2, 3]
+    assert len({e["new_uuid"] for e in watch + auto}) == 6
+    for healer in ("operator watch", "auto-join"):
+        first = re.search(rf"{healer} recovery 1/3: replacing the disk of controller (\d) \((.*?), epoch",
+                          p.stdout)
+        assert first is not None and first.group(2) == "the leader", p.stdout
 
     # The report: both healers compared, every recovery completed.
     tables = d / "report" / "tables"
     summary = json.loads((tables / "summary.json").read_text())
-    assert summary["completed"] == 2 and not summary.get("failed"), summary
+    assert summary["completed"] == 6 and not summary.get("failed"), summary
     compare = pd.read_csv(tables / "compare.csv")
     groups = set(zip(compare["engine"], compare["order"], strict=True))
     assert groups == {("kafka", "RemoveThenAdd"), ("kafka", "auto-join")}, groups
     totals = compare[compare["phase"] == "total"]
-    assert sorted(totals["recoveries"].tolist()) == [1, 1]
+    assert sorted(totals["recoveries"].tolist()) == [3, 3]
     html = Path(last).read_text()
     assert "Engines and orders compared" in html
     assert "kafka · RemoveThenAdd" in html and "kafka · auto-join" in html
-    # The console's numbers are the report's (same interval definitions).
-    console = re.findall(r"Total: detection → recovery completed: (\S+ \S+)", p.stdout)
-    assert len(console) == 2, p.stdout
-    for value in console:
+    assert "recorded from outside" in html
+    # Both healers remove first: the report's intervals are RemoveThenAdd's, and so are the
+    # console's, under the same titles, with the same numbers.
+    assert "RemoveVoter: caught up → RemoveVoter committed" in html
+    assert "RemoveVoter: AddVoter committed" not in html
+    assert p.stdout.count("healed by operator watch, order RemoveThenAdd;") == 3, p.stdout
+    assert p.stdout.count("healed by Kafka's auto-join (steps recorded from outside") == 3, p.stdout
+    recs = pd.read_parquet(tables / "recoveries.parquet")
+    for title, col in (("Total: detection → recovery completed", "total_ms"),
+                       ("One failure less tolerated: detection → AddVoter committed", "degraded_ms"),
+                       ("Voter missing: RemoveVoter committed → AddVoter committed", "under_replicated_ms")):
+        console = re.findall(rf"{re.escape(title)}: (\S+ \S+)", p.stdout)
+        assert sorted(console) == sorted(fmt_ms(v) for v in recs[col]), (title, p.stdout)
+        assert title in html
+    for value in re.findall(r"Total: detection → recovery completed: (\S+ \S+)", p.stdout):
         assert f">{value}<" in html, value
+
+
+def test_victims_take_turns_leader_first() -> None:
+    ids = [1, 2, 3]
+    replaced: list[int] = []
+    for leader in (2, 1, 1, 3, 3, 3):  # the leader as DescribeQuorum shows it before each pick
+        replaced.append(next_victim(leader, ids, replaced))
+    # Each turn of three starts with that moment's leader and replaces every controller once.
+    assert replaced == [2, 1, 3, 3, 1, 2]
+    assert next_victim(-1, ids, []) == 1  # no leader known: the lowest id
 
 
 def _desc(voters: list[tuple[int, str, int]], observers: list[tuple[int, str, int]]) -> dict[str, Any]:

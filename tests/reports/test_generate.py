@@ -78,3 +78,41 @@ def test_bad_parameters_are_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
         generate(tmp_path, malformed_rate=0.5)
     assert main(["--out", str(tmp_path / "x"), "--events", "-1"]) == 2
     assert capsys.readouterr().err.startswith("INVALID_REQUEST: ")
+
+
+def test_kafka_clusters_record_kafkas_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With engines, Kafka clusters write RemoveThenAdd (operator watch, 7 events) or auto-join
+    (5 committed steps, recorded from outside); ours stay AddThenRemove; every line is valid."""
+    from kraftkeeper_reports.intervals import AUTO_JOIN, first_timestamps, recorded_order
+
+    stats = generate(tmp_path, events=6000, clusters=4, days=2, seed=9, malformed_rate=0.0,
+                     engines=("kraftkeeper", "kafka"))
+    by_rec: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for f in tmp_path.rglob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            c = ev.classify_line(line)
+            assert c.problem is None and c.event is not None
+            by_rec.setdefault((c.event["cluster"], c.event["recovery_id"]), []).append(c.event)
+    assert len(by_rec) == stats.recoveries
+    seen: Counter[tuple[str, str, str]] = Counter()
+    for evs in by_rec.values():
+        det = next(e for e in evs if e["type"] == ev.DISK_REPLACEMENT_DETECTED)
+        detail = det["detail"]
+        assert isinstance(detail, dict)
+        if not any(e["type"] == ev.RECOVERY_COMPLETED for e in evs):
+            assert detail["order"] != AUTO_JOIN  # Kafka's auto-join never gives up
+            continue
+        types = [e["type"] for e in evs]
+        seen[(detail["engine"], detail["order"], recorded_order(first_timestamps(evs)))] += 1
+        if detail["order"] == AUTO_JOIN:
+            assert types == [ev.DISK_REPLACEMENT_DETECTED, ev.REPLICA_CAUGHT_UP, ev.REMOVE_VOTER_COMMITTED,
+                             ev.ADD_VOTER_COMMITTED, ev.RECOVERY_COMPLETED]
+            assert "recorded_by" in detail
+    # Each label records its own order, and all three kinds are there.
+    assert set(seen) == {("kraftkeeper", "AddThenRemove", "AddThenRemove"),
+                         ("kafka", "RemoveThenAdd", "RemoveThenAdd"),
+                         ("kafka", AUTO_JOIN, "RemoveThenAdd")}
+    with pytest.raises(ValueError, match="unknown engine 'zookeeper'"):
+        generate(tmp_path / "z", engines=("zookeeper",))
+    assert main(["--out", str(tmp_path / "y"), "--engines", "kafka,etcd"]) == 2
+    assert "unknown engine 'etcd'" in capsys.readouterr().err

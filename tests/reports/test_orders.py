@@ -148,9 +148,10 @@ def test_mixed_orders_report_names_both_and_labels_auto_join(spark: Any, tmp_pat
     deg = compare[(compare["phase"] == "degraded")].set_index("order")
     assert deg.loc["auto-join"]["max_ms"] == 7400 and deg.loc[ADD_THEN_REMOVE]["max_ms"] == 4150
     # Each timeline row names its order; auto-join's as recorded from outside.
-    assert "Kafka auto-join, RemoveThenAdd, recorded from outside" in text
+    assert "Kafka auto-join (recorded from outside)" in text
     assert page.metrics["max_degraded_ms"] == "7.4 s"
-    assert "(AddThenRemove: until RemoveVoter committed; RemoveThenAdd: until AddVoter committed)" in text
+    assert "RemoveVoter in AddThenRemove, AddVoter in RemoveThenAdd" in text
+    assert "Replacement not yet a voter / Voter missing (AddThenRemove: detection" in text
 
 
 def test_recorded_order_and_durations_without_spark() -> None:
