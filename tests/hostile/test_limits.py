@@ -234,3 +234,40 @@ def test_tls_handshakes_wait_for_a_turn_and_all_complete(tmp_path: Path) -> None
     asyncio.run(go())
     uvloop.run(go())
     assert max(queued) > 0, f"no handshake waited for a later turn: {queued}"
+
+
+def test_silent_tls_clients_do_not_hold_up_other_handshakes(tmp_path: Path) -> None:
+    """Twenty connections that open TCP and send half a ClientHello or nothing hold nothing a new
+    client needs: its handshake starts in a later turn and it is answered long before the
+    silent ones reach their 30 s handshake deadline."""
+    tls = make_tls_dir(tmp_path, nodes=(1,))
+
+    async def go() -> None:
+        limits = Limits(handshakes_per_turn=1, handshake_timeout_s=30)
+        app = build_app(StubNode(), max_body=1024 * 1024, limits=limits)  # type: ignore[arg-type]
+        ep = f"127.0.0.1:{free_ports(1)[0]}"
+        runner = await start_server(
+            app, ep, server_context(tls / "ca.crt", tls / "node-1.crt", tls / "node-1.key")
+        )
+        host, _, port = ep.rpartition(":")
+        silent = []
+        try:
+            for i in range(20):
+                s = socket.create_connection((host, int(port)))
+                if i % 2:
+                    s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+                silent.append(s)
+            ctx = client_context(tls / "ca.crt")
+            async with asyncio.timeout(20):  # generous, and well inside the silent ones' 30 s
+                r, w = await asyncio.open_connection(host, int(port), ssl=ctx, server_hostname=host)
+                w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                assert b" 200 " in await r.readline()
+                w.close()
+            assert len(limits.handshaking) >= 10, "the silent connections were not all waiting"
+        finally:
+            for s in silent:
+                s.close()
+            await runner.cleanup()
+
+    asyncio.run(go())
+    uvloop.run(go())
