@@ -257,24 +257,6 @@ def parse_lines(lines: DataFrame) -> DataFrame:
     return fast.unionByName(parse_general(both.where(~F.col("ok")).select("value", "source", *keep)))
 
 
-_EVENT_FIELDS = ("cluster", "recovery_id", "type", "old_uuid", "new_uuid", "replica_id", "leader_id",
-                 "leader_epoch", "engine", "order")
-
-
-def parse_lines_once(lines: DataFrame) -> DataFrame:
-    """:func:`parse_lines` in one projection over one scan of the input: the fast path's
-    regular expression runs once per line, and the full checks run (guarded) only on the lines
-    it did not prove valid. Same output rows as parse_lines, in input order."""
-    keep = [c for c in lines.columns if c not in ("value", "source")]
-    both = _fast_fields(lines, keep)
-    q = ["ok", "q_ts_ms", *[f"q_{n}" for n in _EVENT_FIELDS]]
-    g = parse_general(both.select("value", "source", *keep, *q), guard="ok")
-    ok = F.col("ok")
-    fast = {n: F.when(ok, F.col(f"q_{n}")).otherwise(F.col(n)).alias(n) for n in _EVENT_FIELDS}
-    fast["ts_ms"] = F.when(ok, F.col("q_ts_ms")).otherwise(F.col("ts_ms")).alias("ts_ms")
-    return g.select(*[fast.get(c, F.col(c)) for c in PARSED_COLUMNS], *keep)
-
-
 def parse_general(lines: DataFrame, guard: str | None = None) -> DataFrame:
     """Every check of ``events.classify_line`` on any line (the slow path); with ``guard`` (a
     boolean column), only on the lines where it is false: elsewhere every output is null."""

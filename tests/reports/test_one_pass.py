@@ -38,7 +38,7 @@ def both(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     from kraftkeeper_reports.job import compute
 
     root = tmp_path_factory.mktemp("one-pass")
-    generate(root / "gen", events=20_000, clusters=4, days=3, seed=9, malformed_rate=0.01,
+    generate(root / "gen", events=10_000, clusters=4, days=3, seed=9, malformed_rate=0.02,
              failure_scale=2.0, engines=("kraftkeeper", "kafka"))
     good = json.loads((next((root / "gen").rglob("*.jsonl"))).read_text().splitlines()[0])
     # Lines whose notes come with a fatal reason or alone (a code counted twice, as a reason of
