@@ -75,7 +75,7 @@ MIXED_EXPECTED = {
 }
 
 
-def _write(root: Path, recs: list[tuple[str, dict[str, Any], list[str], list[int]]]) -> Path:
+def write_events(root: Path, recs: list[tuple[str, dict[str, Any], list[str], list[int]]]) -> Path:
     for n, (rid, detail, steps, offsets) in enumerate(recs):
         w = EventLogWriter(root / rid, "kafka-a")
         for typ, off in zip(steps, offsets, strict=True):
@@ -111,7 +111,7 @@ def _check(out: Path, expected: dict[str, dict[str, int]]) -> tuple[str, Page, p
 
 @pytest.mark.spark
 def test_remove_then_add_report_follows_that_order(spark: Any, tmp_path: Path) -> None:
-    out = run_job(_write(tmp_path / "events", RTA), tmp_path / "report")
+    out = run_job(write_events(tmp_path / "events", RTA), tmp_path / "report")
     html, page, recs = _check(out, RTA_EXPECTED)
     # The order nobody logged is read from the steps.
     assert recs.loc["w3"]["order"] == REMOVE_THEN_ADD
@@ -129,7 +129,7 @@ def test_remove_then_add_report_follows_that_order(spark: Any, tmp_path: Path) -
 
 @pytest.mark.spark
 def test_mixed_orders_report_names_both_and_labels_auto_join(spark: Any, tmp_path: Path) -> None:
-    out = run_job(_write(tmp_path / "events", RTA + MIXED_MORE), tmp_path / "report")
+    out = run_job(write_events(tmp_path / "events", RTA + MIXED_MORE), tmp_path / "report")
     html, page, recs = _check(out, MIXED_EXPECTED)
     assert recs.loc["a1"]["order"] == "auto-join" and recs.loc["o1"]["order"] == ADD_THEN_REMOVE
     text = re.sub(r"<[^>]+>", "", html)
