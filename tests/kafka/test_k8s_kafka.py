@@ -9,6 +9,9 @@ fixtures), repairs three real Kafka 4.x controllers (tests/kafka fixtures) and r
   and the truststore taken from a Secret: status (voters with directory ids,
   leader, recoveries), Events and the event log show it, and no StatefulSet, Service, PDB or
   NetworkPolicy was ever created;
+* one owner per Kafka quorum (kafka/ownership.py): a younger resource over the same controllers,
+  named otherwise, reports OwnerConflict naming the owner, makes no voter change, and heals the
+  next replacement once the owner is deleted;
 * the leader's disk replaced and the operator killed right after RemoveRaftVoter committed
   (failpoints.py): a new operator finishes the same recovery with AddRaftVoter alone.
 """
@@ -238,9 +241,10 @@ def test_operator_heals_kafka_controller_disk(
         ),
         (
             # The same controllers by another name: the ownership rule must still see one quorum.
+            # All of them: DescribeQuorum goes to the leader, found among the bootstrap list only.
             kq(
                 "no-secret",
-                bootstrapControllers=[e.replace("127.0.0.1", "localhost") for e in boot[1:]],
+                bootstrapControllers=[e.replace("127.0.0.1", "localhost") for e in boot],
                 clientSecretRef={"name": "absent"},
                 stabilizationSeconds=0,
             ),

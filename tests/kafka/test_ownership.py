@@ -31,12 +31,13 @@ def body(
     cluster_id: str = "",
     listeners: list[tuple[str, int]] = (),  # type: ignore[assignment]
     deleting: bool = False,
+    processed: bool = True,  # an operator reached Kafka for it (status.kafka written)
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": ns, "creationTimestamp": created}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-23T20:00:00Z"
-    status: dict[str, Any] = {}
-    if cluster_id or listeners:
+    status: dict[str, Any] = {"phase": "Running"}
+    if processed:
         status["kafka"] = {
             "clusterId": cluster_id,
             "controllers": [
@@ -129,10 +130,19 @@ def test_a_resource_without_a_working_client_owns_nothing() -> None:
     old = body("a", T1, ["k0:9093"])
     b = claim(body("b", T2, ["k0:9093"]))
     for phase in ("Pending", "Failed"):
-        old["status"] = {"phase": phase}
+        old["status"] = {"phase": phase, "kafka": {"clusterId": "Cid-1"}}  # it had one before
         assert owner_of(b, [claim(old)]).key == "ns/b"
-    old["status"] = {"phase": "Degraded"}
+    old["status"] = {"phase": "Degraded", "kafka": {"clusterId": ""}}
     assert owner_of(b, [claim(old)]).key == "ns/a"
+
+
+def test_a_resource_no_operator_ever_reached_kafka_for_owns_nothing() -> None:
+    # E.g. one in a namespace no operator watches, or created a moment ago: no status.kafka.
+    old = claim(body("a", T1, ["k0:9093"], processed=False))
+    b = claim(body("b", T2, ["k0:9093"]))
+    assert old.idle and owner_of(b, [old]).key == "ns/b"
+    fresh = claim_of({**body("c", T1, ["k0:9093"]), "status": {}}, {})
+    assert fresh is not None and owner_of(b, [fresh]).key == "ns/b"
 
 
 def test_a_resource_finds_itself_in_the_list_without_counting_twice() -> None:

@@ -15,13 +15,15 @@ replica of it, picks the same owner without remembering anything):
   cluster ids are two quorums even at the same address (a quorum rebuilt in place);
 * the owner of a quorum is the resource that was created first (``metadata.creationTimestamp``;
   ties by namespace/name), among the resources with a parseable ``spec.kafka`` that are not being
-  deleted and have a working client (not ``Pending`` / ``Failed`` for a missing or unusable
-  Secret: such a resource cannot heal anything, and cannot even show that it points at this
-  quorum; it may also be a leftover whose quorum is gone). When its Secret is fixed it takes over
-  again, as when it was created: the controller then finds the quorum as a restarted operator
-  would. The others observe only (recovery policy disabled: no recovery is started, no voter
-  change is sent), say ``Degraded`` with reason ``OwnerConflict`` naming the owner, post one
-  Warning Event per episode, and take over on the first pass after the owner is gone.
+  deleted and have had a working client: ``status.kafka`` written (by an operator that reached
+  Kafka), and not ``Pending`` / ``Failed`` for a missing or unusable Secret. Such a resource
+  cannot heal anything, and may be a leftover nobody watches or whose quorum is gone. When its
+  Secret is fixed it takes over again, as when it was created: the controller then finds the
+  quorum as a restarted operator would. Two resources created within a pass of each other may
+  both act until the older one's first status write (about a second);
+* the others observe only (recovery policy disabled: no recovery is started, no voter change is
+  sent), say ``Degraded`` with reason ``OwnerConflict`` naming the owner, post one Warning Event
+  per episode, and take over on the first pass after the owner is gone.
 
 What the rule cannot see: resources the operator cannot list. It lists KRaftQuorums cluster-wide,
 or only in the resource's namespace when its RBAC refuses that (the chart's namespace-scoped
@@ -69,7 +71,9 @@ class Claim:
     endpoints: frozenset[str]  # "host:port" as written and as resolved
     cluster_id: str = ""
     deleting: bool = False
-    idle: bool = False  # no working client: status.phase Pending / Failed (Secret missing or unusable)
+    # No working client: never had one (no status.kafka: not yet seen by an operator, or by none
+    # that watches its namespace), or status.phase Pending / Failed (Secret missing or unusable).
+    idle: bool = False
 
     @property
     def key(self) -> str:
@@ -135,6 +139,7 @@ def claim_of(body: Mapping[str, Any], resolved: Mapping[str, frozenset[str]]) ->
     if not pairs:
         return None
     meta = body.get("metadata") or {}
+    status = body.get("status") or {}
     keys = {f"{h}:{p}" for h, p in pairs}
     keys |= {f"{a}:{p}" for h, p in pairs for a in resolved.get(h, frozenset())}
     return Claim(
@@ -142,9 +147,9 @@ def claim_of(body: Mapping[str, Any], resolved: Mapping[str, frozenset[str]]) ->
         name=str(meta.get("name") or ""),
         created=str(meta.get("creationTimestamp") or ""),
         endpoints=frozenset(keys),
-        cluster_id=str(((body.get("status") or {}).get("kafka") or {}).get("clusterId") or ""),
+        cluster_id=str((status.get("kafka") or {}).get("clusterId") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
-        idle=(body.get("status") or {}).get("phase") in IDLE_PHASES,
+        idle=status.get("phase") in IDLE_PHASES or not isinstance(status.get("kafka"), Mapping),
     )
 
 
