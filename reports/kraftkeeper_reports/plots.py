@@ -186,6 +186,22 @@ def phase_title(phase: str, orders: frozenset[str]) -> str:
     return BY_NAME[phase].title_for(set(orders))
 
 
+def _label_levels(vals: list[float], span: float) -> list[int]:
+    """A height (0, 1, 2, ...) for each value's label, left to right, so that labels of values
+    closer than about a label's width on the axis go one above the other instead of overlapping."""
+    width = 0.08 * span if span > 0 and not math.isnan(span) else 0.0
+    levels = [0] * len(vals)
+    last: list[float] = []  # per level, the value whose label ends furthest right so far
+    for i in sorted((i for i, v in enumerate(vals) if not math.isnan(v)), key=lambda i: vals[i]):
+        lv = next((k for k, x in enumerate(last) if vals[i] - x >= width), len(last))
+        if lv == len(last):
+            last.append(vals[i])
+        else:
+            last[lv] = vals[i]
+        levels[i] = lv
+    return levels
+
+
 def plot_each(slow: pd.DataFrame, orders: frozenset[str] = frozenset({ADD_THEN_REMOVE})) -> str:
     """Few recoveries: one strip per interval, one labelled dot per recovery, linear axes; each
     strip titled with the spans of the orders present (``intervals``)."""
@@ -198,14 +214,15 @@ def plot_each(slow: pd.DataFrame, orders: frozenset[str] = frozenset({ADD_THEN_R
         ax.set_title(phase_title(phase, orders), loc="left", fontsize=9.5)
         ax.set_yticks([])
         ax.spines["left"].set_visible(False)
+        level = _label_levels([float(v) for v in vals], float(vals.max()) * 1.1)
         for i, v in enumerate(vals):
             if math.isnan(v):  # an end missing or before its start in this recovery
                 continue
             ax.scatter([v], [0], s=46, color=COLORS[phase], marker=markers[i % len(markers)], zorder=3,
                        label=labels[i] if phase == PHASES[0] else None)
             if len(vals) <= 8:
-                ax.annotate(f"{fmt_ms(v)}", (v, 0), xytext=(0, 7 + 9 * (i % 2)), textcoords="offset points",
-                            ha="center", fontsize=7.5)
+                ax.annotate(f"{fmt_ms(v)}", (v, 0), xytext=(0, 7 + 9 * (level[i] % 3)),
+                            textcoords="offset points", ha="center", fontsize=7.5)
             points += 1
         top = float(vals.max())
         if math.isnan(top):
@@ -213,7 +230,7 @@ def plot_each(slow: pd.DataFrame, orders: frozenset[str] = frozenset({ADD_THEN_R
                     transform=ax.transAxes, ha="center", fontsize=8.5, color="#666")
             top = 1000.0
         duration_axis(ax, top * 1.1)
-        ax.set_ylim(-0.6, 1.2)
+        ax.set_ylim(-0.5, 1.6)  # room above the markers for up to three rows of labels
     fig.legend(loc="lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, -0.02 - 0.025 * ((len(labels) - 1) // 3)))
     fig.suptitle("Each completed recovery, per interval (one marker per recovery; linear axes)",
