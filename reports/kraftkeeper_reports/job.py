@@ -113,12 +113,17 @@ def compute(
     rec_tbl = result.filter(is_rec).drop_columns(list(tf.PROBLEM_COLUMNS))
     groups = result.filter(pc.invert(is_rec)).select(list(tf.PROBLEM_COLUMNS)).to_pandas()
     del result
-    rec = rec_tbl.to_pandas()
+    # The problem lists stay in Arrow but for the few recoveries that have any (Python lists
+    # of a million recoveries cost seconds and hundreds of MiB on the driver).
+    lists = ["problems", "problem_messages"]
+    has = pc.greater(pc.list_value_length(rec_tbl.column("problem_messages")), 0)
+    flagged = rec_tbl.filter(has).select(["cluster", "recovery_id", "problem_messages"]).to_pandas()
+    rec = (rec_tbl if collect_recoveries else rec_tbl.drop_columns(lists)).to_pandas()
     n_events = int(rec["n_events"].sum())
     n_lines = n_events + int(groups.loc[~groups["pnote"].astype(bool), "n_problem"].sum())
     if n_lines == 0:
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
-    tables = small_tables(rec, groups, paths, n_lines, top, keep_recoveries=collect_recoveries)
+    tables = small_tables(rec, flagged, groups, paths, n_lines, top, keep_recoveries=collect_recoveries)
     timer("small tables (pandas, on the driver)")
     if out is not None:
         write_recoveries(rec_tbl, out / "tables")

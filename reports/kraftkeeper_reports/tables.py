@@ -83,9 +83,12 @@ def _pct(s: Any, name: str, q: float) -> pd.Series:
 
 
 def _durations(rec: pd.DataFrame, phase: str) -> pd.DataFrame:
-    """The completed recoveries that have this phase, with its duration as ``ms`` (int64)."""
-    done = rec[(rec["outcome"] == "completed") & rec[f"{phase}_ms"].notna()]
-    return done.assign(ms=done[f"{phase}_ms"].astype("int64"))
+    """The completed recoveries that have this phase: cluster, engine, order and the duration
+    as ``ms`` (int64). Only those columns are copied (a fleet has millions of recoveries)."""
+    col = rec[f"{phase}_ms"]
+    keep = (rec["outcome"] == "completed") & col.notna()
+    done = rec.loc[keep, ["cluster", "engine", "order"]]
+    return done.assign(ms=col[keep].astype("int64"))
 
 
 def _stats(df: pd.DataFrame, keys: list[str], with_min_mean: bool) -> pd.DataFrame:
@@ -212,13 +215,14 @@ def _action(reason: str) -> str:
     return {**LINE_ACTION, **RECOVERY_ACTION}.get(reason, "counted")
 
 
-def bad_input(line_groups: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
+def bad_input(line_groups: pd.DataFrame, flagged: pd.DataFrame) -> pd.DataFrame:
     """Counts by (level, reason, code) with up to three examples each, most frequent first.
 
     ``line_groups``: the Spark job's bad-input rows (a code may come in two: as a line's reason
     and as a note on another line); the examples of least and greatest xxhash64 over all of a
     code's lines, as the Spark version picks them, and one more. Recovery-level problems come
-    from the recovery rows' ``problem_messages``."""
+    from ``flagged``: cluster, recovery_id and problem_messages of the recoveries that have
+    any."""
     rows: list[dict[str, Any]] = []
     for code, g in line_groups.groupby("pcode", sort=False):
         lo = g.loc[g["h_min"].idxmin(), "ex_min"]
@@ -226,7 +230,6 @@ def bad_input(line_groups: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
         examples = list(dict.fromkeys(x for x in (lo, hi, *g["ex_any"]) if isinstance(x, str)))
         rows.append({"level": "line", "code": str(code), "count": int(g["n_problem"].sum()),
                      "examples": examples[:EXAMPLES_PER_REASON], "message": g["pmessage"].dropna().iloc[0]})
-    flagged = rec[rec["problem_messages"].map(len) > 0]
     if not flagged.empty:
         pm = flagged[["cluster", "recovery_id", "problem_messages"]].explode("problem_messages")
         pm = pm.assign(code=pm["problem_messages"].str.split(": ", n=1).str[0])
@@ -294,12 +297,13 @@ def summarise(
 
 
 def small_tables(
-    rec: pd.DataFrame, line_groups: pd.DataFrame, paths: list[str], n_lines: int, top: int,
-    keep_recoveries: bool = False,
+    rec: pd.DataFrame, flagged: pd.DataFrame, line_groups: pd.DataFrame, paths: list[str], n_lines: int,
+    top: int, keep_recoveries: bool = False,
 ) -> ReportTables:
-    """Every small table from the per-recovery rows and the bad-input groups."""
+    """Every small table from the per-recovery rows (``flagged``: those with recovery-level
+    problems, see :func:`bad_input`) and the bad-input groups."""
     stats, outc, day = phase_stats(rec), outcomes(rec), daily(rec)
-    bad = bad_input(line_groups, rec)
+    bad = bad_input(line_groups, flagged)
     n_events = int(rec["n_events"].sum())
     summary = summarise(paths, n_lines, n_events, stats, outc, day, line_counts(line_groups))
     return ReportTables(summary, stats, phase_histogram(rec), outc, failures(rec), day, slowest(rec, top),
