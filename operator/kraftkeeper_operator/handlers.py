@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import failpoints
 from .kafka.kube import is_kafka, reconcile_kafka
+from .kafka.watchdog import watched
 from .kube import KubeApi
 from .kubetls import network_policy
 from .manifests import (
@@ -204,12 +206,20 @@ async def recovery_daemon(
     key = f"{meta['namespace']}/{meta['name']}"
     while not stopped:
         try:
-            await daemon_pass(ctx, key)
-        except asyncio.CancelledError:
-            raise
+            # The pass runs as its own task (kafka/watchdog.py ``watched``, with no budget: every
+            # API call is bounded in kube.py, every quorum call by the quorum timeout), so a
+            # cancellation of the daemon itself (kopf stopping it, after ``stopped``) is told apart
+            # from one that leaks out of a pass: the first propagates and ends the daemon; the
+            # second is a PassCancelled, a failed pass. Passed on as CancelledError it would end
+            # the daemon for good: kopf never restarts a daemon that returned.
+            await watched(key, lambda: daemon_pass(ctx, key), _no_limit, _no_limit)
         except Exception:  # the daemon must survive anything: next pass retries
             logger.exception("recovery pass of %s failed", key)
         await _sleep(ctx, key, stopped, next_pass_in(ctx, key))
+
+
+def _no_limit() -> float:
+    return math.inf
 
 
 async def _sleep(ctx: OperatorContext, key: str, stopped: kopf.DaemonStopped, seconds: float) -> None:

@@ -10,11 +10,15 @@ recovery events into Kubernetes Events on the KRaftQuorum.
 Error policy, on purpose (:func:`api_error`): the API server refusing an object as invalid
 (HTTP 400/422, or 500 "failed to create typed patch object" for a field the schema does not know)
 is the spec's fault: ``kopf.PermanentError``, retrying cannot help. Anything else (unreachable,
-409 conflict, 5xx) is ``kopf.TemporaryError``: kopf retries it after a delay.
+409 conflict, 5xx) is ``kopf.TemporaryError``: kopf retries it after a delay. So is a call the
+API server does not answer within :data:`API_CALL_TIMEOUT_S`: ``kubernetes_asyncio`` has no timeout
+of its own, and one request left waiting would hold a handler, or the recovery daemon's pass, for
+ever; bounded, it is a failed pass that the next one retries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -42,6 +46,8 @@ BOOTSTRAP_FIELD_MANAGER = "kraftkeeper-operator-bootstrap"
 UNCLEAN_FIELD_MANAGER = "kraftkeeper-operator-unclean"
 
 _RETRY_DELAY_S = 5
+# The bound of every API call (module docstring); read at call time, so tests can shorten it.
+API_CALL_TIMEOUT_S = 30.0
 
 
 def api_error(what: str, e: ApiException) -> kopf.PermanentError | kopf.TemporaryError:
@@ -56,10 +62,21 @@ def api_error(what: str, e: ApiException) -> kopf.PermanentError | kopf.Temporar
     return kopf.TemporaryError(f"{what}: HTTP {e.status} {message}", delay=_RETRY_DELAY_S)
 
 
-async def _call(what: str, call: Awaitable[Any], *, missing_ok: bool = False) -> Any:
-    """Await one API call, mapping failures to kopf errors; a 404 gives None if ``missing_ok``."""
+async def _bounded(what: str, call: Awaitable[Any]) -> Any:
+    """``call`` within :data:`API_CALL_TIMEOUT_S`; past it a ``kopf.TemporaryError`` naming ``what``."""
     try:
-        return await call
+        return await asyncio.wait_for(call, API_CALL_TIMEOUT_S)
+    except TimeoutError:
+        raise kopf.TemporaryError(
+            f"{what}: no answer from the API server within {API_CALL_TIMEOUT_S:g}s", delay=_RETRY_DELAY_S
+        ) from None
+
+
+async def _call(what: str, call: Awaitable[Any], *, missing_ok: bool = False) -> Any:
+    """Await one API call (bounded), mapping failures to kopf errors; a 404 gives None if
+    ``missing_ok``."""
+    try:
+        return await _bounded(what, call)
     except ApiException as e:
         if missing_ok and e.status == 404:
             return None
@@ -151,7 +168,8 @@ class KubeApi:
         ns = obj["metadata"]["namespace"]
         try:
             body: Any = obj  # the client takes plain dicts as well as its models
-            await self.core.create_namespaced_secret(ns, body, field_manager=FIELD_MANAGER)
+            call = self.core.create_namespaced_secret(ns, body, field_manager=FIELD_MANAGER)
+            await _bounded(f"creating Secret {ns}/{obj['metadata']['name']}", call)
         except ApiException as e:
             if e.status == 409:
                 return False
