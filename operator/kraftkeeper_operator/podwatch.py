@@ -32,6 +32,7 @@ SELECTOR = f"{NAME_LABEL}=kraftkeeper"
 # Server-side end of one watch request (then the watch is re-established from a fresh list);
 # the client's own limit is longer so the server ends it first.
 WATCH_SECONDS = 240
+LIST_TIMEOUT_S = 30
 RETRY_S = 5.0
 
 
@@ -81,7 +82,11 @@ class PodWatch:
                 await asyncio.sleep(RETRY_S)
 
     async def _list(self) -> str:
-        got = await self.kube.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)
+        # Bounded like every KubeApi call: a list that never answers must not leave the watcher
+        # stuck (the retry loop above lists again after RETRY_S).
+        got = await self.kube.core.list_namespaced_pod(
+            self.namespace, label_selector=SELECTOR, _request_timeout=LIST_TIMEOUT_S
+        )
         data: dict[str, Any] = self.kube.api.sanitize_for_serialization(got)
         before, self._pods = self._pods, {p["metadata"]["name"]: p for p in data.get("items") or []}
         was_synced, self._synced, self._error = self._synced, True, ""
