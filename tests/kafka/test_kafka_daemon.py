@@ -28,24 +28,9 @@ from kraftkeeper_operator.kafka.wire import (
 from kraftkeeper_operator.quorums import OperatorContext
 
 from quorum.types import ErrorCode, KraftError
+from tests.operator.helpers import Stopped
 
 WITHIN_S = 60.0  # generous bound for conditions the tests poll for (never a timing assertion)
-
-
-class Stopped:
-    """kopf's DaemonStopped as the daemon uses it: truthiness and ``await stopped.wait(t)``."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def __bool__(self) -> bool:
-        return self.event.is_set()
-
-    async def wait(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self.event.wait(), seconds)
-        except TimeoutError:
-            pass
 
 
 class Kube:

@@ -1,7 +1,9 @@
 """What the in-process operator tests share: a settable clock, the full list of a recovery's
-steps, and the exception that stands for the operator process dying."""
+steps, kopf's daemon stop flag, and the exception that stands for the operator process dying."""
 
 from __future__ import annotations
+
+import asyncio
 
 from kraftkeeper_reports.events import RECOVERY_COMPLETED, STEP_TYPES
 
@@ -24,3 +26,19 @@ class Clock:
 
 class OperatorCrash(BaseException):
     """The operator process dies here (nothing in the operator catches a BaseException)."""
+
+
+class Stopped:
+    """kopf's DaemonStopped as the daemon uses it: truthiness and ``await stopped.wait(t)``."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.event.wait(), seconds)
+        except TimeoutError:
+            pass
