@@ -146,6 +146,7 @@ class QuorumClient:
         answered = False  # some node answered (an HTTP status): not a connectivity failure
         tried_hint = 0
         refused_since: float | None = None
+        data = json.dumps(json_body).encode() if json_body is not None else body
         while True:
             candidates = self._candidates()
             connect_share = max(MIN_CONNECT_S, self.timeout / len(candidates))
@@ -154,7 +155,6 @@ class QuorumClient:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                data = json.dumps(json_body).encode() if json_body is not None else body
                 try:
                     status, raw = await self._attempt(
                         method, ep, path, data, json_body is not None, remaining, connect_share
@@ -210,6 +210,10 @@ class QuorumClient:
                 continue
             if time.monotonic() >= deadline:
                 break
+        raise self._no_answer(unreachable, answered, last)
+
+    def _no_answer(self, unreachable: dict[str, str], answered: bool, last: KraftError | None) -> KraftError:
+        """The error of a request that ran out of time."""
         if unreachable and not answered:
             # No node answered: name every address with its error (or that the deadline came
             # first), in bootstrap order, and keep the errors apart in ``extra["errors"]``: the
@@ -217,8 +221,8 @@ class QuorumClient:
             # deadline fell on, change from pass to pass, and a status that changes is a write).
             errors = {ep: unreachable.get(ep, "not tried before the deadline") for ep in self.bootstrap}
             each = "; ".join(f"{ep}: {why}" for ep, why in errors.items())
-            raise KraftError(ErrorCode.UNAVAILABLE, f"cannot reach any address ({each})", errors=errors)
-        raise last or KraftError(ErrorCode.REQUEST_TIMED_OUT, f"no answer from {', '.join(self.bootstrap)}")
+            return KraftError(ErrorCode.UNAVAILABLE, f"cannot reach any address ({each})", errors=errors)
+        return last or KraftError(ErrorCode.REQUEST_TIMED_OUT, f"no answer from {', '.join(self.bootstrap)}")
 
     def _candidates(self) -> list[str]:
         """The known leader first, then the bootstrap addresses, those whose last connect timed
