@@ -184,6 +184,13 @@ class KubeApi:
         )
         return None if cm is None else dict(cm.data or {})
 
+    async def pod_uid(self, ns: str, name: str) -> str | None:
+        """The pod's ``metadata.uid`` (a re-created pod of the same name has another), None if
+        there is no pod."""
+        pod = await _call(f"Pod {ns}/{name}", self.core.read_namespaced_pod(name, ns), missing_ok=True)
+        uid = None if pod is None or pod.metadata is None else pod.metadata.uid
+        return uid if isinstance(uid, str) else None
+
     async def pod_start_time(self, ns: str, name: str) -> dt.datetime | None:
         """When the pod's containers were started (``status.startTime``), None if no pod."""
         pod = await _call(f"Pod {ns}/{name}", self.core.read_namespaced_pod(name, ns), missing_ok=True)

@@ -41,6 +41,8 @@ from .kubetls import (
 from .manifests import QuorumSpec
 from .rotation import CertRotator
 
+RESTART_GONE_S = 120.0  # longest wait for a deleted pod to go (its grace period is 30 s)
+
 log = logging.getLogger("kraftkeeper.operator")
 
 
@@ -231,7 +233,17 @@ class QuorumTls:
 
         async def restart(i: int) -> None:
             q, _ = get()
-            await kube.delete_pod(q.namespace, f"{q.name}-{i - 1}")
+            name = f"{q.name}-{i - 1}"
+            old = await kube.pod_uid(q.namespace, name)
+            await kube.delete_pod(q.namespace, name)
+            # Return only once the old pod is gone: until then its process may still fetch
+            # (graceful termination), and a fetch seen after this restart must come from the new
+            # process, or the next node would be restarted while this one is still down.
+            deadline = asyncio.get_running_loop().time() + RESTART_GONE_S
+            while old is not None and await kube.pod_uid(q.namespace, name) == old:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise kopf.TemporaryError(f"Pod {q.namespace}/{name} still there after deletion")
+                await asyncio.sleep(0.5)
 
         def ids() -> list[int]:
             q, _ = get()

@@ -108,6 +108,8 @@ class CertRotator:
         self.rotations[node] = self.rotations.get(node, 0) + 1
         self._tell("CertificateRenewalStarted", f"restarting node {node} with its renewed certificate")
         await self.restart(node)
+        # Back means a fetch after the restart returned (the old process is gone by then).
+        self.in_flight = (node, int(time.time() * 1000))
         return node
 
     def _tell(self, reason: str, message: str, warning: bool = False) -> None:

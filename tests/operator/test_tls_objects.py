@@ -251,3 +251,34 @@ def test_rotation_tells_each_step_once() -> None:
         ("CertificateRenewed", False),
     ]
     assert "node 1" in told[1][1] and "node 1" in told[2][1]
+
+
+def test_rotation_ignores_fetches_made_while_the_restart_was_under_way() -> None:
+    """The old process of a deleted pod may fetch until it is gone (graceful termination): a
+    fetch timed during ``restart`` is not "back", only one after it returned (found on the real
+    kubelet, where a pod event woke the operator at once and two nodes went down together)."""
+    import time
+
+    during: list[int] = []
+
+    async def get_due() -> list[int]:
+        return [1, 2]
+
+    async def renew(i: int) -> None:
+        return None
+
+    async def restart(i: int) -> None:
+        during.append(int(time.time() * 1000))
+        await asyncio.sleep(0.05)  # the old pod going away; its last fetch falls in here
+
+    r = CertRotator(get_due, renew, restart, lambda: [1, 2, 3], max_lag=10, fresh_ms=3000)
+
+    async def run() -> None:
+        now = int(time.time() * 1000)
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, {1: now, 2: now, 3: now})) == 1
+        old_process = during[0] + 1  # after the restart began, before it returned
+        seen = {1: old_process, 2: now, 3: now}
+        assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, seen)) is None
+        assert r.in_flight is not None and r.in_flight[0] == 1
+
+    asyncio.run(run())
