@@ -276,10 +276,11 @@ def test_operator_reaches_a_tls_quorum_and_renews_certificates_under_writes(
     """Real node processes stand in for the pods (no kubelet here), serving TLS with certificates
     of the quorum's CA from Secret NAME-ca: the operator, holding only its in-memory admin
     credential, describes the quorum and publishes its voters; a client without a credential is
-    refused. With a "day" of 10 s (test hook) certificates live 60 s and are renewed 40 s before
-    expiry: every node certificate in NAME-tls is renewed, and the operator renews its own
-    credential and still reaches the quorum after the first one expired, while a client writes;
-    every acknowledged write reads back. (No pod restarts here: nothing runs pods.)"""
+    refused. With a "day" of 10 s (test hook) certificates live 30 s and are renewed 20 s before
+    expiry (short: the test waits for the first credential to expire): every node certificate
+    in NAME-tls is renewed, and the operator renews its own credential and still reaches the
+    quorum after the first one expired, while a client writes; every acknowledged write reads
+    back. (No pod restarts here: nothing runs pods.)"""
     ns, name = namespace, "tq"
     monkeypatch.setenv("KRAFTKEEPER_TLS_DAY_SECONDS", "10")
     q = parse_spec({"metadata": {"name": name, "namespace": ns}, "spec": {"voters": 3}})
@@ -289,7 +290,7 @@ def test_operator_reaches_a_tls_quorum_and_renews_certificates_under_writes(
     nodes: LocalCluster | None = None
     writer: _Writer | None = None
     try:
-        create(kube, ns, kq(name, 3, tls={"validityDays": 6, "renewBeforeDays": 4}))
+        create(kube, ns, kq(name, 3, tls={"validityDays": 3, "renewBeforeDays": 2}))
         ca = kube.wait_for("Secret tq-ca", lambda: secret_data(kube, ns, "tq-ca"), timeout=60)
         tls_dir = tmp_path / "nodes" / "tls"
         tls_dir.mkdir(parents=True)
