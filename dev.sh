@@ -58,7 +58,9 @@ case "$cmd" in
     log "ruff"
     "$venv/bin/ruff" check quorum operator reports tests bench
     log "mypy (strict)"
-    "$venv/bin/mypy"
+    # Its cache under KK_CACHE, one per checkout path: a fresh clone at the same path reuses it
+    # (mypy trusts an entry whose file hash still matches), 16 s cold against 0.5 s warm.
+    "$venv/bin/mypy" --cache-dir "$KK_CACHE/mypy/$(printf %s "$here" | sha256sum | cut -c1-12)"
     log "pytest"
     # The image tests install Debian's docker.io and build the debootstrap base image when they
     # are missing (cached afterwards): CI runs them too, not only machines that have the cache.
