@@ -8,11 +8,13 @@ import asyncio
 import datetime as dt
 import os
 import subprocess
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
+from kraftkeeper_operator import rotation
 from kraftkeeper_operator.kubetls import OperatorCa, cert_due, certificates, network_policy
 from kraftkeeper_operator.manifests import SpecError, parse_spec, statefulset
 from kraftkeeper_operator.rotation import CertRotator
@@ -253,12 +255,16 @@ def test_rotation_tells_each_step_once() -> None:
     assert "node 1" in told[1][1] and "node 1" in told[2][1]
 
 
-def test_rotation_ignores_fetches_made_while_the_restart_was_under_way() -> None:
+def test_rotation_ignores_fetches_made_while_the_restart_was_under_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The old process of a deleted pod may fetch until it is gone (graceful termination): a
     fetch timed during ``restart`` is not "back", only one after it returned (found on the real
     kubelet, where a pod event woke the operator at once and two nodes went down together)."""
-    import time
-
+    # The rotator's clock is a stand-in that only the restart moves: the old pod's going away
+    # takes 50 ms of it, whatever the machine's load (no real sleep).
+    clock = [1_700_000_000_000]
+    monkeypatch.setattr(rotation, "time", types.SimpleNamespace(time=lambda: clock[0] / 1000))
     during: list[int] = []
 
     async def get_due() -> list[int]:
@@ -268,13 +274,13 @@ def test_rotation_ignores_fetches_made_while_the_restart_was_under_way() -> None
         return None
 
     async def restart(i: int) -> None:
-        during.append(int(time.time() * 1000))
-        await asyncio.sleep(0.05)  # the old pod going away; its last fetch falls in here
+        during.append(clock[0])
+        clock[0] += 50  # the old pod going away; its last fetch falls in here
 
     r = CertRotator(get_due, renew, restart, lambda: [1, 2, 3], max_lag=10, fresh_ms=3000)
 
     async def run() -> None:
-        now = int(time.time() * 1000)
+        now = clock[0]
         assert await r.step(view(2, {1: 0, 2: 0, 3: 0}, {1: now, 2: now, 3: now})) == 1
         old_process = during[0] + 1  # after the restart began, before it returned
         seen = {1: old_process, 2: now, 3: now}
