@@ -59,11 +59,11 @@ async def main():
                 await c.put(key, f"value-{i}".encode())
             except Exception as e:
                 print(f"ERR {key} {type(e).__name__}: {e}", flush=True)
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # pacing, not a wait: retry while leadership moves
                 continue
             print(f"ACK {key}", flush=True)
             i += 1
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # pacing, not a wait: a bounded key count to read back
     print("DONE", flush=True)
 asyncio.run(main())
 """
