@@ -28,7 +28,13 @@ Invariants, checked before *every* step (not only when a recovery starts):
   behind before promotion restarts that clock;
 * the old replica is removed only if it is gone: a live (id, old) with a second (id, new) means
   two processes claim one id, which is a misconfiguration, not a disk replacement
-  (guards.py ``old_gone``).
+  (guards.py ``old_gone``);
+* a recovery starts only when the voter with that id went quiet before the observer: never while
+  it leads or fetched at or after the observer's last fetch (one clock, the leader's). A real
+  replacement's old process dies before the new disk's first fetch; the reverse is a completed
+  recovery's removed directory, which Kafka's leader lists as an observer until idle for minutes,
+  live by the window for seconds after the kill: a controller with no record retiring it (a
+  KRaftQuorum taking over from a deleted owner) took it for a new disk (issue 9).
 
 No idle waits (issue 10): :meth:`RecoveryBook.wake_at_ms` (guards.py) names the next instant a decision can
 change by itself (a stabilisation deadline, an old voter counting as gone, a back-off), so the
@@ -201,6 +207,9 @@ class RecoveryBook:
                 return events
             if not view.is_live(new_obs, now_ms, self._window_ms):
                 return events  # a stale observer entry, not a replica that is running now
+            if busy := self._voter_active(view, rid, new_obs):
+                self.note = busy
+                return events
             if self._recently_failed(rid, new_obs.uuid, now_ms):
                 return events
             rec = self._start(rid, voter_uuids[0], new_obs.uuid, Phase.STABILIZING, now_ms)
@@ -219,6 +228,18 @@ class RecoveryBook:
             rec = self._start(rid, old, new, Phase.ADDED, now_ms)
             events.append(Event("recovery_resumed", rec, {"phase": Phase.ADDED.value}))
         return events
+
+    def _voter_active(self, view: QuorumView, rid: int, obs: Replica) -> str:
+        """Why voter ``rid`` is no replaced disk's leftover, or "" (the docstring's last invariant)."""
+        v = next(v for v in view.voters if v.id == rid)
+        lead = view.leader_id == rid and view.leader_uuid() == v.uuid
+        if not lead and v.last_fetch_ms < obs.last_fetch_ms:
+            return ""
+        why = "leads" if lead else "fetched after it"
+        return (
+            f"replica {rid}: voter ({rid}, {v.uuid}) {why}, still live: observer {obs.uuid} is no "
+            "new disk (a removed directory Kafka still lists, or two processes with one id)"
+        )
 
     def _follow(
         self, view: QuorumView, rec: Recovery, voter_uuids: list[str], new_obs: Replica | None, now_ms: int
