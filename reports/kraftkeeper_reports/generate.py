@@ -35,30 +35,24 @@ import math
 import random
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.intervals import ADD_THEN_REMOVE, AUTO_JOIN, REMOVE_THEN_ADD
+from kraftkeeper_reports.recovery_steps import Ev, Steps, Who, line, voter_changes
 
 _NAMESPACES = ("payments", "search", "ingest", "billing", "identity", "analytics", "edge", "ml")
 _NAMES = ("kraft-a", "kraft-b", "meta", "controller", "quorum")
 EVENTS_PER_RECOVERY = 7.0  # a successful recovery emits 7; failed ones fewer (about 6.9 overall)
 
 LINE_DAMAGE = (
-    ev.MALFORMED_JSON,
-    ev.NOT_AN_OBJECT,
-    ev.MISSING_FIELD,
-    ev.WRONG_TYPE,
-    ev.INVALID_VALUE,
-    ev.BAD_TIMESTAMP,
-    ev.UNSUPPORTED_SCHEMA_VERSION,
-    ev.UNKNOWN_TYPE,
-    ev.EXTRA_FIELDS,
-    ev.BLANK_LINE,
+    ev.MALFORMED_JSON, ev.NOT_AN_OBJECT, ev.MISSING_FIELD, ev.WRONG_TYPE, ev.INVALID_VALUE, ev.BAD_TIMESTAMP,
+    ev.UNSUPPORTED_SCHEMA_VERSION, ev.UNKNOWN_TYPE, ev.EXTRA_FIELDS, ev.BLANK_LINE,
 )
 ENGINES = ("kraftkeeper", "kafka")
 AUTO_JOIN_RECORDER = "kraftkeeper demo: DescribeQuorum every 50 ms"  # as demo_kafka writes it
@@ -89,26 +83,16 @@ class GenerateStats:
     recovery_anomalies: Counter[str] = field(default_factory=Counter)
 
     def merge(self, other: GenerateStats) -> None:
-        self.files += other.files
-        self.lines += other.lines
-        self.events += other.events
-        self.recoveries += other.recoveries
-        self.outcomes.update(other.outcomes)
-        self.failure_reasons.update(other.failure_reasons)
-        self.line_damage.update(other.line_damage)
-        self.recovery_anomalies.update(other.recovery_anomalies)
+        for f in fields(self):
+            mine = getattr(self, f.name)
+            if isinstance(mine, Counter):
+                mine.update(getattr(other, f.name))
+            else:
+                setattr(self, f.name, mine + getattr(other, f.name))
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "files": self.files,
-            "lines": self.lines,
-            "events": self.events,
-            "recoveries": self.recoveries,
-            "outcomes": dict(self.outcomes),
-            "failure_reasons": dict(self.failure_reasons),
-            "line_damage": dict(self.line_damage),
-            "recovery_anomalies": dict(self.recovery_anomalies),
-        }
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {k: dict(v) if isinstance(v, Counter) else v for k, v in values}
 
 
 def cluster_profiles(n: int, seed: int) -> list[ClusterProfile]:
@@ -152,23 +136,6 @@ class _DayJob:
     engines: tuple[str, ...] = ()
 
 
-def _line(
-    ts_ms: int, cluster: str, rid: str, typ: str, replica: int, old: str | None, new: str | None,
-    leader: int | None, epoch: int | None, detail: str,
-) -> str:
-    # Hand-built for speed (json.dumps per event halves the generator's throughput); the values
-    # are JSON-safe by construction: cluster and ids have no quotes or backslashes.
-    o = "null" if old is None else f'"{old}"'
-    n = "null" if new is None else f'"{new}"'
-    lid = "null" if leader is None else str(leader)
-    lep = "null" if epoch is None else str(epoch)
-    return (
-        f'{{"schema_version":1,"ts":"{ev.format_ts(ts_ms)}","cluster":"{cluster}",'
-        f'"recovery_id":"{rid}","type":"{typ}","replica_id":{replica},"old_uuid":{o},'
-        f'"new_uuid":{n},"leader_id":{lid},"leader_epoch":{lep},"detail":{detail}}}'
-    )
-
-
 def _damage(line: str, kind: str, rng: random.Random) -> list[str]:
     """The damaged form of one line (one kind of damage), as the lines that replace it."""
     if kind == ev.BLANK_LINE:
@@ -202,185 +169,152 @@ def _damage(line: str, kind: str, rng: random.Random) -> list[str]:
     return [json.dumps(obj, separators=(",", ":"))]
 
 
-def _remove_then_add(add: Any, rng: random.Random, t: int, catch: int, log_bytes: int, voters: int,
-                     failed: str | None, auto_join: bool) -> int:
-    """The steps after detection of a Kafka recovery, old voter removed first (KIP-853; see
-    ``intervals``). ``operator watch`` logs both *_started events and may fail: the quorum lost
-    during RemoveVoter, or the replica behind again when AddVoter checks it, with the voter set
-    left one short. Auto-join is recorded from outside (``demo_kafka.AutoJoinRecorder``): only
-    committed steps, seen by a DescribeQuorum every 50 ms, and Kafka never gives up. Returns the
-    last timestamp."""
-    t += catch
-    add(ev.REPLICA_CAUGHT_UP, t, f'{{"fetched_bytes":{log_bytes}}}')
-    if auto_join:  # Kafka's controller notices and removes the old id within its own period
-        t += int(rng.lognormvariate(math.log(900), 0.4)) + 50
-        add(ev.REMOVE_VOTER_COMMITTED, t, f'{{"voters":{voters - 1}}}')
-        t += int(rng.lognormvariate(math.log(400), 0.4)) + 50
-        add(ev.ADD_VOTER_COMMITTED, t, f'{{"voters":{voters}}}')
-        t += int(rng.expovariate(1 / 60)) + 1
-        add(ev.RECOVERY_COMPLETED, t)
-        return t
-    t += int(rng.expovariate(1 / 150)) + 5
-    add(ev.REMOVE_VOTER_STARTED, t)
-    if failed == "quorum_lost":
-        t += int(rng.uniform(500, 20_000))
-        add(ev.RECOVERY_FAILED, t, '{"reason":"quorum_lost","message":"no leader for 10 s"}', None, None)
-        return t
-    t += int(rng.lognormvariate(math.log(8), 0.5)) + 1
-    add(ev.REMOVE_VOTER_COMMITTED, t, f'{{"voters":{voters - 1}}}')
-    t += int(rng.expovariate(1 / 40)) + 2
-    add(ev.ADD_VOTER_STARTED, t)
-    if failed == "replica_fell_behind":
-        t += int(rng.uniform(2_000, 30_000))
-        add(ev.RECOVERY_FAILED, t,
-            '{"reason":"replica_fell_behind","message":"REPLICA_NOT_CAUGHT_UP after 5 retries"}')
-        return t
-    t += int(rng.lognormvariate(math.log(8), 0.5)) + 1
-    add(ev.ADD_VOTER_COMMITTED, t, f'{{"voters":{voters}}}')
-    t += int(rng.expovariate(1 / 3)) + 1
-    add(ev.RECOVERY_COMPLETED, t)
-    return t
+@dataclass(frozen=True)
+class _ClusterDay:
+    """What every recovery of one cluster on one day shares."""
+
+    prof: ClusterProfile
+    degraded: bool
+    order: str
+    engine_detail: str  # extra detail fields of the detection event
+    catch_median_ms: float
+    fail_rate: float
+
+    @staticmethod
+    def of(job: _DayJob, ci: int) -> _ClusterDay:
+        prof = job.profiles[ci]
+        degraded = ci == job.degraded_cluster and job.degraded_days[0] <= job.index < job.degraded_days[1]
+        catch_median_ms = 1500.0 + prof.log_mb / prof.fetch_mb_s * 1000.0
+        engine_detail = ""
+        order = ADD_THEN_REMOVE
+        if job.engines:
+            # Which engine runs this cluster, and its voter-change order (Kafka refuses a second
+            # directory id for a voter id, so it removes first: RemoveThenAdd). Kafka clusters
+            # take turns between `operator watch` and Kafka's own auto-join.
+            engine = job.engines[ci % len(job.engines)]
+            if engine == "kafka":
+                order = AUTO_JOIN if (ci // len(job.engines)) % 2 else REMOVE_THEN_ADD
+                catch_median_ms *= 1.3
+            engine_detail = f',"engine":"{engine}","order":"{order}"'
+            if order == AUTO_JOIN:
+                engine_detail += f',"recorded_by":"{AUTO_JOIN_RECORDER}"'
+        if order == AUTO_JOIN:
+            fail_rate = 0.0  # Kafka retries by itself; the recorder logs no failure
+        else:
+            fail_rate = min(0.9, prof.fail_rate * job.failure_scale * (3.0 if degraded else 1.0))
+        return _ClusterDay(prof, degraded, order, engine_detail, catch_median_ms, fail_rate)
+
+
+class _Day:
+    """One day's files: every recovery of every cluster, drawn from the day's own random stream."""
+
+    def __init__(self, job: _DayJob, handles: Sequence[TextIO]) -> None:
+        self.job, self.handles = job, handles
+        self.rng = random.Random(f"{job.seed}:{job.day.isoformat()}")
+        self.stats = GenerateStats(files=len(handles))
+        d = job.day
+        self.day_start = int(datetime(d.year, d.month, d.day, tzinfo=UTC).timestamp() * 1000)
+
+    def cluster(self, ci: int, count: int) -> None:
+        rng, c = self.rng, _ClusterDay.of(self.job, ci)
+        voters = c.prof.voters
+        leader = rng.randrange(1, voters + 1)
+        epoch = rng.randrange(3, 40) + self.job.index * 2
+        starts = sorted(rng.randrange(0, 86_400_000) for _ in range(count))
+        out = self.handles[ci % len(self.handles)]
+        for seq, t0 in enumerate(starts):
+            replica = rng.randrange(1, voters + 1)
+            if replica == leader:  # a voter that lost its disk cannot be leading
+                replica = replica % voters + 1
+            if rng.random() < 0.04:  # an election happened since the last recovery
+                leader = rng.choice([v for v in range(1, voters + 1) if v != replica])
+                epoch += 1
+            rid = f"r-{self.job.day:%Y%m%d}-{ci:03d}-{seq:06d}"
+            who = Who(c.prof.name, rid, replica, _uuid(rng), _uuid(rng))
+            s = Steps(rng, t0, leader, epoch)
+            failed = self.recovery(c, s)
+            if self.job.malformed_rate > 0:
+                self.anomaly(s, failed)
+            self.write(out, who, s.events)
+
+    def recovery(self, c: _ClusterDay, s: Steps) -> str | None:
+        """Draw one recovery's events into ``s``; the failure reason, None when it completed."""
+        rng = self.rng
+        log_bytes = int(c.prof.log_mb * 1_048_576 * rng.uniform(0.8, 1.2))
+        catch = rng.lognormvariate(math.log(c.catch_median_ms * (3.0 if c.degraded else 1.0)), 0.55)
+        s.add(ev.DISK_REPLACEMENT_DETECTED, 0, f'{{"log_bytes":{log_bytes}{c.engine_detail}}}')
+        failed: str | None = None
+        if rng.random() < c.fail_rate:
+            failed = rng.choices(ev.FAILURE_REASONS, weights=(0.5, 0.3, 0.2))[0]
+        if catch >= 600_000 and c.order != AUTO_JOIN:  # the operator's catch-up deadline (10 min)
+            failed = "timeout"
+        if failed == "timeout":
+            s.fail(failed)
+        else:
+            s.add(ev.REPLICA_CAUGHT_UP, int(catch), f'{{"fetched_bytes":{log_bytes}}}')
+            voter_changes(s, c.order, c.prof.voters, failed)
+        self.stats.recoveries += 1
+        self.stats.outcomes["failed" if failed else "completed"] += 1
+        if failed:
+            self.stats.failure_reasons[failed] += 1
+        return failed
+
+    def anomaly(self, s: Steps, failed: str | None) -> None:
+        """Maybe give the recovery an anomaly: what an operator restart or a clock step produces."""
+        rng, evs = self.rng, s.events
+        if not (rng.random() < self.job.malformed_rate * 4 and len(evs) >= 3):
+            return
+        kind = rng.choice(RECOVERY_ANOMALIES)
+        if kind == "impossible_order" and len(evs) >= 4:
+            # add_voter_committed stamped before add_voter_started (clock stepped back); in the
+            # other orders the step after caught up is stamped before it.
+            add_first = (evs[2].typ, evs[3].typ) == (ev.ADD_VOTER_STARTED, ev.ADD_VOTER_COMMITTED)
+            i = 3 if add_first else 2
+            evs[i] = evs[i]._replace(at=evs[i - 1].at - rng.randrange(5, 500))
+        elif kind == "event_after_end":
+            typ = ev.REPLICA_CAUGHT_UP if failed else ev.REMOVE_VOTER_COMMITTED
+            evs.append(Ev(typ, evs[-1].at + rng.randrange(10, 5000), s.leader, s.epoch, "{}"))
+        elif kind == "missing_detection":
+            del evs[0]
+        elif kind == "duplicate_event":
+            evs.insert(2, evs[1]._replace(at=evs[1].at + rng.randrange(1, 50)))
+        else:
+            return
+        self.stats.recovery_anomalies[kind] += 1
+
+    def write(self, out: TextIO, who: Who, evs: list[Ev]) -> None:
+        """Write the recovery's lines, each damaged with probability ``malformed_rate``."""
+        m, rng, stats = self.job.malformed_rate, self.rng, self.stats
+        for e in evs:
+            text = line(self.day_start, who, e)
+            stats.events += 1
+            if m > 0 and rng.random() < m:
+                kind = rng.choice(LINE_DAMAGE)
+                stats.line_damage[kind] += 1
+                out_lines = _damage(text, kind, rng)
+            else:
+                out_lines = [text]
+            for ln in out_lines:
+                out.write(ln)
+                out.write("\n")
+                stats.lines += 1
 
 
 def _generate_day(job: _DayJob) -> GenerateStats:
-    rng = random.Random(f"{job.seed}:{job.day.isoformat()}")
-    stats = GenerateStats()
     day_dir = Path(job.out) / f"date={job.day.isoformat()}"
     day_dir.mkdir(parents=True, exist_ok=True)
-    day_start = int(datetime(job.day.year, job.day.month, job.day.day, tzinfo=UTC).timestamp() * 1000)
     handles = [
         open(day_dir / f"part-{k:05d}.jsonl", "w", encoding="utf-8", buffering=1 << 20)
         for k in range(job.files)
     ]
-    stats.files = len(handles)
-    m = job.malformed_rate
     try:
+        day = _Day(job, handles)
         for ci, count in job.counts:
-            prof = job.profiles[ci]
-            cname = prof.name
-            degraded = ci == job.degraded_cluster and job.degraded_days[0] <= job.index < job.degraded_days[1]
-            leader = rng.randrange(1, prof.voters + 1)
-            epoch = rng.randrange(3, 40) + job.index * 2
-            starts = sorted(rng.randrange(0, 86_400_000) for _ in range(count))
-            out = handles[ci % len(handles)]
-            catch_median_ms = 1500.0 + prof.log_mb / prof.fetch_mb_s * 1000.0
-            engine_detail = ""
-            order = ADD_THEN_REMOVE
-            if job.engines:
-                # Which engine runs this cluster, and its voter-change order (Kafka refuses a
-                # second directory id for a voter id, so it removes first: RemoveThenAdd). Kafka
-                # clusters take turns between `operator watch` and Kafka's own auto-join.
-                engine = job.engines[ci % len(job.engines)]
-                if engine == "kafka":
-                    order = AUTO_JOIN if (ci // len(job.engines)) % 2 else REMOVE_THEN_ADD
-                    catch_median_ms *= 1.3
-                engine_detail = f',"engine":"{engine}","order":"{order}"'
-                if order == AUTO_JOIN:
-                    engine_detail += f',"recorded_by":"{AUTO_JOIN_RECORDER}"'
-            if order == AUTO_JOIN:
-                fail_rate = 0.0  # Kafka retries by itself; the recorder logs no failure
-            else:
-                fail_rate = min(0.9, prof.fail_rate * job.failure_scale * (3.0 if degraded else 1.0))
-            for seq, t0 in enumerate(starts):
-                rid = f"r-{job.day:%Y%m%d}-{ci:03d}-{seq:06d}"
-                replica = rng.randrange(1, prof.voters + 1)
-                if replica == leader:  # a voter that lost its disk cannot be leading
-                    replica = replica % prof.voters + 1
-                if rng.random() < 0.04:  # an election happened since the last recovery
-                    leader = rng.choice([v for v in range(1, prof.voters + 1) if v != replica])
-                    epoch += 1
-                old, new = _uuid(rng), _uuid(rng)
-                log_bytes = int(prof.log_mb * 1_048_576 * rng.uniform(0.8, 1.2))
-                catch = rng.lognormvariate(math.log(catch_median_ms * (3.0 if degraded else 1.0)), 0.55)
-                t = t0
-                lines: list[tuple[str, int | None, int | None, str]] = []  # type, leader, epoch, detail
-                times: list[int] = []
-
-                def add(typ: str, at: int, detail: str = "{}", lead: int | None = leader,
-                        ep: int | None = epoch, _lines: list[Any] = lines, _times: list[int] = times) -> None:
-                    _lines.append((typ, lead, ep, detail))
-                    _times.append(at)
-
-                add(ev.DISK_REPLACEMENT_DETECTED, t, f'{{"log_bytes":{log_bytes}{engine_detail}}}')
-                failed: str | None = None
-                if rng.random() < fail_rate:
-                    failed = rng.choices(ev.FAILURE_REASONS, weights=(0.5, 0.3, 0.2))[0]
-                if catch >= 600_000 and order != AUTO_JOIN:  # the operator's catch-up deadline (10 min)
-                    failed = "timeout"
-                if failed == "timeout":
-                    t += 600_000
-                    add(ev.RECOVERY_FAILED, t, '{"reason":"timeout","message":"catch-up exceeded 600 s"}')
-                elif order != ADD_THEN_REMOVE:
-                    t = _remove_then_add(add, rng, t, int(catch), log_bytes, prof.voters, failed,
-                                         order == AUTO_JOIN)
-                else:
-                    t += int(catch)
-                    add(ev.REPLICA_CAUGHT_UP, t, f'{{"fetched_bytes":{log_bytes}}}')
-                    t += int(rng.expovariate(1 / 150)) + 5
-                    add(ev.ADD_VOTER_STARTED, t)
-                    if failed == "replica_fell_behind":
-                        t += int(rng.uniform(2_000, 30_000))
-                        add(ev.RECOVERY_FAILED, t,
-                            '{"reason":"replica_fell_behind",'
-                            '"message":"REPLICA_NOT_CAUGHT_UP after 5 retries"}')
-                    elif failed == "quorum_lost":
-                        t += int(rng.uniform(500, 20_000))
-                        add(ev.RECOVERY_FAILED, t, '{"reason":"quorum_lost","message":"no leader for 10 s"}',
-                            None, None)
-                    else:
-                        t += int(rng.lognormvariate(math.log(6), 0.5)) + 1
-                        add(ev.ADD_VOTER_COMMITTED, t, f'{{"voters":{prof.voters + 1}}}')
-                        t += int(rng.expovariate(1 / 40)) + 2
-                        add(ev.REMOVE_VOTER_STARTED, t)
-                        t += int(rng.lognormvariate(math.log(5), 0.5)) + 1
-                        add(ev.REMOVE_VOTER_COMMITTED, t, f'{{"voters":{prof.voters}}}')
-                        t += int(rng.expovariate(1 / 3)) + 1
-                        add(ev.RECOVERY_COMPLETED, t)
-                stats.recoveries += 1
-                stats.outcomes["failed" if failed else "completed"] += 1
-                if failed:
-                    stats.failure_reasons[failed] += 1
-                # Recovery-level anomalies: what an operator restart or a clock step produces.
-                if m > 0 and rng.random() < m * 4 and len(lines) >= 3:
-                    kind = rng.choice(RECOVERY_ANOMALIES)
-                    if kind == "impossible_order" and len(lines) >= 4:
-                        # add_voter_committed stamped before add_voter_started (clock stepped back);
-                        # in the other orders the step after caught up is stamped before it.
-                        steps = (lines[2][0], lines[3][0])
-                        add_first = steps == (ev.ADD_VOTER_STARTED, ev.ADD_VOTER_COMMITTED)
-                        i = 3 if add_first else 2
-                        times[i] = times[i - 1] - rng.randrange(5, 500)
-                    elif kind == "event_after_end":
-                        lines.append((ev.REPLICA_CAUGHT_UP if failed else ev.REMOVE_VOTER_COMMITTED,
-                                      leader, epoch, "{}"))
-                        times.append(times[-1] + rng.randrange(10, 5000))
-                    elif kind == "missing_detection":
-                        del lines[0]
-                        del times[0]
-                    elif kind == "duplicate_event":
-                        lines.insert(2, lines[1])
-                        times.insert(2, times[1] + rng.randrange(1, 50))
-                    else:
-                        kind = ""
-                    if kind:
-                        stats.recovery_anomalies[kind] += 1
-                for (typ, lead, ep, detail), at in zip(lines, times, strict=True):
-                    text = _line(day_start + at, cname, rid, typ, replica, old, new, lead, ep, detail)
-                    stats.events += 1
-                    if m > 0 and rng.random() < m:
-                        kind = rng.choice(LINE_DAMAGE)
-                        stats.line_damage[kind] += 1
-                        out_lines = _damage(text, kind, rng)
-                    else:
-                        out_lines = [text]
-                    for ln in out_lines:
-                        out.write(ln)
-                        out.write("\n")
-                        stats.lines += 1
+            day.cluster(ci, count)
     finally:
         for h in handles:
             h.close()
-    return stats
+    return day.stats
 
 
 def generate(
