@@ -93,3 +93,35 @@ async def test_manual_replacement_through_backend(kafka_controllers: KafkaContro
         assert (victim, new) in {(v["id"], v["uuid"]) for v in d["voters"]}
     finally:
         await q.close()
+
+
+async def test_the_leader_is_found_outside_the_bootstrap_list(kafka_controllers: KafkaControllers) -> None:
+    """A bootstrap list naming one follower (KIP-919 lets it be any controllers): the follower
+    answers DescribeQuorum with NOT_LEADER_OR_FOLLOWER, and the client follows DescribeCluster's
+    active controller; after the leader dies, it finds the new one the same way."""
+    k = kafka_controllers
+    full = KafkaQuorum(k.bootstrap)
+    try:
+        d = await wait_for(lambda: _healthy(full), 90)
+    finally:
+        await full.close()
+    leader = d["leader_id"]
+    follower = next(i for i in k.controllers if i != leader)
+    q = KafkaQuorum(k.controllers[follower].endpoint)
+    try:
+        got = await q.describe()
+        assert got["leader_id"] == leader and got["cluster_id"] == k.cluster_id
+        assert {v["id"] for v in got["voters"]} == set(k.controllers)
+        # The leader gone: a new one is elected among the other two, and found from the follower.
+        k.stop(leader, kill=True)
+
+        async def new_leader() -> dict[str, Any] | None:
+            d = await q.describe()
+            return d if d["leader_id"] not in (-1, leader) else None
+
+        d = await wait_for(new_leader, 90)
+        assert d["leader_id"] in set(k.controllers) - {leader}
+        # The DescribeQuorum came from the new leader itself: its own entry is "now".
+        assert q._leader == ("127.0.0.1", k.controllers[d["leader_id"]].port)
+    finally:
+        await q.close()

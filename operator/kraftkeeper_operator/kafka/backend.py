@@ -5,7 +5,8 @@ It talks to the controllers directly (``bootstrap.controllers``, KIP-919), or to
 that is all the user gives (a broker forwards DescribeQuorum, AddRaftVoter and RemoveRaftVoter to
 the active controller and answers like the raft leader): DescribeQuorum
 (kafka-python's message classes) to the raft leader, found by asking each bootstrap controller in
-turn (a non-leader answers NOT_LEADER_OR_FOLLOWER) and remembered; AddRaftVoter and
+turn (a non-leader answers NOT_LEADER_OR_FOLLOWER), else where DescribeCluster says the active
+controller is (the bootstrap list need not name the leader), and remembered; AddRaftVoter and
 RemoveRaftVoter (KIP-853, classes generated from Kafka's published schemas, schemas.py) to the same
 leader. The answer of DescribeQuorum v2 is turned into the operator's describe object
 (interfaces.md, ``quorum describe --json``):
@@ -257,21 +258,54 @@ class KafkaQuorum:
         return resp, ""
 
     async def _leader_describe(self) -> tuple[tuple[str, int], Any]:
+        """The raft leader's DescribeQuorum: the remembered leader, then each bootstrap address,
+        then where those say the leader is (:meth:`_leader_hints`): the bootstrap list need not
+        name it (KIP-919 lets it be any of the controllers)."""
         order = ([self._leader] if self._leader else []) + [a for a in self.bootstrap if a != self._leader]
+        tried: list[tuple[str, int]] = []
         why: list[str] = []
-        for addr in order:
-            resp, err = await self._describe_at(addr)
-            if resp is not None:
-                self._leader = addr
-                if self.cluster_id is None:  # learned once, from the first leader that answers
-                    with contextlib.suppress(KafkaWireError, TimeoutError, OSError):
-                        self.cluster_id = await self._cluster_id(await self._conn(addr))
-                return addr, resp
-            why.append(err)
+        for first in (True, False):
+            for addr in order if first else await self._leader_hints(tried):
+                if addr in tried:
+                    continue
+                tried.append(addr)
+                resp, err = await self._describe_at(addr)
+                if resp is not None:
+                    self._leader = addr
+                    if self.cluster_id is None:  # learned once, from the first leader that answers
+                        with contextlib.suppress(KafkaWireError, TimeoutError, OSError):
+                            self.cluster_id = await self._cluster_id(await self._conn(addr))
+                    return addr, resp
+                why.append(err)
         self._leader = None
         raise KraftError(
             ErrorCode.UNAVAILABLE, "no Kafka controller answered as raft leader: " + "; ".join(why)
         )
+
+    async def _leader_hints(self, tried: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Where the leader may be when no address tried leads (a non-leader's DescribeQuorum
+        answer, NOT_LEADER_OR_FOLLOWER, carries no endpoint): the active controller that
+        DescribeCluster names (KIP-919: a controller answers it with the quorum's controllers and
+        the active one's id), asked of the first tried controller that answers it, then every
+        controller an earlier DescribeQuorum v2 listed (``Nodes``)."""
+        out: list[tuple[str, int]] = []
+        for addr in tried:
+            c = self._conns.get(addr)
+            if c is None or c.closed or API_DESCRIBE_CLUSTER not in c.api_versions:
+                continue
+            with contextlib.suppress(KafkaWireError, TimeoutError, OSError):
+                req = DescribeClusterRequest(include_cluster_authorized_operations=False, endpoint_type=2)
+                resp = await c.request(req, c.version_for(API_DESCRIBE_CLUSTER, 1, 2), self.timeout)
+                if resp.error_code == 0:
+                    leader = [
+                        (str(b.host), int(b.port)) for b in resp.brokers if b.broker_id == resp.controller_id
+                    ]
+                    if leader:
+                        out += leader
+                        break
+        for lst in self.listeners.values():
+            out += [(h, p) for _, h, p in lst]
+        return [a for i, a in enumerate(out) if a not in out[:i] and a not in tried]
 
     async def describe(self) -> dict[str, Any]:
         _, resp = await self._bounded("DescribeQuorum", self._leader_describe(), self.api_timeout)
