@@ -3,12 +3,16 @@ the pure decision, from resource bodies as the API server returns them."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 import pytest
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.ownership import (
+    LIST_SHARE_S,
     REASON,
     Claim,
     Ownership,
@@ -17,9 +21,12 @@ from kraftkeeper_operator.kafka.ownership import (
     owner_of,
     policy_for,
     same_quorum,
+    shared_lists,
 )
 from kraftkeeper_operator.policy import RecoveryPolicy
+from kraftkeeper_operator.quorums import OperatorContext
 from kraftkeeper_operator.status import Condition, ControllerStatus
+from kubernetes_asyncio.client.exceptions import ApiException
 
 
 def body(
@@ -214,3 +221,70 @@ def test_one_warning_per_episode_and_an_info_event_on_takeover(monkeypatch: pyte
     }
     Ownership().report(me, _status(), owner)  # type: ignore[arg-type]
     assert len(seen) == 2
+
+
+class CountingCustom:
+    """The KRaftQuorum list calls of the API client, counted; ``forbid`` answers the cluster-wide
+    list with 403 (namespace-scoped RBAC), ``fail`` makes the next list call fail once."""
+
+    def __init__(self, items: list[dict[str, Any]], *, forbid: bool = False) -> None:
+        self.items, self.forbid, self.fail = items, forbid, False
+        self.calls: list[str] = []
+
+    async def list_cluster_custom_object(self, *_: Any) -> dict[str, Any]:
+        self.calls.append("*")
+        await asyncio.sleep(0)  # lets the other passes arrive while this one is in flight
+        if self.forbid:
+            raise ApiException(status=403)
+        if self.fail:
+            self.fail = False
+            raise ApiException(status=500)
+        return {"items": self.items}
+
+    async def list_namespaced_custom_object(self, _g: str, _v: str, ns: str, _p: str) -> dict[str, Any]:
+        self.calls.append(ns)
+        await asyncio.sleep(0)
+        return {"items": [i for i in self.items if i["metadata"]["namespace"] == ns]}
+
+
+@dataclass(eq=False)  # hashable by identity, as the real API client
+class FakeKube:
+    custom: CountingCustom
+
+
+@pytest.mark.parametrize("forbid", [False, True])
+async def test_one_kraftquorum_list_serves_every_resources_pass(forbid: bool) -> None:
+    bodies = [body(f"q{i}", f"2026-11-23T1{i}:00:00Z", ["127.0.0.1:9093"], cluster_id="c") for i in range(5)]
+    custom = CountingCustom(bodies, forbid=forbid)
+    ctx = OperatorContext(kube=FakeKube(custom))  # type: ignore[arg-type]
+    shared = shared_lists(ctx.kube)
+    clock = [100.0]
+    shared.clock = lambda: clock[0]
+    owners = [Ownership() for _ in bodies]
+    api = KafkaQuorum("127.0.0.1:9093")
+    api.cluster_id = "c"  # known: no describe before the decision
+    # Forbidden: the cluster-wide call (shared too) answers 403, then each lists its namespace.
+    first = ["*"] if not forbid else ["*", "ns"]
+
+    async def one_pass() -> list[Claim | None]:
+        return list(
+            await asyncio.gather(*(o.decide(ctx, b, api) for o, b in zip(owners, bodies, strict=True)))
+        )
+
+    got = await one_pass()  # five resources wake together: one list call
+    assert [g.key if g else None for g in got] == [None] + ["ns/q0"] * 4
+    assert custom.calls == first and shared.calls == len(first)
+    await one_pass()  # within LIST_SHARE_S: served again, no call
+    assert custom.calls == first
+    clock[0] += LIST_SHARE_S  # older than that: one new list for all
+    await one_pass()
+    assert custom.calls == (["*", "*"] if not forbid else ["*", "ns", "ns"])
+    if not forbid:
+        # A failed list is not kept: every pass that awaited it fails, the next one lists again.
+        clock[0] += LIST_SHARE_S
+        custom.fail = True
+        with pytest.raises(ApiException):
+            await owners[0].decide(ctx, bodies[0], api)
+        assert await owners[1].decide(ctx, bodies[1], api) is not None
+        assert custom.calls == ["*", "*", "*", "*"]
+    await api.close()

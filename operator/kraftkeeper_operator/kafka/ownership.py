@@ -25,6 +25,12 @@ replica of it, picks the same owner without remembering anything):
   sent), say ``Degraded`` with reason ``OwnerConflict`` naming the owner, post one Warning Event
   per episode, and take over on the first pass after the owner is gone.
 
+One list per pass, not one per resource: the daemons of every ``spec.kafka`` resource share the
+operator's KRaftQuorum list (:class:`SharedLists`, per API client): a list younger than
+:data:`LIST_SHARE_S` serves them all, and passes that run together await the same call. A decision
+may therefore see the resources as they were up to that long ago (a takeover comes that much
+later; the window in which two new resources both act grows by as much).
+
 What the rule cannot see: resources the operator cannot list. It lists KRaftQuorums cluster-wide,
 or only in the resource's namespace when its RBAC refuses that (the chart's namespace-scoped
 mode); two operator processes watching different namespaces therefore do not see each other's
@@ -37,7 +43,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +66,7 @@ TAKEN_REASON = "OwnershipTaken"
 IDLE_PHASES = ("Pending", "Failed")
 RESOLVE_TIMEOUT_S = 2.0
 RESOLVE_TTL_S = 60.0
+LIST_SHARE_S = 1.0  # a KRaftQuorum list this young serves every resource's pass
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,43 @@ def conflict_message(owner: Claim) -> str:
     )
 
 
+class SharedLists:
+    """The KRaftQuorum lists of one operator process, shared by every resource's ownership
+    decision: per scope ("" cluster-wide, else a namespace), a list younger than ``ttl`` seconds
+    is served again, and callers arriving while it is being fetched await that same call. A failed
+    list is not kept: the next caller lists again."""
+
+    def __init__(self, ttl: float = LIST_SHARE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl, self.clock = ttl, clock
+        self.calls = 0  # list calls made (tests count them)
+        self._got: dict[str, tuple[float, asyncio.Future[list[dict[str, Any]]]]] = {}
+
+    async def get(
+        self, scope: str, call: Callable[[], Awaitable[list[dict[str, Any]]]]
+    ) -> list[dict[str, Any]]:
+        now = self.clock()
+        hit = self._got.get(scope)
+        if hit is not None and hit[1].done() and (hit[1].cancelled() or hit[1].exception() is not None):
+            hit = None
+        if hit is None or (hit[1].done() and now - hit[0] >= self.ttl):
+            self.calls += 1
+            hit = (now, asyncio.ensure_future(call()))
+            self._got[scope] = hit
+        # Shielded: a caller cancelled by its watchdog does not cancel the others' list.
+        return list(await asyncio.shield(hit[1]))
+
+
+_SHARED: weakref.WeakKeyDictionary[object, SharedLists] = weakref.WeakKeyDictionary()
+
+
+def shared_lists(kube: object) -> SharedLists:
+    """The :class:`SharedLists` of the operator process's API client ``kube``."""
+    got = _SHARED.get(kube)
+    if got is None:
+        got = _SHARED[kube] = SharedLists()
+    return got
+
+
 class Ownership:
     """The ownership state of one resource's daemon: the host resolution cache and the owner of
     the last pass (for one Event per episode)."""
@@ -187,19 +232,24 @@ class Ownership:
 
     async def _list(self, ctx: OperatorContext, ns: str) -> list[dict[str, Any]]:
         custom = ctx.kube.custom
+        shared = shared_lists(ctx.kube)
+
+        async def everywhere() -> list[dict[str, Any]]:
+            call = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            return list((await within("listing KRaftQuorums", call)).get("items") or [])
+
+        async def namespaced() -> list[dict[str, Any]]:
+            call = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+            return list((await within(f"listing KRaftQuorums in {ns}", call)).get("items") or [])
+
         if self.cluster_wide:
             try:
-                got = await within(
-                    "listing KRaftQuorums", custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-                )
-                return list(got.get("items") or [])
+                return await shared.get("", everywhere)
             except ApiException as e:
                 if e.status != 403:
                     raise
                 self.cluster_wide = False  # namespace-scoped RBAC: the namespace's resources only
-        call = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
-        got = await within(f"listing KRaftQuorums in {ns}", call)
-        return list(got.get("items") or [])
+        return await shared.get(ns, namespaced)
 
     async def decide(self, ctx: OperatorContext, body: Mapping[str, Any], api: KafkaQuorum) -> Claim | None:
         """The owner of this resource's quorum if it is another resource, else None. The live
