@@ -56,12 +56,17 @@ class Span:
 
 
 @dataclass(frozen=True)
-class Interval:
-    """``name`` (a column stem: ``<name>_ms``) with its span in each voter-change order. The
-    ``start``/``end``/``title``/``meaning`` properties are the AddThenRemove span (KIP-856's)."""
+class Interval(Span):
+    """``name`` (a column stem: ``<name>_ms``) with its span in each voter-change order. Its own
+    ``start``/``end``/``title``/``meaning`` are the AddThenRemove span's (KIP-856's)."""
 
     name: str
     spans: Mapping[str, Span]
+
+    @classmethod
+    def of(cls, name: str, spans: Mapping[str, Span]) -> Interval:
+        k = spans[ADD_THEN_REMOVE]
+        return cls(k.start, k.end, k.title, k.meaning, name, spans)
 
     def span(self, order: str) -> Span:
         return self.spans[order if order in self.spans else ADD_THEN_REMOVE]
@@ -70,42 +75,28 @@ class Interval:
         a, r = self.spans[ADD_THEN_REMOVE], self.spans[REMOVE_THEN_ADD]
         return (a.start, a.end) == (r.start, r.end)
 
+    def _known(self, orders: set[str] | frozenset[str]) -> list[str]:
+        """The orders among ``orders`` this interval has a span for; KIP-856's when none is."""
+        return sorted(o for o in orders if o in self.spans) or [ADD_THEN_REMOVE]
+
     def title_for(self, orders: set[str] | frozenset[str]) -> str:
         """The title for a table over recoveries of ``orders``: one order's own title, or, for a
         mix whose spans differ, both spans named with their order."""
-        known = sorted(o for o in orders if o in self.spans) or [ADD_THEN_REMOVE]
+        known = self._known(orders)
         if len(known) == 1 or self.same_in_both():
             return self.span(known[0]).title
-        head = self.head_for(orders)
         both = "; ".join(f"{o}: {self.spans[o].title.split(': ', 1)[1]}" for o in known)
-        return f"{head} ({both})"
+        return f"{self.head_for(orders)} ({both})"
 
     def head_for(self, orders: set[str] | frozenset[str]) -> str:
         """The title's short name (before its colon) for ``orders``: a column heading."""
-        known = sorted(o for o in orders if o in self.spans) or [ADD_THEN_REMOVE]
-        return " / ".join(dict.fromkeys(self.spans[o].title.split(":")[0] for o in known))
+        return " / ".join(dict.fromkeys(self.spans[o].title.split(":")[0] for o in self._known(orders)))
 
     def meaning_for(self, orders: set[str] | frozenset[str]) -> str:
-        known = sorted(o for o in orders if o in self.spans) or [ADD_THEN_REMOVE]
+        known = self._known(orders)
         if len(known) == 1 or self.spans[known[0]].meaning == self.spans[known[-1]].meaning:
             return self.span(known[0]).meaning
         return "; ".join(f"{o}: {self.spans[o].meaning}" for o in known)
-
-    @property
-    def start(self) -> str:
-        return self.spans[ADD_THEN_REMOVE].start
-
-    @property
-    def end(self) -> str:
-        return self.spans[ADD_THEN_REMOVE].end
-
-    @property
-    def title(self) -> str:
-        return self.spans[ADD_THEN_REMOVE].title
-
-    @property
-    def meaning(self) -> str:
-        return self.spans[ADD_THEN_REMOVE].meaning
 
 
 _A = "\u2192"
@@ -158,7 +149,7 @@ _TABLE: Final = (
                     "the whole recovery as the operator logged it")),
 )
 
-INTERVALS: Final = tuple(Interval(name, spans) for name, spans in _TABLE)
+INTERVALS: Final = tuple(Interval.of(name, spans) for name, spans in _TABLE)
 BY_NAME: Final = {i.name: i for i in INTERVALS}
 PHASES: Final = tuple(i.name for i in INTERVALS)
 CATCH_UP: Final = BY_NAME["catch_up"]
