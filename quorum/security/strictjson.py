@@ -115,11 +115,9 @@ def get_int(
     code: ErrorCode = ErrorCode.INVALID_REQUEST,
 ) -> int:
     """``obj[name]`` as an integer within ``bounds`` (inclusive); ``default`` if absent and given."""
-    if name not in obj:
-        if default is not None:
-            return default
-        raise _fail(code, what, f"field {name} is missing")
-    v = obj[name]
+    if name not in obj and default is not None:
+        return default
+    v = _required(obj, name, what, code)
     if isinstance(v, bool) or not isinstance(v, int):
         raise _fail(code, what, f"field {name} must be an integer, got {_show(v)}")
     if not bounds[0] <= v <= bounds[1]:
@@ -135,11 +133,9 @@ def get_bool(
     default: bool | None = None,
     code: ErrorCode = ErrorCode.INVALID_REQUEST,
 ) -> bool:
-    if name not in obj:
-        if default is not None:
-            return default
-        raise _fail(code, what, f"field {name} is missing")
-    v = obj[name]
+    if name not in obj and default is not None:
+        return default
+    v = _required(obj, name, what, code)
     if not isinstance(v, bool):
         raise _fail(code, what, f"field {name} must be true or false, got {_show(v)}")
     return v
@@ -184,6 +180,12 @@ def get_uuid(
     if v is not None and not _UUID.match(v):
         raise _fail(code, what, f"field {name}={_show(v)} is not a canonical UUID")
     return v
+
+
+def _required(obj: dict[str, Any], name: str, what: str, code: ErrorCode) -> Any:
+    if name not in obj:
+        raise _fail(code, what, f"field {name} is missing")
+    return obj[name]
 
 
 def _show(v: Any) -> str:
