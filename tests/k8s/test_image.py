@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ImageBuild
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("KK_CACHE", str(Path.home() / ".cache" / "kraftkeeper")))
 BASE_IMAGE = os.environ.get("KK_BASE_IMAGE", "kraftkeeper-base:bookworm")
@@ -72,7 +74,7 @@ def test_dockerfile_contract() -> None:
 
 
 @pytest.fixture(scope="module")
-def image() -> Iterator[str]:
+def image(request: pytest.FixtureRequest) -> Iterator[str]:
     opted_in = os.environ.get("KK_DOCKER_TESTS") == "1"
     cached_tar = any((CACHE / "images").glob("base-*.tar")) if (CACHE / "images").is_dir() else False
     was_running = engine_running()
@@ -82,11 +84,14 @@ def image() -> Iterator[str]:
                     "or set KK_DOCKER_TESTS=1")
     if shutil.which("dockerd") is None and not was_running and not opted_in:
         pytest.skip("no Docker engine (Debian's docker.io) installed; set KK_DOCKER_TESTS=1 to install it")
-    proc = subprocess.run([str(REPO / "scripts" / "build-image.sh"), "build"], capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "KK_IMAGE": IMAGE})
-    if proc.returncode != 0 and not engine_running():
-        pytest.skip(f"a Docker engine cannot be started here: {proc.stderr.strip()[-400:]}")
-    assert proc.returncode == 0, f"scripts/build-image.sh failed:\n{proc.stderr[-3000:]}"
+    # Built once per test run (tests/conftest.py), shared with tests/kubelet.
+    build: ImageBuild = request.getfixturevalue("image_build")
+    if build.returncode == 0 and not engine_running():  # built earlier, its engine since stopped
+        build.engine()
+    if build.returncode != 0 and not engine_running():
+        pytest.skip(f"a Docker engine cannot be started here: {build.stderr.strip()[-400:]}")
+    assert build.returncode == 0, f"scripts/build-image.sh failed:\n{build.stderr[-3000:]}"
+    assert build.image == IMAGE
     try:
         yield IMAGE
     finally:

@@ -39,9 +39,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.conftest import ImageBuild
+
 REPO = Path(__file__).resolve().parents[2]
 NODE_SH = REPO / "scripts" / "k8s-node.sh"
-BUILD_IMAGE_SH = REPO / "scripts" / "build-image.sh"
 CACHE = Path(os.environ.get("KK_CACHE", str(Path.home() / ".cache" / "kraftkeeper")))
 IMAGE = os.environ.get("KK_IMAGE", "kraftkeeper:dev")
 OPERATOR_NS = "kraftkeeper-system"
@@ -189,12 +190,17 @@ def _stop_engine() -> None:
 
 
 @pytest.fixture(scope="package")
-def kk_image(node_cluster: NodeCluster) -> Iterator[str]:
+def kk_image(node_cluster: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     engine_was_running = _engine_running()
-    build = subprocess.run(["bash", str(BUILD_IMAGE_SH), "build"], capture_output=True, text=True,
-                           timeout=1500, env={**os.environ, "KK_IMAGE": IMAGE})
+    # Built once per test run (tests/conftest.py; tests/k8s/test_image.py may have built it and
+    # stopped the engine it had started, so start that again for `docker save`).
+    build: ImageBuild = request.getfixturevalue("image_build")
     if build.returncode != 0:
         raise AssertionError(f"scripts/build-image.sh failed:\n{build.stderr[-6000:]}")
+    assert build.image == IMAGE, (build.image, IMAGE)
+    if not _engine_running():
+        engine = build.engine()
+        assert engine.returncode == 0, f"scripts/build-image.sh engine failed:\n{engine.stderr[-4000:]}"
     load = _node("load-image", IMAGE, timeout=600)
     assert load.returncode == 0, f"importing {IMAGE} into containerd failed:\n{load.stderr[-4000:]}"
     try:
