@@ -151,7 +151,7 @@ def test_kraftkeeper_side_quick(tmp_path: Path) -> None:
     out = tmp_path / "res.json"
     # The asyncio generator here (wrk, when installed, drives the PySyncObj test above): it is
     # what a machine without scripts/install-bench.sh uses, so both paths stay tested.
-    res = run_bench("bench.engine", "--quick", "--duration", "2", "--clients", "1,8", "--peers", "none",
+    res = run_bench("bench.engine", "--quick", "--duration", "1", "--clients", "1,8", "--peers", "none",
                     "--kraftkeeper", "fsync,nofsync", "--generator", "asyncio", "--json", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads(out.read_text())
