@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,107 +66,132 @@ async def _wait(cond: Any, limit: float, what: str, interval: float = 0.2) -> An
     raise DemoError(f"REQUEST_TIMED_OUT: waited {limit:.0f}s for {what}{suffix}")
 
 
+@dataclass
+class _Run:
+    """What every step of one demo run shares."""
+
+    d: Path
+    client: QuorumClient
+    recoveries: int
+    keys_per_round: int
+    acked: list[str] = field(default_factory=list)
+
+    @property
+    def events_dir(self) -> Path:
+        return self.d / "events"
+
+
 async def _run_cluster(d: Path, recoveries: int, keys_per_round: int, stabilization: float) -> None:
     base = free_base_port(3)
     bootstrap = ",".join(f"127.0.0.1:{base + i}" for i in (1, 2, 3))
-    log_path = d / "operator.log"
     say(f"starting a 3-node quorum under `kraftkeeper operator local` in {d} (ports {base + 1}-{base + 3})")
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sup = await _start_supervisor(d, base, stabilization)
     try:
-        sup = await asyncio.create_subprocess_exec(
-            *_kk(
-                "operator",
-                "local",
-                "--dir",
-                str(d),
-                "--nodes",
-                "3",
-                "--base-port",
-                str(base),
-                "--stabilization-seconds",
-                str(stabilization),
-                "--interval",
-                "0.25",
-            ),
+        # TLS is on by default: the supervisor writes the admin client config before any node runs.
+        cfg_file = d / "client.json"
+        await _wait(lambda: _exists(cfg_file), 60, f"{cfg_file} (the admin client config)")
+        async with QuorumClient(bootstrap, timeout=30, client_config=load_client_config(cfg_file)) as client:
+            run = _Run(d, client, recoveries, keys_per_round)
+            desc = await _wait(lambda: _described(client), 90, "a leader to be elected")
+            say(f"leader is node {desc['leader_id']} at epoch {desc['leader_epoch']}; voters {_voters(desc)}")
+            await _write(client, run.acked, 0, keys_per_round)
+            say(f"wrote {len(run.acked)} keys")
+            for r in range(recoveries):
+                await _recover_one(run, r)
+            await _check_keys(run)
+    finally:
+        await _stop_supervisor(sup)
+
+
+async def _start_supervisor(d: Path, base: int, stabilization: float) -> asyncio.subprocess.Process:
+    """``kraftkeeper operator local`` in its own session (so stopping it stops its nodes too),
+    its output appended to ``operator.log``."""
+    log_fd = os.open(d / "operator.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *_kk("operator", "local", "--dir", str(d), "--nodes", "3", "--base-port", str(base),
+                 "--stabilization-seconds", str(stabilization), "--interval", "0.25"),
             stdout=log_fd,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     finally:
         os.close(log_fd)
-    try:
-        # TLS is on by default: the supervisor writes the admin client config before any node runs.
-        cfg_file = d / "client.json"
-        await _wait(lambda: _exists(cfg_file), 60, f"{cfg_file} (the admin client config)")
-        async with QuorumClient(bootstrap, timeout=30, client_config=load_client_config(cfg_file)) as client:
-            desc = await _wait(lambda: _described(client), 90, "a leader to be elected")
-            say(
-                f"leader is node {desc['leader_id']} at epoch {desc['leader_epoch']}; voters "
-                + ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in desc["voters"])
-            )
-            acked: list[str] = []
-            await _write(client, acked, 0, keys_per_round)
-            say(f"wrote {len(acked)} keys")
-            events_dir = d / "events"
-            for r in range(recoveries):
-                desc = await client.describe()
-                # Rotate through the nodes; the second replacement hits the current leader.
-                node = desc["leader_id"] if r == 1 else (r % 3) + 1
-                old = next(v["uuid"] for v in desc["voters"] if v["id"] == node)
-                say(
-                    f"recovery {r + 1}/{recoveries}: replacing the disk of node {node}"
-                    + (" (the leader)" if node == desc["leader_id"] else "")
-                    + f", old UUID {old[:8]}"
-                )
-                t0 = time.monotonic()
-                rd = await asyncio.create_subprocess_exec(
-                    *_kk("cluster", "replace-disk", "--dir", str(d), "--node", str(node)),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                )
-                out, err = await asyncio.wait_for(rd.communicate(), 120)
-                if rd.returncode != 0:
-                    raise DemoError(err.decode().strip() or f"replace-disk failed ({rd.returncode})")
-                new = out.decode().strip().splitlines()[-1]
-                say(f"  node {node} restarted empty with new UUID {new[:8]}; the controller takes over")
-                writer = asyncio.create_task(_write(client, acked, len(acked), keys_per_round))
 
-                async def swapped(node: int = node, old: str = old, new: str = new) -> bool:
-                    dd = await client.describe()
-                    keys = {(v["id"], v["uuid"]) for v in dd["voters"]}
-                    return (
-                        (node, new) in keys and (node, old) not in keys and dd["pending_voter_change"] is None
-                    )
 
-                await _wait(swapped, 180, f"node {node} to be swapped to its new UUID")
-                wall = time.monotonic() - t0
-                await writer
-                say(
-                    "  voters now "
-                    + ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in (await client.describe())["voters"])
-                )
-                await _report_recovery(events_dir, new, wall)
-            say(f"checking all {len(acked)} acknowledged keys are readable")
-            missing = []
-            for i in range(0, len(acked), 200):
-                chunk = acked[i : i + 200]
-                vals = await asyncio.gather(*(client.get(k) for k in chunk))
-                missing += [k for k, v in zip(chunk, vals, strict=True) if v != k.encode()]
-            if missing:
-                raise DemoError(f"CORRUPT_LOG: {len(missing)} acknowledged keys lost, e.g. {missing[:3]}")
-            say("every acknowledged key is there")
-            await _wait(
-                lambda: _all_completed(events_dir, recoveries), 30, "the event log to record every recovery"
-            )
-    finally:
-        if sup.returncode is None:
-            os.killpg(sup.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(sup.wait(), 30)
-            except TimeoutError:
-                os.killpg(sup.pid, signal.SIGKILL)
-                await sup.wait()
-        say("cluster stopped")
+async def _stop_supervisor(sup: asyncio.subprocess.Process) -> None:
+    if sup.returncode is None:
+        os.killpg(sup.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(sup.wait(), 30)
+        except TimeoutError:
+            os.killpg(sup.pid, signal.SIGKILL)
+            await sup.wait()
+    say("cluster stopped")
+
+
+def _voters(desc: dict[str, Any]) -> str:
+    return ", ".join(f"{v['id']}:{v['uuid'][:8]}" for v in desc["voters"])
+
+
+async def _recover_one(run: _Run, r: int) -> None:
+    """Replace one node's disk (the ``r``-th recovery), keep writing while the controller swaps
+    its (id, UUID), then print the recovery's intervals."""
+    client = run.client
+    desc = await client.describe()
+    # Rotate through the nodes; the second replacement hits the current leader.
+    node = desc["leader_id"] if r == 1 else (r % 3) + 1
+    old = next(v["uuid"] for v in desc["voters"] if v["id"] == node)
+    say(
+        f"recovery {r + 1}/{run.recoveries}: replacing the disk of node {node}"
+        + (" (the leader)" if node == desc["leader_id"] else "")
+        + f", old UUID {old[:8]}"
+    )
+    t0 = time.monotonic()
+    new = await _replace_disk(run.d, node)
+    say(f"  node {node} restarted empty with new UUID {new[:8]}; the controller takes over")
+    writer = asyncio.create_task(_write(client, run.acked, len(run.acked), run.keys_per_round))
+
+    async def swapped() -> bool:
+        dd = await client.describe()
+        keys = {(v["id"], v["uuid"]) for v in dd["voters"]}
+        return (node, new) in keys and (node, old) not in keys and dd["pending_voter_change"] is None
+
+    await _wait(swapped, 180, f"node {node} to be swapped to its new UUID")
+    wall = time.monotonic() - t0
+    await writer
+    say(f"  voters now {_voters(await client.describe())}")
+    await _report_recovery(run.events_dir, new, wall)
+
+
+async def _replace_disk(d: Path, node: int) -> str:
+    """``kraftkeeper cluster replace-disk``: the node restarted on an empty disk; its new UUID."""
+    rd = await asyncio.create_subprocess_exec(
+        *_kk("cluster", "replace-disk", "--dir", str(d), "--node", str(node)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(rd.communicate(), 120)
+    if rd.returncode != 0:
+        raise DemoError(err.decode().strip() or f"replace-disk failed ({rd.returncode})")
+    return out.decode().strip().splitlines()[-1]
+
+
+async def _check_keys(run: _Run) -> None:
+    """Every acknowledged key reads back, and the event log records every recovery."""
+    acked = run.acked
+    say(f"checking all {len(acked)} acknowledged keys are readable")
+    missing = []
+    for i in range(0, len(acked), 200):
+        chunk = acked[i : i + 200]
+        vals = await asyncio.gather(*(run.client.get(k) for k in chunk))
+        missing += [k for k, v in zip(chunk, vals, strict=True) if v != k.encode()]
+    if missing:
+        raise DemoError(f"CORRUPT_LOG: {len(missing)} acknowledged keys lost, e.g. {missing[:3]}")
+    say("every acknowledged key is there")
+    await _wait(
+        lambda: _all_completed(run.events_dir, run.recoveries), 30, "the event log to record every recovery"
+    )
 
 
 async def _report_recovery(events_dir: Path, new_uuid: str, wall_s: float) -> None:
