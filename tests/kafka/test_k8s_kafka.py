@@ -18,17 +18,20 @@ fixtures), repairs three real Kafka 4.x controllers (tests/kafka fixtures) and r
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kraftkeeper_operator import failpoints
-from kraftkeeper_operator.kafka.backend import base64_to_uuid
+from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
+from kraftkeeper_operator.kafka.wire import ClientSettings, parse_properties
 
 import tests.k8s.conftest as k8s_env
 from tests.k8s.conftest import KubeEnv
@@ -126,6 +129,21 @@ def uuid_of(k: KafkaControllers, i: int) -> str:
     d = k.controllers[i].directory_id()
     assert d is not None
     return str(base64_to_uuid(d))
+
+
+def describe_now(k: KafkaControllers) -> dict[str, Any]:
+    """The leader's DescribeQuorum as the operator reads it (for a failure message)."""
+    assert k.security is not None
+    settings = ClientSettings.from_dict(parse_properties(k.security.client_properties()))
+
+    async def run() -> dict[str, Any]:
+        api = KafkaQuorum(k.bootstrap, settings)
+        try:
+            return {"now_ms": int(time.time() * 1000), **await api.describe()}
+        finally:
+            await api.close()
+
+    return asyncio.run(run())
 
 
 def test_schema_refuses_bad_kafka_specs(
@@ -241,7 +259,6 @@ def test_operator_heals_kafka_controller_disk(
         ),
         (
             # The same controllers by another name: the ownership rule must still see one quorum.
-            # All of them: DescribeQuorum goes to the leader, found among the bootstrap list only.
             kq(
                 "no-secret",
                 bootstrapControllers=[e.replace("127.0.0.1", "localhost") for e in boot],
@@ -365,12 +382,34 @@ def test_operator_heals_kafka_controller_disk(
         st, body = kube.request("GET", path)
         assert st == 200 and body["items"] == [], (path, body)
 
-    # Not checked here (open defect, issue 9): after kq is deleted, no-secret takes over but its
-    # view stays at the instant of the replacement it watched as a non-owner (voter 1 with the old
-    # directory id, the new one an observer at its first log end, a recovery "Stabilizing" with
-    # stabilisation 0), so it never reaches Running. The unit tests in test_ownership.py cover the
-    # takeover decision; re-add the end-to-end takeover (delete kq, no-secret heals a second
-    # replacement) once that view is fixed.
+    # The owner deleted: no-secret takes over (an Info Event says so) and heals the next one. It
+    # never ran the first recovery, so nothing of its own retires the dead directory id that Kafka
+    # keeps listing as an observer for minutes: that leftover must not pass for a new disk.
+    st, body = kube.request("DELETE", KQ.format(ns=ns) + "/kq")
+    assert st in (200, 202), body
+    try:
+        s = kube.wait_for("no-secret Running as the owner", lambda: whole("no-secret"), timeout=60)
+    except AssertionError:
+        print("no-secret's status:", json.dumps(status_of(kube, ns, "no-secret"), indent=1))
+        print("the leader's view:", json.dumps(describe_now(k), indent=1))
+        raise
+    assert condition(s, "Degraded").get("reason") != "OwnerConflict"
+    assert not [r for r in s.get("recoveries") or [] if r.get("newUuid") == old], s
+    kube.wait_for(
+        "an OwnershipTaken Event on no-secret",
+        lambda: [e for e in events_of(kube, ns, "no-secret") if e["reason"] == "OwnershipTaken"],
+        timeout=30,
+    )
+    leader = s["leaderId"]
+    victim2 = next(i for i in k.controllers if i not in (leader, victim))
+    new2 = str(base64_to_uuid(k.replace_disk(victim2)))
+    s = kube.wait_for(
+        "the second replacement healed by no-secret",
+        lambda: healed("no-secret", victim2, new2),
+        timeout=120,
+    )
+    assert {e["cluster"] for e in logged(late_events)} == {f"{ns}/no-secret"}
+    assert "recovery_completed" in [e["type"] for e in logged(late_events) if e.get("new_uuid") == new2]
 
 
 def test_operator_restarted_between_remove_and_add_resumes(

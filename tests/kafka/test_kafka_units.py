@@ -27,6 +27,7 @@ from kraftkeeper_operator.watch import records_from_event_log
 from quorum.kafka.schemas import membership_messages
 from quorum.kafka.server import is_loopback, parse_listen
 from quorum.types import ErrorCode, KraftError
+from tests.kafka import conftest
 
 
 def test_directory_id_forms_round_trip() -> None:
@@ -258,3 +259,13 @@ def test_schema_jar_refuses_a_jar_without_membership_schemas(tmp_path: Path) -> 
     assert got.returncode == 1
     assert "AddRaftVoterRequest.json" in got.stderr and "older than 3.9" in got.stderr
     assert not (tmp_path / "out.jar").exists()
+
+
+def test_no_jvm_skips_the_real_kafka_tests_only_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(conftest.shutil, "which", lambda _name: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no Java runtime"):
+        conftest._libs()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set"):
+        conftest._libs()
