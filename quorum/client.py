@@ -32,6 +32,7 @@ import errno
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -78,6 +79,34 @@ def _error_from(status: int, body: bytes) -> KraftError:
         return KraftError(code, msg, **extra)
     text = body[:200].decode("utf-8", "replace")
     return KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, f"HTTP {status}: {text}")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One request as the caller asked for it, the same on every address tried."""
+
+    method: str
+    path: str
+    data: bytes | None
+    is_json: bool
+    ok: tuple[int, ...]
+    allow_404: bool
+    leader_only: bool
+
+
+@dataclass
+class _Tries:
+    """What one request has learnt so far, across its passes over the addresses."""
+
+    deadline: float
+    last: KraftError | None = None
+    unreachable: dict[str, str] = field(default_factory=dict)  # address -> its last transport error
+    answered: bool = False  # some node answered (an HTTP status): not a connectivity failure
+    hints: int = 0  # NOT_LEADER hints followed
+    refused_since: float | None = None  # since when every address refuses connections
+    candidates: int = 0  # addresses in the current pass
+    refused: int = 0  # of them, how many refused the connection
+    cut_short: bool = False  # the current pass ended early (a hint, or the deadline)
 
 
 class QuorumClient:
@@ -140,77 +169,96 @@ class QuorumClient:
     ) -> tuple[int, bytes]:
         """Send to the leader (or any node when ``leader_only`` is False), following
         NOT_LEADER hints and trying every bootstrap node until ``timeout`` runs out."""
-        deadline = time.monotonic() + self.timeout
-        last: KraftError | None = None
-        unreachable: dict[str, str] = {}  # address -> its last transport error
-        answered = False  # some node answered (an HTTP status): not a connectivity failure
-        tried_hint = 0
-        refused_since: float | None = None
         data = json.dumps(json_body).encode() if json_body is not None else body
+        call = _Call(method, path, data, json_body is not None, ok, allow_404, leader_only)
+        tries = _Tries(time.monotonic() + self.timeout)
         while True:
-            candidates = self._candidates()
-            connect_share = max(MIN_CONNECT_S, self.timeout / len(candidates))
-            refused = 0
-            for ep in candidates:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+            got = await self._pass(call, tries)
+            if got is not None:
+                return got
+            if tries.cut_short:  # a hint to follow at once, or the deadline
+                if time.monotonic() >= tries.deadline:
                     break
-                try:
-                    status, raw = await self._attempt(
-                        method, ep, path, data, json_body is not None, remaining, connect_share
-                    )
-                    self._slow.discard(ep)
-                except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                    if _refused(e):
-                        refused += 1
-                    if isinstance(e, aiohttp.ConnectionTimeoutError):
-                        self._slow.add(ep)
-                    unreachable[ep] = str(e) or type(e).__name__
-                    last = KraftError(ErrorCode.UNAVAILABLE, f"cannot reach {ep}: {unreachable[ep]}")
-                    if ep == self._leader:
-                        self._leader = None
-                    continue
-                unreachable.pop(ep, None)
-                answered = True
-                if status in ok or (allow_404 and status == 404):
-                    if leader_only:
-                        self._leader = ep
-                    return status, raw
-                err = _error_from(status, raw)
-                if err.code is ErrorCode.NOT_LEADER:
-                    hint = err.extra.get("leader_endpoint")
-                    last = err
-                    if isinstance(hint, str) and hint and hint != ep and tried_hint < 8:
-                        tried_hint += 1
-                        self._leader = hint
-                        break  # restart the loop with the hinted leader first
-                    if ep == self._leader:
-                        self._leader = None
-                    continue
-                if err.code is ErrorCode.UNAVAILABLE:
-                    last = err
-                    continue
-                raise err
-            else:
-                # every candidate failed without a fresh hint: wait for an election, unless
-                # nothing listens on any address (connection refused everywhere for a while)
-                now = time.monotonic()
-                if refused and refused == len(candidates) and self.refused_grace is not None:
-                    refused_since = now if refused_since is None else refused_since
-                    if now - refused_since >= self.refused_grace:
-                        raise KraftError(
-                            ErrorCode.UNAVAILABLE,
-                            f"connection refused by every address of {', '.join(self.bootstrap)}",
-                        )
-                else:
-                    refused_since = None
-                if now >= deadline:
-                    break
-                await asyncio.sleep(min(0.1, max(0.0, deadline - now)))
-                continue
-            if time.monotonic() >= deadline:
+            elif not await self._between_passes(tries):
                 break
-        raise self._no_answer(unreachable, answered, last)
+        raise self._no_answer(tries.unreachable, tries.answered, tries.last)
+
+    async def _pass(self, call: _Call, tries: _Tries) -> tuple[int, bytes] | None:
+        """One pass over the candidates: the accepted answer, or None (``tries.cut_short`` when a
+        fresh NOT_LEADER hint or the deadline ended the pass early)."""
+        candidates = self._candidates()
+        connect_share = max(MIN_CONNECT_S, self.timeout / len(candidates))
+        tries.candidates, tries.refused, tries.cut_short = len(candidates), 0, False
+        for ep in candidates:
+            remaining = tries.deadline - time.monotonic()
+            if remaining <= 0:
+                tries.cut_short = True
+                return None
+            try:
+                status, raw = await self._attempt(call, ep, remaining, connect_share)
+                self._slow.discard(ep)
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                self._unreachable(tries, ep, e)
+                continue
+            tries.unreachable.pop(ep, None)
+            tries.answered = True
+            if status in call.ok or (call.allow_404 and status == 404):
+                if call.leader_only:
+                    self._leader = ep
+                return status, raw
+            if self._follow(tries, ep, _error_from(status, raw)):
+                tries.cut_short = True
+                return None
+        return None
+
+    def _unreachable(self, tries: _Tries, ep: str, e: BaseException) -> None:
+        """Note a transport error of ``ep`` (refused, or a connect that timed out: tried last)."""
+        if _refused(e):
+            tries.refused += 1
+        if isinstance(e, aiohttp.ConnectionTimeoutError):
+            self._slow.add(ep)
+        tries.unreachable[ep] = str(e) or type(e).__name__
+        tries.last = KraftError(ErrorCode.UNAVAILABLE, f"cannot reach {ep}: {tries.unreachable[ep]}")
+        if ep == self._leader:
+            self._leader = None
+
+    def _follow(self, tries: _Tries, ep: str, err: KraftError) -> bool:
+        """An error answer from ``ep``: True to start a new pass at a fresh NOT_LEADER hint, False
+        to go on with the next address; any other error than NOT_LEADER / UNAVAILABLE is final
+        and raised (a 421 was not applied, so moving on is safe: module docstring)."""
+        if err.code is ErrorCode.NOT_LEADER:
+            hint = err.extra.get("leader_endpoint")
+            tries.last = err
+            if isinstance(hint, str) and hint and hint != ep and tries.hints < 8:
+                tries.hints += 1
+                self._leader = hint
+                return True
+            if ep == self._leader:
+                self._leader = None
+            return False
+        if err.code is ErrorCode.UNAVAILABLE:
+            tries.last = err
+            return False
+        raise err
+
+    async def _between_passes(self, tries: _Tries) -> bool:
+        """Every candidate failed without a fresh hint: wait a little for an election (False when
+        the deadline has come), unless nothing listens on any address (connection refused
+        everywhere for ``refused_grace``): UNAVAILABLE at once."""
+        now = time.monotonic()
+        if tries.refused and tries.refused == tries.candidates and self.refused_grace is not None:
+            tries.refused_since = now if tries.refused_since is None else tries.refused_since
+            if now - tries.refused_since >= self.refused_grace:
+                raise KraftError(
+                    ErrorCode.UNAVAILABLE,
+                    f"connection refused by every address of {', '.join(self.bootstrap)}",
+                )
+        else:
+            tries.refused_since = None
+        if now >= tries.deadline:
+            return False
+        await asyncio.sleep(min(0.1, max(0.0, tries.deadline - now)))
+        return True
 
     def _no_answer(self, unreachable: dict[str, str], answered: bool, last: KraftError | None) -> KraftError:
         """The error of a request that ran out of time."""
@@ -232,24 +280,17 @@ class QuorumClient:
         return ([self._leader] if self._leader else []) + rest
 
     async def _attempt(
-        self,
-        method: str,
-        ep: str,
-        path: str,
-        data: bytes | None,
-        is_json: bool,
-        remaining: float,
-        connect: float | None = None,
+        self, call: _Call, ep: str, remaining: float, connect: float | None = None
     ) -> tuple[int, bytes]:
         """One request to one node. A TLS failure is final (KraftError UNAVAILABLE): retrying
         cannot fix a certificate or https to a plaintext node; other transport errors propagate
         for the caller's retry loop."""
-        headers = {"Content-Type": "application/json"} if is_json else {}
+        headers = {"Content-Type": "application/json"} if call.is_json else {}
         try:
             async with self._sess().request(
-                method,
-                self.url(ep, path),
-                data=data,
+                call.method,
+                self.url(ep, call.path),
+                data=call.data,
                 headers=headers,
                 # sock_connect: the TCP handshake only; a TLS handshake on a loaded machine may
                 # take longer than a share and must not make a live node look unreachable.
