@@ -3,11 +3,13 @@ auto-join and against the manual ``kafka-metadata-quorum`` path, on identical re
 
 One quorum of three real Kafka 4.x controllers on loopback (jars from scripts/kafka.sh); the rounds
 interleave the modes so load changes on the machine hit them alike. One replacement = SIGKILL a
-follower controller, wipe its disk, format it with ``--no-initial-controllers`` (new directory id),
-start it (with ``controller.quorum.auto.join.enable=true`` in the auto-join mode only; the watcher
-runs only during its own modes). Measured: from that restart to the
-moment DescribeQuorum shows the whole voter set again, with the new directory id and every voter
-caught up (polled every 50 ms through the same protocol client the watcher uses).
+controller (a follower, or the raft leader: each mode replaces both in every round, as issue 9's
+tests demand of the watcher; the leader's replacement adds an election), wipe its disk, format
+it with ``--no-initial-controllers`` (new directory id), start it (with
+``controller.quorum.auto.join.enable=true`` in the auto-join mode only; the watcher runs only
+during its own modes). Measured: from that restart to the moment DescribeQuorum shows the whole
+voter set again, with the new directory id and every voter caught up (polled every 50 ms through
+the same protocol client the watcher uses).
 
 Modes:
 
@@ -22,7 +24,8 @@ Safety is not traded here: the watcher checks a live majority before each step a
 RemoveThenAdd, removes only a dead directory id; auto-join and the manual path do no such checks.
 
 ``python -m bench.kafka_recovery [--modes watch-0,watch-default,auto-join,manual] [--rounds 2]
-[--workdir DIR] [--json FILE]``; prints a Markdown table. The replacement, the watcher and the
+[--roles follower,leader] [--workdir DIR] [--json FILE]``; prints a Markdown table, one row per
+mode and replaced role. The replacement, the watcher and the
 "whole voter set" check are ``kraftkeeper_reports.demo_kafka``'s, which ``kraftkeeper demo
 --engine kafka`` runs too.
 """
@@ -59,6 +62,7 @@ from kraftkeeper_reports.demo_kafka import (
 )
 
 MODES = ("watch-0", "watch-default", "auto-join", "manual")
+ROLES = ("follower", "leader")
 
 
 def _stderr(msg: str) -> None:
@@ -101,8 +105,11 @@ def _manual(k: KafkaControllers, probe: Probe, victim: int, old: str, new: str) 
     _tool(k, "--command-config", str(cfg), "add-controller")
 
 
-def replace_once(k: KafkaControllers, probe: Probe, work: Path, mode: str, tag: str, n: int) -> float:
-    """One identical replacement healed by ``mode``; seconds from the restart to a whole voter set."""
+def replace_once(
+    k: KafkaControllers, probe: Probe, work: Path, mode: str, tag: str, n: int, role: str = "follower"
+) -> float:
+    """One identical replacement of a controller in ``role`` (the followers take turns), healed by
+    ``mode``; seconds from the restart to a whole voter set."""
     watcher = None
     if mode.startswith("watch"):
         watcher = start_watcher(
@@ -114,7 +121,8 @@ def replace_once(k: KafkaControllers, probe: Probe, work: Path, mode: str, tag: 
         )
     try:
         k.auto_join = mode == "auto-join"  # only the joining controller's setting matters
-        victim, old, new = replace_disk(k, probe, n, mode, _stderr)
+        leader = poll(probe.describe, 60, "a leader")["leader_id"] if role == "leader" else None
+        victim, old, new = replace_disk(k, probe, n, mode, _stderr, victim=leader)
         t0 = time.monotonic()
         if mode == "manual":
             _manual(k, probe, victim, old, new)
@@ -126,11 +134,14 @@ def replace_once(k: KafkaControllers, probe: Probe, work: Path, mode: str, tag: 
             stop_process(watcher)
 
 
-def run(modes: list[str], rounds: int, work: Path, libs: Path) -> dict[str, list[float]]:
-    """One quorum; rounds interleave the modes (A B C D, A B C D, ...) so that a change in the
-    machine's load during the run affects every mode alike."""
+def run(
+    modes: list[str], rounds: int, work: Path, libs: Path, roles: tuple[str, ...] = ROLES
+) -> dict[str, list[float]]:
+    """One quorum; rounds interleave the modes and roles (A B C D for a follower, then for the
+    leader, and again, ...) so that a change in the machine's load affects every row alike.
+    Results are keyed ``"<mode> (<role>)"``."""
     k = KafkaControllers(work / "kafka", libs)
-    times: dict[str, list[float]] = {m: [] for m in modes}
+    times: dict[str, list[float]] = {f"{m} ({role})": [] for role in roles for m in modes}
     probe: Probe | None = None
     try:
         k.format_all()
@@ -138,12 +149,15 @@ def run(modes: list[str], rounds: int, work: Path, libs: Path) -> dict[str, list
         probe = Probe(k)
         p = probe
         poll(lambda: whole(k, p), 180, "three caught-up voters")
+        n = 0
         for r in range(rounds):
-            for n, m in enumerate(modes):
-                t = replace_once(k, p, work, m, f"{m}-{r}", r * len(modes) + n)
-                times[m].append(t)
-                _stderr(f"{m} round {r + 1}: {t:.2f} s")
-                poll(lambda: whole(k, p), 120, "a settled quorum")
+            for role in roles:
+                for m in modes:
+                    t = replace_once(k, p, work, m, f"{m}-{role}-{r}", n, role)
+                    n += 1
+                    times[f"{m} ({role})"].append(t)
+                    _stderr(f"{m}, the {role} replaced, round {r + 1}: {t:.2f} s")
+                    poll(lambda: whole(k, p), 120, "a settled quorum")
     finally:
         if probe is not None:
             probe.close()
@@ -154,16 +168,24 @@ def run(modes: list[str], rounds: int, work: Path, libs: Path) -> dict[str, list
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.kafka_recovery", description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
-    ap.add_argument("--rounds", type=int, default=2, help="replacements per mode")
+    ap.add_argument("--rounds", type=int, default=2, help="replacements per mode and role")
+    ap.add_argument("--roles", default=",".join(ROLES), help="replace a follower, the leader, or both")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     a = ap.parse_args(argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    roles = tuple(r.strip() for r in a.roles.split(",") if r.strip())
     bad = [m for m in modes if m not in MODES]
-    if bad or a.rounds < 1:
+    if bad or not modes:
+        sys.stderr.write(f"INVALID_REQUEST: --modes {bad} unknown (known: {', '.join(MODES)})\n")
+        return 2
+    if not roles or any(r not in ROLES for r in roles):
         sys.stderr.write(
-            f"INVALID_REQUEST: --modes {bad} unknown (known: {', '.join(MODES)}) or --rounds < 1\n"
+            f"INVALID_REQUEST: --roles {a.roles!r}: a comma-separated subset of {', '.join(ROLES)}\n"
         )
+        return 2
+    if a.rounds < 1:
+        sys.stderr.write(f"INVALID_REQUEST: --rounds {a.rounds}: must be at least 1\n")
         return 2
     libs = kafka_libs()
     if libs is None or kafka_tools_libs() is None:
@@ -172,18 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-kafka-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        results = run(modes, a.rounds, work, libs)
+        results = run(modes, a.rounds, work, libs, roles)
     finally:
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
     print(f"\nReplaced Kafka controller restart -> whole voter set (s), {a.rounds} rounds, load {load:.1f}\n")
-    print("| mode | median | min | max |")
+    print("| mode (replaced) | median | min | max |")
     print("| --- | --- | --- | --- |")
     for m, ts in results.items():
         print(f"| {m} | {statistics.median(ts):.2f} | {min(ts):.2f} | {max(ts):.2f} |")
     if a.json is not None:
-        a.json.write_text(json.dumps({"rounds": a.rounds, "seconds": results}, indent=1) + "\n")
+        doc = {"rounds": a.rounds, "roles": list(roles), "seconds": results}
+        a.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 

@@ -378,12 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["kafka"]:
         # The Kafka rows (issue 9): our watcher at stabilisation 0 and default, Kafka's auto-join
-        # and the manual kafka-metadata-quorum path, on identical replacements of real controllers.
+        # and the manual kafka-metadata-quorum path, on identical replacements of real controllers
+        # (a follower's and the leader's in every round, interleaved).
         return kafka_recovery.main(args[1:])
     p = argparse.ArgumentParser(
         prog="python -m bench.operator",
         description=__doc__.split("\n\n")[0],
-        epilog="python -m bench.operator kafka [--modes ... --rounds N]: the Apache Kafka rows "
+        epilog="python -m bench.operator kafka [--modes ... --roles ... --rounds N]: the Apache Kafka rows "
         "(bench/kafka_recovery.py).",
     )
     p.add_argument("what", nargs="?", choices=["recovery", "cost", "all"], default="all")
