@@ -289,7 +289,14 @@ class RaftCore(DescribeMixin, CoreBase):
             errors=self._errors,
             end_offset=self.meta.end,
         )
-        r.flush = bool(r.append) or r.truncate_to is not None or r.install_snapshot is not None
+        r.flush = (
+            (bool(r.append) and not (r.quorum_state is None and self.defer_flush(r.append)))
+            or r.truncate_to is not None
+            or r.install_snapshot is not None
+            # A log left not durable by batched catch-up fsyncs (quorum.core.replication) is
+            # fsynced once this node stops following: before it votes or leads on it.
+            or (self.meta.durable_end < self.meta.end and not isinstance(self.role, Follower))
+        )
         if self.recovery_requested and self.recovering() and isinstance(self.role, Leader):
             r.recovery_needed = True
             self.recovery_requested = False

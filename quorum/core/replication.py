@@ -39,6 +39,21 @@ only once every fetched batch has been handed to the driver (``ready`` sends it 
 Ready as the append, before that Ready's write and fsync), so one response travels while the
 previous one is written and fsynced. The simulation checks every such claim against what was
 really committed, with power cuts (tests/sim, ``test_pipelined_catchup_power_loss``).
+
+Batched fsync (issue 10). While a follower's log end stays below the high watermark its leader
+last told it, the Ready that hands over fetched batches asks for no fsync until
+``catchup_flush_bytes`` were appended since the last one (``defer_flush``); the Ready whose
+batches reach that high watermark, any Ready with a leader's batch, a truncation or a snapshot,
+and any role other than follower with a log not yet durable fsync as before. This changes no
+claim: every Fetch sent meanwhile names an offset at or below the high watermark (the batches
+end below the leader's, and the local one is the leader's capped at the local end), which the
+invariant above already allows; the driver's backstop and the simulation's check are the same.
+What a power cut may lose grows from one response to at most ``catchup_flush_bytes`` plus one
+response, all of it committed and durable on the majority that committed it. The state machine
+may apply these committed records before their local fsync (they are committed; a crash loses
+the in-memory state too, and a snapshot is fsynced on its own). Memory stays bounded: the
+written, unapplied batches the driver keeps for its state machine are applied at each Ready's
+finish, so at most two responses are held at once.
 """
 
 from __future__ import annotations
@@ -47,7 +62,7 @@ from quorum.core.base import InFlight, epoch_allowed
 from quorum.core.election import ElectionMixin
 from quorum.core.messages import FetchRequest, FetchResponse, FetchSnapshotRequest, FetchSnapshotResponse
 from quorum.core.progress import LeaderState, ParkedFetch
-from quorum.core.ready import RawBatches, SnapshotChunk
+from quorum.core.ready import LeaderBatch, RawBatches, SnapshotChunk
 from quorum.core.roles import Follower, Leader
 from quorum.records import CorruptRecordError, decode_batches
 from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
@@ -378,7 +393,28 @@ class ReplicationMixin(ElectionMixin):
                 self.fetch_retry_at = self.now + min(100, self.config.election_timeout_ms // 10)
                 return
         if resp.high_watermark >= 0:
+            role.leader_hw = resp.high_watermark
             self.set_hw(min(resp.high_watermark, self.meta.end))
+
+    def defer_flush(self, append: list[LeaderBatch | RawBatches]) -> bool:
+        """May the Ready handing over ``append`` skip its fsync ("Batched fsync", module
+        docstring)? Only for a follower's fetched batches that end below the high watermark its
+        leader told it, while fewer than ``catchup_flush_bytes`` were appended since the last
+        fsync. Counts the bytes either way (reset when the fsync is asked for)."""
+        role = self.role
+        if not isinstance(role, Follower) or not append:
+            return False
+        size = 0
+        for b in append:
+            if not isinstance(b, RawBatches):
+                role.unflushed_bytes = 0
+                return False
+            size += len(b.data)
+        role.unflushed_bytes += size
+        if self.meta.end < role.leader_hw and role.unflushed_bytes < self.config.catchup_flush_bytes:
+            return True
+        role.unflushed_bytes = 0
+        return False
 
     def snapshot_offered(self, snapshot_id: OffsetAndEpoch, leader_log_start: int) -> None:
         """The leader of our epoch names a snapshot to fetch (KIP-630). Installing it replaces

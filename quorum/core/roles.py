@@ -108,6 +108,12 @@ class Follower:
     leader_id: int
     fetch_deadline: int  # no successful Fetch by then -> election / rediscovery
     name: RoleName = field(default="follower", init=False)
+    # The high watermark the leader last told this follower (uncapped; -1: not yet). A local
+    # log end below it means committed records are still to fetch: catch-up, where the fsync
+    # may be batched (quorum.core.replication, "Batched fsync").
+    leader_hw: int = field(default=-1, compare=False)
+    # Bytes appended since the last fsync the core asked for (catch-up fsync batching).
+    unflushed_bytes: int = field(default=0, compare=False)
 
     @property
     def timeout_at(self) -> int | None:

@@ -226,7 +226,9 @@ class Driver:
         """Apply the commit, then complete the client waits it names."""
         sink = self.ports.sink
         if ready.commit is not None:
-            self.apply_to(ready.commit)
+            # Never beyond the local fsynced end: a follower batching its catch-up fsyncs
+            # (quorum.core.replication) applies what it fetched once it is durable here.
+            self.apply_to(min(ready.commit, self.ports.log.flushed_end_offset))
         for pr in ready.proposal_results:
             sink.proposal_done(pr)
         for rr in ready.reads:
@@ -274,6 +276,9 @@ class Driver:
         self._send(pending.messages + ready.messages[pending.taken :])
         if not pending.completed:
             self._complete(ready)
+        caught = min(self.core.hw, self.ports.log.flushed_end_offset)
+        if self.applied_end < caught:
+            self.apply_to(caught)  # committed earlier, durable only with this Ready's fsync
         sink = self.ports.sink
         if ready.role_change is not None:
             self.published = ready.role_change

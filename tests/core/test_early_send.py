@@ -42,8 +42,8 @@ class Claims:
         self.inner.send(out)  # type: ignore[attr-defined]
 
 
-def follower() -> tuple[Harness, Claims]:
-    h = make(local=2)
+def follower(**cfg: int) -> tuple[Harness, Claims]:
+    h = make(local=2, **cfg)
     claims = Claims(h.log, h.transport)
     h.driver.ports.transport = claims
     h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 1, 1, 2, UUIDS[2]))

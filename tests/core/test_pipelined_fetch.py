@@ -22,8 +22,9 @@ from tests.core.util import CLUSTER, UUIDS, leader, make
 
 def test_fetch_for_committed_records_leaves_with_the_append_before_its_fsync() -> None:
     h, claims = follower()
-    # The leader's high watermark (10) is past everything this response brings.
-    h.core.step(response(last_fetch(h), 0, [b"a", b"b"], 10), h.now)
+    # The leader's high watermark (2) covers everything this response brings (and ends there:
+    # at the tail, so the fsync is not batched, see test_batched_fsync.py).
+    h.core.step(response(last_fetch(h), 0, [b"a", b"b"], 2), h.now)
     ready = h.core.ready()
     fetches = [o.message for o in ready.messages if isinstance(o.message, FetchRequest)]
     assert ready.append and [f.fetch_offset for f in fetches] == [2]
@@ -58,8 +59,9 @@ def test_tail_fetch_above_the_high_watermark_waits_for_the_fsync() -> None:
 
 def test_response_during_the_fsync_waits_for_the_next_ready() -> None:
     """Bounded pipelining: while batch 1 is fsynced and batch 2 waits in the core, no third
-    Fetch leaves; it leaves with batch 2's Ready."""
-    h, claims = follower()
+    Fetch leaves; it leaves with batch 2's Ready. (An fsync per Fetch here: batching them is
+    test_batched_fsync.py's.)"""
+    h, claims = follower(catchup_flush_bytes=0)
     h.core.step(response(last_fetch(h), 0, [b"a"], 10), h.now)
     p1 = h.driver.begin(h.core.ready())  # batch 1 written, Fetch at 1 sent, fsync in flight
     assert claims.claims[-1] == (1, 0)

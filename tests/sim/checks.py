@@ -58,6 +58,10 @@ class Checks:
         self.acked_checks = 0
         # Fetches that claimed committed, not yet fsynced records (issue 10's pipelining rule).
         self.pipelined_fetches = 0
+        # Readies that handed over fetched batches without an fsync (issue 10's batched catch-up
+        # fsync), and power cuts that hit a node holding written, not yet fsynced records.
+        self.deferred_fsyncs = 0
+        self.cuts_with_unsynced = 0
         self.unclean = False  # set by an unclean recovery: committed data may be lost on purpose
 
     def fail(self, name: str, detail: str) -> None:

@@ -268,6 +268,8 @@ class Sim(Checks):
             if n.core is None:
                 continue
             self.note(f"power loss {n.key}" + (" during fsync" if n.pending is not None else ""))
+            if n.log.end_offset > n.log.flushed_end_offset:
+                self.cuts_with_unsynced += 1
             n.core, n.driver, n.pending = None, None, None
             n.log.crash()
             n.snapshots.crash()
@@ -319,6 +321,8 @@ class Sim(Checks):
             if r.is_empty():
                 self.check_published(n)
                 return
+            if r.append and not r.flush:
+                self.deferred_fsyncs += 1
             p = driver.begin(r)
             if p.needs_persist and self.interleave:
                 n.pending = p
@@ -540,6 +544,8 @@ class Sim(Checks):
             "now": self.now,
             "committed": self.committed_end,
             "pipelined_fetches": self.pipelined_fetches,
+            "deferred_fsyncs": self.deferred_fsyncs,
+            "cuts_with_unsynced": self.cuts_with_unsynced,
             "leaders": len(self.leaders),
             "errors": len(self.errors),
         }

@@ -1,0 +1,87 @@
+"""Batched catch-up fsyncs (issue 10): ``quorum.core.replication``, "Batched fsync".
+
+While a follower's log end stays below the high watermark its leader told it, the Ready that
+hands over fetched batches asks for no fsync until ``catchup_flush_bytes`` were appended since
+the last one. The Ready that reaches the leader's high watermark fsyncs everything; so does
+one that crosses the byte budget, and the first Ready once the node stops following. Every
+Fetch sent meanwhile claims only committed offsets, and the state machine applies only what
+is fsynced locally.
+"""
+
+from __future__ import annotations
+
+from quorum.core.messages import FetchRequest
+from tests.core.test_early_send import Claims, follower, last_fetch, response
+from tests.core.util import Harness
+
+
+def take(h: Harness, base: int, hw: int) -> tuple[bool, int, int]:
+    """Step a one-record response at ``base`` with the leader's ``hw`` and carry out its Ready;
+    (whether it asked for an fsync, fsynced end, applied end) afterwards."""
+    h.core.step(response(last_fetch(h), base, [b"x" * 100], hw), h.now)
+    ready = h.core.ready()
+    assert ready.append, "the response was appended"
+    pending = h.driver.begin(ready)
+    h.driver.persist(pending)
+    h.driver.finish(pending)
+    return ready.flush, h.log.flushed_end_offset, h.driver.applied_end
+
+
+def claims_within(claims: Claims, committed: int) -> None:
+    """Every Fetch claim beyond the fsynced end names only committed offsets."""
+    assert all(off <= max(durable, committed) for off, durable in claims.claims), claims.claims
+
+
+def test_no_fsync_below_the_leaders_high_watermark_until_the_tail() -> None:
+    h, claims = follower()
+    for base in range(4):
+        flush, durable, applied = take(h, base, 5)
+        assert (flush, durable, applied) == (False, 0, 0)  # written, not fsynced nor applied
+        assert h.log.end_offset == base + 1
+        assert last_fetch(h).fetch_offset == base + 1  # pipelined: it left before any fsync
+    # The response reaching the leader's high watermark fsyncs everything and applies it.
+    assert take(h, 4, 5) == (True, 5, 5)
+    assert h.core.meta.durable_end == 5
+    claims_within(claims, 5)
+
+
+def test_the_byte_budget_forces_an_fsync_while_far_behind() -> None:
+    # Each one-record batch is 137 bytes: the second one reaches a 250-byte budget.
+    h, claims = follower(catchup_flush_bytes=250)
+    assert take(h, 0, 100)[:2] == (False, 0)
+    assert take(h, 1, 100) == (True, 2, 2)
+    assert take(h, 2, 100)[:2] == (False, 2)  # the budget starts over after the fsync
+    assert take(h, 3, 100) == (True, 4, 4)
+    claims_within(claims, 100)
+
+
+def test_zero_budget_fsyncs_every_fetch() -> None:
+    h, _claims = follower(catchup_flush_bytes=0)
+    for base in range(3):
+        assert take(h, base, 100) == (True, base + 1, base + 1)
+
+
+def test_a_response_above_the_high_watermark_is_fsynced_before_the_next_fetch() -> None:
+    h, claims = follower()
+    assert take(h, 0, 10)[:2] == (False, 0)
+    # The leader's high watermark is now 1: this batch (offset 1) is not committed.
+    h.core.step(response(last_fetch(h), 1, [b"y"], 1), h.now)
+    ready = h.core.ready()
+    assert ready.flush and not [o for o in ready.messages if isinstance(o.message, FetchRequest)]
+    pending = h.driver.begin(ready)
+    h.driver.persist(pending)
+    h.driver.finish(pending)
+    h.drain()
+    assert h.log.flushed_end_offset == 2 and claims.claims[-1] == (2, 2)
+    claims_within(claims, 1)
+
+
+def test_leaving_the_follower_role_fsyncs_what_catch_up_left_unsynced() -> None:
+    h, _claims = follower()
+    for base in range(3):
+        take(h, base, 50)
+    assert h.log.flushed_end_offset == 0 and h.log.end_offset == 3
+    # No answer from the leader: the fetch timeout makes this voter a (pre-)candidate.
+    h.tick(h.core.config.fetch_timeout_ms + 2 * h.core.config.election_timeout_ms + 100)
+    assert h.core.role.name != "follower"
+    assert h.log.flushed_end_offset == 3 and h.core.meta.durable_end == 3
