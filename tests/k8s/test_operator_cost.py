@@ -73,6 +73,8 @@ def test_idle_podless_quorums_cost_few_api_requests(
 
         kube.wait_for(f"{N} objects created and reported", all_settled, timeout=180)
         offset = kube.audit_log.stat().st_size
+        # The window itself is under test (not a wait for something to happen): every request
+        # the operator makes in it is counted from the audit log below.
         end = time.monotonic() + WINDOW_S
         kube.wait_for("the end of the window", lambda: time.monotonic() >= end, timeout=WINDOW_S + 10)
         reqs = _operator_requests(kube.audit_log, offset)
