@@ -21,8 +21,14 @@ each sending a 4 MiB body took the leader to 720 MiB. These rules fix that:
 * **Shared loop turns** (:class:`~quorum.runtime.turns.ReadTurns`): the connections reading a large body share
   ``turn_quota`` bytes per event-loop turn, so a flood of bodies cannot hold the loop for
   seconds while raft RPCs wait (the leader lost its leadership in the 4 MiB-body flood).
-  :class:`LoopWatch` measures the loop's lag (``/metrics``) and logs each stall with what the
-  process did meanwhile.
+  :class:`~quorum.runtime.loopwatch.LoopWatch` measures the loop's lag (``/metrics``) and logs
+  each stall with what the process did meanwhile.
+* **Refused bodies are not read**: a request refused before its body was read (401, 403, 503
+  budget, 413 by Content-Length) is answered with ``Connection: close``, then the connection
+  stops reading and is closed as soon as the kernel has the answer acknowledged
+  (:meth:`GuardedProtocol.answer_then_close`). aiohttp's own way, ``lingering_time``, reads and
+  throws away what the client still sends, so a client refused at its first byte could make the
+  node read (and decrypt) a slowly sent body for the whole lingering time.
 
 TLS handshakes are bounded in time (``handshake_timeout_s``) and in how many start per loop
 turn (``handshakes_per_turn``, :class:`~quorum.runtime.turns.StartTurns`): :class:`GuardedProtocol`
@@ -33,9 +39,11 @@ many loop turns.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import ssl
-import time
+import struct
+import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +57,6 @@ __all__ = [
     "LIMITS_KEY",
     "GuardedProtocol",
     "Limits",
-    "LoopWatch",
     "body_middleware",
     "connection_middleware",
     "metrics_text",
@@ -71,7 +78,7 @@ class Limits:
     body_budget: int = 64 * 1024 * 1024
     handshake_timeout_s: float = 10.0
     handshakes_per_turn: int = 4  # TLS handshakes started per loop turn (StartTurns)
-    linger_s: float = 2.0  # draining a refused body before closing (aiohttp lingering_time)
+    linger_s: float = 2.0  # the most a refused request's answer may take to be acknowledged
     small_body: int = 64 * 1024
     small_reserve: int = 8 * 1024 * 1024
     max_body: int = 4 * 1024 * 1024 + 64 * 1024  # set by build_app to its client_max_size
@@ -144,76 +151,6 @@ def metrics_text(limits: Limits, prefix: str = "kraftkeeper_http") -> str:
 LIMITS_KEY = web.AppKey("limits", Limits)
 
 
-class LoopWatch:
-    """Measures the event loop's lag: a timer due every ``interval_s`` notes how late it ran.
-    A lag over ``stall_s`` is a stall: counted, and logged with what the process did meanwhile
-    (CPU time, time spent runnable but waiting for a CPU where Linux reports it, and the bytes
-    the HTTP protocol received), which tells a loop busy reading (CPU close to the lag, many
-    bytes) from a process starved of CPU (long run-queue wait) or blocked (neither). A raft
-    leader stalled past the followers' fetch timeout loses its leadership (KIP-595)."""
-
-    def __init__(self, limits: Limits, interval_s: float = 0.05, stall_s: float = 0.25) -> None:
-        self.limits = limits
-        self.interval_s = interval_s
-        self.stall_s = stall_s
-        self._handle: asyncio.TimerHandle | None = None
-        self._due = 0.0
-        self._cpu = 0.0
-        self._thread_cpu = 0.0
-        self._bytes = 0
-        self._calls = 0
-        self._wait_ns = 0
-
-    @staticmethod
-    def _runqueue_wait_ns() -> int:
-        """Nanoseconds this thread has spent runnable but not running (Linux schedstat)."""
-        try:
-            with open("/proc/thread-self/schedstat", "rb") as f:
-                return int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            return 0
-
-    def start(self) -> None:
-        self._arm(asyncio.get_running_loop())
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _arm(self, loop: asyncio.AbstractEventLoop, wait_ns: int | None = None) -> None:
-        lim = self.limits
-        self._due = loop.time() + self.interval_s
-        self._cpu = time.process_time()
-        self._thread_cpu = time.thread_time()
-        self._bytes, self._calls = lim.read_bytes, lim.read_calls
-        self._wait_ns = self._runqueue_wait_ns() if wait_ns is None else wait_ns
-        self._handle = loop.call_at(self._due, self._tick, loop)
-
-    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
-        lim = self.limits
-        lag = max(0.0, loop.time() - self._due)
-        lim.loop_lag_max_ms = max(lim.loop_lag_max_ms, int(lag * 1000))
-        busy = time.thread_time() - self._thread_cpu
-        lim.loop_busy_max_ms = max(lim.loop_busy_max_ms, int(busy * 1000))
-        wait_ns = self._runqueue_wait_ns()
-        lim.loop_cpu_wait_ms += (wait_ns - self._wait_ns) // 1_000_000
-        if lag > self.stall_s:
-            lim.loop_stalls += 1
-            log.warning(
-                "event loop stalled %.0f ms: %.0f ms of CPU (%.0f ms on the loop's thread), "
-                "%.0f ms waiting for a CPU, %d KiB received in %d reads, %d connections",
-                lag * 1000,
-                (time.process_time() - self._cpu) * 1000,
-                busy * 1000,
-                (wait_ns - self._wait_ns) / 1e6,
-                (lim.read_bytes - self._bytes) >> 10,
-                lim.read_calls - self._calls,
-                len(lim.guards),
-            )
-        self._arm(loop, wait_ns)
-
-
 class GuardedProtocol(asyncio.Protocol):
     """Delegates to aiohttp's request handler; applies the connection cap and the head and idle
     deadlines; large bodies share loop turns (:class:`~quorum.runtime.turns.ReadTurns`).
@@ -240,6 +177,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._waiting_head = False  # bytes of a request head arrived, the handler not yet run
         self._timer: asyncio.TimerHandle | None = None
         self._admitted = False
+        self.refused = False  # a request was refused unread: nothing more is read (answer_then_close)
 
     # -- deadlines ---------------------------------------------------------------------------
     def _arm(self, seconds: float, why: str) -> None:
@@ -265,6 +203,46 @@ class GuardedProtocol(asyncio.Protocol):
     def request_done(self) -> None:
         self.in_request = False
         self._arm(self.limits.idle_timeout_s, f"idle for {self.limits.idle_timeout_s:.0f}s")
+
+    async def answer_then_close(self) -> None:
+        """After a refused request whose body was not read: read no more of it, wait until the
+        answer has left (nothing in the write buffers, nothing unacknowledged in the socket's
+        send queue; at most ``linger_s``), then abort. Closing with unread input sends a reset,
+        which is why the answer must be acknowledged first (else the client may never see it)."""
+        self.refused = True
+        self._stop_reading()
+        flow = self.transport
+        # the kernel's send queue has no wake-up to wait on: look every 5 ms
+        for _ in range(max(1, int(self.limits.linger_s / 0.005))):
+            if flow is None or flow.closed or not self._unsent():
+                break
+            await asyncio.sleep(0.005)
+        if flow is not None:
+            flow.abort()
+
+    def _stop_reading(self) -> None:
+        for t in (self.transport.real if self.transport is not None else None, self._raw):
+            try:
+                if t is not None and not t.is_closing():
+                    t.pause_reading()
+            except (AttributeError, NotImplementedError, RuntimeError):
+                pass  # a closing transport
+
+    def _unsent(self) -> int:
+        """Bytes of the answer not yet acknowledged by the client's kernel."""
+        n = 0
+        for t in (self.transport.real if self.transport is not None else None, self._raw):
+            try:
+                n += t.get_write_buffer_size() if t is not None else 0
+            except (AttributeError, NotImplementedError, RuntimeError):
+                pass
+        sock = (self._raw or self.transport).get_extra_info("socket") if self.transport else None
+        if sock is not None:
+            try:  # Linux: SIOCOUTQ (= TIOCOUTQ), bytes sent but not acknowledged or not sent yet
+                n += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+            except (OSError, ValueError):
+                pass
+        return n
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -360,6 +338,9 @@ class GuardedProtocol(asyncio.Protocol):
                     self._raw_early.append(data)
                     self._raw.pause_reading()
             return
+        if self.refused:  # read while reading was being paused: dropped, and paused again
+            self._stop_reading()
+            return
         self.limits.read_bytes += len(data)
         self.limits.read_calls += 1
         if self.bulk and self.transport is not None:
@@ -406,12 +387,29 @@ def connection_middleware(limits: Limits) -> Any:
             size = request.content_length
             guard.request_started(request.body_exists and (size is None or size > limits.small_body))
         try:
-            return await handler(request)
+            resp = await handler(request)
+            if guard is not None and request.body_exists and not request.content.is_eof():
+                await _answer_then_close(request, resp, guard)
+            return resp
         finally:
             if guard is not None:
                 guard.request_done()
 
     return mw
+
+
+async def _answer_then_close(request: web.Request, resp: web.StreamResponse, guard: GuardedProtocol) -> None:
+    """``resp`` refuses a request whose body was not (all) read: send it with ``Connection:
+    close`` and close without reading the rest (module docstring, "Refused bodies")."""
+    resp.force_close()
+    try:
+        await resp.prepare(request)
+        await resp.write_eof()
+    except ConnectionError:
+        pass  # the client is gone: nothing to wait for
+    await guard.answer_then_close()
+    # aborted: aiohttp must neither linger (drain) nor keep the connection alive
+    request.protocol.force_close()
 
 
 def body_middleware(limits: Limits) -> Any:
@@ -423,6 +421,11 @@ def body_middleware(limits: Limits) -> Any:
     async def mw(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not request.body_exists:
             return await handler(request)
+        if (request.content_length or 0) > limits.max_body:  # refused unread: answer_then_close
+            raise KraftError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"request body of {request.content_length} bytes is over the limit of {limits.max_body}",
+            )
         want = min(request.content_length or limits.max_body, limits.max_body)
         # Large bodies may not take the last ``small_reserve`` bytes, so a flood of large
         # PUTs never starves raft RPCs and ordinary small writes.

@@ -29,11 +29,11 @@ from quorum.runtime.limits import (
     LIMITS_KEY,
     GuardedProtocol,
     Limits,
-    LoopWatch,
     body_middleware,
     connection_middleware,
 )
 from quorum.runtime.limits import metrics_text as limits_metrics
+from quorum.runtime.loopwatch import LoopWatch
 from quorum.security.middleware import PRINCIPAL_KEY, RPC_MESSAGE_KEY
 from quorum.security.strictjson import INT32, get_int, loads_strict
 from quorum.types import ErrorCode, KraftError, canonical_uuid
@@ -306,15 +306,15 @@ async def start_server(
 ) -> web.AppRunner:
     """Serve ``app`` on ``listen`` (HOST:PORT); the caller cleans the runner up."""
     lim = app.get(LIMITS_KEY) or Limits()
-    # lingering_time: after refusing a body (503 budget, 408 deadline) aiohttp drains what the
-    # client still sends so it can read the answer; 2 s (not aiohttp's 10 s) bounds how long
-    # a refused client keeps its connection, and how long it can delay a shutdown.
+    # lingering_time 0: aiohttp would otherwise read and throw away what a refused client still
+    # sends (up to 10 s); a refused request is answered and its connection closed unread
+    # (limits.GuardedProtocol.answer_then_close), so no body is drained at all.
     runner = web.AppRunner(
         app,
         access_log=None,
         handle_signals=False,
         keepalive_timeout=lim.idle_timeout_s,
-        lingering_time=lim.linger_s,
+        lingering_time=0,
     )
     await runner.setup()
     host, _, port = listen.rpartition(":")
