@@ -89,19 +89,21 @@ async def test_unavailable_and_hintless_not_leader_move_on_to_the_next_address()
         assert calls == eps
 
 
-async def test_other_errors_are_final_without_trying_other_addresses() -> None:
-    answers: list[Answer] = [lambda ep: _err(409, ErrorCode.VOTER_CHANGE_IN_PROGRESS)] * 2
-    async with _nodes(answers) as (eps, calls), QuorumClient(eps, timeout=10) as c:
+async def _failed_put(answer: Answer, timeout: float) -> tuple[KraftError, list[str], list[str]]:
+    """A PUT to two nodes that both give ``answer``: the error raised, the addresses, the calls."""
+    async with _nodes([answer, answer]) as (eps, calls), QuorumClient(eps, timeout=timeout) as c:
         with pytest.raises(KraftError) as e:
             await c.put("k", b"v")
-        assert e.value.code is ErrorCode.VOTER_CHANGE_IN_PROGRESS
-        assert calls == eps[:1]
+        return e.value, eps, calls
+
+
+async def test_other_errors_are_final_without_trying_other_addresses() -> None:
+    err, eps, calls = await _failed_put(lambda ep: _err(409, ErrorCode.VOTER_CHANGE_IN_PROGRESS), 10)
+    assert err.code is ErrorCode.VOTER_CHANGE_IN_PROGRESS
+    assert calls == eps[:1]
 
 
 async def test_no_leader_anywhere_ends_with_the_last_not_leader_error() -> None:
-    answers: list[Answer] = [lambda ep: _err(421, ErrorCode.NOT_LEADER)] * 2
-    async with _nodes(answers) as (eps, calls), QuorumClient(eps, timeout=0.5) as c:
-        with pytest.raises(KraftError) as e:
-            await c.put("k", b"v")
-        assert e.value.code is ErrorCode.NOT_LEADER
-        assert set(calls) == set(eps) and len(calls) > len(eps)  # whole passes, repeated
+    err, eps, calls = await _failed_put(lambda ep: _err(421, ErrorCode.NOT_LEADER), 0.5)
+    assert err.code is ErrorCode.NOT_LEADER
+    assert set(calls) == set(eps) and len(calls) > len(eps)  # whole passes, repeated
