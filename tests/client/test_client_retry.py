@@ -89,9 +89,9 @@ async def test_unavailable_and_hintless_not_leader_move_on_to_the_next_address()
         assert calls == eps
 
 
-async def _failed_put(answer: Answer, timeout: float) -> tuple[KraftError, list[str], list[str]]:
+async def _failed_put(answer: Answer, client_timeout: float) -> tuple[KraftError, list[str], list[str]]:
     """A PUT to two nodes that both give ``answer``: the error raised, the addresses, the calls."""
-    async with _nodes([answer, answer]) as (eps, calls), QuorumClient(eps, timeout=timeout) as c:
+    async with _nodes([answer, answer]) as (eps, calls), QuorumClient(eps, timeout=client_timeout) as c:
         with pytest.raises(KraftError) as e:
             await c.put("k", b"v")
         return e.value, eps, calls
