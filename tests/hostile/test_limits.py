@@ -150,6 +150,52 @@ def test_body_deadline_answers_408() -> None:
     asyncio.run(go())
 
 
+def test_refused_bodies_are_answered_then_closed_unread() -> None:
+    """Plain TCP: a body over the limit by its Content-Length (413) and one over the budget
+    (503) are answered with Connection: close and not read: after the answer the client can
+    push no more than the socket buffers before the connection is reset (aiohttp's lingering
+    would read all of it), and the server's read counter does not grow by the body."""
+
+    async def refused(ep: str, size: int) -> tuple[bytes, int]:
+        host, _, port = ep.rpartition(":")
+        r, w = await asyncio.open_connection(host, int(port))
+        w.write(f"PUT /v1/kv/big HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
+        w.write(b"x" * 4096)
+        async with asyncio.timeout(10):  # bounds a server that never answers
+            head = await r.readuntil(b"\r\n\r\n")
+        pushed = 0
+        try:
+            async with asyncio.timeout(30):  # bounds a server that neither reads nor closes
+                while pushed < size:
+                    w.write(b"x" * 65536)
+                    await w.drain()
+                    pushed += 65536
+        except ConnectionError:
+            pass
+        w.close()
+        return head.lower(), pushed
+
+    async def go() -> None:
+        limits = Limits(body_budget=1024 * 1024, small_reserve=256 * 1024, small_body=1024)
+        runner, ep = await _serve(limits)  # max_body 1 MiB
+        try:
+            head, pushed = await refused(ep, 256 * 1024 * 1024)
+            assert b" 413 " in head and b"connection: close" in head, head
+            assert pushed < 16 * 1024 * 1024, f"{pushed} bytes accepted after the answer: drained"
+            read_before = limits.read_bytes
+            limits.buffered = limits.body_budget  # no room left: the next large body is refused
+            head, pushed = await refused(ep, 512 * 1024)
+            limits.buffered = 0
+            assert b" 503 " in head and b"connection: close" in head, head
+            assert limits.read_bytes - read_before < 512 * 1024, "the refused body was read"
+            async with aiohttp.ClientSession() as s, s.get(f"http://{ep}/healthz") as resp:
+                assert resp.status == 200
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
+
+
 def test_healthz_fails_when_the_driver_loop_stops_turning(monkeypatch: Any) -> None:
     runner = SimpleNamespace(turned_at=time.monotonic())
     driver = SimpleNamespace(in_flight=None)
