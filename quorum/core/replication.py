@@ -40,24 +40,12 @@ Ready as the append, before that Ready's write and fsync), so one response trave
 previous one is written and fsynced. The simulation checks every such claim against what was
 really committed, with power cuts (tests/sim, ``test_pipelined_catchup_power_loss``).
 
-Batched fsync (issue 10). While a follower's log end stays below the high watermark its leader
-last told it, the Ready that hands over fetched batches asks for no fsync until
-``catchup_flush_bytes`` were appended since the last one (``defer_flush``); the Ready whose
-batches reach that high watermark, any Ready with a leader's batch, a truncation or a snapshot,
-and any role other than follower with a log not yet durable fsync as before. This changes no
-claim: every Fetch sent meanwhile names an offset at or below the high watermark (the batches
-end below the leader's, and the local one is the leader's capped at the local end), which the
-invariant above already allows; the driver's backstop and the simulation's check are the same.
-What a power cut may lose grows from one response to at most ``catchup_flush_bytes`` plus one
-response, all of it committed and durable on the majority that committed it. The state machine
-may apply these committed records before their local fsync (they are committed; a crash loses
-the in-memory state too, and a snapshot is fsynced on its own). Memory stays bounded: the
-written, unapplied batches the driver keeps for its state machine are applied at each Ready's
-finish, so at most two responses are held at once.
+Batched fsyncs and larger fetches while far behind (issue 10): :mod:`quorum.core.catchup`.
 """
 
 from __future__ import annotations
 
+from quorum.core import catchup
 from quorum.core.base import InFlight, epoch_allowed
 from quorum.core.election import ElectionMixin
 from quorum.core.messages import FetchRequest, FetchResponse, FetchSnapshotRequest, FetchSnapshotResponse
@@ -203,7 +191,8 @@ class ReplicationMixin(ElectionMixin):
         # sends after its own fsync; a committed record is therefore durable on a majority.
         data = b""
         if req.fetch_offset < self.meta.written_end:
-            data = self.reader.read(req.fetch_offset, min(req.max_bytes, self.config.fetch_max_bytes))
+            limit = catchup.serve_max_bytes(req.fetch_offset, self.hw, self.config)
+            data = self.reader.read(req.fetch_offset, min(req.max_bytes, limit))
         if not data and allow_park and req.max_wait_ms > 0 and not ls.pending_reads:
             wait = min(req.max_wait_ms, self.config.fetch_max_wait_ms)
             ls.parked[req.correlation_id] = ParkedFetch(req, self.now + wait)
@@ -294,7 +283,7 @@ class ReplicationMixin(ElectionMixin):
             fetch_offset=self.meta.end,
             last_fetched_epoch=self.meta.last_epoch() if self.meta.end > 0 else 0,
             max_wait_ms=self.config.fetch_max_wait_ms,
-            max_bytes=self.config.fetch_max_bytes,
+            max_bytes=catchup.fetch_max_bytes(self.role, self.meta.end, self.config),
             replica_endpoint=self.config.local_endpoint,
         )
         self.fetch_corr = req.correlation_id
@@ -397,24 +386,8 @@ class ReplicationMixin(ElectionMixin):
             self.set_hw(min(resp.high_watermark, self.meta.end))
 
     def defer_flush(self, append: list[LeaderBatch | RawBatches]) -> bool:
-        """May the Ready handing over ``append`` skip its fsync ("Batched fsync", module
-        docstring)? Only for a follower's fetched batches that end below the high watermark its
-        leader told it, while fewer than ``catchup_flush_bytes`` were appended since the last
-        fsync. Counts the bytes either way (reset when the fsync is asked for)."""
-        role = self.role
-        if not isinstance(role, Follower) or not append:
-            return False
-        size = 0
-        for b in append:
-            if not isinstance(b, RawBatches):
-                role.unflushed_bytes = 0
-                return False
-            size += len(b.data)
-        role.unflushed_bytes += size
-        if self.meta.end < role.leader_hw and role.unflushed_bytes < self.config.catchup_flush_bytes:
-            return True
-        role.unflushed_bytes = 0
-        return False
+        """May the Ready handing over ``append`` skip its fsync (:mod:`quorum.core.catchup`)?"""
+        return catchup.defer_flush(self.role, self.meta.end, self.config.catchup_flush_bytes, append)
 
     def snapshot_offered(self, snapshot_id: OffsetAndEpoch, leader_log_start: int) -> None:
         """The leader of our epoch names a snapshot to fetch (KIP-630). Installing it replaces

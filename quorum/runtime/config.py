@@ -34,6 +34,8 @@ _RAFT_KEYS = {
     "fetch_max_wait_ms",
     "fetch_max_bytes",
     "snapshot_chunk_bytes",
+    "catchup_fetch_max_bytes",
+    "catchup_flush_bytes",
     "catch_up_max_lag",
     "catch_up_recent_ms",
     "add_voter_timeout_ms",

@@ -5,14 +5,17 @@ hands over fetched batches asks for no fsync until ``catchup_flush_bytes`` were 
 the last one. The Ready that reaches the leader's high watermark fsyncs everything; so does
 one that crosses the byte budget, and the first Ready once the node stops following. Every
 Fetch sent meanwhile claims only committed offsets, and the state machine applies only what
-is fsynced locally.
+is fsynced locally. While far behind, Fetches ask for (and the leader serves, below its high
+watermark) ``catchup_fetch_max_bytes`` instead of ``fetch_max_bytes``.
 """
 
 from __future__ import annotations
 
-from quorum.core.messages import FetchRequest
+from quorum.core.messages import FetchRequest, FetchResponse
+from quorum.records import encode_batch
+from quorum.types import ErrorCode
 from tests.core.test_early_send import Claims, follower, last_fetch, response
-from tests.core.util import Harness
+from tests.core.util import Harness, fetch_responses, leader
 
 
 def take(h: Harness, base: int, hw: int) -> tuple[bool, int, int]:
@@ -85,3 +88,57 @@ def test_leaving_the_follower_role_fsyncs_what_catch_up_left_unsynced() -> None:
     h.tick(h.core.config.fetch_timeout_ms + 2 * h.core.config.election_timeout_ms + 100)
     assert h.core.role.name != "follower"
     assert h.log.flushed_end_offset == 3 and h.core.meta.durable_end == 3
+
+
+# ---------------------------------------------------------------- larger fetches while far behind
+
+
+def test_follower_asks_for_larger_fetches_only_while_far_behind() -> None:
+    h, _claims = follower(fetch_max_bytes=1000, catchup_fetch_max_bytes=5000)
+    assert last_fetch(h).max_bytes == 1000  # nothing told yet
+    take(h, 0, 10)
+    assert last_fetch(h).max_bytes == 5000  # end 1 < the leader's high watermark 10
+    for base in range(1, 10):
+        take(h, base, 10)
+    h.drain()
+    assert h.log.end_offset == 10 and last_fetch(h).max_bytes == 1000  # at the tail
+
+
+def committed_leader() -> Harness:
+    """A leader (fetch_max_bytes 1000, catch-up 5000) with ten committed 300-byte batches."""
+    h = leader(fetch_max_bytes=1000, catchup_fetch_max_bytes=5000)
+    start = h.log.end_offset
+    for i in range(10):
+        h.core.propose([bytes([i]) * 300], h.now)
+        h.drain()
+    for _ in range(3):
+        h.fetch(2)
+        h.fetch(3)
+    assert h.core.hw == h.log.end_offset >= start + 10
+    return h
+
+
+def test_leader_serves_the_larger_size_only_below_its_high_watermark() -> None:
+    h = committed_leader()
+    below = fetch_responses(h.fetch(4, offset=0, last_epoch=0))[-1]
+    assert 1000 < len(below.records) <= 5000
+    # A fetch asking for less gets no more than it asked (one whole batch at least).
+    h.core.propose([b"z" * 300], h.now)
+    h.drain()
+    tail = fetch_responses(h.fetch(2, offset=h.core.hw))[-1]
+    assert 0 < len(tail.records) <= 1000
+
+
+def test_corrupt_batch_inside_a_large_fetch_is_refused_naming_its_offset() -> None:
+    h, _claims = follower(catchup_flush_bytes=0)
+    take(h, 0, 50)
+    data = bytearray(b"".join(encode_batch(o, 1, [bytes([o]) * 400], 0) for o in range(1, 21)))
+    size = len(data) // 20
+    data[size * 13 + 80] ^= 0xFF  # a record byte of the 14th batch: offset 14
+    fetch = last_fetch(h)
+    h.core.step(FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 1, high_watermark=50,
+                              records=bytes(data)), h.now)
+    ready = h.core.ready()
+    assert not ready.append and any("offset 14" in e and "CRC" in e for e in ready.errors), ready.errors
+    h.driver.carry_out(ready)
+    assert h.log.end_offset == 1  # nothing of the response was appended

@@ -2,8 +2,9 @@
 one event loop commit a backlog of distinct keys; a fourth node with an empty disk catches up
 through many small Fetches. Some of its Fetches leave before the batch they follow is fsynced
 (they claim committed records only: the rule of ``quorum.core.replication``), none claims
-beyond both its fsynced end and its high watermark, and at the end its map and its log bytes
-equal the leader's."""
+beyond both its fsynced end and its high watermark, its fsyncs are batched (one per 128 KiB
+of fetched batches while below the leader's high watermark), and at the end its map and its log
+bytes equal the leader's."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ class ClaimRecorder:
 
 async def _scenario(tmp_path: Path) -> None:
     cfg = NodeConfig(
-        # small fetches: the backlog takes dozens of them
-        raft={"election_timeout_ms": 300, "fetch_timeout_ms": 800, "fetch_max_bytes": 32 * 1024},
+        # small fetches (also while far behind): the backlog takes dozens of them; an fsync per
+        # 128 KiB of them (batched catch-up fsyncs, quorum.core.catchup)
+        raft={"election_timeout_ms": 300, "fetch_timeout_ms": 800, "fetch_max_bytes": 32 * 1024,
+              "catchup_fetch_max_bytes": 32 * 1024, "catchup_flush_bytes": 128 * 1024},
         fsync=True,
         snapshot_bytes=1 << 30,  # no snapshot: the log itself is fetched
     )
@@ -66,6 +69,9 @@ async def _scenario(tmp_path: Path) -> None:
         pipelined = [c for c in rec.claims if c[0] > c[1]]
         assert len(rec.claims) > 20, rec.claims
         assert pipelined, "no Fetch left before the batch it follows was fsynced"
+        # Batched fsyncs: some claim runs more than one Fetch (at most 8 records of 4 KiB)
+        # beyond the fsynced end.
+        assert max(off - flushed for off, flushed, _hw in rec.claims) > 8, rec.claims
         assert all(off <= max(flushed, hw) for off, flushed, hw in rec.claims), rec.claims
     finally:
         await cluster.close()
