@@ -284,8 +284,8 @@ class KafkaQuorum:
 
     async def _leader_hints(self, tried: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """Where the leader may be when no address tried leads (a non-leader's DescribeQuorum
-        answer, NOT_LEADER_OR_FOLLOWER, carries no endpoint): the active controller that
-        DescribeCluster names (KIP-919: a controller answers it with the quorum's controllers and
+        answer, NOT_LEADER_OR_FOLLOWER, carries no endpoint): the controllers DescribeCluster lists,
+        the active one first (KIP-919: a controller answers it with the quorum's controllers and
         the active one's id), asked of the first tried controller that answers it, then every
         controller an earlier DescribeQuorum v2 listed (``Nodes``)."""
         out: list[tuple[str, int]] = []
@@ -296,13 +296,12 @@ class KafkaQuorum:
             with contextlib.suppress(KafkaWireError, TimeoutError, OSError):
                 req = DescribeClusterRequest(include_cluster_authorized_operations=False, endpoint_type=2)
                 resp = await c.request(req, c.version_for(API_DESCRIBE_CLUSTER, 1, 2), self.timeout)
-                if resp.error_code == 0:
-                    leader = [
-                        (str(b.host), int(b.port)) for b in resp.brokers if b.broker_id == resp.controller_id
-                    ]
-                    if leader:
-                        out += leader
-                        break
+                if resp.error_code == 0 and resp.brokers:
+                    # The active one first; the others too, in case this controller's view of the
+                    # registrations lags (a controller that just started).
+                    nodes = sorted(resp.brokers, key=lambda b: b.broker_id != resp.controller_id)
+                    out += [(str(b.host), int(b.port)) for b in nodes]
+                    break
         for lst in self.listeners.values():
             out += [(h, p) for _, h, p in lst]
         return [a for i, a in enumerate(out) if a not in out[:i] and a not in tried]
