@@ -44,7 +44,7 @@ from typing import TextIO
 
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.intervals import ADD_THEN_REMOVE, AUTO_JOIN, REMOVE_THEN_ADD
-from kraftkeeper_reports.recovery_steps import Ev, Steps, Who, line, voter_changes
+from kraftkeeper_reports.recovery_steps import AT, TYP, Ev, Steps, Who, line, voter_changes
 
 _NAMESPACES = ("payments", "search", "ingest", "billing", "identity", "analytics", "edge", "ml")
 _NAMES = ("kraft-a", "kraft-b", "meta", "controller", "quorum")
@@ -268,16 +268,16 @@ class _Day:
         if kind == "impossible_order" and len(evs) >= 4:
             # add_voter_committed stamped before add_voter_started (clock stepped back); in the
             # other orders the step after caught up is stamped before it.
-            add_first = (evs[2].typ, evs[3].typ) == (ev.ADD_VOTER_STARTED, ev.ADD_VOTER_COMMITTED)
+            add_first = (evs[2][TYP], evs[3][TYP]) == (ev.ADD_VOTER_STARTED, ev.ADD_VOTER_COMMITTED)
             i = 3 if add_first else 2
-            evs[i] = evs[i]._replace(at=evs[i - 1].at - rng.randrange(5, 500))
+            evs[i] = _moved(evs[i], evs[i - 1][AT] - rng.randrange(5, 500))
         elif kind == "event_after_end":
             typ = ev.REPLICA_CAUGHT_UP if failed else ev.REMOVE_VOTER_COMMITTED
-            evs.append(Ev(typ, evs[-1].at + rng.randrange(10, 5000), s.leader, s.epoch, "{}"))
+            evs.append((typ, evs[-1][AT] + rng.randrange(10, 5000), s.leader, s.epoch, "{}"))
         elif kind == "missing_detection":
             del evs[0]
         elif kind == "duplicate_event":
-            evs.insert(2, evs[1]._replace(at=evs[1].at + rng.randrange(1, 50)))
+            evs.insert(2, _moved(evs[1], evs[1][AT] + rng.randrange(1, 50)))
         else:
             return
         self.stats.recovery_anomalies[kind] += 1
@@ -298,6 +298,10 @@ class _Day:
                 out.write(ln)
                 out.write("\n")
                 stats.lines += 1
+
+
+def _moved(e: Ev, at: int) -> Ev:
+    return (e[TYP], at, e[2], e[3], e[4])
 
 
 def _generate_day(job: _DayJob) -> GenerateStats:
