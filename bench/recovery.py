@@ -26,7 +26,9 @@ of each size (collapsed stacks): where the time goes.
 Admin calls go to the node HTTP admin API (``POST /v1/quorum/voters``,
 ``DELETE /v1/quorum/voters/{id}/{uuid}``, ``GET /v1/quorum/describe``, docs/design.md) that
 ``kraftkeeper quorum add-voter|remove-voter|describe`` use, so the times exclude the CLI's
-interpreter start-up. Run ``python -m bench.recovery --help``.
+interpreter start-up. The nodes run without ``--tls-dir``: node-to-node traffic is plaintext
+HTTP on loopback, and the output says so (``TRANSPORT_NOTE``). Run ``python -m bench.recovery
+--help``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ from bench.common import http_call, sigterm_as_interrupt, value_bytes, wait_unti
 from bench.engine import KraftKeeperCluster
 
 MB = 1_000_000
+# Said with every result (issue 10): the nodes here run without --tls-dir, so catch-up crosses
+# plaintext HTTP on loopback. With node TLS (mutual TLS, TLS 1.3 AES-256-GCM) the leader also
+# encrypts and the replica decrypts every byte (measured on this project's VM: about 0.9 and
+# 0.7 CPU s per GB, in OpenSSL through the ssl module); sendfile is impossible under TLS.
+TRANSPORT_NOTE = "node-to-node transport: plaintext HTTP on loopback (nodes started without --tls-dir)"
 
 
 @dataclass
@@ -403,7 +410,7 @@ def render(results: list[RecoveryResult]) -> str:
     head = (f"{'engine':>8} {'log size':>9} {'received':>9} {'catch-up s':>10} {'MB/s':>7} {'copy MB/s':>9} "
             f"{'ratio':>6} {'snapshot':>8} {'restart->fetch s':>16} {'add-voter ms':>12} "
             f"{'remove-voter ms':>15} {'total s':>8} {'fill s':>7} {'lead cpu':>7} {'repl cpu':>8}")
-    lines = [head, "-" * len(head)]
+    lines = [TRANSPORT_NOTE, head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{'@' + r.rev if r.rev else 'current':>8} {r.size_bytes / MB:>7.0f}MB "
