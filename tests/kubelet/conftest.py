@@ -12,8 +12,9 @@ Fixtures:
 
 - ``node_cluster`` (package): a :class:`NodeCluster` with ``kubeconfig``, ``kubectl(...)``,
   ``helm(...)``, ``get_json(...)`` and ``wait_for(...)``;
-- ``kk_image`` (package): the product image built by scripts/build-image.sh (as a user does)
-  and imported into the node's containerd; its reference;
+- ``kk_image`` (package): the product image built by scripts/build-image.sh (as a user does;
+  once per test run, tests/conftest.py ``image_build``) and imported into the node's
+  containerd; its reference;
 - ``operator_release`` (package): ``helm install`` of charts/kraftkeeper into namespace
   ``kraftkeeper-system`` (the operator runs as a pod from the image with the chart's RBAC,
   probes and security context); the namespace name;
