@@ -146,58 +146,69 @@ def sessionise(events: DataFrame) -> DataFrame:
     return _recovery_rows(known.groupBy("cluster", "recovery_id").agg(*_recovery_aggs()))
 
 
-def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
-    """The recovery table from the aggregates of :func:`_recovery_aggs` (``extra`` columns are
-    carried through)."""
-    end = F.least(F.col("t_completed"), F.col("t_failed"))
-    agg = agg.withColumn("t_end", end)
-    # Plain (code-generated) expressions for every flag; lambdas (interpreted by Spark) only on
-    # the rare rows that need them, since they cost ~10x per row.
-    after_end = F.coalesce(F.col("max_ts") > F.col("t_end"), F.lit(False))
-    agg = agg.withColumn(
-        "n_after_end",
-        F.when(after_end, F.size(F.filter("all_ts", lambda x: x > F.col("t_end")))).otherwise(F.lit(0)),
+def _order_violation(steps: list[str]) -> Column:
+    """The first step stamped before a step it follows in ``steps`` (protocol order), as a
+    message, or null. Step j violates the order when ts(j) < max(ts of steps 0..j-1); the message
+    names it and the latest of its predecessors. Written with array functions, not one CASE per
+    pair: a 21-way nested expression is too large for Spark's code generation and runs
+    interpreted (much slower)."""
+    names = F.array(*[F.lit(x) for x in steps])
+    tsa = F.array(*[F.col(TS_COL[x]) for x in steps])
+    viol = F.array(*[F.col(TS_COL[steps[j]]) < F.array_max(F.slice(tsa, 1, j)) for j in range(1, len(steps))])
+    p = F.array_position(viol, True)  # 0: none; else the violating step's index (0-based) is p
+    prev = F.array_max(F.slice(tsa, F.lit(1), p.cast("int")))
+    i1 = F.array_position(F.slice(tsa, F.lit(1), p.cast("int")), prev).cast("int")
+    j1 = (p + 1).cast("int")
+    return F.when(
+        p > 0,
+        F.format_string(
+            "%s at %s is %d ms before %s at %s",
+            F.element_at(names, j1), _fmt_ts(F.element_at(tsa, j1)), prev - F.element_at(tsa, j1),
+            F.element_at(names, i1), _fmt_ts(prev),
+        ),
     )
 
-    # Ordering: every step must not be stamped before any step it follows in protocol order
-    # (KIP-856: caught up, then AddVoter, then RemoveVoter). Step j violates it when
-    # ts(j) < max(ts of steps 0..j-1); the message names the first such step and the latest of
-    # its predecessors. Written with array functions, not one CASE per pair: a 21-way nested
-    # expression is too large for Spark's code generation and runs interpreted (much slower).
-    def order_violation(steps: list[str]) -> Column:
-        names = F.array(*[F.lit(x) for x in steps])
-        tsa = F.array(*[F.col(TS_COL[x]) for x in steps])
-        viol = F.array(
-            *[F.col(TS_COL[steps[j]]) < F.array_max(F.slice(tsa, 1, j)) for j in range(1, len(steps))]
-        )
-        p = F.array_position(viol, True)  # 0: none; else the violating step's index (0-based) is p
-        prev = F.array_max(F.slice(tsa, F.lit(1), p.cast("int")))
-        i1 = F.array_position(F.slice(tsa, F.lit(1), p.cast("int")), prev).cast("int")
-        j1 = (p + 1).cast("int")
-        return F.when(
-            p > 0,
-            F.format_string(
-                "%s at %s is %d ms before %s at %s",
-                F.element_at(names, j1), _fmt_ts(F.element_at(tsa, j1)), prev - F.element_at(tsa, j1),
-                F.element_at(names, i1), _fmt_ts(prev),
-            ),
-        )
 
-    # Either voter-change order is a protocol order: KIP-856's AddThenRemove, or RemoveThenAdd
-    # (Kafka refuses a second directory id per voter id, KIP-853; the watcher and auto-join).
-    # A recovery that fits neither is named by its first step out of KIP-856 order.
+def _violation() -> Column:
+    """KIP-856's AddThenRemove or RemoveThenAdd (Kafka refuses a second directory id per voter
+    id, KIP-853; the watcher and auto-join) are both protocol orders; a recovery that fits
+    neither is named by its first step out of KIP-856 order. The end itself must not precede
+    detection (a negative total)."""
     add_first = list(ev.STEP_TYPES)
     remove_first = [*add_first[:2], *add_first[4:], *add_first[2:4]]
-    violation: Column = F.when(order_violation(remove_first).isNotNull(), order_violation(add_first))
-    # The end itself must not precede detection (a negative total).
-    violation = F.when(
+    violation = F.when(_order_violation(remove_first).isNotNull(), _order_violation(add_first))
+    return F.when(
         F.col("t_end") < F.col("t_detected"),
         F.format_string("recovery ended %d ms before it was detected", F.col("t_detected") - F.col("t_end")),
     ).otherwise(violation)
-    agg = agg.withColumn("order_violation", violation)
 
+
+def _after_end_from_stats() -> tuple[Column, Column]:
+    """(events stamped after the recovery's end, whether that count is exact) from each step
+    type's count, first, last and sum of timestamps (the one-pass aggregation keeps no list of
+    timestamps, so that it runs as a compiled hash aggregation). Exact while a type logged on
+    both sides of the end has at most three events (the middle one of three is sum - first -
+    last); the job recomputes the others, which real logs do not have, from their events."""
+    end = F.col("t_end")
+    total: Column = F.lit(0)
+    exact: Column = F.lit(True)
+    for t in ev.KNOWN_TYPES:
+        first, last, sm, n = (F.col(c) for c in _per_type(t))
+        straddle = (first <= end) & (last > end)
+        middle = F.when((n == 3) & (sm - first - last > end), 1).otherwise(0)
+        total = total + F.when((n == 0) | (last <= end), 0).when(first > end, n).otherwise(1 + middle)
+        exact = exact & ~F.coalesce(straddle & (n > 3), F.lit(False))
+    return total, exact
+
+
+_EXCLUDING = ("missing_detection", "impossible_order", "conflicting_outcome", "incomplete_steps",
+              "inconsistent_replica")
+
+
+def _problems() -> list[tuple[str, Column, Column]]:
+    """The recovery-level problems as (code, condition, message), in the table's order."""
     dup = F.greatest(*[F.col(f"n_{t}") for t in ev.KNOWN_TYPES]) > 1
-    problems = [
+    return [
         ("missing_detection", F.col("t_detected").isNull(), F.lit("no disk_replacement_detected event")),
         ("impossible_order", F.col("order_violation").isNotNull(), F.col("order_violation")),
         ("conflicting_outcome", F.col("t_completed").isNotNull() & F.col("t_failed").isNotNull(),
@@ -212,8 +223,22 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
          F.format_string("%d event(s) after the recovery ended", F.col("n_after_end"))),
         ("duplicate_event", dup, F.lit("a step was logged more than once (first one used)")),
     ]
-    excluding = {"missing_detection", "impossible_order", "conflicting_outcome", "incomplete_steps",
-                 "inconsistent_replica"}
+
+
+def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
+    """The recovery table from the per-recovery aggregates (of :func:`_recovery_aggs`, or of
+    :func:`one_pass`'s per-type statistics); ``extra`` columns are carried through."""
+    agg = agg.withColumn("t_end", F.least(F.col("t_completed"), F.col("t_failed")))
+    after_end = F.coalesce(F.col("max_ts") > F.col("t_end"), F.lit(False))
+    if "all_ts" in agg.columns:
+        # Lambdas (interpreted by Spark) only on the rare rows that need them (~10x per row).
+        n_after, exact = F.size(F.filter("all_ts", lambda x: x > F.col("t_end"))), F.lit(True)
+    else:
+        n_after, exact = _after_end_from_stats()
+    agg = agg.withColumn("n_after_end", F.when(after_end, n_after).otherwise(F.lit(0))).withColumn(
+        "after_end_exact", F.coalesce(exact, F.lit(True))
+    ).withColumn("order_violation", _violation())
+    problems = _problems()
     for code, cond, _ in problems:
         agg = agg.withColumn(f"f_{code}", F.coalesce(cond, F.lit(False)))
     agg = agg.withColumn(
@@ -225,7 +250,7 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         ),
     )
     invalid = F.lit(False)
-    for code in excluding:
+    for code in _EXCLUDING:
         invalid = invalid | F.col(f"f_{code}")
     outcome = (
         F.when(invalid, "invalid")
@@ -234,27 +259,8 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         .otherwise("in_progress")
     )
     agg = agg.withColumn("outcome", outcome)
-    done = F.col("outcome") == "completed"
-
-    def dur(a: str, b: str) -> Column:
-        # None where the end precedes the start: in RemoveThenAdd, "AddVoter committed ->
-        # RemoveVoter committed" is no interval of that recovery.
-        return F.when(done & (F.col(b) >= F.col(a)), F.col(b) - F.col(a)).cast("long")
-
-    # The voter-change order the recovery recorded, as intervals.recorded_order: each interval
-    # takes that order's span; detail.order, when logged, stays the label ("auto-join").
-    recorded = F.coalesce(*[
-        F.when(F.col(TS_COL[a]) < F.col(TS_COL[b]), F.lit(REMOVE_THEN_ADD))
-        .when(F.col(TS_COL[a]) >= F.col(TS_COL[b]), F.lit(ADD_THEN_REMOVE))
-        for a, b in ORDER_EVIDENCE
-    ])
-
-    def span_dur(i: Interval) -> Column:
-        r, a = i.span(REMOVE_THEN_ADD), i.span(ADD_THEN_REMOVE)
-        return F.when(recorded == REMOVE_THEN_ADD, dur(TS_COL[r.start], TS_COL[r.end])).otherwise(
-            dur(TS_COL[a.start], TS_COL[a.end]))
-
-    out = agg.select(
+    recorded = _recorded_order()
+    return agg.select(
         "cluster", "recovery_id", "replica_id", "old_uuid", "new_uuid", "engine",
         F.coalesce(F.col("order"), recorded).alias("order"), "outcome",
         F.when(F.col("outcome") == "failed", F.coalesce("failure_reason", F.lit("unspecified")))
@@ -262,55 +268,130 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         F.to_date(F.timestamp_millis(F.coalesce("t_detected", "min_ts"))).alias("date"),
         *TS_COL.values(),
         "n_events", "n_after_end",
-        *[span_dur(i).alias(f"{i.name}_ms") for i in INTERVALS],
+        *[_span_dur(i, recorded).alias(f"{i.name}_ms") for i in INTERVALS],
         F.when(F.col("outcome") == "failed", F.col("t_failed") - F.col("t_detected")).cast("long")
         .alias("give_up_ms"),
         "problems", "problem_messages", *extra,
     )
-    return out
 
 
-# Columns of the one-pass result that describe a bad-input group (null on recovery rows).
+def _recorded_order() -> Column:
+    """The voter-change order the recovery recorded, as intervals.recorded_order: each interval
+    takes that order's span; detail.order, when logged, stays the label ("auto-join")."""
+    return F.coalesce(*[
+        F.when(F.col(TS_COL[a]) < F.col(TS_COL[b]), F.lit(REMOVE_THEN_ADD))
+        .when(F.col(TS_COL[a]) >= F.col(TS_COL[b]), F.lit(ADD_THEN_REMOVE))
+        for a, b in ORDER_EVIDENCE
+    ])
+
+
+def _span_dur(i: Interval, recorded: Column) -> Column:
+    done = F.col("outcome") == "completed"
+
+    def dur(a: str, b: str) -> Column:
+        # None where the end precedes the start: in RemoveThenAdd, "AddVoter committed ->
+        # RemoveVoter committed" is no interval of that recovery.
+        return F.when(done & (F.col(b) >= F.col(a)), F.col(b) - F.col(a)).cast("long")
+
+    r, a = i.span(REMOVE_THEN_ADD), i.span(ADD_THEN_REMOVE)
+    return F.when(recorded == REMOVE_THEN_ADD, dur(TS_COL[r.start], TS_COL[r.end])).otherwise(
+        dur(TS_COL[a.start], TS_COL[a.end]))
+
+
+# Columns of the one-pass result that describe a bad-input group (null on recovery rows), and
+# whether a recovery's count of events after its end is exact (see _after_end_from_stats).
 PROBLEM_COLUMNS = ("pcode", "pnote", "n_problem", "h_min", "h_max", "ex_min", "ex_max", "ex_any", "pmessage")
+RECHECK_COLUMN = "after_end_exact"
 
 
-def one_pass(parsed: DataFrame) -> DataFrame:
-    """Everything the report needs from the lines, in ONE aggregation (one Spark job, the input
-    read once): a row per recovery (the columns of :func:`sessionise`, ``pcode`` null) and a
-    row per bad-input code of the lines (``pcode`` the reason or note, ``pnote`` whether it was
-    a tolerated note, ``n_problem`` lines, the examples of least and greatest hash and any
-    one, a message). The small tables are computed from this on the driver (``tables``).
+def _per_type(t: str) -> tuple[str, str, str, str]:
+    """Column names of one type's timestamp statistics in :func:`one_pass` (first, last, sum,
+    count)."""
+    return TS_COL[t], f"last_{t}", f"sum_{t}", f"n_{t}"
 
-    A line is exploded into its event row (reason null) and one row per problem (its reason,
-    each note), so a line with only notes counts both as an event and under its notes, as the
-    separate ``events_of`` / ``line_problems`` did. Problem rows carry no recovery key, so they
-    group per code whatever recovery they name."""
+
+def _line_rows(parsed: DataFrame) -> DataFrame:
+    """A line as its event row (reason null) and one row per problem (its reason, each note):
+    a line with only notes counts both as an event and under its notes, as the separate
+    ``events_of`` / ``line_problems`` did. Problem rows carry no recovery key, so they group
+    per code whatever recovery they name. The type is a small integer (index in KNOWN_TYPES),
+    so the aggregation compares numbers, not strings."""
     codes = F.concat(
         F.when(F.col("reason").isNull(), F.array(F.lit(None).cast("string"))).otherwise(F.array("reason")),
         F.col("notes"),
     )
     x = parsed.select("*", F.posexplode(codes).alias("pos", "pcode"))
     prob = F.col("pcode").isNotNull()
-    event = ~prob & F.col("type").isin(*ev.KNOWN_TYPES)
-    fields = ("ts_ms", "type", "replica_id", "old_uuid", "new_uuid", "failure_reason", "engine", "order")
-    rows = x.select(
+    tix: Column = F.lit(None).cast("int")
+    for i, t in reversed(list(enumerate(ev.KNOWN_TYPES))):
+        tix = F.when(F.col("type") == t, F.lit(i)).otherwise(tix)
+    event = ~prob & tix.isNotNull()
+    return x.select(
         F.when(~prob, F.col("cluster")).alias("cluster"),
         F.when(~prob, F.col("recovery_id")).alias("recovery_id"),
         "pcode", F.when(prob, F.col("pos") > 0).alias("pnote"),
-        *[F.when(event, F.col(c)).alias(c) for c in fields],
+        F.when(event, tix).alias("tix"),
+        *[F.when(event, F.col(c)).alias(c)
+          for c in ("ts_ms", "replica_id", "old_uuid", "new_uuid", "failure_reason", "engine", "order")],
         F.when(prob, F.col("example")).alias("example"),
         F.when(prob, F.col("message")).alias("message"),
     )
-    h = F.when(prob, F.xxhash64("example"))
-    agg = rows.groupBy("cluster", "recovery_id", "pcode", "pnote").agg(
-        *_recovery_aggs(),
+
+
+def one_pass(parsed: DataFrame) -> DataFrame:
+    """Everything the report needs from the lines, in one Spark job (the input read once): a
+    row per recovery (the columns of :func:`sessionise`, ``pcode`` null, and RECHECK_COLUMN) and
+    a row per bad-input code of the lines (``pcode`` the reason or note, ``pnote`` whether it
+    was a tolerated note, ``n_problem`` lines, the examples of least and greatest xxhash64 and
+    any one, a message). The small tables are computed from this on the driver (``tables``).
+
+    Two aggregations. The first, over every line (:func:`_line_rows`), keeps only numbers in
+    its buffers (per step type: first, last, sum of timestamps, count), so Spark runs it as a
+    compiled hash aggregation; the strings it needs (UUIDs, engine, order, failure reason, a bad
+    line's example) are part of its key, which a recovery's events nearly always share. The
+    second merges those few rows per recovery (and per bad-input code), where the string picks
+    (min_by and the like) are cheap. A string in an aggregation buffer (min_by, first,
+    collect_list) makes Spark fall back to a sort-based or interpreted aggregation over every
+    line: measured as most of the job's time."""
+    rows = _line_rows(parsed)
+    key = ["cluster", "recovery_id", "pcode", "pnote"]
+    strings = ["old_uuid", "new_uuid", "failure_reason", "engine", "order", "example", "message"]
+    per_type: list[Column] = []
+    merged: list[Column] = []
+    for i, t in enumerate(ev.KNOWN_TYPES):
+        ts = F.when(F.col("tix") == i, F.col("ts_ms"))
+        first, last, sm, n = _per_type(t)
+        per_type += [F.min(ts).alias(first), F.max(ts).alias(last), F.sum(ts).alias(sm), F.count(ts).alias(n)]
+        merged += [F.min(first).alias(first), F.max(last).alias(last), F.sum(sm).alias(sm), F.sum(n).alias(n)]
+    g1 = rows.groupBy(*key, *strings).agg(
+        *per_type,
+        F.count("tix").alias("n_events"),
+        F.min("replica_id").alias("replica_id"),
+        F.max("replica_id").alias("replica_id_max"),
+        F.min("ts_ms").alias("min_ts"),
+        F.max("ts_ms").alias("max_ts"),
         F.count("pcode").alias("n_problem"),
+    )
+    h = F.when(F.col("pcode").isNotNull(), F.xxhash64("example"))
+    agg = g1.groupBy(*key).agg(
+        *merged,
+        F.sum("n_events").alias("n_events"),
+        F.min("replica_id").alias("replica_id"),
+        F.max("replica_id_max").alias("replica_id_max"),
+        F.min_by("old_uuid", "min_ts").alias("old_uuid"),
+        F.max_by("new_uuid", "max_ts").alias("new_uuid"),
+        F.max("failure_reason").alias("failure_reason"),
+        F.min("engine").alias("engine"),
+        F.min("order").alias("order"),
+        F.min("min_ts").alias("min_ts"),
+        F.max("max_ts").alias("max_ts"),
+        F.sum("n_problem").alias("n_problem"),
         F.min(h).alias("h_min"), F.max(h).alias("h_max"),
         F.min_by("example", h).alias("ex_min"), F.max_by("example", h).alias("ex_max"),
         F.first("example", ignorenulls=True).alias("ex_any"),
         F.first("message", ignorenulls=True).alias("pmessage"),
     )
-    return _recovery_rows(agg, PROBLEM_COLUMNS)
+    return _recovery_rows(agg, (*PROBLEM_COLUMNS, RECHECK_COLUMN))
 
 
 def _fmt_ts(c: Column) -> Column:

@@ -50,6 +50,18 @@ def both(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
         json.dumps(dict(good, type="y", replica_id="3", more=2)),            # fatal + both notes
         "", "not json",
     ]
+    # Steps logged on both sides of the end: three times (counted exactly from first, last and
+    # sum) and five times (the job counts these again from their events).
+    t0 = 1_790_000_000_000
+
+    def at(rid: str, typ: str, ms: int) -> str:
+        ts = pd.Timestamp(t0 + ms, unit="ms", tz="UTC").strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        return json.dumps(dict(good, recovery_id=rid, type=typ, ts=ts, detail={}))
+
+    for rid, caught in (("r-three-late", (50, 150, 170)), ("r-three-early", (50, 60, 170)),
+                        ("r-five", (50, 60, 150, 160, 170))):
+        extra += [at(rid, ev.DISK_REPLACEMENT_DETECTED, 0), at(rid, ev.RECOVERY_COMPLETED, 100)]
+        extra += [at(rid, ev.REPLICA_CAUGHT_UP, ms) for ms in caught]
     (root / "loose.jsonl").write_text("\n".join(extra) + "\n")
     paths = [str(root)]
 
@@ -116,6 +128,11 @@ def test_bad_input_counts_and_examples_are_the_old_ones(both: dict[str, Any]) ->
         assert set(r.examples) <= seen[r.code], r.code  # real lines (or recoveries) of that code
         if r.level == "line":  # the same deterministic first pick (least xxhash64)
             assert r.examples[0] == old_first[r.code][0], r.code
+
+
+def test_events_after_the_end_are_counted_exactly(both: dict[str, Any]) -> None:
+    rec = both["new"].recoveries.set_index("recovery_id")["n_after_end"]
+    assert rec["r-three-late"] == 2 and rec["r-three-early"] == 1 and rec["r-five"] == 3
 
 
 def test_every_line_is_accounted_for(both: dict[str, Any]) -> None:
