@@ -26,8 +26,9 @@ of each size (collapsed stacks): where the time goes.
 Admin calls go to the node HTTP admin API (``POST /v1/quorum/voters``,
 ``DELETE /v1/quorum/voters/{id}/{uuid}``, ``GET /v1/quorum/describe``, docs/design.md) that
 ``kraftkeeper quorum add-voter|remove-voter|describe`` use, so the times exclude the CLI's
-interpreter start-up. The nodes run without ``--tls-dir``: node-to-node traffic is plaintext
-HTTP on loopback, and the output says so (``TRANSPORT_NOTE``). Run ``python -m bench.recovery
+interpreter start-up. By default the nodes run without ``--tls-dir``: node-to-node traffic is
+plaintext HTTP on loopback; ``--tls`` runs them with mutual TLS (and the bench's own calls with
+an admin client certificate). The output says which. Run ``python -m bench.recovery
 --help``.
 """
 
@@ -52,15 +53,19 @@ from typing import Any
 import aiohttp
 
 from bench.baseline import BaselineTree, export_tree, round_order
-from bench.common import http_call, sigterm_as_interrupt, value_bytes, wait_until
+from bench.common import TlsFiles, http_call, sigterm_as_interrupt, value_bytes, wait_until
 from bench.engine import KraftKeeperCluster
+from quorum.security.pki import issue_client, load_ca
 
 MB = 1_000_000
-# Said with every result (issue 10): the nodes here run without --tls-dir, so catch-up crosses
-# plaintext HTTP on loopback. With node TLS (mutual TLS, TLS 1.3 AES-256-GCM) the leader also
-# encrypts and the replica decrypts every byte (measured on this project's VM: about 0.9 and
-# 0.7 CPU s per GB, in OpenSSL through the ssl module); sendfile is impossible under TLS.
-TRANSPORT_NOTE = "node-to-node transport: plaintext HTTP on loopback (nodes started without --tls-dir)"
+# Said with every result (issue 10): by default the nodes run without --tls-dir, so catch-up
+# crosses plaintext HTTP on loopback (``--tls``: mutual TLS). With node TLS (TLS 1.3,
+# AES-256-GCM) the leader also encrypts and the replica decrypts every byte (measured on this
+# project's VM: about 0.9 and 0.7 CPU s per GB, OpenSSL through the ssl module); sendfile is
+# impossible under TLS.
+TRANSPORT_NOTE = ("node-to-node transport: plaintext HTTP on loopback (nodes started without --tls-dir; "
+                  "--tls for mutual TLS)")
+TLS_NOTE = "node-to-node transport: mutual TLS on loopback (--tls: nodes started with --tls-dir)"
 
 
 @dataclass
@@ -152,7 +157,8 @@ def parse_size(text: str) -> int:
     return value
 
 
-async def fill(endpoints: list[str], total: int, value_size: int, concurrency: int) -> int:
+async def fill(endpoints: list[str], total: int, value_size: int, concurrency: int,
+               tls: TlsFiles | None = None) -> int:
     """Write distinct keys until ``total`` value bytes are committed; returns bytes written.
     Distinct keys keep the state (and so any snapshot) as large as the log."""
     value = value_bytes(value_size)
@@ -161,7 +167,9 @@ async def fill(endpoints: list[str], total: int, value_size: int, concurrency: i
     leader = endpoints[0]
     written = 0
     timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    scheme = "https" if tls is not None else "http"
+    connector = aiohttp.TCPConnector(ssl=tls.context() if tls is not None else False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
         async def worker() -> None:
             nonlocal next_no, leader, written
@@ -171,7 +179,8 @@ async def fill(endpoints: list[str], total: int, value_size: int, concurrency: i
                 for _attempt in range(50):
                     target = leader
                     try:
-                        async with session.put(f"http://{target}/v1/kv/fill-{no:09d}", data=value) as resp:
+                        url = f"{scheme}://{target}/v1/kv/fill-{no:09d}"
+                        async with session.put(url, data=value) as resp:
                             body = await resp.read()
                             if resp.status == 200:
                                 written += value_size
@@ -193,8 +202,8 @@ async def fill(endpoints: list[str], total: int, value_size: int, concurrency: i
     return written
 
 
-def describe(endpoint: str) -> dict[str, Any]:
-    status, body = http_call(endpoint, "GET", "/v1/quorum/describe", timeout=5)
+def describe(endpoint: str, tls: TlsFiles | None) -> dict[str, Any]:
+    status, body = http_call(endpoint, "GET", "/v1/quorum/describe", timeout=5, tls=tls)
     if status != 200:
         raise ValueError(f"describe on {endpoint}: HTTP {status}: {body[:200]!r}")
     d: dict[str, Any] = json.loads(body)
@@ -205,17 +214,17 @@ def describe_leader(cluster: KraftKeeperCluster, hint: list[str]) -> dict[str, A
     """Describe from the leader (only the leader answers it); ``hint[0]`` caches the leader and
     is refreshed when leadership moved, so polling survives an election."""
     try:
-        return describe(hint[0])
+        return describe(hint[0], cluster.tls)
     except (OSError, ValueError):
         hint[0] = leader_endpoint(cluster)
-        return describe(hint[0])
+        return describe(hint[0], cluster.tls)
 
 
 def leader_endpoint(cluster: KraftKeeperCluster) -> str:
     def find() -> str | None:
         for ep in cluster.endpoints:
             try:
-                d = describe(ep)
+                d = describe(ep, cluster.tls)
             except (OSError, ValueError):
                 continue
             lid = d.get("leader_id")
@@ -236,7 +245,7 @@ def admin(cluster: KraftKeeperCluster, method: str, path: str, body: bytes | Non
     while True:
         t0 = time.monotonic()
         status, data = http_call(target, method, path, body, timeout=timeout,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json"}, tls=cluster.tls)
         took = time.monotonic() - t0
         if status == 200:
             return took
@@ -293,6 +302,7 @@ class Setup:
     py_spy: str | None = None
     profile_dir: Path | None = None
     raft: dict[str, int] = field(default_factory=dict)
+    tls: bool = False
 
 
 def run_one(work: Path, size: int, setup: Setup, log: Any,
@@ -307,13 +317,19 @@ def run_one(work: Path, size: int, setup: Setup, log: Any,
     if setup.raft:
         extra["raft"] = dict(setup.raft)
     cluster = KraftKeeperCluster(work / f"size-{size}", fsync=setup.fsync, extra_config=extra,
-                                 baseline=baseline)
+                                 tls=setup.tls, baseline=baseline)
     rev = baseline.rev if baseline is not None else ""
     try:
         cluster.start()
+        if setup.tls:
+            # AddVoter / RemoveVoter need the admin role (quorum.security.auth); it may write too.
+            ca = load_ca(cluster.work / "tls")
+            cert, key = issue_client(ca, "bench-admin", "admin")
+            cluster.tls = TlsFiles(str(cluster.work / "tls" / "ca.crt"), str(cert), str(key))
         leader = leader_endpoint(cluster)
         t0 = time.monotonic()
-        filled = asyncio.run(fill([leader, *cluster.endpoints], size, setup.value_size, setup.concurrency))
+        filled = asyncio.run(fill([leader, *cluster.endpoints], size, setup.value_size, setup.concurrency,
+                                  cluster.tls))
         fill_s = time.monotonic() - t0
         results = []
         for rnd in range(setup.repeats):
@@ -330,7 +346,7 @@ def run_one(work: Path, size: int, setup: Setup, log: Any,
 def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_s: float, fsync: bool,
                       log: Any, profile: bool, py_spy: str | None, profile_dir: Path) -> RecoveryResult:
     leader = leader_endpoint(cluster)
-    before = describe(leader)
+    before = describe(leader, cluster.tls)
     lead_id = int(before["leader_id"])
     # Replace node 3's disk, or node 2's if 3 leads: replacing the leader's disk would add an
     # election to what we measure, and any follower's recovery is the same protocol.
@@ -379,7 +395,7 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
     add_s = admin(cluster, "POST", "/v1/quorum/voters", add_body, 120)
     remove_s = admin(cluster, "DELETE", f"/v1/quorum/voters/{victim}/{old}", None, 120)
     done_ms = time.time() * 1000
-    after = describe(leader_endpoint(cluster))
+    after = describe(leader_endpoint(cluster), cluster.tls)
     voters = {(v["id"], v["uuid"]) for v in after["voters"]}
     if (victim, new) not in voters or (victim, old) in voters:
         raise RuntimeError(f"voter set after recovery is wrong: {sorted(voters)}")
@@ -404,13 +420,13 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
     )
 
 
-def render(results: list[RecoveryResult]) -> str:
+def render(results: list[RecoveryResult], tls: bool = False) -> str:
     """The table, then one headline per size: catch-up as a fraction of the plain copy (the
     median over the rounds, each round's ratio taken beside its own copy)."""
     head = (f"{'engine':>8} {'log size':>9} {'received':>9} {'catch-up s':>10} {'MB/s':>7} {'copy MB/s':>9} "
             f"{'ratio':>6} {'snapshot':>8} {'restart->fetch s':>16} {'add-voter ms':>12} "
             f"{'remove-voter ms':>15} {'total s':>8} {'fill s':>7} {'lead cpu':>7} {'repl cpu':>8}")
-    lines = [TRANSPORT_NOTE, head, "-" * len(head)]
+    lines = [TLS_NOTE if tls else TRANSPORT_NOTE, head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{'@' + r.rev if r.rev else 'current':>8} {r.size_bytes / MB:>7.0f}MB "
@@ -471,6 +487,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--value-bytes", type=int, default=32 * 1024, help="size of each filled value")
     ap.add_argument("--concurrency", type=int, default=32, help="concurrent writers during the fill")
     ap.add_argument("--no-fsync", action="store_true", help="run the nodes with fsync off")
+    ap.add_argument("--tls", action="store_true",
+                    help="run the nodes with --tls-dir: mutual TLS between them and for the bench's calls")
     ap.add_argument("--snapshot-bytes", type=int, default=None,
                     help="engine snapshot threshold (config snapshot.max_bytes); default: the engine's")
     ap.add_argument("--workdir", type=Path, default=None)
@@ -507,7 +525,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     setup = Setup(a.value_bytes, a.concurrency, not a.no_fsync, a.snapshot_bytes, a.repeats, a.py_spy,
-                  a.profile_dir, raft)
+                  a.profile_dir, raft, a.tls)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kk-recovery-"))
     results: list[RecoveryResult] = []
     failed = False
@@ -532,7 +550,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     finally:
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(render(results))
+    print(render(results, a.tls))
     if a.json:
         a.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if failed else 0

@@ -15,7 +15,10 @@ the local end), which the pipelining invariant of ``quorum.core.replication`` al
 the driver's backstop and the simulation's check (tests/sim, with power cuts) are the same.
 What a power cut may lose grows from one response to ``catchup_flush_bytes`` plus one
 response, all of it committed and durable on the majority that committed it; the replica
-then fetches again from its real end. The driver applies committed records only once they are
+then fetches again from its real end. Pipelining itself stops where catch-up ends: the Fetch
+after the batches that reach the leader's high watermark waits for their fsync
+(``tick_fetch``), so a leader sees a replica caught up (lag 0, KIP-856 AddVoter's check) only
+once everything it fetched is durable. The driver applies committed records only once they are
 fsynced locally (``Driver.apply_to`` is capped at the fsynced end), as before.
 
 Larger fetches. While far behind, the follower asks for ``catchup_fetch_max_bytes`` per Fetch

@@ -34,8 +34,10 @@ replica (KIP-853, as KIP-642 says: replicas act on a voter set as soon as it is 
 the new set's high watermark is counted the same way). A power cut loses the non-durable
 records; the replica then fetches from its real end, and those records stay durable on the
 majority that committed them. Near the tail (offset above the known high watermark) the strict
-rule stands: the next Fetch waits for the fsync. Memory stays bounded: the next Fetch leaves
-only once every fetched batch has been handed to the driver (``ready`` sends it in the same
+rule stands: the next Fetch waits for the fsync; so does the one whose batches reach the high
+watermark the leader told (``catchup.far_behind`` no longer holds), and any Fetch of a replica
+not following: the leader hears "caught up" only from a durable log. Memory stays bounded: the
+next Fetch leaves only once every fetched batch has been handed to the driver (``ready`` sends it in the same
 Ready as the append, before that Ready's write and fsync), so one response travels while the
 previous one is written and fsynced. The simulation checks every such claim against what was
 really committed, with power cuts (tests/sim, ``test_pipelined_catchup_power_loss``).
@@ -310,10 +312,16 @@ class ReplicationMixin(ElectionMixin):
         """Keep one Fetch in flight to the leader, or a discovery Fetch when leaderless."""
         if self.fetch_corr is not None or self.snap_installing is not None:
             return
-        if self.meta.durable_end < self.meta.end and (self._append or not self.fetch_claim_ok(self.meta.end)):
+        if self.meta.durable_end < self.meta.end and (
+            self._append
+            or not self.fetch_claim_ok(self.meta.end)
+            or not catchup.far_behind(self.role, self.meta.end)
+        ):
             # A Fetch's offset claims "durable below here" and the leader counts it toward the
             # high watermark: wait until the appended batches are fsynced (``advance``), unless
-            # they are committed already and handed to the driver (pipelining, module docstring).
+            # they are committed already and handed to the driver (pipelining, module docstring)
+            # and more committed records are still to fetch: the Fetch that tells the leader
+            # this replica caught up (KIP-856 AddVoter's check) follows the fsync of everything.
             return
         role = self.role
         if isinstance(role, Leader):

@@ -48,6 +48,20 @@ def test_no_fsync_below_the_leaders_high_watermark_until_the_tail() -> None:
     claims_within(claims, 5)
 
 
+def test_the_fetch_reaching_the_leaders_high_watermark_follows_the_fsync() -> None:
+    """Pipelining stops at the tail: the Fetch that tells the leader this replica caught up
+    (what KIP-856 AddVoter checks, and bench/recovery times) claims only fsynced records."""
+    h, claims = follower()
+    take(h, 0, 3)
+    h.core.step(response(last_fetch(h), 1, [b"a", b"b"], 3), h.now)  # reaches the leader's 3
+    pending = h.driver.begin(h.core.ready())
+    assert claims.claims[-1] == (1, 0)  # nothing new left before the fsync
+    h.driver.persist(pending)
+    h.driver.finish(pending)
+    h.drain()
+    assert claims.claims[-1] == (3, 3)
+
+
 def test_the_byte_budget_forces_an_fsync_while_far_behind() -> None:
     # Each one-record batch is 137 bytes: the second one reaches a 250-byte budget.
     h, claims = follower(catchup_flush_bytes=250)

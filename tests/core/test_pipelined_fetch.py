@@ -21,10 +21,9 @@ from tests.core.util import CLUSTER, UUIDS, leader, make
 
 
 def test_fetch_for_committed_records_leaves_with_the_append_before_its_fsync() -> None:
-    h, claims = follower()
-    # The leader's high watermark (2) covers everything this response brings (and ends there:
-    # at the tail, so the fsync is not batched, see test_batched_fsync.py).
-    h.core.step(response(last_fetch(h), 0, [b"a", b"b"], 2), h.now)
+    h, claims = follower(catchup_flush_bytes=0)  # an fsync per Fetch (test_batched_fsync.py)
+    # The leader's high watermark (10) is past everything this response brings.
+    h.core.step(response(last_fetch(h), 0, [b"a", b"b"], 10), h.now)
     ready = h.core.ready()
     fetches = [o.message for o in ready.messages if isinstance(o.message, FetchRequest)]
     assert ready.append and [f.fetch_offset for f in fetches] == [2]
@@ -66,7 +65,7 @@ def test_response_during_the_fsync_waits_for_the_next_ready() -> None:
     p1 = h.driver.begin(h.core.ready())  # batch 1 written, Fetch at 1 sent, fsync in flight
     assert claims.claims[-1] == (1, 0)
     h.core.step(response(last_fetch(h), 1, [b"b"], 10), h.now)  # batch 2 arrives meanwhile
-    h.core.tick(h.now + 10_000)
+    h.core.tick(h.now + 100)  # (within the fetch timeout: still a follower)
     sent = len(claims.claims)
     h.driver.send_now()
     assert len(claims.claims) == sent  # batch 2 is not handed to the driver yet
