@@ -64,8 +64,7 @@ import uuid as _uuid
 from collections.abc import Iterable
 from typing import Any
 
-# Policy, view and records live in their own modules; re-exported here because callers think of
-# them as part of the recovery vocabulary.
+# Policy, view and records: own modules, re-exported here as part of the recovery vocabulary.
 from .guards import caught_up, guard_add, guard_remove, wake_at_ms
 from .policy import Order, PolicyError, RecoveryPolicy
 from .records import TERMINAL, Action, ActionKind, Event, Phase, Recovery
@@ -236,10 +235,7 @@ class RecoveryBook:
         if not lead and v.last_fetch_ms < obs.last_fetch_ms:
             return ""
         why = "leads" if lead else "fetched after it"
-        return (
-            f"replica {rid}: voter ({rid}, {v.uuid}) {why}, still live: observer {obs.uuid} is no "
-            "new disk (a removed directory Kafka still lists, or two processes with one id)"
-        )
+        return f"replica {rid}: voter ({rid}, {v.uuid}) {why}, still live: observer {obs.uuid} is no new disk"
 
     def _follow(
         self, view: QuorumView, rec: Recovery, voter_uuids: list[str], new_obs: Replica | None, now_ms: int
