@@ -28,7 +28,8 @@ both stay at ``fetch_max_bytes``. Memory bounds, with the defaults (32 MiB fetch
 fsync budget): the leader holds one response per Fetch being answered (32 MiB, or one batch
 when a batch is larger); the follower one response in flight, one being written, and the
 written, not yet fsynced batches its state machine has still to apply (the budget): at most
-about 128 MiB.
+about 128 MiB, which the driver's ``RecentBatches`` is sized to hold (else it would read them
+back from the log to apply them).
 """
 
 from __future__ import annotations

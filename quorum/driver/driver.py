@@ -49,7 +49,7 @@ from quorum.core.messages import FetchRequest, FetchSnapshotRequest
 from quorum.core.raft import RaftCore
 from quorum.core.ready import LeaderBatch, Outbound, RawBatches, Ready, SnapshotChunk
 from quorum.driver.ports import Clock, LogPort, QuorumStatePort, Sink, SnapshotPort, StateMachine, Transport
-from quorum.driver.recent import RecentBatches
+from quorum.driver.recent import DEFAULT_LIMIT_BYTES, RecentBatches
 from quorum.records import data_records, decode_batches
 from quorum.types import ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch, QuorumState
 
@@ -128,7 +128,13 @@ class Driver:
         self.applied_end = applied_end
         self.applied_epoch = applied_epoch
         self.in_flight: Pending | None = None
-        self.recent = RecentBatches()  # appended, not yet applied: applied without a read-back
+        # Appended, not yet applied: applied without a read-back. Room for what a follower
+        # batching its catch-up fsyncs holds unapplied (quorum.core.catchup: the fsync budget
+        # and two responses), or those batches would be read back from the log.
+        cfg = core.config
+        self.recent = RecentBatches(
+            max(DEFAULT_LIMIT_BYTES, cfg.catchup_flush_bytes + 2 * cfg.catchup_fetch_max_bytes)
+        )
         self.published = core.role_view()  # replaced by the first Ready's role_change
 
     # ------------------------------------------------------------------ phases

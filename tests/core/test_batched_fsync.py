@@ -156,3 +156,25 @@ def test_corrupt_batch_inside_a_large_fetch_is_refused_naming_its_offset() -> No
     assert not ready.append and any("offset 14" in e and "CRC" in e for e in ready.errors), ready.errors
     h.driver.carry_out(ready)
     assert h.log.end_offset == 1  # nothing of the response was appended
+
+
+def test_batched_catch_up_applies_from_memory_without_reading_the_log_back() -> None:
+    """Three 30 MiB responses below the leader's high watermark stay unapplied until the fsync
+    (90 MiB, past the 64 MiB the driver used to keep): all applied from memory."""
+    h, _claims = follower()
+    reads: list[int] = []
+    real_read = h.log.read
+
+    def counting_read(offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
+        reads.append(offset)
+        return real_read(offset, max_bytes, max_offset)
+
+    h.log.read = counting_read  # type: ignore[method-assign]
+    big = b"v" * (30 * 1024 * 1024)
+    for base in range(3):
+        h.core.step(response(last_fetch(h), base, [big], 3), h.now)
+        pending = h.driver.begin(h.core.ready())
+        h.driver.persist(pending)
+        h.driver.finish(pending)
+    assert h.log.flushed_end_offset == 3 and h.driver.applied_end == 3
+    assert reads == []
