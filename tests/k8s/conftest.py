@@ -340,7 +340,8 @@ def kraftquorum_crd(kube: KubeEnv) -> dict[str, Any]:
 
     def established() -> dict[str, Any] | None:
         st, obj = kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conds = {c["type"]: c["status"] for c in (obj or {}).get("status", {}).get("conditions", [])}
+        # A CRD just created may carry ``status: null`` or ``conditions: null``: not yet established.
+        conds = {c["type"]: c["status"] for c in ((obj or {}).get("status") or {}).get("conditions") or []}
         if st == 200 and conds.get("Established") == "True":
             return obj  # type: ignore[no-any-return]
         return None
