@@ -10,7 +10,8 @@ Tables: ``phase_stats`` (p50/p90/p99/max per phase, per cluster and "(all)"),
 per-recovery table ``recoveries``. Definitions are in ``kraftkeeper_reports.transform``.
 
 How it runs: ONE Spark job (``transform.one_pass``) reads every line once, parses and validates
-it in the JVM and aggregates it into per-recovery rows and per-reason bad-line groups; those
+it in the JVM (one projection) and aggregates it into per-recovery rows and per-reason bad-line
+groups (a hash aggregation whose buffers hold only numbers, then a small merge); those
 (about one row per 7 events) come to the driver as Arrow, and the small tables are computed
 there with pandas (``tables``). A dozen small Spark jobs, one per table, cost more in fixed
 overhead than the whole computation on the driver. With KK_REPORT_TIMINGS=1 each step's wall

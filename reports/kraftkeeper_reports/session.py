@@ -50,7 +50,9 @@ def build_session(master: str | None = None, app_name: str = "kraftkeeper-report
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "65536")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", os.environ.get("KK_SPARK_DRIVER_MEMORY", "2g"))
+        # The per-recovery rows come back as Arrow batches held in the driver's heap (10 M
+        # events: 1.4 M rows): 2g ran out of memory there.
+        .config("spark.driver.memory", os.environ.get("KK_SPARK_DRIVER_MEMORY", "4g"))
     )
     # The event parser's generated Java method is large (one CASE per rule of the event schema);
     # HotSpot leaves methods over 8000 bytes of bytecode interpreted unless told otherwise,

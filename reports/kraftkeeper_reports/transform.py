@@ -5,8 +5,9 @@
                                                                        |--recovery_problems
                                                                        |--failures / daily / slowest
 
-The job runs ``one_pass`` (parse, validate, sessionise and count bad lines in one aggregation,
-one Spark job) and computes the small tables on the driver (``kraftkeeper_reports.tables``).
+The job runs ``one_pass`` (parse, validate, sessionise and count bad lines in one Spark job: a
+compiled hash aggregation of numbers over every line, then a small merge per recovery) and
+computes the small tables on the driver (``kraftkeeper_reports.tables``).
 The per-table functions below (phase_stats, failures, ...) are the same tables in Spark; the
 tests compare the two.
 
