@@ -120,7 +120,9 @@ def compute(
     lists = ["problems", "problem_messages"]
     has = pc.greater(pc.list_value_length(rec_tbl.column("problem_messages")), 0)
     flagged = rec_tbl.filter(has).select(["cluster", "recovery_id", "problem_messages"]).to_pandas()
-    rec = (rec_tbl if collect_recoveries else rec_tbl.drop_columns(lists)).to_pandas()
+    # The UUIDs are in no small table: 2.8 M Python strings fewer at 10 M events.
+    unused = [*lists, "old_uuid", "new_uuid"]
+    rec = (rec_tbl if collect_recoveries else rec_tbl.drop_columns(unused)).to_pandas()
     n_events = int(rec["n_events"].sum())
     n_lines = n_events + int(groups.loc[~groups["pnote"].astype(bool), "n_problem"].sum())
     if n_lines == 0:
