@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.common import ProcessSet, _b64, _request_bytes, wrk_script  # noqa: E402
+from tests.polling import wait_until  # noqa: E402
 
 NEEDS_PYSYNCOBJ = pytest.mark.skipif(
     importlib.util.find_spec("pysyncobj") is None, reason="pysyncobj (dev extra) is not installed"
@@ -74,10 +74,7 @@ def test_process_set_kills_whole_groups(tmp_path: Path) -> None:
     )
     procs = ProcessSet(tmp_path / "logs")
     parent = procs.spawn("parent", [sys.executable, "-c", code])
-    deadline = time.monotonic() + 30
-    while not (pidfile.exists() and pidfile.read_text()):
-        assert time.monotonic() < deadline, "grandchild never started"
-        time.sleep(0.05)
+    wait_until("the grandchild to start", lambda: pidfile.exists() and pidfile.read_text(), 30, 0.05)
     child = int(pidfile.read_text())
     procs.close()
     assert parent.popen.poll() is not None
@@ -91,10 +88,7 @@ def test_process_set_kills_whole_groups(tmp_path: Path) -> None:
         stat = Path(f"/proc/{pid}/stat")
         return stat.exists() and stat.read_text().split(") ")[1].startswith("Z")
 
-    deadline = time.monotonic() + 30
-    while not gone(child):
-        assert time.monotonic() < deadline, f"grandchild {child} survived ProcessSet.close()"
-        time.sleep(0.05)
+    wait_until(f"grandchild {child} to be gone after ProcessSet.close()", lambda: gone(child), 30, 0.05)
 
 
 @pytest.mark.parametrize(
@@ -196,12 +190,13 @@ def test_interrupt_cleans_up_every_process(tmp_path: Path) -> None:
     kids: list[Any] = []
     try:
         me = psutil.Process(bench.pid)
-        deadline = time.monotonic() + 120
-        # Wait until the cluster and a load run are up: 3 nodes + a generator are descendants.
-        while not ("starting pysyncobj" in err.read_text() and len(me.children(recursive=True)) >= 4):
+
+        def cluster_up() -> bool:
+            # The cluster and a load run are up: 3 nodes + a generator are descendants.
             assert bench.poll() is None, err.read_text()[-2000:]
-            assert time.monotonic() < deadline, "the benchmark never started its cluster"
-            time.sleep(0.1)
+            return "starting pysyncobj" in err.read_text() and len(me.children(recursive=True)) >= 4
+
+        wait_until("the benchmark to start its cluster", cluster_up, 120, 0.1)
         kids = me.children(recursive=True)
         assert len(kids) >= 3
         os.kill(bench.pid, signal.SIGINT)  # what Ctrl-C delivers

@@ -11,12 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from quorum.client import QuorumClient
+from tests.polling import wait_until
 
 KK = [sys.executable, "-m", "quorum.cli"]
 
@@ -44,17 +44,7 @@ def poll(
     cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.05
 ) -> Any:
     """Poll until ``cond()`` is truthy; return its value or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            v = cond()
-            if v:
-                return v
-        except Exception as e:
-            last_exc = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+    return wait_until(what, cond, timeout, interval, errors=(Exception,))
 
 
 class LocalCluster:

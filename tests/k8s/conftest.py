@@ -45,6 +45,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.polling import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "kraftquorums.kraftkeeper.io.yaml"
 INSTALL_HINT = "run scripts/k8s-testenv.sh install"
@@ -165,14 +167,7 @@ class KubeEnv:
 
     def wait_for(self, what: str, check: Any, timeout: float = 60.0) -> Any:
         """Poll check() until it returns a truthy value; fail naming `what` otherwise."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = check()
-            if last:
-                return last
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+        return wait_until(what, check, timeout)
 
 
 # Resource paths for the kinds the tests and the chart use (no discovery needed).

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ImageBuild
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("KK_CACHE", str(Path.home() / ".cache" / "kraftkeeper")))
@@ -110,13 +111,17 @@ def _stop_engine() -> None:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return
-        time.sleep(0.2)
+            return True
+        return False
+
+    try:
+        wait_until(f"process {pid} to exit", gone, 30)
+    except AssertionError:
+        pass  # as before: the deadline only bounds how long cleanup waits
 
 
 @pytest.mark.docker

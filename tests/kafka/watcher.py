@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -17,23 +16,13 @@ from typing import Any, TypeVar
 from kraftkeeper_operator.kafka.cluster import free_port
 
 from quorum.types import KraftError
+from tests.polling import wait_until
 
 T = TypeVar("T")
 
 
 def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = 0.2) -> T:
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = cond()
-        except (OSError, ValueError, KraftError) as e:
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    return wait_until(what, cond, within, interval, errors=(OSError, ValueError, KraftError))
 
 
 class Watcher:

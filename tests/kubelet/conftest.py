@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.conftest import ImageBuild
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_SH = REPO / "scripts" / "k8s-node.sh"
@@ -107,15 +107,7 @@ class NodeCluster:
     def wait_for(self, what: str, check: Callable[[], T | None], timeout: float = 180.0,
                  interval: float = 1.0, context: Callable[[], str] | None = None) -> T:
         """Poll check() until it returns something truthy; fail naming `what` (and context()) otherwise."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = check()
-            if last:
-                return last
-            time.sleep(interval)
-        extra = f"\n{context()}" if context else ""
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r}){extra}")
+        return wait_until(what, check, timeout, interval, context=context)
 
     def quorum(self, ns: str = QUORUM_NS, name: str = QUORUM) -> dict[str, Any]:
         obj = self.get_json("kraftquorum", name, "-n", ns)
@@ -185,9 +177,10 @@ def _stop_engine() -> None:
     except (OSError, ValueError):
         return
     os.kill(pid, 15)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-        time.sleep(0.2)
+    try:
+        wait_until(f"dockerd {pid} to exit", lambda: not Path(f"/proc/{pid}").exists(), 30)
+    except AssertionError:
+        pass  # best effort, as before: the deadline only bounds how long the session waits for it
 
 
 @pytest.fixture(scope="package")

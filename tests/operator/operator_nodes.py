@@ -12,13 +12,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, DATA_DIR
+
+from tests.polling import wait_until
 
 T = TypeVar("T")
 
@@ -55,18 +56,8 @@ def free_base_port(n: int) -> int:
 
 
 def poll(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # keep polling through transient errors, report the last one
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    # Keeps polling through transient errors and reports the last one.
+    return wait_until(what, fn, timeout, every, errors=(Exception,))
 
 
 def kk(

@@ -1,0 +1,43 @@
+"""Waiting for a condition in tests: the one poll loop every test helper delegates to.
+
+The guide's rule is "poll for a condition, never sleep and hope": a test names what it waits for,
+gives a deadline, and fails naming that condition and the last value seen. The interval between
+two checks is pacing only; nothing depends on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    what: str,
+    cond: Callable[[], T | None],
+    timeout: float,
+    interval: float = 0.2,
+    *,
+    errors: tuple[type[BaseException], ...] = (),
+    context: Callable[[], str] | None = None,
+) -> T:
+    """Call ``cond()`` until it returns something truthy and return that. Exceptions of the
+    ``errors`` types count as "not yet" (kept as the last value); any other propagates. On the
+    deadline, fail naming ``what``, the last value, and ``context()`` if given."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = cond()
+        except errors as e:
+            last = e
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    extra = f"\n{context()}" if context else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r}){extra}")
