@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from quorum.records import MAX_BATCH_BYTES
+
+# The largest MaxBytes a Fetch / FetchSnapshot may carry on the wire (quorum.runtime.wire
+# MAX_BYTES, the same 64 MiB as one batch): a replica configured to ask for more would send
+# requests every leader refuses as INVALID_REQUEST, and never catch up.
+MAX_FETCH_BYTES = MAX_BATCH_BYTES
+
 
 @dataclass(frozen=True)
 class CoreConfig:
@@ -43,7 +50,7 @@ class CoreConfig:
     # Fetch); a fsync per 8 MiB cost 3-7x the disk throughput of one per 64 MiB here.
     catchup_flush_bytes: int = 64 * 1024 * 1024
     # ... and asks for (and a leader serves, below its high watermark) up to this many bytes
-    # per Fetch instead of ``fetch_max_bytes`` (at most a batch's 64 MiB, wire.MAX_BYTES).
+    # per Fetch instead of ``fetch_max_bytes`` (at most MAX_FETCH_BYTES, checked below).
     catchup_fetch_max_bytes: int = 32 * 1024 * 1024
     # KIP-856 AddVoter catch-up rule (step 1): fetch offset within this many records of the
     # leader's log end, and fetched within catch_up_recent_ms.
@@ -74,6 +81,12 @@ class CoreConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"CoreConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("fetch_max_bytes", "catchup_fetch_max_bytes", "snapshot_chunk_bytes"):
+            if getattr(self, name) > MAX_FETCH_BYTES:
+                raise ValueError(
+                    f"CoreConfig.{name} must be at most {MAX_FETCH_BYTES} (64 MiB, the largest MaxBytes "
+                    f"a Fetch may carry), got {getattr(self, name)}"
+                )
         non_negative = (
             "fetch_max_wait_ms",
             "catchup_flush_bytes",

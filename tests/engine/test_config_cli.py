@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from quorum.core.config import MAX_FETCH_BYTES, CoreConfig
+from quorum.runtime import wire
 from quorum.runtime.config import load_config, parse_voters
 from quorum.types import ErrorCode, KraftError
 from tests.engine.cluster import run_cli
@@ -82,3 +84,18 @@ def test_format_replacement_flag_is_recorded(tmp_path: Path) -> None:
     assert load_meta(tmp_path / "a").initial_bootstrap is True
     assert load_meta(tmp_path / "b").initial_bootstrap is False
     assert "bootstrap.initial=false" in (tmp_path / "b" / "meta.properties").read_text()
+
+
+@pytest.mark.parametrize("field", ["fetch_max_bytes", "catchup_fetch_max_bytes", "snapshot_chunk_bytes"])
+def test_fetch_sizes_above_the_wire_limit_are_refused(tmp_path: Path, field: str) -> None:
+    # The wire refuses a MaxBytes above wire.MAX_BYTES: a node asking for more would never
+    # catch up, so the configuration is refused first, naming the field (issue 10).
+    assert MAX_FETCH_BYTES == wire.MAX_BYTES
+    CoreConfig(**{field: wire.MAX_BYTES})  # the limit itself is allowed
+    with pytest.raises(ValueError, match=f"CoreConfig.{field} must be at most {wire.MAX_BYTES}"):
+        CoreConfig(**{field: wire.MAX_BYTES + 1})
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"raft": {field: wire.MAX_BYTES + 1}}))
+    with pytest.raises(KraftError) as e:
+        load_config(str(p))
+    assert e.value.code is ErrorCode.INVALID_REQUEST and field in e.value.message
