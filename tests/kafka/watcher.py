@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kraftkeeper_operator.kafka.cluster import free_port
+from kraftkeeper_operator.kafka.cluster import KafkaControllers, free_port
 
 from quorum.types import KraftError
 from tests.polling import wait_until
@@ -21,8 +21,32 @@ from tests.polling import wait_until
 T = TypeVar("T")
 
 
-def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = 0.2) -> T:
-    return wait_until(what, cond, within, interval, errors=(OSError, ValueError, KraftError))
+def poll(
+    cond: Callable[[], T | None], within: float, what: str, interval: float = 0.2,
+    context: Callable[[], str] | None = None,
+) -> T:
+    return wait_until(what, cond, within, interval, errors=(OSError, ValueError, KraftError), context=context)
+
+
+def context_of(k: KafkaControllers, w: Watcher | None = None, lines: int = 15) -> Callable[[], str]:
+    """What a failed wait prints beside its last value: each controller's state and crashes
+    (the supervisor's), the watcher's /status and log tail, and each controller's out.log tail."""
+
+    def text() -> str:
+        parts = [k.status_lines()]
+        if w is not None:
+            try:
+                parts.append(f"watcher /status: {json.dumps(w.status())[:2000]}")
+            except (OSError, ValueError) as e:
+                parts.append(f"watcher /status unavailable: {e}")
+            if w.log.exists():
+                tail = w.log.read_text(errors="replace").splitlines()[-lines:]
+                parts.append("watcher log tail:\n" + "\n".join(tail))
+        for i in k.controllers:
+            parts.append(f"controller {i} out.log tail:\n{k.log_tail(i, lines)}")
+        return "\n".join(parts)
+
+    return text
 
 
 class Watcher:

@@ -9,24 +9,44 @@ new directory id (KIP-853 "controller disk failure"). It only starts and stops p
 created itself, by PID, and never touches a Kafka it did not start.
 
 Each JVM gets ``-Xmx256m`` and the serial collector: three controllers on a 2-core machine.
+
+Controllers run supervised, as a kubelet runs a pod with ``restartPolicy: Always``: a controller
+that exits on its own (not stopped here) is started again after a back-off (1 s, doubling to
+10 s, reset once it has run 30 s), and each such exit is kept in ``crashes`` with Kafka's fatal
+line from its ``out.log``. Kafka needs this: a controller whose disk was replaced and that comes
+back while the survivors still name its old self leader (within one fetch timeout of the kill)
+halts with ``IllegalStateException: Received request or response with leader OptionalInt[<its
+id>] and epoch N which is inconsistent with current leader OptionalInt.empty and epoch 0``
+(KafkaRaftClient.maybeTransition, Kafka 4.4); started again once they elected a new leader, it
+joins as an observer. Unsupervised, that quorum never heals.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid as _uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 KAFKA_VERSION = "4.4.0"
+# Restart back-off of a controller that exited on its own (kubelet's CrashLoopBackOff, shortened
+# for loopback: Kafka's own election timeout here is 1 s).
+RESTART_BACKOFF_FIRST = 1.0
+RESTART_BACKOFF_MAX = 10.0
+RESTART_RESET_AFTER = 30.0  # a run this long clears the back-off
+
 JVM_OPTS = ["-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
 
 
@@ -99,6 +119,12 @@ class ControllerProc:
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    # Supervision: ``wanted`` is True from start_proc to stop_proc; a wanted process that exited
+    # is restarted at ``restart_at`` (monotonic). ``backoff`` is the next delay.
+    wanted: bool = False
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff: float = RESTART_BACKOFF_FIRST
 
     @property
     def data_dir(self) -> Path:
@@ -113,6 +139,38 @@ class ControllerProc:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A controller that exited on its own: when, its exit code, and Kafka's last fatal or
+    ERROR line from its out.log (empty when it printed none)."""
+
+    node_id: int
+    at: float
+    returncode: int
+    fatal: str
+
+
+def fatal_line(out_log: Path, max_bytes: int = 65536) -> str:
+    """The last line of ``out_log`` that says why Kafka stopped ("fatal fault", else the last
+    ERROR line) with the exception line that follows it, if any; read from the end only, the log
+    may be large."""
+    try:
+        with open(out_log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            tail = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for mark in ("fatal fault", " ERROR "):
+        found = [i for i, ln in enumerate(tail) if mark in f" {ln} "]
+        if found:
+            i = found[-1]
+            # The exception's own line follows Kafka's log line (its message says why).
+            cause = tail[i + 1].strip() if i + 1 < len(tail) and "Exception" in tail[i + 1] else ""
+            return f"{tail[i].strip()} {cause}".strip()
+    return ""
 
 
 @dataclass(frozen=True)
@@ -155,6 +213,15 @@ class KafkaControllers:
     security: KafkaSecurity | None = None
     controllers: dict[int, ControllerProc] = field(default_factory=dict)
     brokers: dict[int, ControllerProc] = field(default_factory=dict)
+    supervise: bool = True
+    # Kafka's follower fetch timeout (how long survivors keep naming a dead leader) and election
+    # timeout; quick on loopback (Kafka's defaults are 2000 and 1000 ms).
+    fetch_timeout_ms: int = 2000
+    election_timeout_ms: int = 1000
+    crashes: list[Crash] = field(default_factory=list)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _supervisor: threading.Thread | None = field(default=None, repr=False)
+    _closing: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -196,9 +263,9 @@ class KafkaControllers:
             "controller.quorum.auto.join.enable": "true" if self.auto_join else "false",
             "log.dirs": str(c.data_dir),
             "metadata.log.dir": str(c.data_dir),
-            # Quick elections on loopback; Kafka's defaults (1 s / 2 s) are fine too.
-            "controller.quorum.election.timeout.ms": "1000",
-            "controller.quorum.fetch.timeout.ms": "2000",
+            # Quick elections on loopback (the fields above).
+            "controller.quorum.election.timeout.ms": str(self.election_timeout_ms),
+            "controller.quorum.fetch.timeout.ms": str(self.fetch_timeout_ms),
         }
         if self.security is not None:
             sec = self.security
@@ -273,6 +340,12 @@ class KafkaControllers:
         self.start_proc(self.controllers[i])
 
     def start_proc(self, c: ControllerProc) -> None:
+        with self._lock:
+            c.wanted, c.restart_at, c.backoff = True, None, RESTART_BACKOFF_FIRST
+            self._spawn(c)
+        self._ensure_supervisor()
+
+    def _spawn(self, c: ControllerProc) -> None:
         if c.running():
             return
         self._write_config(c)
@@ -288,6 +361,46 @@ class KafkaControllers:
         finally:
             log.close()
         c.starts += 1
+        c.started_at = time.monotonic()
+
+    # --- supervision (see the module docstring) ---------------------------------------------
+
+    def _ensure_supervisor(self) -> None:
+        with self._lock:
+            if not self.supervise or (self._supervisor is not None and self._supervisor.is_alive()):
+                return
+            self._closing.clear()
+            self._supervisor = threading.Thread(target=self._supervise, name="kafka-supervisor", daemon=True)
+            self._supervisor.start()
+
+    def _supervise(self) -> None:
+        while not self._closing.wait(0.2):
+            self.supervise_once()
+
+    def supervise_once(self, now: float | None = None) -> None:
+        """One look at every process: record a wanted one that exited and restart it once its
+        back-off has passed."""
+        with self._lock:
+            for c in [*self.controllers.values(), *self.brokers.values()]:
+                t = time.monotonic() if now is None else now
+                if not c.wanted or c.proc is None or c.proc.poll() is None:
+                    if c.proc is not None and t - c.started_at >= RESTART_RESET_AFTER:
+                        c.backoff = RESTART_BACKOFF_FIRST
+                    continue
+                if c.restart_at is None:
+                    code = int(c.proc.returncode)
+                    crash = Crash(c.node_id, time.time(), code, fatal_line(c.dir / "out.log"))
+                    self.crashes.append(crash)
+                    c.restart_at = t + c.backoff
+                    log.warning(
+                        "Kafka node %d exited with code %d (%s); restarting in %.0f s",
+                        c.node_id, crash.returncode, crash.fatal or "no ERROR line in out.log", c.backoff,
+                    )
+                    c.backoff = min(c.backoff * 2, RESTART_BACKOFF_MAX)
+                elif t >= c.restart_at:
+                    c.restart_at = None
+                    c.proc = None
+                    self._spawn(c)
 
     def start_all(self) -> None:
         for i in self.controllers:
@@ -298,6 +411,11 @@ class KafkaControllers:
         self.stop_proc(self.controllers[i], kill=kill, grace=grace)
 
     def stop_proc(self, c: ControllerProc, *, kill: bool = False, grace: float = 20.0) -> None:
+        with self._lock:
+            c.wanted, c.restart_at = False, None
+            self._stop(c, kill=kill, grace=grace)
+
+    def _stop(self, c: ControllerProc, *, kill: bool, grace: float) -> None:
         p = c.proc
         if p is None or p.poll() is not None:
             c.proc = None
@@ -317,6 +435,9 @@ class KafkaControllers:
             self.stop_proc(b, kill=kill)
         for i in self.controllers:
             self.stop(i, kill=kill)
+        self._closing.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=5)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[KafkaControllers]:
@@ -345,23 +466,36 @@ class KafkaControllers:
         return new
 
     def replace_disk(self, i: int, *, start: bool = True) -> str:
-        """Stop controller ``i``, wipe and re-format its disk, start it again; the new directory id."""
-        self.stop(i, kill=True)
-        new = self.wipe_and_format(i)
-        if start:
-            self.start(i)
+        """Stop controller ``i``, wipe and re-format its disk, start it again; the new directory id.
+        Held under the supervisor's lock so it never restarts the old process half-way."""
+        with self._lock:
+            self.stop(i, kill=True)
+            new = self.wipe_and_format(i)
+            if start:
+                self.start(i)
         return new
 
     def wait_port(self, i: int, timeout: float = 90.0) -> None:
         c = self.controllers[i]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not c.running():
+            if not c.running() and not (c.wanted and self.supervise):
                 raise RuntimeError(f"controller {i} exited: see {c.dir / 'out.log'}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", c.port), timeout=1):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"controller {i} did not listen on {c.endpoint} within {timeout:g}s")
+
+    def status_lines(self) -> str:
+        """One line per process (running or not, starts) and every crash: context for a failed
+        wait in a test or the demo."""
+        out = []
+        for c in [*self.controllers.values(), *self.brokers.values()]:
+            state = "running" if c.running() else ("restarting" if c.wanted else "stopped")
+            out.append(f"node {c.node_id} on {c.endpoint}: {state}, started {c.starts}x")
+        for x in self.crashes:
+            out.append(f"node {x.node_id} exited {x.returncode}: {x.fatal or '(no ERROR line)'}")
+        return "\n".join(out)
 
     def log_tail(self, i: int, lines: int = 40) -> str:
         path = self.controllers[i].dir / "out.log"
