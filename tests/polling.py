@@ -7,8 +7,9 @@ two checks is pacing only; nothing depends on it.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -41,3 +42,31 @@ def wait_until(
         time.sleep(interval)
     extra = f"\n{context()}" if context else ""
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r}){extra}")
+
+
+async def async_wait_until(
+    what: str,
+    cond: Callable[[], Awaitable[T | None]],
+    within: float,
+    interval: float = 0.05,
+    *,
+    errors: tuple[type[BaseException], ...] = (),
+    context: Callable[[], str] | None = None,
+) -> T:
+    """:func:`wait_until` for a coroutine condition, inside a running event loop (the loop keeps
+    serving while it waits): the same rules and failure message; ``within`` is the deadline (s)."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while True:
+        try:
+            last = await cond()
+        except errors as e:
+            last = e
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(interval)
+    extra = f"\n{context()}" if context else ""
+    raise AssertionError(f"timed out after {within:.0f} s waiting for {what} (last: {last!r}){extra}")

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.polling import async_wait_until
 from tests.reports.util import artefacts_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark]
@@ -58,27 +59,22 @@ class Cdp:
         return dict(res["result"])
 
     async def wait_event(self, method: str, limit_s: float = 60) -> dict[str, Any]:
-        async def poll() -> dict[str, Any]:
-            while True:
-                for e in self.events:
-                    if e.get("method") == method:
-                        return e
-                await asyncio.sleep(0.05)
+        async def seen() -> dict[str, Any] | None:
+            return next((e for e in self.events if e.get("method") == method), None)
 
-        return await asyncio.wait_for(poll(), limit_s)
+        return await async_wait_until(f"the browser event {method}", seen, limit_s)
 
 
 async def wait_for_port(profile: Path, proc: asyncio.subprocess.Process) -> tuple[int, str]:
     f = profile / "DevToolsActivePort"
-    for _ in range(1200):
+
+    async def port() -> tuple[int, str] | None:
         if proc.returncode is not None:
             raise AssertionError(f"chromium exited with {proc.returncode}")
-        if f.exists():
-            lines = f.read_text().splitlines()
-            if len(lines) >= 2:
-                return int(lines[0]), lines[1]
-        await asyncio.sleep(0.05)
-    raise AssertionError("chromium did not open its DevTools port within 60 s")
+        lines = f.read_text().splitlines() if f.exists() else []
+        return (int(lines[0]), lines[1]) if len(lines) >= 2 else None
+
+    return await async_wait_until("chromium's DevTools port", port, 60)
 
 
 async def screenshot(report: Path, profile: Path) -> tuple[dict[str, Any], bytes, list[dict[str, Any]]]:
