@@ -32,7 +32,8 @@ a crash are always in the last segment.
 
 Durability: ``append*`` write into the page cache; ``flush`` fsyncs every segment written since
 the last flush (plus the directory when segments were created) and advances
-``flushed_end_offset``. ``truncate_to``, ``delete_before`` and ``reset_to_snapshot`` are durable
+``flushed_end_offset``; a follower's large appends (catch-up) then have their page cache freed
+(``atomic.drop_synced``). ``truncate_to``, ``delete_before`` and ``reset_to_snapshot`` are durable
 on return (they are rare, and a truncation that a crash undoes could resurrect divergent
 batches).
 """
@@ -49,7 +50,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from quorum import records
-from quorum.storage.atomic import ensure_dir, fsync_dir
+from quorum.storage.atomic import CATCHUP_DROP_MIN_BYTES, drop_synced, ensure_dir, fsync_dir
 from quorum.storage.base import LogBookkeeping, append_items, validate_append
 from quorum.storage.logscan import scan_headers, scan_last
 from quorum.storage.segment import Segment, segment_name
@@ -87,6 +88,9 @@ class SegmentedLog:
         self._bases: list[int] = []
         self._dirty: dict[int, Segment] = {}  # base -> segment written since the last flush
         self._dir_dirty = False
+        # (segment, position, length) written by large follower appends (catch-up): their page
+        # cache is freed once the next flush has fsynced them (``atomic.drop_synced``).
+        self._drops: list[tuple[Segment, int, int]] = []
         self._closed = False
         # Descriptors of segments removed while a flush ran in a worker thread are closed
         # after it (the flush may still be writing or syncing them).
@@ -218,7 +222,9 @@ class SegmentedLog:
                 fsync_dir(self.directory)
                 self._dir_dirty = False
 
-    def _write_run(self, seg: Segment, data: memoryview) -> None:
+    def _write_run(self, seg: Segment, data: memoryview, drop: bool = False) -> None:
+        if drop:
+            self._drops.append((seg, seg.size, len(data)))
         seg.write(data)
         self._dirty[seg.base] = seg
 
@@ -237,6 +243,7 @@ class SegmentedLog:
         self._check_open()
         sizes = validate_append(self.end_offset, self.last_epoch, data, infos)
         view = memoryview(data)
+        drop = self.fsync and len(view) >= CATCHUP_DROP_MIN_BYTES
         seg = self._segments[-1]
         run_start = 0  # start in `view` of the bytes not yet written to `seg`
         pos = 0
@@ -248,7 +255,7 @@ class SegmentedLog:
                     and seg.size + (pos - run_start) + size > self.segment_bytes
                 ):
                     if pos > run_start:
-                        self._write_run(seg, view[run_start:pos])
+                        self._write_run(seg, view[run_start:pos], drop)
                         self._index(seg, pending)
                         pending = []
                     run_start = pos
@@ -256,7 +263,7 @@ class SegmentedLog:
                 pending.append((info, size))
                 pos += size
             if pos > run_start:
-                self._write_run(seg, view[run_start:pos])
+                self._write_run(seg, view[run_start:pos], drop)
                 self._index(seg, pending)
         except OSError as e:
             raise KraftError(ErrorCode.UNKNOWN_SERVER_ERROR, f"{seg.path}: write failed: {e}") from e
@@ -292,6 +299,7 @@ class SegmentedLog:
         dirty = list(self._dirty.values())
         self._dirty.clear()
         dir_dirty, self._dir_dirty = self._dir_dirty, False
+        drops, self._drops = self._drops, []
         with self._flush_lock:
             self._flushing = True
         try:
@@ -301,6 +309,8 @@ class SegmentedLog:
                     os.fdatasync(seg.fd)
             if self.fsync and dir_dirty:
                 fsync_dir(self.directory)
+            for seg, start, length in drops:  # fsynced now (a removed segment's fd is -1)
+                drop_synced(seg.fd, start, length)
         except BaseException:
             for seg in dirty:
                 self._dirty.setdefault(seg.base, seg)

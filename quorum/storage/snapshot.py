@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from quorum import records
-from quorum.storage.atomic import ensure_dir, fsync_dir
+from quorum.storage.atomic import drop_synced, ensure_dir, fsync_dir
 from quorum.storage.snapdownload import DownloadParse
 from quorum.types import (
     ControlRecord,
@@ -211,9 +211,11 @@ class SnapshotStore:
     def latest(self) -> OffsetAndEpoch | None:
         return self._ids[-1] if self._ids else None
 
-    def _commit(self, snapshot_id: OffsetAndEpoch, fd: int) -> str:
+    def _commit(self, snapshot_id: OffsetAndEpoch, fd: int, drop: bool = False) -> str:
         if self.fsync:
             os.fsync(fd)
+            if drop:  # a download: its content is in memory already (atomic.drop_synced)
+                drop_synced(fd, 0, os.fstat(fd).st_size)
         os.close(fd)
         final = self.path(snapshot_id)
         stale = self._read_fds.pop(snapshot_id, None)  # a re-fetched id replaces the old inode
@@ -314,6 +316,9 @@ class SnapshotStore:
             # to disk only after the last chunk, all of it on the catch-up's critical path
             # (the kernel starts writing dirty pages on its own only past ~10 % of memory).
             os.fdatasync(fd)
+            # ... and reuse its page cache for the next chunks: the download's content stays
+            # in memory until installed (DownloadParse), nothing reads it back (issue 10).
+            drop_synced(fd, 0, written + len(data))
 
     def finish_download(self, snapshot_id: OffsetAndEpoch) -> str:
         """Validate the assembled snapshot (every batch CRC, framing, epochs) and install it
@@ -338,7 +343,7 @@ class SnapshotStore:
             del buf
         del self._downloads[snapshot_id]
         self._parses.pop(snapshot_id, None)
-        path = self._commit(snapshot_id, fd)
+        path = self._commit(snapshot_id, fd, drop=True)
         self._verified = (snapshot_id, controls, chunks)
         return path
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from quorum import records
+from quorum.storage.atomic import CATCHUP_DROP_MIN_BYTES, drop_synced
 from quorum.storage.log import SegmentedLog
 from quorum.types import ErrorCode, KraftError
 
@@ -152,3 +153,65 @@ def test_raw_appends_in_a_worker_thread_while_the_loop_deletes_a_prefix(tmp_path
     finally:
         follower.close()
         leader.close()
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_large_follower_appends_free_their_page_cache_only_once_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    """Catch-up appends (one fetch of at least CATCHUP_DROP_MIN_BYTES) have their page cache
+    freed (issue 10), and only after the flush fsynced them: the advice is given per segment
+    range written, after every fdatasync of that flush; small appends keep theirs, and so does
+    a log without fsync. What was dropped reads back unchanged (from the file)."""
+    events: list[tuple[str, int, int]] = []
+    real_sync = os.fdatasync
+    monkeypatch.setattr(
+        "quorum.storage.log.drop_synced", lambda fd, start, n: events.append(("drop", start, n))
+    )
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append(("sync", fd, 0)), real_sync(fd))[1])
+    leader = SegmentedLog(tmp_path / "leader", segment_bytes=1 << 30, fsync=False)
+    follower = SegmentedLog(tmp_path / "follower", segment_bytes=1536 * 1024, fsync=fsync)
+    try:
+        offset = 0
+        for i in range(3000):  # ~1 KiB batches, ~3 MiB
+            leader.append(offset, 1, [bytes([i % 251]) * 1000])
+            offset += 1
+        small = leader.read(0, 64 * 1024)
+        follower.append_batches(small, [b.info for b in records.decode_batches(small)[0]])
+        large = leader.read(follower.end_offset, CATCHUP_DROP_MIN_BYTES * 2)
+        assert len(large) >= CATCHUP_DROP_MIN_BYTES
+        follower.append_batches(large, [b.info for b in records.decode_batches(large)[0]])
+        assert follower.segment_count == 2  # the large fetch ran over a segment roll
+        assert not [e for e in events if e[0] == "drop"]  # nothing before the flush
+        events.clear()
+        follower.flush()
+        drops = [e for e in events if e[0] == "drop"]
+        if not fsync:
+            assert drops == []
+        else:
+            assert sum(n for _, _, n in drops) == len(large) and len(drops) == 2
+            assert drops[0][1] == len(small)  # from where the large fetch started in segment 1
+            assert drops[1][1] == 0  # and the whole written part of segment 2
+            first_drop = events.index(drops[0])
+            assert all(e[0] == "drop" for e in events[first_drop:])  # after every fdatasync
+            assert any(e[0] == "sync" for e in events[:first_drop])
+            events.clear()
+            follower.flush()  # dropped once: a later flush has nothing left to drop
+            assert not [e for e in events if e[0] == "drop"]
+        assert _read_from(follower, 0) == small + large
+    finally:
+        follower.close()
+        leader.close()
+
+
+def test_drop_synced_keeps_the_content(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 100_000)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        drop_synced(fd, 0, 100_000)
+        drop_synced(fd, 0, 0)  # nothing to do
+        drop_synced(-1, 0, 10)  # a removed segment's fd: ignored
+        assert os.pread(fd, 100_000, 0) == b"x" * 100_000
+    finally:
+        os.close(fd)

@@ -3,11 +3,13 @@ MemorySnapshotStore, plus the file-only crash cases."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import quorum.storage.snapshot as snapmod
 from quorum import records
 from quorum.storage.memory import MemorySnapshotStore
 from quorum.storage.snapshot import SnapshotStore, parse_snapshot, snapshot_file_name
@@ -260,3 +262,42 @@ def test_refetching_an_existing_id_replaces_it_for_readers(tmp_path: Path) -> No
         assert store.load(SID) == (CONTROLS, [b"new"])
     finally:
         store.close()
+
+
+def test_a_download_frees_its_page_cache_after_each_fsync(
+    snapshot_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetched snapshot's page cache is freed once fsynced (issue 10: its content stays in
+    memory until installed; nothing reads it back): after each periodic fdatasync, up to the
+    bytes written, and after the final fsync, all of it; the leader's own snapshots keep theirs."""
+    events: list[tuple[str, int]] = []
+    real_datasync, real_fsync = os.fdatasync, os.fsync
+    monkeypatch.setattr(snapmod, "SYNC_EVERY_BYTES", 4000)
+    monkeypatch.setattr(snapmod, "drop_synced", lambda fd, start, n: events.append(("drop", start + n)))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append(("sync", 0)), real_datasync(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("sync", 0)), real_fsync(fd))[1])
+    leader = snapshot_factory()
+    leader.write(SID, CONTROLS, CHUNKS)
+    assert not [e for e in events if e[0] == "drop"]  # a snapshot written here keeps its cache
+    follower = SnapshotStore(tmp_path / "follower")
+    try:
+        follower.begin_download(SID)
+        pos = 0
+        while True:
+            chunk, total = leader.read_chunk(SID, pos, 3000)
+            events.clear()
+            follower.write_chunk(SID, pos, chunk)
+            pos += len(chunk)
+            if pos // 4000 != (pos - len(chunk)) // 4000:
+                assert events[-2:] == [("sync", 0), ("drop", pos)]
+            else:
+                assert events == []
+            if pos == total:
+                break
+        events.clear()
+        follower.finish_download(SID)
+        drops = [e for e in events if e[0] == "drop"]
+        assert drops == [("drop", total)] and events.index(drops[0]) > 0  # after the fsync
+        assert follower.load(SID) == (CONTROLS, CHUNKS)
+    finally:
+        follower.close()
