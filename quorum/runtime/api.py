@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from quorum.runtime.wire import Frame
+
 __all__ = ["NodeApi"]
 
 
@@ -33,7 +35,7 @@ class NodeApi(Protocol):
     # -- node-to-node RPCs (transport.RpcHandler) -------------------------------------------
     async def handle_rpc(
         self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
-    ) -> bytes:
+    ) -> bytes | Frame:
         """``peer``: the caller's principal when the server authenticated it (TLS), else None;
         ``decoded``: the request the authorization middleware already decoded from ``body``."""
         ...

@@ -22,6 +22,7 @@ from typing import Any
 from quorum.core.raft import RaftCore
 from quorum.driver import AsyncRunner, Driver, Ports, StorageReader, load_latest_snapshot
 from quorum.runtime import kv as kvmod
+from quorum.runtime import wire
 from quorum.runtime.config import NodeConfig
 from quorum.runtime.metrics import Registry
 from quorum.runtime.observe import Observer
@@ -226,7 +227,7 @@ class Node:
 
     async def handle_rpc(
         self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
-    ) -> bytes:
+    ) -> bytes | wire.Frame:
         return await self.peers.handle_rpc(path, body, peer, decoded)
 
     # ---- admin --------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ class Peers:
     # -- inbound ----------------------------------------------------------------------------
     async def handle_rpc(
         self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
-    ) -> bytes:
+    ) -> bytes | wire.Frame:
         """``decoded``: the request as the server's authorization middleware already decoded
         it from ``body`` (TLS: it checks the replica id the request claims), so that it is not
         decoded twice; taken only if it is a message of the type ``path`` names."""
@@ -120,4 +120,4 @@ class Peers:
             raise KraftError(ErrorCode.REQUEST_TIMED_OUT, f"{path} not answered in {limit:.1f}s") from None
         finally:
             self._waiters.pop(cid, None)
-        return wire.encode(resp)
+        return wire.encode_body(resp)  # a large Fetch response stays in two parts (wire.Frame)

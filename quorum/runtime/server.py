@@ -209,7 +209,7 @@ def _admin_routes(app: web.Application, node: NodeApi) -> None:
 def _node_routes(app: web.Application, node: NodeApi) -> None:
     """Node-to-node RPCs and the per-node observability endpoints (any role answers)."""
 
-    async def rpc(request: web.Request) -> web.Response:
+    async def rpc(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         # With TLS the authorization middleware has already decoded the request (to bind the
         # replica id it claims to the certificate): the node takes that message instead of
@@ -220,7 +220,17 @@ def _node_routes(app: web.Application, node: NodeApi) -> None:
             request.get(PRINCIPAL_KEY),
             decoded=request.get(RPC_MESSAGE_KEY),
         )
-        return web.Response(body=out, content_type="application/octet-stream")
+        if isinstance(out, bytes):
+            return web.Response(body=out, content_type="application/octet-stream")
+        # Issue 10: a catch-up response goes out as its header, then the segment bytes as read
+        # (no joined copy of 32 MiB here, nor aiohttp's join of headers and body).
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = len(out)
+        await resp.prepare(request)
+        await resp.write(out.head)
+        await resp.write(out.raw)
+        await resp.write_eof()
+        return resp
 
     async def log_state(request: web.Request) -> web.Response:
         return web.json_response(node.log_state())

@@ -69,12 +69,13 @@ class RpcHandler(Protocol):
 
     async def handle_rpc(
         self, path: str, body: bytes, peer: object | None = None, decoded: object | None = None
-    ) -> bytes:
+    ) -> bytes | wire.Frame:
         """Decode ``body`` as the request named by ``path``, step it into the core, return the
-        encoded response. ``peer``: what the server's authentication learned about the caller
-        (None without TLS); ``decoded``: the request already decoded from ``body`` by the
-        server's authorization middleware (TLS), used instead of decoding it again when it is
-        of the type ``path`` names. Raises ``KraftError`` (INVALID_REQUEST for bad input)."""
+        encoded response (a large one as a ``wire.Frame``, its two parts unjoined). ``peer``:
+        what the server's authentication learned about the caller (None without TLS);
+        ``decoded``: the request already decoded from ``body`` by the server's authorization
+        middleware (TLS), used instead of decoding it again when it is of the type ``path``
+        names. Raises ``KraftError`` (INVALID_REQUEST for bad input)."""
         ...
 
 
@@ -200,9 +201,10 @@ class InProcessTransport:
         if handler is None or endpoint in self.down:
             raise TransportError(f"connection refused: nothing serves {endpoint}")
         try:
-            body = await asyncio.wait_for(
+            out = await asyncio.wait_for(
                 handler.handle_rpc(m.RPC_PATHS[type(request)], wire.encode(request)), timeout_s
             )
+            body = bytes(out)
         except TimeoutError:
             raise TransportError(f"no answer from {endpoint} in {timeout_s:.1f}s") from None
         except KraftError as e:
