@@ -30,12 +30,15 @@ def uuid_of(k: KafkaControllers, i: int) -> str:
 
 
 async def whole(k: KafkaControllers, api: KafkaQuorum) -> dict[str, Any]:
-    """The describe object once the voters are each controller's current disk, caught up."""
+    """The describe object once the voters are each controller's current disk, caught up. Lag -1
+    (a voter the leader has no fetch from yet, right after the first election) is not caught up:
+    a voter killed then leaves Kafka no observer entry to list after its removal."""
 
     async def check() -> dict[str, Any] | None:
         d = await api.describe()
         want = {(i, uuid_of(k, i)) for i in k.controllers}
-        ok = {(v["id"], v["uuid"]) for v in d["voters"]} == want and all(v["lag"] <= 100 for v in d["voters"])
+        caught_up = all(0 <= v["lag"] <= 100 for v in d["voters"])
+        ok = {(v["id"], v["uuid"]) for v in d["voters"]} == want and caught_up
         return d if ok else None
 
     got: dict[str, Any] = await wait_for(check, 120)
