@@ -9,11 +9,12 @@ For each size, each engine runs in its own process (so memory is its own), while
 samples the process tree with psutil every 0.1 s:
 
 * spark:  ``python -m kraftkeeper_reports.job`` on ``local[2]``: ONE Spark job parses and
-  validates every line in the JVM (the writer's form by one regular expression, any other line
-  by Spark's JSON parser into VARIANT and SQL checks) and aggregates it into per-recovery rows
-  and per-reason bad-line counts with examples; those come to the driver as Arrow, and the
-  phase percentiles per cluster and overall, failures, daily trend, slowest recoveries and
-  engine comparison are computed there with pandas; Parquet/CSV tables and the HTML report.
+  validates every line in the JVM (the writer's form by cutting it at its quotes and writing it
+  again byte for byte, any other line by Spark's JSON parser into VARIANT and SQL checks) and
+  aggregates it into per-recovery rows and per-reason bad-line counts with examples; those
+  come to the driver as Arrow, and the phase percentiles per cluster and overall, failures,
+  daily trend, slowest recoveries and engine comparison are computed there with pandas;
+  Parquet/CSV tables and the HTML report.
   Wall time includes JVM start. "driver peak" = the driver's Python + its JVM (in local mode
   the executors are threads of that JVM); any Python worker would count in "all". The job's
   own step timings (KK_REPORT_TIMINGS) are printed on stderr.
