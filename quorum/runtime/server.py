@@ -226,10 +226,13 @@ def _node_routes(app: web.Application, node: NodeApi) -> None:
         # (no joined copy of 32 MiB here, nor aiohttp's join of headers and body).
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         resp.content_length = len(out)
-        await resp.prepare(request)
-        await resp.write(out.head)
-        await resp.write(out.raw)
-        await resp.write_eof()
+        try:
+            await resp.prepare(request)
+            await resp.write(out.head)
+            await resp.write(out.raw)
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the caller went away mid-response (a replica killed): aiohttp closes it quietly
         return resp
 
     async def log_state(request: web.Request) -> web.Response:

@@ -6,8 +6,11 @@ for byte; small responses are sent joined, as before."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any
+
+import pytest
 
 from quorum.core import messages as m
 from quorum.runtime import wire
@@ -81,3 +84,34 @@ def test_the_in_process_transport_joins_a_frame() -> None:
     resp = asyncio.run(run())
     assert isinstance(resp, m.FetchResponse) and resp.correlation_id == 9
     assert len(resp.records) == wire.FRAME_MIN_RAW
+
+
+async def _disconnect_mid_response() -> m.FetchResponse:
+    stub = FrameStub(48 * 1024 * 1024)
+    app = build_app(stub, max_body=1024 * 1024)  # type: ignore[arg-type]
+    runner = await start_server(app, "127.0.0.1:0")
+    transport = HttpTransport()
+    try:
+        endpoint = f"127.0.0.1:{runner.addresses[0][1]}"
+        body = wire.encode(m.FetchRequest(5, "c", 2, None, 3, 0, 0, 0, 64 * 1024 * 1024))
+        reader, writer = await asyncio.open_connection(*endpoint.split(":"))
+        head = b"POST /raft/v1/fetch HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+        writer.write(head + body)
+        await writer.drain()
+        await reader.readexactly(64 * 1024)  # part of the response, then the caller is gone
+        writer.transport.abort()
+        await asyncio.sleep(0.2)
+        # and the server goes on serving
+        req = m.FetchRequest(6, "c", 2, None, 3, 0, 0, 0, 64 * 1024 * 1024)
+        resp: m.FetchResponse = await transport.send(1, endpoint, req, 30)
+        return resp
+    finally:
+        await transport.close()
+        await runner.cleanup()
+
+
+def test_a_caller_leaving_mid_response_is_no_server_error(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        resp = asyncio.run(_disconnect_mid_response())
+    assert resp.correlation_id == 6 and len(resp.records) == 48 * 1024 * 1024
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[:2000]
