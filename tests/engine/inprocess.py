@@ -14,25 +14,12 @@ from quorum.runtime.node import Node
 from quorum.runtime.transport import InProcessTransport
 from quorum.storage.meta import format_dir
 from quorum.types import KraftError
+from tests.polling import async_wait_until
 
 
 async def until(cond: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:
     """Poll ``cond`` (a KraftError counts as "not yet") until it returns something truthy."""
-
-    async def loop() -> Any:
-        while True:
-            try:
-                v = await cond()
-                if v:
-                    return v
-            except KraftError:
-                pass
-            await asyncio.sleep(0.02)
-
-    try:
-        return await asyncio.wait_for(loop(), limit_s)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
+    return await async_wait_until(what, cond, limit_s, 0.02, errors=(KraftError,))
 
 
 def now(value: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
