@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from quorum.records import MAX_BATCH_BYTES
 
-# The largest MaxBytes a Fetch / FetchSnapshot may carry on the wire (quorum.runtime.wire
-# MAX_BYTES, the same 64 MiB as one batch): a replica configured to ask for more would send
-# requests every leader refuses as INVALID_REQUEST, and never catch up.
+# The largest MaxBytes a Fetch / FetchSnapshot may carry (64 MiB, one batch; the wire decoder's
+# bound, quorum.runtime.wire.MAX_BYTES, is this value): a replica configured to ask for more
+# would send requests every leader refuses as INVALID_REQUEST, and never catch up.
 MAX_FETCH_BYTES = MAX_BATCH_BYTES
 
 

@@ -24,13 +24,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from quorum.core import messages as m
+from quorum.core.config import MAX_FETCH_BYTES
 from quorum.security.strictjson import INT32, INT64, get_bool, get_int, get_str, get_uuid, loads_strict
 from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 
 _LEN = struct.Struct("<I")
 MAX_HEADER = 64 * 1024
 MAX_WAIT_MS = 60_000  # a Fetch long-poll longer than a minute is a mistake or an attack
-MAX_BYTES = 64 * 1024 * 1024  # = records.MAX_BATCH_BYTES: one batch is always served whole
+MAX_BYTES = MAX_FETCH_BYTES  # = records.MAX_BATCH_BYTES: one batch is always served whole
 MAX_ENDPOINT = 262  # 255-character host name, ':' and a port
 MAX_SUCCESSORS = 256
 T = TypeVar("T")
