@@ -70,3 +70,12 @@ async def async_wait_until(
         await asyncio.sleep(interval)
     extra = f"\n{context()}" if context else ""
     raise AssertionError(f"timed out after {within:.0f} s waiting for {what} (last: {last!r}){extra}")
+
+
+def now(cond: Callable[[], T | None]) -> Callable[[], Awaitable[T | None]]:
+    """A synchronous condition as the coroutine condition :func:`async_wait_until` polls."""
+
+    async def check() -> T | None:
+        return cond()
+
+    return check

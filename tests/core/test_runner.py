@@ -20,6 +20,7 @@ from quorum.driver.memory import DictStateMachine, QueueTransport, RecordingSink
 from quorum.storage.memory import MemoryLog
 from quorum.types import ErrorCode, KraftError
 from tests.core.util import CLUSTER, UUIDS, Storage, key
+from tests.polling import async_wait_until, now
 
 
 class WallClock:
@@ -66,11 +67,7 @@ def single_voter() -> tuple[AsyncRunner, Storage, GatedLog, QueueTransport, Reco
 
 
 async def until(cond: Callable[[], bool], what: str) -> None:
-    for _ in range(2000):
-        if cond():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
+    await async_wait_until(what, now(cond), 10, 0.005)
 
 
 async def write(runner: AsyncRunner, record: bytes) -> int:

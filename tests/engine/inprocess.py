@@ -14,21 +14,12 @@ from quorum.runtime.node import Node
 from quorum.runtime.transport import InProcessTransport
 from quorum.storage.meta import format_dir
 from quorum.types import KraftError
-from tests.polling import async_wait_until
+from tests.polling import async_wait_until, now
 
 
 async def until(cond: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:
     """Poll ``cond`` (a KraftError counts as "not yet") until it returns something truthy."""
     return await async_wait_until(what, cond, limit_s, 0.02, errors=(KraftError,))
-
-
-def now(value: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
-    """A synchronous condition as the awaitable ``until`` polls."""
-
-    async def f() -> Any:
-        return value()
-
-    return f
 
 
 def leader_among(nodes: Mapping[int, Node]) -> int | None:

@@ -11,12 +11,14 @@ import os
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from quorum.core import messages as m
 from quorum.runtime import wire
 from quorum.runtime.server import build_app, start_server
 from quorum.runtime.transport import HttpTransport, InProcessTransport
 from quorum.types import ErrorCode
+from tests.polling import async_wait_until
 
 
 def _response(cid: int, size: int) -> m.FetchResponse:
@@ -89,6 +91,16 @@ def test_the_in_process_transport_joins_a_frame() -> None:
 async def _disconnect_mid_response() -> m.FetchResponse:
     stub = FrameStub(48 * 1024 * 1024)
     app = build_app(stub, max_body=1024 * 1024)  # type: ignore[arg-type]
+    returned: list[str] = []  # paths whose handler has returned (or raised)
+
+    @web.middleware
+    async def note_return(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)  # type: ignore[no-any-return]
+        finally:
+            returned.append(request.path)
+
+    app.middlewares.append(note_return)
     runner = await start_server(app, "127.0.0.1:0")
     transport = HttpTransport()
     try:
@@ -100,7 +112,11 @@ async def _disconnect_mid_response() -> m.FetchResponse:
         await writer.drain()
         await reader.readexactly(64 * 1024)  # part of the response, then the caller is gone
         writer.transport.abort()
-        await asyncio.sleep(0.2)
+
+        async def aborted_handler_returned() -> bool:
+            return bool(returned)
+
+        await async_wait_until("the aborted response's handler to return", aborted_handler_returned, 30)
         # and the server goes on serving
         req = m.FetchRequest(6, "c", 2, None, 3, 0, 0, 0, 64 * 1024 * 1024)
         resp: m.FetchResponse = await transport.send(1, endpoint, req, 30)

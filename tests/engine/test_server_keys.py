@@ -17,6 +17,7 @@ from quorum.runtime.server import build_app, start_server
 from quorum.runtime.transport import InProcessTransport
 from quorum.storage.meta import format_dir
 from tests.engine.cluster import free_ports
+from tests.polling import async_wait_until
 
 
 async def _scenario(tmp_path: Path) -> None:
@@ -33,11 +34,10 @@ async def _scenario(tmp_path: Path) -> None:
                 async with s.request(method, URL(f"http://{ep}{raw_path}", encoded=True), data=body) as r:
                     return r.status, await r.read()
 
-            for _ in range(500):  # a single voter elects itself at once; poll, never sleep-and-hope
-                if (await call("GET", "/readyz"))[0] == 200:
-                    break
-                await asyncio.sleep(0.02)
-            assert (await call("GET", "/readyz"))[0] == 200
+            async def ready() -> bool:
+                return (await call("GET", "/readyz"))[0] == 200
+
+            await async_wait_until("the single voter to elect itself", ready, 10, 0.02)
             assert (await call("PUT", "/v1/kv/%2541", b"percent"))[0] == 200
             assert (await call("GET", "/v1/kv/A"))[0] == 404
             assert await call("GET", "/v1/kv/%2541") == (200, b"percent")

@@ -21,6 +21,7 @@ from quorum.runtime.limits import Limits
 from quorum.runtime.server import build_app, start_server
 from quorum.security.tlsctx import client_context, server_context
 from tests.engine.cluster import free_ports
+from tests.polling import async_wait_until, now
 from tests.tlsfixtures import make_tls_dir
 
 
@@ -75,10 +76,8 @@ def test_cap_evicts_the_oldest_half_sent_connection_and_head_deadline_closes() -
                 w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
                 conns.append((r, w))
             # wait until all four are admitted before the fifth comes
-            deadline = time.monotonic() + 10
-            while len(limits.guards) < 4:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            admitted = now(lambda: len(limits.guards) >= 4)
+            await async_wait_until("all four connections admitted", admitted, 10, 0.01)
             async with aiohttp.ClientSession() as s, s.get(f"http://{ep}/healthz") as resp:
                 assert resp.status == 200  # served: the oldest idle connection made room
             assert await _closed(conns[0][0], 5)
@@ -106,10 +105,8 @@ def test_body_budget_refuses_large_bodies_but_not_small_ones() -> None:
             w.write(f"PUT /v1/kv/big HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
             w.write(b"x" * (size - 1))
             await w.drain()
-            deadline = time.monotonic() + 10
-            while limits.buffered == 0:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            held = now(lambda: limits.buffered > 0)
+            await async_wait_until("the held body buffered", held, 10, 0.01)
             async with aiohttp.ClientSession() as s:
                 async with s.put(f"http://{ep}/v1/kv/big2", data=b"y" * (200 * 1024)) as resp:
                     body = await resp.json()
@@ -122,10 +119,8 @@ def test_body_budget_refuses_large_bodies_but_not_small_ones() -> None:
                 text = await resp.text()
             assert "kraftkeeper_http_refused_bodies_total 1\n" in text and "kraftkeeper_stub 1" in text
             w.close()
-            deadline = time.monotonic() + 10
-            while limits.buffered:
-                assert time.monotonic() < deadline, "the held body's reservation was never released"
-                await asyncio.sleep(0.01)
+            released = now(lambda: limits.buffered == 0)
+            await async_wait_until("the held body's reservation released", released, 10, 0.01)
         finally:
             await runner.cleanup()
 
