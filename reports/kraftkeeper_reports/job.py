@@ -13,9 +13,9 @@ How it runs: ONE Spark job (``transform.one_pass``) reads every line once, parse
 it in the JVM (one projection) and aggregates it into per-recovery rows and per-reason bad-line
 groups (a hash aggregation whose buffers hold only numbers, then a small merge); those
 (about one row per 7 events) come to the driver as Arrow, and the small tables are computed
-there with pandas (``tables``). A dozen small Spark jobs, one per table, cost more in fixed
-overhead than the whole computation on the driver. With KK_REPORT_TIMINGS=1 each step's wall
-time goes to stderr.
+there with numpy on the Arrow columns (``tables``). A dozen small Spark jobs, one per table,
+cost more in fixed overhead than the whole computation on the driver. With KK_REPORT_TIMINGS=1
+each step's wall time goes to stderr.
 
 Errors are one ``CODE: message`` line on stderr and a non-zero exit; the report's path is the
 last line on stdout.
@@ -24,11 +24,13 @@ last line on stdout.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -101,7 +103,7 @@ def compute(
 ) -> ReportTables:
     """Run the report: ONE Spark job reads, parses and validates every line and aggregates it
     into per-recovery rows and bad-input groups (``transform.one_pass``); those come to the
-    driver as Arrow and the small tables are computed there with pandas (``tables``). The
+    driver as Arrow and the small tables are computed there (``tables``, :func:`finish`). The
     per-recovery table is written under ``out`` when given."""
     timer = _Timer()
     try:
@@ -109,33 +111,53 @@ def compute(
     except AnalysisException as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: {first}") from e
-    result = tf.one_pass(tf.parse_lines(lines)).toArrow()
-    timer("read, parse, validate and aggregate every line (one Spark job)")
+    # No name holds the Arrow result here: finish() lets go of it as soon as it is split.
+    return finish(spark, lines, tf.one_pass(tf.parse_lines(lines)).toArrow(), paths, top, out,
+                  collect_recoveries, timer)
+
+
+def finish(
+    spark: SparkSession | None, lines: DataFrame | None, result: pa.Table, paths: list[str], top: int = 20,
+    out: Path | None = None, collect_recoveries: bool = False, timer: Callable[[str], None] | None = None,
+) -> ReportTables:
+    """The driver's part of :func:`compute`, from the Spark job's Arrow rows: the small tables,
+    and the per-recovery table under ``out`` when given. ``spark`` and ``lines`` are used only
+    when some row's count of events after the end is not exact (see :func:`_exact_after_end`)."""
+    step = timer or (lambda _s: None)
+    step("read, parse, validate and aggregate every line (one Spark job)")
     is_rec = pc.is_null(result.column("pcode"))
-    rec_tbl = _exact_after_end(spark, lines, result.filter(is_rec).drop_columns(list(tf.PROBLEM_COLUMNS)))
     groups = result.filter(pc.invert(is_rec)).select(list(tf.PROBLEM_COLUMNS)).to_pandas()
-    del result
+    rec_tbl = _exact_after_end(spark, lines, _rows(result, is_rec).drop_columns(list(tf.PROBLEM_COLUMNS)))
+    del result, is_rec
     # The problem lists stay in Arrow but for the few recoveries that have any (Python lists
     # of a million recoveries cost seconds and hundreds of MiB on the driver).
-    lists = ["problems", "problem_messages"]
     has = pc.greater(pc.list_value_length(rec_tbl.column("problem_messages")), 0)
     flagged = rec_tbl.filter(has).select(["cluster", "recovery_id", "problem_messages"]).to_pandas()
-    # The UUIDs are in no small table: 2.8 M Python strings fewer at 10 M events.
-    unused = [*lists, "old_uuid", "new_uuid"]
-    rec = (rec_tbl if collect_recoveries else rec_tbl.drop_columns(unused)).to_pandas()
-    n_events = int(rec["n_events"].sum())
+    n_events = int(pc.sum(rec_tbl.column("n_events")).as_py() or 0)
     n_lines = n_events + int(groups.loc[~groups["pnote"].astype(bool), "n_problem"].sum())
     if n_lines == 0:
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
-    tables = small_tables(rec, flagged, groups, paths, n_lines, top, keep_recoveries=collect_recoveries)
-    timer("small tables (pandas, on the driver)")
+    tables = small_tables(rec_tbl, flagged, groups, paths, n_lines, top, keep_recoveries=collect_recoveries)
+    step("small tables (numpy on the Arrow columns, on the driver)")
     if out is not None:
         write_recoveries(rec_tbl, out / "tables")
-        timer("per-recovery table written")
+        step("per-recovery table written")
     return tables
 
 
-def _exact_after_end(spark: SparkSession, lines: DataFrame, rec: pa.Table) -> pa.Table:
+def _rows(t: pa.Table, mask: pa.ChunkedArray) -> pa.Table:
+    """``t.filter(mask)`` without copying the table when the rows to drop are few: the kept
+    runs as zero-copy slices (the bad-input groups are a few dozen rows among a million
+    recoveries; a filter copies every column, about 0.5 GiB at 10 M events)."""
+    drop = pc.indices_nonzero(pc.invert(mask)).to_numpy()
+    if len(drop) > 1000:
+        return t.filter(mask)
+    bounds = [-1, *drop.tolist(), t.num_rows]
+    parts = [t.slice(a + 1, b - a - 1) for a, b in itertools.pairwise(bounds) if b - a > 1]
+    return pa.concat_tables(parts) if parts else t.slice(0, 0)
+
+
+def _exact_after_end(spark: SparkSession | None, lines: DataFrame | None, rec: pa.Table) -> pa.Table:
     """The per-recovery rows with every count of events after the end exact: the few whose
     one-pass count is not (a step logged four times or more on both sides of the end, see
     ``transform._after_end_from_stats``) are computed again from their events by the per-table
@@ -144,6 +166,8 @@ def _exact_after_end(spark: SparkSession, lines: DataFrame, rec: pa.Table) -> pa
     rec = rec.drop_columns([tf.RECHECK_COLUMN])
     if pc.all(exact).as_py() is not False:
         return rec
+    if spark is None or lines is None:
+        raise ValueError("some events after the end need recounting, which needs the Spark session and lines")
     keys = rec.filter(pc.invert(exact)).select(["cluster", "recovery_id"])
     again = spark.createDataFrame(keys.to_pandas())
     events = tf.events_of(tf.parse_lines(lines)).join(F.broadcast(again), ["cluster", "recovery_id"])

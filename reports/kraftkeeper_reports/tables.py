@@ -2,9 +2,11 @@
 produces and the HTML renderer (``render``) draws. Its own module so that neither of those
 imports the other.
 
-The tables are computed here, on the driver, with pandas from the per-recovery rows the Spark
-job collects (about one row per 7 events) and its bad-input groups: one Spark job instead of
-one per table. The definitions are those of ``kraftkeeper_reports.transform`` (the Spark
+The tables are computed here, on the driver, from the per-recovery rows the Spark job collects
+(about one row per 7 events, as Arrow) and its bad-input groups: one Spark job instead of one
+per table. The big tables' columns are read as numpy arrays (:class:`Columns`: strings as codes,
+no Python object per recovery); only small results and the few rows a table shows (slowest,
+failures) become pandas frames. The definitions are those of ``kraftkeeper_reports.transform`` (the Spark
 versions of these tables are kept there; tests/reports compares both). No pyspark import: the
 renderer uses this module without Spark.
 """
@@ -16,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.intervals import PHASES
@@ -82,96 +86,194 @@ def _pct(s: Any, name: str, q: float) -> pd.Series:
     return out
 
 
-def _durations(rec: pd.DataFrame, phase: str) -> pd.DataFrame:
-    """The completed recoveries that have this phase: cluster, engine, order and the duration
-    as ``ms`` (int64). Only those columns are copied (a fleet has millions of recoveries)."""
-    col = rec[f"{phase}_ms"]
-    keep = (rec["outcome"] == "completed") & col.notna()
-    done = rec.loc[keep, ["cluster", "engine", "order"]]
-    return done.assign(ms=col[keep].astype("int64"))
+class Columns:
+    """The per-recovery columns the small tables read, taken once from the Spark job's Arrow
+    rows as numpy arrays: a string column as codes into its few distinct values (-1 for null),
+    a number column as int64 with a validity mask. No per-recovery Python object is made: a
+    pandas frame of the 1.4 M recoveries of 10 M events (with its string columns as Python
+    strings) cost seconds and GiBs on the driver, and each table needs only a few columns."""
+
+    def __init__(self, rec: pa.Table) -> None:
+        self.rec = rec
+        self._codes: dict[str, tuple[np.ndarray, list[Any]]] = {}
+        self._ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        outcome, names = self.codes("outcome")
+        self.completed = _is(outcome, names, "completed")
+        self.failed = _is(outcome, names, "failed")
+
+    def codes(self, name: str) -> tuple[np.ndarray, list[Any]]:
+        """Codes (int64, -1 for null) into the column's distinct values (in first-seen order)."""
+        if name not in self._codes:
+            col = self.rec.column(name)
+            values = pc.drop_null(pc.unique(col))
+            codes = pc.fill_null(pc.index_in(col, value_set=values), -1).to_numpy()
+            self._codes[name] = (codes.astype(np.int64), values.to_pylist())
+        return self._codes[name]
+
+    def ints(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The column as int64 (nulls as 0) and its validity mask."""
+        if name not in self._ints:
+            col = self.rec.column(name)
+            valid = col.is_valid().to_numpy(zero_copy_only=False)
+            self._ints[name] = (pc.fill_null(col, 0).to_numpy().astype(np.int64, copy=False), valid)
+        return self._ints[name]
+
+    def durations(self, phase: str) -> tuple[np.ndarray, np.ndarray]:
+        """The completed recoveries that have this phase: their row mask and durations (ms)."""
+        ms, valid = self.ints(f"{phase}_ms")
+        keep = self.completed & valid
+        return keep, ms[keep]
 
 
-def _stats(df: pd.DataFrame, keys: list[str], with_min_mean: bool) -> pd.DataFrame:
-    """Count, [min,] the PERCENTILES, max [and mean] of ``ms`` per group of ``keys``, as
-    pandas' groupby would give them, from one sort of the durations: pandas' grouped quantile
-    sorts the column once per percentile, which took most of the driver's time at 10 M events.
-    Percentiles interpolate linearly between the two nearest ranks (numpy's default, and
-    Spark's ``percentile``)."""
-    g = df.groupby(keys, sort=False)
-    sizes = g.size()
-    codes = g.ngroup().to_numpy()
-    ms = df["ms"].to_numpy()
-    kept = codes >= 0  # rows of a null key belong to no group, as in groupby
+def _is(codes: np.ndarray, names: list[Any], value: str) -> np.ndarray:
+    return codes == names.index(value) if value in names else np.zeros(len(codes), dtype=bool)
+
+
+def _merge_labels(codes: np.ndarray, names: list[Any], null: Any) -> tuple[np.ndarray, list[Any]]:
+    """Codes where null is the value ``null`` (a value equal to one of ``names`` shares its code)."""
+    labels = [*names, null]
+    uniq = list(dict.fromkeys(labels))
+    remap = np.array([uniq.index(x) for x in labels], dtype=np.int64)
+    return remap[np.where(codes < 0, len(names), codes)], uniq
+
+
+def _group_sort(codes: np.ndarray, ms: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """``ms`` (int64) sorted by group (``codes`` 0 .. n_groups-1) and within it, and each group's
+    size. One int64 sort of code * span + ms when that fits (a sort per group, or pandas'
+    grouped quantile that sorts once per percentile, took most of the driver's time)."""
+    counts = np.bincount(codes, minlength=n_groups).astype(np.int64)
+    if len(ms) == 0:
+        return ms, counts
+    lo = int(ms.min())
+    span = int(ms.max()) - lo + 1
+    if n_groups * span < 2**62:
+        key = codes * span + (ms - lo)
+        key.sort()
+        return key % span + lo, counts
+    return ms[np.lexsort((ms, codes))], counts
+
+
+def _quantiles(v: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
+    """The q-quantile of each group of sorted ``v`` (groups of ``counts`` values, in order),
+    interpolating linearly between the two nearest ranks as numpy's default, pandas' grouped
+    quantile and Spark's ``percentile`` do; NaN for an empty group. The arithmetic is pandas'
+    (lo + (hi - lo) * fraction), so the values are the ones it gave to the last bit."""
+    out = np.full(len(counts), np.nan)
+    has = counts > 0
+    n = counts[has]
+    starts = (np.cumsum(counts) - counts)[has]
+    vf = v.astype("float64")
+    pos = (n - 1) * q
+    lo = np.floor(pos).astype("int64")
+    hi = np.minimum(lo + 1, n - 1)
+    out[has] = vf[starts + lo] + (vf[starts + hi] - vf[starts + lo]) * (pos - lo)
+    return out
+
+
+def _stats(codes: np.ndarray, ms: np.ndarray, n_groups: int, with_min_mean: bool) -> dict[str, np.ndarray]:
+    """Recoveries, [min,] the PERCENTILES, max [and mean] of ``ms`` per group of ``codes`` (rows
+    of code -1 belong to no group), for the groups that have any row, as index "group"."""
+    kept = codes >= 0
     codes, ms = codes[kept], ms[kept]
-    v = ms[np.lexsort((ms, codes))]
-    counts = sizes.to_numpy()
-    starts = np.cumsum(counts) - counts
-    last = starts + counts - 1
-    out = sizes.rename("recoveries").to_frame()
+    v, counts = _group_sort(codes, ms, n_groups)
+    has = counts > 0
+    starts = (np.cumsum(counts) - counts)[has]
+    last = starts + counts[has] - 1
+    out: dict[str, np.ndarray] = {"group": np.flatnonzero(has), "recoveries": counts[has]}
     if with_min_mean:
         out["min_ms"] = v[starts]
-    vf = v.astype("float64")
     for p in PERCENTILES:
-        pos = (counts - 1) * p
-        lo = np.floor(pos).astype("int64")
-        hi = np.minimum(lo + 1, counts - 1)
-        out[f"p{round(p * 100)}_ms"] = vf[starts + lo] + (vf[starts + hi] - vf[starts + lo]) * (pos - lo)
+        out[f"p{round(p * 100)}_ms"] = _quantiles(v, counts, p)[has]
     out["max_ms"] = v[last]
     if with_min_mean:
-        out["mean_ms"] = np.bincount(codes, weights=ms.astype("float64"), minlength=len(counts)) / counts
-    return out.reset_index()
+        # bincount adds each group's values in row order, as before (the same float sums).
+        sums = np.bincount(codes, weights=ms.astype("float64"), minlength=n_groups)
+        out["mean_ms"] = sums[has] / counts[has]
+    return out
 
 
-def phase_stats(rec: pd.DataFrame) -> pd.DataFrame:
+def _labelled(stats: dict[str, np.ndarray], labels: dict[str, list[Any]]) -> pd.DataFrame:
+    """A frame of ``_stats`` output with its group numbers replaced by key columns."""
+    g = stats.pop("group")
+    keys = {k: np.array([v[i] for i in g], dtype=object) for k, v in labels.items()}
+    return pd.DataFrame({**keys, **stats})
+
+
+def phase_stats(cols: Columns) -> pd.DataFrame:
     """p50/p90/p99/max per phase, per cluster and over all clusters (cluster = "(all)")."""
+    cluster, names = cols.codes("cluster")
     out = []
     for phase in PHASES:
-        d = _durations(rec, phase)
-        if d.empty:
+        keep, ms = cols.durations(phase)
+        if len(ms) == 0:
             continue
-        per = _stats(d, ["cluster"], True)
-        overall = _stats(d.assign(cluster=ALL_CLUSTERS), ["cluster"], True)
+        per = _labelled(_stats(cluster[keep], ms, len(names), True), {"cluster": names})
+        every = np.zeros(len(ms), dtype=np.int64)
+        overall = _labelled(_stats(every, ms, 1, True), {"cluster": [ALL_CLUSTERS]})
         out.append(pd.concat([per, overall]).assign(phase=phase))
-    cols = ["cluster", "phase", "recoveries", "min_ms", *[f"p{round(p * 100)}_ms" for p in PERCENTILES],
-            "max_ms", "mean_ms"]
+    cols_ = ["cluster", "phase", "recoveries", "min_ms", *[f"p{round(p * 100)}_ms" for p in PERCENTILES],
+             "max_ms", "mean_ms"]
     if not out:
-        return pd.DataFrame(columns=cols)
-    return pd.concat(out)[cols].sort_values(["phase", "cluster"], kind="stable").reset_index(drop=True)
+        return pd.DataFrame(columns=cols_)
+    return pd.concat(out)[cols_].sort_values(["phase", "cluster"], kind="stable").reset_index(drop=True)
 
 
-def phase_histogram(rec: pd.DataFrame, bins_per_decade: int = 10) -> pd.DataFrame:
+def phase_histogram(cols: Columns, bins_per_decade: int = 10) -> pd.DataFrame:
     """Counts of each phase's durations in logarithmic bins: (phase, bin_lo_ms, bin_hi_ms, count).
     Durations of 0 ms fall in the first bin."""
     out = []
     for phase in PHASES:
-        d = _durations(rec, phase)
-        if d.empty:
+        _keep, ms = cols.durations(phase)
+        if len(ms) == 0:
             continue
-        b = np.floor(np.log10(np.maximum(d["ms"].to_numpy(dtype="float64"), 1.0)) * bins_per_decade)
-        counts = pd.Series(b).value_counts().sort_index()
+        b = np.floor(np.log10(np.maximum(ms.astype("float64"), 1.0)) * bins_per_decade)
+        bins, counts = np.unique(b, return_counts=True)
         out.append(pd.DataFrame({
             "phase": phase,
-            "bin_lo_ms": np.power(10.0, counts.index.to_numpy() / bins_per_decade),
-            "bin_hi_ms": np.power(10.0, (counts.index.to_numpy() + 1) / bins_per_decade),
-            "count": counts.to_numpy().astype("int64"),
+            "bin_lo_ms": np.power(10.0, bins / bins_per_decade),
+            "bin_hi_ms": np.power(10.0, (bins + 1) / bins_per_decade),
+            "count": counts.astype("int64"),
         }))
     if not out:
         return pd.DataFrame(columns=["phase", "bin_lo_ms", "bin_hi_ms", "count"])
     return pd.concat(out).sort_values(["phase", "bin_lo_ms"], kind="stable").reset_index(drop=True)
 
 
-def outcomes(rec: pd.DataFrame) -> pd.DataFrame:
+def outcomes(cols: Columns) -> pd.DataFrame:
     """Recoveries by cluster and outcome (completed / failed / in_progress / invalid)."""
-    g = rec.groupby(["cluster", "outcome"]).size().rename("recoveries").reset_index()
+    cluster, clusters = cols.codes("cluster")
+    outcome, names = cols.codes("outcome")
+    kept = (cluster >= 0) & (outcome >= 0)
+    n = np.bincount(cluster[kept] * len(names) + outcome[kept], minlength=len(clusters) * len(names))
+    has = np.flatnonzero(n)
+    g = pd.DataFrame({
+        "cluster": np.array([clusters[i // len(names)] for i in has], dtype=object),
+        "outcome": np.array([names[i % len(names)] for i in has], dtype=object),
+        "recoveries": n[has].astype("int64"),
+    })
     return g.sort_values(["cluster", "outcome"]).reset_index(drop=True)
 
 
-def failures(rec: pd.DataFrame) -> pd.DataFrame:
+def _frame(rec: pa.Table, mask: np.ndarray, columns: list[str]) -> pd.DataFrame:
+    """The rows of ``mask`` (few) as pandas, with the dtypes a frame of every row would give
+    them: an integer column with a null in any recovery is float64 there (pandas' NaN)."""
+    t = rec.select(columns).filter(pa.array(mask))
+    df: pd.DataFrame = t.to_pandas()
+    for c in columns:
+        if rec.column(c).null_count and not t.column(c).null_count:
+            if pa.types.is_integer(t.schema.field(c).type):
+                df[c] = df[c].astype("float64")
+            elif pa.types.is_boolean(t.schema.field(c).type):
+                df[c] = df[c].astype(object)
+    return df
+
+
+def failures(cols: Columns) -> pd.DataFrame:
     """Failed recoveries by reason (and cluster, with "(all)"), with the median time to give up."""
-    failed = rec[rec["outcome"] == "failed"]
-    cols = ["cluster", "failure_reason", "failures", "p50_give_up_ms"]
+    failed = _frame(cols.rec, cols.failed, ["cluster", "failure_reason", "give_up_ms"])
+    out_cols = ["cluster", "failure_reason", "failures", "p50_give_up_ms"]
     if failed.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=out_cols)
     f = failed.assign(ms=failed["give_up_ms"].astype("float64"))
 
     def agg(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -179,59 +281,72 @@ def failures(rec: pd.DataFrame) -> pd.DataFrame:
         return pd.concat([g.size().rename("failures"), _pct(g, "p50_give_up_ms", 0.5)], axis=1).reset_index()
 
     out = pd.concat([agg(f, ["cluster", "failure_reason"]),
-                     agg(f, ["failure_reason"]).assign(cluster=ALL_CLUSTERS)])[cols]
+                     agg(f, ["failure_reason"]).assign(cluster=ALL_CLUSTERS)])[out_cols]
     return out.sort_values("failures", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def daily(rec: pd.DataFrame) -> pd.DataFrame:
+def daily(cols: Columns) -> pd.DataFrame:
     """Per UTC day (of detection): recoveries, completed, failed, failure rate, p50/p90 total."""
-    d = rec[rec["outcome"].isin(["completed", "failed"])]
-    cols = ["date", "recoveries", "completed", "failed", "failure_rate", "p50_total_ms", "p90_total_ms"]
-    if d.empty:
-        return pd.DataFrame(columns=cols)
-    d = d.assign(ms=d["total_ms"].astype("float64"), ok=d["outcome"] == "completed",
-                 bad=d["outcome"] == "failed")
-    g = d.groupby("date")
-    out = pd.concat([
-        g.size().rename("recoveries"), g["ok"].sum().rename("completed"), g["bad"].sum().rename("failed"),
-        _pct(g["ms"], "p50_total_ms", 0.5), _pct(g["ms"], "p90_total_ms", 0.9),
-    ], axis=1).reset_index()
-    out["completed"] = out["completed"].astype("int64")
-    out["failed"] = out["failed"].astype("int64")
+    out_cols = ["date", "recoveries", "completed", "failed", "failure_rate", "p50_total_ms", "p90_total_ms"]
+    date, days = cols.codes("date")
+    ended = (cols.completed | cols.failed) & (date >= 0)
+    if not ended.any():
+        return pd.DataFrame(columns=out_cols)
+    ms, valid = cols.ints("total_ms")
+    code = date[ended]
+    n_days = len(days)
+    has = np.bincount(code, minlength=n_days) > 0
+    timed = ended & valid
+    v, counts = _group_sort(date[timed], ms[timed], n_days)
+    out = pd.DataFrame({
+        "date": np.array(days, dtype=object)[has],
+        "recoveries": np.bincount(code, minlength=n_days)[has].astype("int64"),
+        "completed": np.bincount(date[ended & cols.completed], minlength=n_days)[has].astype("int64"),
+        "failed": np.bincount(date[ended & cols.failed], minlength=n_days)[has].astype("int64"),
+        "p50_total_ms": _quantiles(v, counts, 0.5)[has],
+        "p90_total_ms": _quantiles(v, counts, 0.9)[has],
+    })
     out["failure_rate"] = out["failed"] / out["recoveries"]
-    return out[cols].sort_values("date").reset_index(drop=True)
+    return out[out_cols].sort_values("date").reset_index(drop=True)
 
 
-def slowest(rec: pd.DataFrame, n: int = 20) -> pd.DataFrame:
+def slowest(cols: Columns, n: int = 20) -> pd.DataFrame:
     """The n slowest completed recoveries with their timelines (every step's timestamp)."""
-    done = rec[rec["outcome"] == "completed"]
-    # The n largest totals (with every tie of the n-th) first: sorting all recoveries by their
-    # string keys cost seconds at 10 M events.
-    if len(done) > n and done["total_ms"].notna().all():
-        done = done.nlargest(n, "total_ms", keep="all")
-    top = done
+    ms, valid = cols.ints("total_ms")
+    done = cols.completed
+    # Only the candidates come to pandas: the completed recoveries whose total is at least the
+    # n-th largest (every tie of it); with fewer than n totals, every completed one.
+    timed = ms[done & valid]
+    if len(timed) >= n:
+        nth = np.partition(timed, len(timed) - n)[len(timed) - n]
+        done = done & valid & (ms >= nth)
+    out_cols = ["cluster", "recovery_id", "replica_id", "date", "engine", "order", *TS_COL.values(),
+                *[f"{p}_ms" for p in PHASES]]
+    top = _frame(cols.rec, done, out_cols)
     top = top.sort_values(["total_ms", "cluster", "recovery_id"], ascending=[False, True, True],
                           kind="stable").head(n)
-    cols = ["cluster", "recovery_id", "replica_id", "date", "engine", "order", *TS_COL.values(),
-            *[f"{p}_ms" for p in PHASES]]
-    return top[cols].reset_index(drop=True)
+    return top[out_cols].reset_index(drop=True)
 
 
-def compare(rec: pd.DataFrame) -> pd.DataFrame:
+def compare(cols: Columns) -> pd.DataFrame:
     """Per (engine, order, phase) over completed recoveries: count, p50/p90/p99, max. "(not
     logged)" where the events do not say the engine or order."""
+    engine, engines = _merge_labels(*cols.codes("engine"), UNSPECIFIED)
+    order, orders = _merge_labels(*cols.codes("order"), UNSPECIFIED)
+    pair = engine * len(orders) + order
+    labels = {"engine": [e for e in engines for _o in orders], "order": [o for _e in engines for o in orders]}
     out = []
     for phase in PHASES:
-        d = _durations(rec, phase)
-        if d.empty:
+        keep, ms = cols.durations(phase)
+        if len(ms) == 0:
             continue
-        d = d.assign(engine=d["engine"].fillna(UNSPECIFIED), order=d["order"].fillna(UNSPECIFIED))
-        out.append(_stats(d, ["engine", "order"], False).assign(phase=phase))
-    cols = ["engine", "order", "phase", "recoveries", *[f"p{round(p * 100)}_ms" for p in PERCENTILES],
-            "max_ms"]
+        stats = _stats(pair[keep], ms, len(engines) * len(orders), False)
+        out.append(_labelled(stats, labels).assign(phase=phase))
+    out_cols = ["engine", "order", "phase", "recoveries", *[f"p{round(p * 100)}_ms" for p in PERCENTILES],
+                "max_ms"]
     if not out:
-        return pd.DataFrame(columns=cols)
-    out_df = pd.concat(out)[cols].sort_values(["engine", "order", "phase"], kind="stable")
+        return pd.DataFrame(columns=out_cols)
+    out_df = pd.concat(out)[out_cols].sort_values(["engine", "order", "phase"], kind="stable")
     return out_df.reset_index(drop=True)
 
 
@@ -321,14 +436,16 @@ def summarise(
 
 
 def small_tables(
-    rec: pd.DataFrame, flagged: pd.DataFrame, line_groups: pd.DataFrame, paths: list[str], n_lines: int,
+    rec: pa.Table, flagged: pd.DataFrame, line_groups: pd.DataFrame, paths: list[str], n_lines: int,
     top: int, keep_recoveries: bool = False,
 ) -> ReportTables:
-    """Every small table from the per-recovery rows (``flagged``: those with recovery-level
-    problems, see :func:`bad_input`) and the bad-input groups."""
-    stats, outc, day = phase_stats(rec), outcomes(rec), daily(rec)
+    """Every small table from the per-recovery rows (Arrow, as the Spark job gives them;
+    ``flagged``: those with recovery-level problems, see :func:`bad_input`) and the bad-input
+    groups."""
+    cols = Columns(rec)
+    stats, outc, day = phase_stats(cols), outcomes(cols), daily(cols)
     bad = bad_input(line_groups, flagged)
-    n_events = int(rec["n_events"].sum())
+    n_events = int(pc.sum(rec.column("n_events")).as_py() or 0)
     summary = summarise(paths, n_lines, n_events, stats, outc, day, line_counts(line_groups))
-    return ReportTables(summary, stats, phase_histogram(rec), outc, failures(rec), day, slowest(rec, top),
-                        bad, compare(rec), rec if keep_recoveries else None)
+    return ReportTables(summary, stats, phase_histogram(cols), outc, failures(cols), day, slowest(cols, top),
+                        bad, compare(cols), rec.to_pandas() if keep_recoveries else None)
