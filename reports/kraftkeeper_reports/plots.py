@@ -134,13 +134,13 @@ def count_axis(ax: Any, top: float, axis: str = "x") -> None:
 
 
 def _svg(fig: Any, label: str, points: int) -> str:
-    fig.canvas.draw()
-    ticks = sorted({t.get_text() for ax in fig.axes for t in (*ax.get_xticklabels(), *ax.get_yticklabels())
-                    if t.get_text()})
     buf = io.StringIO()
     # No RDF metadata block: it only adds namespace URLs and a date (the page stays reproducible).
     fig.savefig(buf, format="svg", bbox_inches="tight",
                 metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
+    # The tick labels as drawn: savefig's draw set their text (no draw of its own for them).
+    ticks = sorted({t.get_text() for ax in fig.axes for t in (*ax.get_xticklabels(), *ax.get_yticklabels())
+                    if t.get_text()})
     plt.close(fig)
     svg = buf.getvalue()
     svg = svg[svg.index("<svg") :]  # drop the XML prolog and doctype: inline SVG needs neither

@@ -221,3 +221,67 @@ def test_rows_without_the_problem_rows_is_the_filter(drop: list[int]) -> None:
     many = pa.chunked_array([pc.greater(pa.array(np.arange(3000)), 1200)])
     big = pa.concat_tables([t] * 30)
     assert _rows(big, many).equals(big.filter(many))
+
+
+def one_pass_result(n: int, seed: int) -> pa.Table:
+    """What ``transform.one_pass`` gives the driver: ``n`` recovery rows and, among them, two
+    bad-input groups (a rejected reason and a tolerated note)."""
+    rec = recoveries(n, seed)
+    msgs = [["duplicate_event: a step was logged twice"] if i % 7 == 0 else [] for i in range(n)]
+    rec = rec.append_column("problems", pa.array([[m.split(":")[0] for m in x] for x in msgs],
+                                                 pa.list_(pa.string())))
+    rec = rec.append_column("problem_messages", pa.array(msgs, pa.list_(pa.string())))
+    rec = rec.append_column("old_uuid", pa.array([f"u{i}" for i in range(n)]))
+    groups = pa.table({
+        "pcode": ["malformed_json", "extra_fields"], "pnote": [False, True], "n_problem": [5, 3],
+        "h_min": [1, 2], "h_max": [9, 8], "ex_min": ["a.jsonl: {", "b.jsonl: x"],
+        "ex_max": ["a.jsonl: [", None],
+        "ex_any": [None, None], "pmessage": ["not valid JSON", "fields the schema does not name"],
+    })
+    blank = pa.table({c: pa.nulls(2, rec.schema.field(c).type) for c in rec.column_names})
+    blank = blank.set_column(blank.schema.get_field_index("n_events"), "n_events", pa.array([0, 0]))
+    rows = pa.concat_tables([rec.slice(0, n // 2), blank, rec.slice(n // 2)])
+    # The problem columns: null on recovery rows, the groups' values on theirs.
+    for c in groups.column_names:
+        vals = [None] * (n // 2) + groups.column(c).to_pylist() + [None] * (n - n // 2)
+        if c == "n_problem":
+            vals = [0 if v is None else v for v in vals]
+        rows = rows.append_column(c, pa.array(vals, groups.schema.field(c).type))
+    return rows.append_column("after_end_exact", pa.array([True] * (n + 2)))
+
+
+def test_finish_from_the_arrow_rows(tmp_path: Any) -> None:
+    """The driver's part alone: the problem rows leave the recovery table, every line is
+    counted, the per-recovery table is written (by the second thread) with every recovery."""
+    from kraftkeeper_reports.job import finish
+
+    result = one_pass_result(500, 8)
+    t = finish(None, None, result, ["in"], top=5, out=tmp_path, collect_recoveries=True)
+    events = sum(result.column("n_events").to_pylist())
+    assert t.summary["lines"] == events + 5 and t.summary["rejected_lines"] == 5
+    assert t.recoveries is not None
+    assert t.recoveries["old_uuid"].tolist() == [f"u{i}" for i in range(500)]  # the recovery rows, in order
+    assert set(t.bad_input["code"]) == {"malformed_json", "extra_fields", "duplicate_event"}
+    back = pd.read_parquet(tmp_path / "tables" / "recoveries.parquet")
+    assert back["recovery_id"].tolist() == t.recoveries["recovery_id"].tolist()
+    csv = pd.read_csv(tmp_path / "tables" / "recoveries.csv" / "part-00000.csv")
+    assert len(csv) == 500 and (csv["problems"] == "duplicate_event").sum() == len(range(0, 500, 7))
+
+
+def test_finish_fails_when_the_table_cannot_be_written(tmp_path: Any) -> None:
+    """An error of the writing thread is the job's error, not lost with the thread."""
+    from kraftkeeper_reports.job import finish
+
+    (tmp_path / "tables").write_text("a file where the tables directory goes")
+    with pytest.raises(OSError):
+        finish(None, None, one_pass_result(50, 9), ["in"], out=tmp_path)
+
+
+def test_inexact_counts_need_spark() -> None:
+    from kraftkeeper_reports.job import finish
+
+    result = one_pass_result(50, 10)
+    inexact = pa.array([i != 3 for i in range(result.num_rows)])
+    result = result.set_column(result.schema.get_field_index("after_end_exact"), "after_end_exact", inexact)
+    with pytest.raises(ValueError, match="needs the Spark session"):
+        finish(None, None, result, ["in"])
