@@ -133,7 +133,7 @@ def finish(
     # The problem lists stay in Arrow but for the few recoveries that have any (Python lists
     # of a million recoveries cost seconds and hundreds of MiB on the driver).
     has = pc.greater(pc.list_value_length(rec_tbl.column("problem_messages")), 0)
-    flagged = rec_tbl.filter(has).select(["cluster", "recovery_id", "problem_messages"]).to_pandas()
+    flagged = rec_tbl.select(["cluster", "recovery_id", "problem_messages"]).filter(has).to_pandas()
     n_events = int(pc.sum(rec_tbl.column("n_events")).as_py() or 0)
     n_lines = n_events + int(groups.loc[~groups["pnote"].astype(bool), "n_problem"].sum())
     if n_lines == 0:

@@ -144,12 +144,18 @@ def _group_sort(codes: np.ndarray, ms: np.ndarray, n_groups: int) -> tuple[np.nd
     counts = np.bincount(codes, minlength=n_groups).astype(np.int64)
     if len(ms) == 0:
         return ms, counts
+    if n_groups == 1:
+        return np.sort(ms), counts
     lo = int(ms.min())
     span = int(ms.max()) - lo + 1
     if n_groups * span < 2**62:
-        key = codes * span + (ms - lo)
+        key = codes * span
+        key -= lo
+        key += ms  # code * span + (ms - lo), in place: no temporary of a million values
         key.sort()
-        return key % span + lo, counts
+        # Each group's offset off again (code * span - lo, repeated over the group's rows).
+        key -= np.repeat(np.arange(n_groups, dtype=np.int64) * span - lo, counts)
+        return key, counts
     return ms[np.lexsort((ms, codes))], counts
 
 
@@ -162,11 +168,11 @@ def _quantiles(v: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
     has = counts > 0
     n = counts[has]
     starts = (np.cumsum(counts) - counts)[has]
-    vf = v.astype("float64")
     pos = (n - 1) * q
     lo = np.floor(pos).astype("int64")
     hi = np.minimum(lo + 1, n - 1)
-    out[has] = vf[starts + lo] + (vf[starts + hi] - vf[starts + lo]) * (pos - lo)
+    below, above = v[starts + lo].astype("float64"), v[starts + hi].astype("float64")
+    out[has] = below + (above - below) * (pos - lo)
     return out
 
 
@@ -174,7 +180,8 @@ def _stats(codes: np.ndarray, ms: np.ndarray, n_groups: int, with_min_mean: bool
     """Recoveries, [min,] the PERCENTILES, max [and mean] of ``ms`` per group of ``codes`` (rows
     of code -1 belong to no group), for the groups that have any row, as index "group"."""
     kept = codes >= 0
-    codes, ms = codes[kept], ms[kept]
+    if not kept.all():
+        codes, ms = codes[kept], ms[kept]
     v, counts = _group_sort(codes, ms, n_groups)
     has = counts > 0
     starts = (np.cumsum(counts) - counts)[has]
