@@ -100,12 +100,13 @@ class _Timer:
 
 def compute(
     spark: SparkSession, paths: list[str], top: int = 20, out: Path | None = None,
-    collect_recoveries: bool = False,
+    collect_recoveries: bool = False, then: Callable[[ReportTables], None] | None = None,
 ) -> ReportTables:
     """Run the report: ONE Spark job reads, parses and validates every line and aggregates it
     into per-recovery rows and bad-input groups (``transform.one_pass``); those come to the
     driver as Arrow and the small tables are computed there (``tables``, :func:`finish`). The
-    per-recovery table is written under ``out`` when given."""
+    per-recovery table is written under ``out`` when given; ``then`` runs on the small tables
+    meanwhile."""
     timer = _Timer()
     try:
         lines = tf.read_lines(spark, paths)
@@ -114,16 +115,19 @@ def compute(
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: {first}") from e
     # No name holds the Arrow result here: finish() lets go of it as soon as it is split.
     return finish(spark, lines, tf.one_pass(tf.parse_lines(lines)).toArrow(), paths, top, out,
-                  collect_recoveries, timer)
+                  collect_recoveries, timer, then)
 
 
 def finish(
     spark: SparkSession | None, lines: DataFrame | None, result: pa.Table, paths: list[str], top: int = 20,
     out: Path | None = None, collect_recoveries: bool = False, timer: Callable[[str], None] | None = None,
+    then: Callable[[ReportTables], None] | None = None,
 ) -> ReportTables:
     """The driver's part of :func:`compute`, from the Spark job's Arrow rows: the small tables,
-    and the per-recovery table under ``out`` when given. ``spark`` and ``lines`` are used only
-    when some row's count of events after the end is not exact (see :func:`_exact_after_end`)."""
+    and the per-recovery table under ``out`` when given, written by a second thread while the
+    small tables are computed and ``then`` (given them) runs. ``spark`` and ``lines`` are used
+    only when some row's count of events after the end is not exact (see
+    :func:`_exact_after_end`)."""
     step = timer or (lambda _s: None)
     step("read, parse, validate and aggregate every line (one Spark job)")
     is_rec = pc.is_null(result.column("pcode"))
@@ -141,14 +145,18 @@ def finish(
     # The per-recovery table is written by a second thread while this one computes the small
     # tables: both mostly run in Arrow's and numpy's C code, which let go of the GIL, and the
     # JVM is idle by now, so the two cores are the driver's (measured at 10 M events: 1.3 s of
-    # writing and 1.2 s of tables took 2.5 s one after the other, about 1.4 s together).
+    # writing and 1.2 s of tables took 2.5 s one after the other, about 1.4 s together). The
+    # writing takes longer than the tables, so ``then`` (the HTML report) overlaps it too.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kk-write") as pool:
         written = pool.submit(write_recoveries, rec_tbl, out / "tables") if out is not None else None
         tables = small_tables(rec_tbl, flagged, groups, paths, n_lines, top, collect_recoveries)
         step("small tables (numpy on the Arrow columns, on the driver)")
+        if then is not None:
+            then(tables)
+            step("small tables written, HTML report rendered")
         if written is not None:
             written.result()
-            step("per-recovery table written")
+            step("per-recovery table written (the rest of it)")
     return tables
 
 
@@ -242,15 +250,16 @@ def run_report(events: list[str], out: str, master: str | None = None, top: int 
     timer = _Timer()
     spark = build_session(master)
     timer("Spark session (JVM start)")
-    tables = compute(spark, paths, top=top, out=out_dir.resolve())
-    timer = _Timer()
-    write_tables(tables, out_dir)
-    html = render_html(tables)
-    report = out_dir / "report.html"
-    tmp = out_dir / ".report.html.tmp"
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, report)  # a reader never sees a half-written report
-    timer("small tables written, HTML report rendered")
+    report, tmp = out_dir / "report.html", out_dir / ".report.html.tmp"
+
+    def emit(tables: ReportTables) -> None:  # while the per-recovery table is being written
+        write_tables(tables, out_dir)
+        tmp.write_text(render_html(tables), encoding="utf-8")
+
+    compute(spark, paths, top=top, out=out_dir.resolve(), then=emit)
+    # Only once every table is written: a reader never sees a half-written report, nor a
+    # report whose per-recovery table failed.
+    os.replace(tmp, report)
     return report.resolve()
 
 

@@ -256,7 +256,9 @@ def test_finish_from_the_arrow_rows(tmp_path: Any) -> None:
     from kraftkeeper_reports.job import finish
 
     result = one_pass_result(500, 8)
-    t = finish(None, None, result, ["in"], top=5, out=tmp_path, collect_recoveries=True)
+    seen: list[tb.ReportTables] = []
+    t = finish(None, None, result, ["in"], top=5, out=tmp_path, collect_recoveries=True, then=seen.append)
+    assert seen == [t]
     events = sum(result.column("n_events").to_pylist())
     assert t.summary["lines"] == events + 5 and t.summary["rejected_lines"] == 5
     assert t.recoveries is not None
@@ -273,8 +275,10 @@ def test_finish_fails_when_the_table_cannot_be_written(tmp_path: Any) -> None:
     from kraftkeeper_reports.job import finish
 
     (tmp_path / "tables").write_text("a file where the tables directory goes")
+    seen: list[tb.ReportTables] = []
     with pytest.raises(OSError):
-        finish(None, None, one_pass_result(50, 9), ["in"], out=tmp_path)
+        finish(None, None, one_pass_result(50, 9), ["in"], out=tmp_path, then=seen.append)
+    assert len(seen) == 1 and seen[0].summary["rejected_lines"] == 5  # ran, and the error still came
 
 
 def test_inexact_counts_need_spark() -> None:
