@@ -46,7 +46,7 @@ from pyspark.sql import functions as F
 
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
-from kraftkeeper_reports.session import build_session
+from kraftkeeper_reports.session import build_session, jvm_exit_code, jvm_failure
 from kraftkeeper_reports.tables import TS_COL, ReportTables, small_tables
 
 EXIT_INVALID = 2
@@ -263,6 +263,18 @@ def run_report(events: list[str], out: str, master: str | None = None, top: int 
     return report.resolve()
 
 
+def failure_line(e: Exception) -> str:
+    """One line for a failed run. A Java exception relayed by a live JVM (Py4JJavaError) is shown
+    by its first line; any other error may mean the JVM itself died (socket closed, e.g. out of
+    memory: session.py makes it exit), which is then what the line says."""
+    if type(e).__name__ != "Py4JJavaError":
+        code = jvm_exit_code(wait_s=3.0)
+        if code is not None:
+            return jvm_failure(code)
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{type(e).__name__}: {msg}"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"INVALID_REQUEST: {message}", file=sys.stderr)
@@ -288,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e.code}: {e.message}", file=sys.stderr)
         return EXIT_INVALID
     except Exception as e:  # Spark/JVM failures: one clear line, not a Java stack trace
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"INTERNAL_ERROR: report failed: {type(e).__name__}: {msg}", file=sys.stderr)
+        print(f"INTERNAL_ERROR: report failed: {failure_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     print(path)
     return 0

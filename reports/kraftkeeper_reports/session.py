@@ -10,12 +10,45 @@ caller's configuration.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 LOOPBACK = "127.0.0.1"
+
+
+# The JVM's exit status under -XX:+ExitOnOutOfMemoryError (HotSpot exits with 3).
+EXIT_OUT_OF_MEMORY = 3
+
+
+def driver_memory() -> str:
+    """The driver's heap (KK_SPARK_DRIVER_MEMORY, default 4g)."""
+    return os.environ.get("KK_SPARK_DRIVER_MEMORY", "4g")
+
+
+def jvm_exit_code(wait_s: float = 0.0) -> int | None:
+    """The exit status of the JVM this process started for Spark, or None while it runs (or when
+    Spark was not started from here). ``wait_s``: how long to wait for it to end (a Python call
+    can fail on the closed socket a moment before the process has exited)."""
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None) if gateway is not None else None
+    if proc is None:
+        return None
+    try:
+        return int(proc.wait(timeout=wait_s)) if wait_s > 0 else proc.poll()
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def jvm_failure(code: int) -> str:
+    """What a dead JVM means for the user, in one sentence."""
+    if code == EXIT_OUT_OF_MEMORY:
+        return (f"Spark's JVM ran out of memory and exited (heap {driver_memory()}); give it more with "
+                "KK_SPARK_DRIVER_MEMORY (e.g. 8g), or run on a cluster with --master")
+    return f"Spark's JVM exited with status {code}"
 
 
 def is_local(master: str | None) -> bool:
@@ -60,17 +93,24 @@ def build_session(master: str | None = None, app_name: str = "kraftkeeper-report
         .config("spark.ui.showConsoleProgress", "false")
         # The per-recovery rows come back as Arrow batches held in the driver's heap (10 M
         # events: 1.4 M rows): 2g ran out of memory there.
-        .config("spark.driver.memory", os.environ.get("KK_SPARK_DRIVER_MEMORY", "4g"))
+        .config("spark.driver.memory", driver_memory())
     )
     # The event parser's generated Java method is large (one CASE per rule of the event schema);
     # HotSpot leaves methods over 8000 bytes of bytecode interpreted unless told otherwise,
     # which made parsing ~5x slower.
-    jvm = ["-XX:-DontCompileHugeMethods"]
+    #
+    # -XX:+ExitOnOutOfMemoryError: an OutOfMemoryError in a thread that serves a collect to
+    # Python (or in the planner) leaves the JVM up with the Python side waiting on a socket that
+    # never delivers: the job hung forever (seen when a plan grew too large, and on a collect too
+    # large for the heap). Exiting closes the sockets, the Python call fails at once, and the
+    # job reports it (``jvm_exit_code``). In local mode the executors are threads of this JVM,
+    # so a task's OOM ends the job too, as it ends an executor process on a cluster.
+    jvm = ["-XX:-DontCompileHugeMethods", "-XX:+ExitOnOutOfMemoryError"]
     log4j = os.environ.get("KK_SPARK_LOG4J", str(Path(__file__).with_name("log4j2.properties")))
     if Path(log4j).is_file():
         jvm.append(f"-Dlog4j2.configurationFile=file:{log4j}")
     builder = builder.config("spark.driver.extraJavaOptions", " ".join(jvm)).config(
-        "spark.executor.extraJavaOptions", "-XX:-DontCompileHugeMethods"
+        "spark.executor.extraJavaOptions", "-XX:-DontCompileHugeMethods -XX:+ExitOnOutOfMemoryError"
     )
     if is_local(master):
         builder = builder.config("spark.driver.host", LOOPBACK).config("spark.driver.bindAddress", LOOPBACK)
