@@ -374,7 +374,11 @@ def one_pass(parsed: DataFrame) -> DataFrame:
         F.count("pcode").alias("n_problem"),
     )
     h = F.when(F.col("pcode").isNotNull(), F.xxhash64("example"))
-    agg = g1.groupBy(*key).agg(
+    # The merge is a sort aggregation (string picks); repartitioning by its keys first lets Spark
+    # sort once, after the shuffle, instead of also sorting for a partial aggregation before it
+    # that merges nothing (the first aggregation's rows are nearly unique per key already).
+    # Measured at 1 M events: 9.1 against 11.2 s of CPU for the whole job.
+    agg = g1.repartition(*key).groupBy(*key).agg(
         *merged,
         F.sum("n_events").alias("n_events"),
         F.min("replica_id").alias("replica_id"),
