@@ -4,6 +4,7 @@ and in DuckDB, on generated event logs (``kraftkeeper_reports.generate``).
     .venv/bin/python bench/report.py                      # 1 M and 10 M events
     .venv/bin/python bench/report.py --sizes 100000,1000000
     .venv/bin/python bench/report.py --engines spark,duckdb --repeat 3   # ratio of medians
+    .venv/bin/python bench/report.py --sizes 10000000 --engines spark,duckdb,spark-read
 
 For each size, each engine runs in its own process (so memory is its own), while this script
 samples the process tree with psutil every 0.1 s:
@@ -20,6 +21,9 @@ samples the process tree with psutil every 0.1 s:
   own step timings (KK_REPORT_TIMINGS) are printed on stderr.
 * pandas: the same per-line classification (``events.classify_line``), then groupby per
   recovery, exact percentiles per phase (numpy, linear), failures and daily counts; no report.
+* spark-read: Spark's floor here, not a report: the job's own session (JVM start included)
+  reading every line as the job does and counting them. What is left between it and "spark" is
+  the parse, validation, aggregation and report; what separates it from duckdb is Spark itself.
 * duckdb: ``read_json`` with ``ignore_errors`` (a line DuckDB cannot read is skipped without a
   reason: less validation than the two others), the same aggregation in SQL (``quantile_cont``,
   exact), 2 threads.
@@ -154,6 +158,19 @@ def run_duckdb(root: Path) -> dict[str, Any]:
     return {"lines": lines, "p50_total_ms": float(overall[6][0]), "groups": len(rows) + len(fails)}
 
 
+def run_spark_read(root: Path, master: str) -> dict[str, Any]:
+    """Spark's floor for this job on this machine: the same session (JVM start included) reading
+    every line of the same files, as the job reads them, and counting them; no parse, no
+    aggregation, no report."""
+    from kraftkeeper_reports import transform as tf
+    from kraftkeeper_reports.session import build_session
+
+    spark = build_session(master)
+    lines = tf.read_lines(spark, [str(root)]).count()
+    spark.stop()
+    return {"lines": lines, "p50_total_ms": 0.0, "groups": 0}
+
+
 # --- measurement ------------------------------------------------------------------------------
 
 
@@ -234,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.engine:
+        if a.engine == "spark-read":
+            print(json.dumps(run_spark_read(Path(a.events), a.master)))
+            return 0
         fn = {"pandas": run_pandas, "duckdb": run_duckdb}[a.engine]
         print(json.dumps(fn(Path(a.events))))
         return 0
@@ -265,24 +285,24 @@ def main(argv: list[str] | None = None) -> int:
                 if counted != lines or int(summary["lines"]) != lines:
                     raise SystemExit(f"bench: spark accounted for {counted:,} lines of {lines:,}")
             else:
-                cmd = [sys.executable, __file__, "--engine", eng, "--events", str(data)]
+                cmd = [sys.executable, __file__, "--engine", eng, "--events", str(data), "--master", a.master]
                 wall, drv, tot, out_s, _ = measure(cmd, env)
                 p50 = float(json.loads(out_s.strip().splitlines()[-1])["p50_total_ms"])
             rows.append({"events": n, "lines": lines, "engine": eng, "wall_s": wall, "eps": lines / wall,
                          "driver_peak": drv, "total_peak": tot, "p50_total_ms": p50})
-            print(f"# {eng:7s} {wall:8.1f} s  {lines / wall:12,.0f} lines/s  driver {mib(drv)}  "
+            print(f"# {eng:10s} {wall:8.1f} s  {lines / wall:12,.0f} lines/s  driver {mib(drv)}  "
                   f"all {mib(tot)}  p50 {p50:,.0f} ms", file=sys.stderr)
 
     print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
           f"spark master {a.master}")
-    hdr = (f"| {'events':>11} | {'engine':7} | {'wall s':>8} | {'lines/s':>11} | {'vs spark':>8} | "
+    hdr = (f"| {'events':>11} | {'engine':10} | {'wall s':>8} | {'lines/s':>11} | {'vs spark':>8} | "
            f"{'peak RSS driver':>15} | {'peak RSS all':>12} | {'p50 total':>10} |")
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for r in rows:
         base = next((x for x in rows if x["events"] == r["events"] and x["engine"] == "spark"), r)
         ratio = r["eps"] / base["eps"]
-        print(f"| {r['events']:>11,} | {r['engine']:7} | {r['wall_s']:>8.1f} | {r['eps']:>11,.0f} | "
+        print(f"| {r['events']:>11,} | {r['engine']:10} | {r['wall_s']:>8.1f} | {r['eps']:>11,.0f} | "
               f"{ratio:>7.2f}x | {mib(r['driver_peak']):>15} | {mib(r['total_peak']):>12} | "
               f"{r['p50_total_ms'] / 1000:>8.1f} s |")
     for n in sorted({r["events"] for r in rows}):
@@ -297,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{n:,} events: spark wall time = {spark_s / duck_s:.2f}x duckdb's (medians of "
                   f"{len(walls['spark'])} and {len(walls['duckdb'])} interleaved runs: {spark_s:.1f} s vs "
                   f"{duck_s:.1f} s); spark driver peak {mib(max(peaks['spark']))} (JVM + Python driver)")
+        if "spark-read" in walls and "duckdb" in walls:
+            read_s, duck_s = statistics.median(walls["spark-read"]), statistics.median(walls["duckdb"])
+            print(f"{n:,} events: spark-read (JVM start + reading and counting every line, nothing else) = "
+                  f"{read_s / duck_s:.2f}x duckdb's ({read_s:.1f} s vs {duck_s:.1f} s)")
     return 0
 
 
