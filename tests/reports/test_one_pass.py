@@ -1,4 +1,4 @@
-"""The one-pass job (one Spark aggregation, small tables in pandas on the driver) against the
+"""The one-pass job (one Spark aggregation, small tables on the driver) against the
 per-table Spark transformations it replaced, on a generated log with every kind of damage: the
 same tables, the same per-recovery rows, the same bad-input counts and examples."""
 
