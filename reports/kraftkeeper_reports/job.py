@@ -263,14 +263,20 @@ def run_report(events: list[str], out: str, master: str | None = None, top: int 
     return report.resolve()
 
 
+# Errors of a Python call into a JVM that may have died under it (py4j's Py4JError and
+# Py4JNetworkError; the socket's own OSError / EOFError): a Py4JJavaError, a Java exception
+# relayed by a live JVM, is not one of them.
+_LOST_JVM = ("Py4JError", "Py4JNetworkError", "EOFError")
+
+
 def failure_line(e: Exception) -> str:
-    """One line for a failed run. A Java exception relayed by a live JVM (Py4JJavaError) is shown
-    by its first line; any other error may mean the JVM itself died (socket closed, e.g. out of
-    memory: session.py makes it exit), which is then what the line says."""
-    if type(e).__name__ != "Py4JJavaError":
-        code = jvm_exit_code(wait_s=3.0)
-        if code is not None:
-            return jvm_failure(code)
+    """One line for a failed run: its first line, unless the JVM itself died (e.g. out of memory:
+    session.py makes it exit), which is then what the line says. The JVM may end a moment after
+    the call failed on its closed socket, so for those errors its end is awaited briefly."""
+    lost = type(e).__name__ in _LOST_JVM or (isinstance(e, OSError) and not isinstance(e, FileNotFoundError))
+    code = jvm_exit_code(wait_s=3.0 if lost else 0.0)
+    if code is not None:
+        return jvm_failure(code)
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return f"{type(e).__name__}: {msg}"
 
