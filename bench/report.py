@@ -168,7 +168,7 @@ def run_spark_read(root: Path, master: str) -> dict[str, Any]:
     spark = build_session(master)
     lines = tf.read_lines(spark, [str(root)]).count()
     spark.stop()
-    return {"lines": lines, "p50_total_ms": 0.0, "groups": 0}
+    return {"lines": lines, "p50_total_ms": None, "groups": 0}  # no aggregation: no p50
 
 
 # --- measurement ------------------------------------------------------------------------------
@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 cmd = [sys.executable, __file__, "--engine", eng, "--events", str(data), "--master", a.master]
                 wall, drv, tot, out_s, _ = measure(cmd, env)
-                p50 = float(json.loads(out_s.strip().splitlines()[-1])["p50_total_ms"])
+                got = json.loads(out_s.strip().splitlines()[-1])["p50_total_ms"]
+                p50 = float("nan") if got is None else float(got)
             rows.append({"events": n, "lines": lines, "engine": eng, "wall_s": wall, "eps": lines / wall,
                          "driver_peak": drv, "total_peak": tot, "p50_total_ms": p50})
             print(f"# {eng:10s} {wall:8.1f} s  {lines / wall:12,.0f} lines/s  driver {mib(drv)}  "

@@ -110,13 +110,13 @@ def build_session(master: str | None = None, app_name: str = "kraftkeeper-report
     # soon. With the default (G1) the one Spark job at 10 M events took 57-108 s from run to run
     # on 2 cores (its concurrent threads compete with the two task threads); with ParallelGC
     # 51.6-54.1 s (kraftkeeper report on the bench's input, one after the other, same machine).
-    jvm = ["-XX:-DontCompileHugeMethods", "-XX:+ExitOnOutOfMemoryError", "-XX:+UseParallelGC"]
+    flags = ["-XX:-DontCompileHugeMethods", "-XX:+ExitOnOutOfMemoryError", "-XX:+UseParallelGC"]
+    jvm = list(flags)
     log4j = os.environ.get("KK_SPARK_LOG4J", str(Path(__file__).with_name("log4j2.properties")))
     if Path(log4j).is_file():
         jvm.append(f"-Dlog4j2.configurationFile=file:{log4j}")
     builder = builder.config("spark.driver.extraJavaOptions", " ".join(jvm)).config(
-        "spark.executor.extraJavaOptions",
-        "-XX:-DontCompileHugeMethods -XX:+ExitOnOutOfMemoryError -XX:+UseParallelGC",
+        "spark.executor.extraJavaOptions", " ".join(flags)
     )
     if is_local(master):
         builder = builder.config("spark.driver.host", LOOPBACK).config("spark.driver.bindAddress", LOOPBACK)

@@ -32,7 +32,6 @@ import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -216,20 +215,15 @@ def _kubeconfig(server: str, user: str, token: str) -> dict[str, Any]:
 
 
 def _wait_ready(env: KubeEnv, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    last = ""
-    while time.monotonic() < deadline:
+    def ready() -> str | None:
         if proc.poll() is not None:
             raise RuntimeError(f"kube-apiserver exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            status, body = env.request("GET", "/readyz", timeout=5)
-            if status == 200:
-                return
-            last = f"{status} {body}"
-        except OSError as e:  # connection refused while it starts
-            last = repr(e)
-        time.sleep(0.25)
-    raise RuntimeError(f"kube-apiserver not ready after {READY_TIMEOUT_S:.0f} s ({last}):\n{_tail(log)}")
+        status, _body = env.request("GET", "/readyz", timeout=5)
+        return "ready" if status == 200 else None
+
+    # OSError: connection refused while it starts.
+    wait_until("kube-apiserver /readyz", ready, READY_TIMEOUT_S, 0.25, errors=(OSError,),
+               context=lambda: _tail(log))
 
 
 def _tail(path: Path, lines: int = 30) -> str:
