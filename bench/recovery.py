@@ -53,8 +53,8 @@ from typing import Any
 import aiohttp
 
 from bench.baseline import BaselineTree, export_tree, round_order
+from bench.clusters import KraftKeeperCluster
 from bench.common import TlsFiles, http_call, sigterm_as_interrupt, value_bytes, wait_until
-from bench.engine import KraftKeeperCluster
 from quorum.security.pki import issue_client, load_ca
 
 MB = 1_000_000
