@@ -361,7 +361,9 @@ def _finish(
     fatal, unknown, extra = F.col("fatal"), F.col("unknown"), F.col("extra")
     reason = F.coalesce(fatal, F.when(unknown, F.lit(ev.UNKNOWN_TYPE)))
     unknown_msg = F.format_string("unknown event type '%s' (skipped)", F.substring("s_type", 1, 40))
-    extra_names = F.array_sort(F.array_except(F.map_keys("m"), known))
+    # sort_array, not array_sort: array_sort is a higher-order function, which Spark runs
+    # outside the generated code (transform._outside_codegen), and this projection is on every line.
+    extra_names = F.sort_array(F.array_except(F.map_keys("m"), known))
     extra_msg = F.concat(F.lit("extra field(s) ignored: "), F.array_join(F.slice(extra_names, 1, 5), ", "))
     fatal_msg: Column = F.lit(None).cast("string")
     for c, _, msg in reversed(checks):

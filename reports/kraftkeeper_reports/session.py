@@ -82,11 +82,11 @@ def build_session(master: str | None = None, app_name: str = "kraftkeeper-report
         # holds ~65k recoveries at 10 M events. Measured ~12% less CPU for that step.
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "65536")
         # Generated code in smaller methods (Spark's default splits at 1024 characters of
-        # expression code): the parse and the partial aggregation of every line run in one
-        # generated loop, invoked once per task, which the JIT can only compile on-stack while
-        # it runs; small methods are called once per line and compiled early, and the slow
-        # path's, rarely called, not at all. Measured at 10 M events, fresh JVM (the bench):
-        # the one Spark job 105 s -> 64 s at 256, 61 s at 128.
+        # expression code): the parse of every line runs in one generated loop (the partial
+        # aggregation in a second, transform._outside_codegen), invoked once per task, which
+        # the JIT can only compile on-stack while it runs; small methods are called once per
+        # line and compiled early, and the slow path's, rarely called, not at all. Measured at
+        # 10 M events, fresh JVM (the bench): the one Spark job 105 s -> 64 s at 256, 61 s at 128.
         .config("spark.sql.codegen.methodSplitThreshold",
                 os.environ.get("KK_SPARK_METHOD_SPLIT", "128"))
         .config("spark.ui.enabled", "false")
