@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -98,6 +99,34 @@ class _Timer:
         self.t = now
 
 
+def _no_timing(_step: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one report run is asked for: the event paths (as the report names them), how many
+    slowest recoveries to list, where the per-recovery table goes (``out``/tables; None: not
+    written), whether the small tables also carry every recovery (tests), what to do with the
+    small tables while that table is written (``then``), and where step timings go."""
+
+    paths: list[str]
+    top: int = 20
+    out: Path | None = None
+    collect_recoveries: bool = False
+    then: Callable[[ReportTables], None] | None = None
+    timer: Callable[[str], None] = _no_timing
+
+
+@dataclass(frozen=True)
+class Input:
+    """The Spark session and the job's input lines, for a second job over some recoveries'
+    events (:func:`_exact_after_end`)."""
+
+    spark: SparkSession
+    lines: DataFrame
+
+
 def compute(
     spark: SparkSession, paths: list[str], top: int = 20, out: Path | None = None,
     collect_recoveries: bool = False, then: Callable[[ReportTables], None] | None = None,
@@ -107,32 +136,26 @@ def compute(
     driver as Arrow and the small tables are computed there (``tables``, :func:`finish`). The
     per-recovery table is written under ``out`` when given; ``then`` runs on the small tables
     meanwhile."""
-    timer = _Timer()
+    run = Run(paths, top, out, collect_recoveries, then, _Timer())
     try:
         lines = tf.read_lines(spark, paths)
     except AnalysisException as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: {first}") from e
     # No name holds the Arrow result here: finish() lets go of it as soon as it is split.
-    return finish(spark, lines, tf.one_pass(tf.parse_lines(lines)).toArrow(), paths, top, out,
-                  collect_recoveries, timer, then)
+    return finish(tf.one_pass(tf.parse_lines(lines)).toArrow(), run, Input(spark, lines))
 
 
-def finish(
-    spark: SparkSession | None, lines: DataFrame | None, result: pa.Table, paths: list[str], top: int = 20,
-    out: Path | None = None, collect_recoveries: bool = False, timer: Callable[[str], None] | None = None,
-    then: Callable[[ReportTables], None] | None = None,
-) -> ReportTables:
+def finish(result: pa.Table, run: Run, source: Input | None = None) -> ReportTables:
     """The driver's part of :func:`compute`, from the Spark job's Arrow rows: the small tables,
-    and the per-recovery table under ``out`` when given, written by a second thread while the
-    small tables are computed and ``then`` (given them) runs. ``spark`` and ``lines`` are used
-    only when some row's count of events after the end is not exact (see
-    :func:`_exact_after_end`)."""
-    step = timer or (lambda _s: None)
+    and the per-recovery table under ``run.out`` when given, written by a second thread while
+    the small tables are computed and ``run.then`` (given them) runs. ``source`` is used only
+    when some row's count of events after the end is not exact (see :func:`_exact_after_end`)."""
+    step = run.timer
     step("read, parse, validate and aggregate every line (one Spark job)")
     is_rec = pc.is_null(result.column("pcode"))
     groups = result.filter(pc.invert(is_rec)).select(list(tf.PROBLEM_COLUMNS)).to_pandas()
-    rec_tbl = _exact_after_end(spark, lines, _rows(result, is_rec).drop_columns(list(tf.PROBLEM_COLUMNS)))
+    rec_tbl = _exact_after_end(source, _rows(result, is_rec).drop_columns(list(tf.PROBLEM_COLUMNS)))
     del result, is_rec
     # The problem lists stay in Arrow but for the few recoveries that have any (Python lists
     # of a million recoveries cost seconds and hundreds of MiB on the driver).
@@ -141,18 +164,19 @@ def finish(
     n_events = int(pc.sum(rec_tbl.column("n_events")).as_py() or 0)
     n_lines = n_events + int(groups.loc[~groups["pnote"].astype(bool), "n_problem"].sum())
     if n_lines == 0:
-        raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
+        where = ", ".join(run.paths)
+        raise ReportError("INVALID_REQUEST", f"no events found at {where}: the files are empty")
     # The per-recovery table is written by a second thread while this one computes the small
     # tables: both mostly run in Arrow's and numpy's C code, which let go of the GIL, and the
     # JVM is idle by now, so the two cores are the driver's (measured at 10 M events: 1.3 s of
     # writing and 1.2 s of tables took 2.5 s one after the other, about 1.4 s together). The
     # writing takes longer than the tables, so ``then`` (the HTML report) overlaps it too.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kk-write") as pool:
-        written = pool.submit(write_recoveries, rec_tbl, out / "tables") if out is not None else None
-        tables = small_tables(rec_tbl, flagged, groups, paths, n_lines, top, collect_recoveries)
+        written = pool.submit(write_recoveries, rec_tbl, run.out / "tables") if run.out is not None else None
+        tables = small_tables(rec_tbl, flagged, groups, run.paths, n_lines, run.top, run.collect_recoveries)
         step("small tables (numpy on the Arrow columns, on the driver)")
-        if then is not None:
-            then(tables)
+        if run.then is not None:
+            run.then(tables)
             step("small tables written, HTML report rendered")
         if written is not None:
             written.result()
@@ -172,7 +196,7 @@ def _rows(t: pa.Table, mask: pa.ChunkedArray) -> pa.Table:
     return pa.concat_tables(parts) if parts else t.slice(0, 0)
 
 
-def _exact_after_end(spark: SparkSession | None, lines: DataFrame | None, rec: pa.Table) -> pa.Table:
+def _exact_after_end(source: Input | None, rec: pa.Table) -> pa.Table:
     """The per-recovery rows with every count of events after the end exact: the few whose
     one-pass count is not (a step logged four times or more on both sides of the end, see
     ``transform._after_end_from_stats``) are computed again from their events by the per-table
@@ -181,11 +205,11 @@ def _exact_after_end(spark: SparkSession | None, lines: DataFrame | None, rec: p
     rec = rec.drop_columns([tf.RECHECK_COLUMN])
     if pc.all(exact).as_py() is not False:
         return rec
-    if spark is None or lines is None:
+    if source is None:
         raise ValueError("some events after the end need recounting, which needs the Spark session and lines")
     keys = rec.filter(pc.invert(exact)).select(["cluster", "recovery_id"])
-    again = spark.createDataFrame(keys.to_pandas())
-    events = tf.events_of(tf.parse_lines(lines)).join(F.broadcast(again), ["cluster", "recovery_id"])
+    again = source.spark.createDataFrame(keys.to_pandas())
+    events = tf.events_of(tf.parse_lines(source.lines)).join(F.broadcast(again), ["cluster", "recovery_id"])
     fixed = tf.sessionise(events).drop("all_ts").toArrow()
     return pa.concat_tables([rec.filter(exact), fixed.select(rec.column_names).cast(rec.schema)])
 

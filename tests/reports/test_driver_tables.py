@@ -253,11 +253,11 @@ def one_pass_result(n: int, seed: int) -> pa.Table:
 def test_finish_from_the_arrow_rows(tmp_path: Any) -> None:
     """The driver's part alone: the problem rows leave the recovery table, every line is
     counted, the per-recovery table is written (by the second thread) with every recovery."""
-    from kraftkeeper_reports.job import finish
+    from kraftkeeper_reports.job import Run, finish
 
     result = one_pass_result(500, 8)
     seen: list[tb.ReportTables] = []
-    t = finish(None, None, result, ["in"], top=5, out=tmp_path, collect_recoveries=True, then=seen.append)
+    t = finish(result, Run(["in"], top=5, out=tmp_path, collect_recoveries=True, then=seen.append))
     assert seen == [t]
     events = sum(result.column("n_events").to_pylist())
     assert t.summary["lines"] == events + 5 and t.summary["rejected_lines"] == 5
@@ -272,20 +272,20 @@ def test_finish_from_the_arrow_rows(tmp_path: Any) -> None:
 
 def test_finish_fails_when_the_table_cannot_be_written(tmp_path: Any) -> None:
     """An error of the writing thread is the job's error, not lost with the thread."""
-    from kraftkeeper_reports.job import finish
+    from kraftkeeper_reports.job import Run, finish
 
     (tmp_path / "tables").write_text("a file where the tables directory goes")
     seen: list[tb.ReportTables] = []
     with pytest.raises(OSError):
-        finish(None, None, one_pass_result(50, 9), ["in"], out=tmp_path, then=seen.append)
+        finish(one_pass_result(50, 9), Run(["in"], out=tmp_path, then=seen.append))
     assert len(seen) == 1 and seen[0].summary["rejected_lines"] == 5  # ran, and the error still came
 
 
 def test_inexact_counts_need_spark() -> None:
-    from kraftkeeper_reports.job import finish
+    from kraftkeeper_reports.job import Run, finish
 
     result = one_pass_result(50, 10)
     inexact = pa.array([i != 3 for i in range(result.num_rows)])
     result = result.set_column(result.schema.get_field_index("after_end_exact"), "after_end_exact", inexact)
     with pytest.raises(ValueError, match="needs the Spark session"):
-        finish(None, None, result, ["in"])
+        finish(result, Run(["in"]))
