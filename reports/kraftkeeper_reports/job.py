@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
-from kraftkeeper_reports.session import build_session, jvm_exit_code, jvm_failure
+from kraftkeeper_reports.session import build_session, jvm_costs, jvm_exit_code, jvm_failure
 from kraftkeeper_reports.tables import TS_COL, ReportTables, small_tables
 
 EXIT_INVALID = 2
@@ -91,6 +91,10 @@ class _Timer:
     def __init__(self) -> None:
         self.on = os.environ.get("KK_REPORT_TIMINGS") == "1"
         self.t = time.monotonic()
+
+    def note(self, text: str) -> None:
+        if self.on:
+            print(f"# report timing: {text}", file=sys.stderr, flush=True)
 
     def __call__(self, step: str) -> None:
         now = time.monotonic()
@@ -281,6 +285,9 @@ def run_report(events: list[str], out: str, master: str | None = None, top: int 
         tmp.write_text(render_html(tables), encoding="utf-8")
 
     compute(spark, paths, top=top, out=out_dir.resolve(), then=emit)
+    costs = jvm_costs(spark) if timer.on else None
+    if costs is not None:  # e.g. the JIT's share: a fixed cost of every run (README, bench/report.py)
+        timer.note(costs.line())
     # Only once every table is written: a reader never sees a half-written report, nor a
     # report whose per-recovery table failed.
     os.replace(tmp, report)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
@@ -49,6 +51,50 @@ def jvm_failure(code: int) -> str:
         return (f"Spark's JVM ran out of memory and exited (heap {driver_memory()}); give it more with "
                 "KK_SPARK_DRIVER_MEMORY (e.g. 8g), or run on a cluster with --master")
     return f"Spark's JVM exited with status {code}"
+
+
+@dataclass(frozen=True)
+class JvmCosts:
+    """CPU seconds the driver's JVM has spent since it started: in all, in its JIT compiler
+    threads, and in its garbage collector's threads (HotSpot's thread names). In local mode the
+    executors are threads of that JVM, so this is the whole job's."""
+
+    cpu_s: float
+    jit_s: float
+    gc_s: float
+
+    def line(self) -> str:
+        return (f"driver JVM CPU since start {self.cpu_s:.1f} s, of it JIT compiler threads "
+                f"{self.jit_s:.1f} s, GC threads {self.gc_s:.1f} s")
+
+
+def _cpu_s(stat: str) -> float:
+    """utime + stime of a /proc stat line, in seconds (fields after the parenthesised name,
+    which may hold spaces)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def jvm_costs(spark: SparkSession) -> JvmCosts | None:
+    """The driver JVM's CPU so far, from Linux's /proc (its threads by name: "C2 CompilerThre",
+    "GC Thread#0", ...); None elsewhere. Threads that have ended are counted in the total only."""
+    try:
+        pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+        proc = Path(f"/proc/{pid}")
+        total = _cpu_s((proc / "stat").read_text())
+        jit = gc = 0.0
+        for task in proc.joinpath("task").iterdir():
+            try:
+                name, stat = (task / "comm").read_text(), (task / "stat").read_text()
+            except OSError:  # the thread ended meanwhile
+                continue
+            if name.startswith(("C1 Compiler", "C2 Compiler")):
+                jit += _cpu_s(stat)
+            elif name.startswith(("GC Thread", "VM Thread")):
+                gc += _cpu_s(stat)
+    except (Py4JError, OSError, ValueError, IndexError):  # not Linux, or the JVM is elsewhere
+        return None
+    return JvmCosts(total, jit, gc)
 
 
 def is_local(master: str | None) -> bool:

@@ -49,3 +49,17 @@ def test_failure_line_of_a_live_jvm_is_the_exception() -> None:
     assert failure_line(ValueError("bad thing\nmore")) == "ValueError: bad thing"
     assert "ran out of memory" in jvm_failure(3)
     assert jvm_failure(1) == "Spark's JVM exited with status 1"
+
+
+def test_jvm_costs_of_a_live_session(spark: object) -> None:
+    """The driver JVM's CPU, JIT and GC time, as the job's timing line reports them
+    (KK_REPORT_TIMINGS=1): a session that has run a query has spent CPU and compiled code."""
+    from kraftkeeper_reports.session import jvm_costs
+
+    spark.range(100_000).selectExpr("sum(id * 2)").collect()  # type: ignore[attr-defined]
+    costs = jvm_costs(spark)  # type: ignore[arg-type]
+    assert costs is not None
+    assert costs.cpu_s > 0 and costs.jit_s > 0 and costs.gc_s >= 0
+    assert costs.jit_s + costs.gc_s <= costs.cpu_s  # parts of the process's CPU, in seconds
+    line = costs.line()
+    assert f"since start {costs.cpu_s:.1f} s" in line and f"JIT compiler threads {costs.jit_s:.1f} s" in line
