@@ -1,0 +1,86 @@
+"""What the operator tests under tests/k8s share: ``kraftkeeper operator run`` in a subprocess
+(`Operator`), the KRaftQuorum collection path and small API helpers to build, create and read a
+resource. Plain functions and a class only; the fixtures stay in conftest.py and the test modules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.k8s.conftest import KubeEnv, free_port
+
+KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
+
+
+class Operator:
+    """``kraftkeeper operator run`` in a subprocess, watching one namespace."""
+
+    def __init__(self, kube: KubeEnv, ns: str, log: Path, overrides: str = "", interval: float = 0.5) -> None:
+        self.metrics_port = free_port()
+        env = kube.env()
+        env.update(
+            KRAFTKEEPER_METRICS_PORT=str(self.metrics_port),
+            KRAFTKEEPER_METRICS_HOST="127.0.0.1",
+            KRAFTKEEPER_RECONCILE_INTERVAL=str(interval),
+            KRAFTKEEPER_QUORUM_TIMEOUT="2",
+            KRAFTKEEPER_ENDPOINT_OVERRIDES=overrides,
+            KRAFTKEEPER_DEFAULT_IMAGE="kraftkeeper:test",
+        )
+        self.log = log
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quorum.cli",
+                "operator",
+                "run",
+                "--standalone",
+                "--namespace",
+                ns,
+                "--verbose",
+            ],
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+
+# The stand-in node processes (operator_nodes.LocalCluster) serve plaintext on loopback.
+PLAINTEXT = {"mode": "Disabled"}
+
+
+def kq(name: str, voters: int = 3, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kraftkeeper.io/v1alpha1",
+        "kind": "KRaftQuorum",
+        "metadata": {"name": name},
+        "spec": {"voters": voters, **spec},
+    }
+
+
+def create(kube: KubeEnv, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+    st, body = kube.request("POST", KQ.format(ns=ns), obj)
+    assert st == 201, body
+    return body  # type: ignore[no-any-return]
+
+
+def get(kube: KubeEnv, path: str) -> dict[str, Any] | None:
+    st, body = kube.request("GET", path)
+    return body if st == 200 else None  # type: ignore[no-any-return]
