@@ -8,8 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.k8s.conftest import KubeEnv, free_port
 
@@ -84,3 +87,15 @@ def create(kube: KubeEnv, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
 def get(kube: KubeEnv, path: str) -> dict[str, Any] | None:
     st, body = kube.request("GET", path)
     return body if st == 200 else None  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def operator(
+    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
+) -> Iterator[Operator]:
+    """The operator running against the test apiserver, watching ``namespace``; its log is
+    printed when the test ends (pytest shows it for a failed test). Test modules import it."""
+    op = Operator(kube, namespace, tmp_path / "operator.log")
+    yield op
+    op.stop()
+    print("operator log:\n" + op.tail())

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,28 +18,12 @@ from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, bootstrap_configmap,
 from kraftkeeper_operator.view import QuorumView
 
 from tests.k8s.conftest import KubeEnv
-
-# PLAINTEXT is not used here: re-exported (with the others) for the modules that still import the
-# helpers from this module (test_operator_failpoint/_cost/_tls.py, test_pod_health.py,
-# tests/kafka/test_k8s_kafka.py) until they import them from operator_support.py.
-from tests.k8s.operator_support import KQ, PLAINTEXT, Operator, create, get, kq
-
-__all__ = ["KQ", "PLAINTEXT", "Operator", "create", "get", "kq", "operator"]
+from tests.k8s.operator_support import KQ, Operator, create, get, kq, operator  # noqa: F401 (operator: a fixture)
 
 pytestmark = pytest.mark.k8s
 
 
-@pytest.fixture
-def operator(
-    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
-) -> Iterator[Operator]:
-    op = Operator(kube, namespace, tmp_path / "operator.log")
-    yield op
-    op.stop()
-    print("operator log:\n" + op.tail())  # shown by pytest when the test failed
-
-
-def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator) -> None:
+def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator) -> None:  # noqa: F811
     ns = namespace
     obj = create(kube, ns, kq("q1", 3, recovery={"stabilizationSeconds": 5}))
     uid = obj["metadata"]["uid"]
@@ -182,7 +164,7 @@ def restrict(kube: KubeEnv, ns: str) -> None:
 
 
 def test_quorum_pods_are_admitted_by_restricted_pod_security(
-    kube: KubeEnv, namespace: str, operator: Operator
+    kube: KubeEnv, namespace: str, operator: Operator  # noqa: F811
 ) -> None:
     ns = namespace
     restrict(kube, ns)
@@ -235,7 +217,9 @@ def test_bootstrap_flag_is_never_removed_by_a_reapply(
     assert "f:data" not in owners[FIELD_MANAGER]["fieldsV1"]
 
 
-def test_invalid_specs_are_refused_or_reported(kube: KubeEnv, namespace: str, operator: Operator) -> None:
+def test_invalid_specs_are_refused_or_reported(
+    kube: KubeEnv, namespace: str, operator: Operator  # noqa: F811
+) -> None:
     ns = namespace
     # The schema refuses an even voter count with a message naming the field.
     st, body = kube.request("POST", KQ.format(ns=ns), kq("even", 4))

@@ -1,7 +1,7 @@
 """The kopf operator stopped by its failpoint right after AddVoter committed (failpoints.py), then
 started again: it resumes with RemoveVoter from status and the quorum, the recovery Succeeds, and
 neither the event log nor the Kubernetes Events repeat the committed step. Against a real
-kube-apiserver, real node processes on loopback standing in for the pods (as test_operator.py)."""
+kube-apiserver, real node processes on loopback standing in for the pods (as test_operator_recovery.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from kraftkeeper_operator import failpoints
 
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.test_operator import KQ, PLAINTEXT, Operator, create, get, kq
+from tests.k8s.operator_support import KQ, PLAINTEXT, Operator, create, get, kq
 from tests.operator.helpers import FULL
 from tests.operator.operator_nodes import LocalCluster, engine_missing, kk
 

@@ -20,8 +20,6 @@ from tests.operator.operator_nodes import LocalCluster, engine_missing, kk, run_
 pytestmark = pytest.mark.k8s
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 def status_versions(kube: KubeEnv, ns: str, name: str, resource_version: str) -> list[dict[str, Any]]:
     """Every version of one KRaftQuorum's status written since ``resource_version`` (every write,
     not whatever a poll happened to see): a watch from that version replays them, and the server
@@ -42,6 +40,10 @@ def status_versions(kube: KubeEnv, ns: str, name: str, resource_version: str) ->
     return [(e["object"].get("status") or {}) for e in events if e.get("type") in ("ADDED", "MODIFIED")]
 
 
+# (These two marks sat on status_versions above, where they did nothing, until the split of
+# test_operator.py showed it.)
+@pytest.mark.slow
+@pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 def test_disk_replacement_is_recovered_without_a_human(
     kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
 ) -> None:

@@ -26,7 +26,7 @@ from kraftkeeper_operator.manifests import parse_spec
 from quorum.security.clientconfig import parse_client_config
 from quorum.security.pki import identity_from_cert, init_ca, issue_client, peer_hostname
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.test_operator import KQ, Operator, create, get, kq
+from tests.k8s.operator_support import KQ, Operator, create, get, kq
 from tests.operator.operator_nodes import LocalCluster, engine_missing, free_base_port
 from tests.operator.test_local_tls import _Writer
 

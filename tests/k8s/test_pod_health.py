@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.test_operator import KQ, Operator, create, get, kq, operator  # noqa: F401
+from tests.k8s.operator_support import KQ, Operator, create, get, kq, operator  # noqa: F401
 
 pytestmark = pytest.mark.k8s
 

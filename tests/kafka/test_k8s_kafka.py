@@ -35,7 +35,7 @@ from kraftkeeper_operator.kafka.wire import ClientSettings, parse_properties
 
 import tests.k8s.conftest as k8s_env
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.test_operator import Operator  # the operator runner tests/k8s uses (duplicate D2)
+from tests.k8s.operator_support import Operator  # the operator runner tests/k8s uses (duplicate D2)
 from tests.kafka.test_kafka_security import make_pki
 
 pytestmark = [pytest.mark.slow, pytest.mark.k8s]

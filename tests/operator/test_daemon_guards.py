@@ -5,7 +5,7 @@ Without a cluster: the real daemon loop with its pass replaced by a stand-in tha
 CancelledError from inside (a cancellation leaking out of a library, which would end a kopf daemon
 for good: kopf never restarts a daemon that returned), and the real KubeApi with its CoreV1 client
 replaced by one whose requests never get an answer. The same code against a real kube-apiserver is
-exercised in tests/k8s/test_operator.py."""
+exercised in tests/k8s/test_operator*.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Kubernetes side of the operator without an API server: which API errors are permanent
 (the spec's fault, never retried) and which are temporary (kube.py), and the operator's settings
 from its environment (quorums.py). The same code against a real kube-apiserver is exercised in
-tests/k8s/test_operator.py."""
+tests/k8s/test_operator*.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The one unclean-recovery survivor rule (kraftkeeper_operator/survivor.py): Raft's election
 order over (last epoch, end offset), the log-state answer's validation, and the probe that asks
 a node for it. The process-level tests (local mode and against a kube-apiserver) are in
-test_local.py and tests/k8s/test_operator.py."""
+test_local.py and tests/k8s/test_operator_unclean.py."""
 
 from __future__ import annotations
 

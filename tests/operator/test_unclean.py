@@ -2,7 +2,7 @@
 the survivor, the "exactly once per outage" bookkeeping over the in-memory quorum model and the
 in-memory request store, and the real init-container script running the real
 ``kraftkeeper quorum recover-unclean`` on a real data directory (the kubelet's part, played
-locally). The same flow against a real kube-apiserver is in tests/k8s/test_operator.py."""
+locally). The same flow against a real kube-apiserver is in tests/k8s/test_operator_unclean.py."""
 
 from __future__ import annotations
 
