@@ -66,11 +66,11 @@ def test_process_set_kills_whole_groups(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     # A parent that starts a grandchild and ignores SIGTERM: close() must still end both.
     code = (
-        "import os, signal, subprocess, sys, time\n"
+        "import os, signal, subprocess, sys\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'])\n"
         f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
-        "time.sleep(600)\n"
+        "signal.pause()\n"  # both run until killed: that is what close() is tested on
     )
     procs = ProcessSet(tmp_path / "logs")
     parent = procs.spawn("parent", [sys.executable, "-c", code])

@@ -71,16 +71,16 @@ async def until(cond: Callable[[], bool], what: str) -> None:
 
 
 async def write(runner: AsyncRunner, record: bytes) -> int:
-    for _ in range(2000):
+    def proposed() -> tuple[int] | None:
         try:
-            last = runner.core.propose([record], runner.now_ms())
+            return (runner.core.propose([record], runner.now_ms()),)  # offset 0 is falsy
         except KraftError as e:
             assert e.code in (ErrorCode.NOT_LEADER, ErrorCode.UNAVAILABLE), e
-            await asyncio.sleep(0.005)
-            continue
-        runner.wake()
-        return last
-    raise AssertionError("no leader accepting writes")
+            return None
+
+    (last,) = await async_wait_until("a leader accepting writes", now(proposed), 10, 0.005)
+    runner.wake()
+    return last
 
 
 async def test_runner_commits_and_steps_messages_while_fsync_is_in_flight() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from quorum.client import QuorumClient
 from quorum.types import KraftError
 from tests.engine.cluster import LocalCluster, poll
+from tests.polling import async_wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,13 +56,20 @@ class WriteLoad:
         while not self._stop.is_set():
             key, value = f"w{w}-{i}", f"value {w}/{i}".encode()
             i += 1
-            try:
-                await c.put(key, value)
-            except (KraftError, OSError):
-                self.failed += 1  # not acknowledged: may or may not have taken effect
-                await asyncio.sleep(0.05)  # back off while the quorum is down
-                continue
-            self.acked[key] = value
+            # While the quorum is down the same write is tried again (a put is idempotent).
+            await async_wait_until(f"writer {w}: {key} acknowledged, or the writers stopped",
+                                   partial(self._put, c, key, value), 600, 0.05)
+
+    async def _put(self, c: QuorumClient, key: str, value: bytes) -> bool:
+        if self._stop.is_set():
+            return True  # stopping: this write is given up, not acknowledged
+        try:
+            await c.put(key, value)
+        except (KraftError, OSError):
+            self.failed += 1  # not acknowledged: may or may not have taken effect
+            return False
+        self.acked[key] = value
+        return True
 
     def acks(self) -> int:
         return len(self.acked)

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,9 +197,9 @@ def test_three_container_quorum_serves_keys(image: str) -> None:
 
 
 def _poll_leader(names: list[str], bootstrap: str) -> dict[str, object]:
-    deadline = time.monotonic() + QUORUM_TIMEOUT_S
-    last = ""
-    while time.monotonic() < deadline:
+    last = [""]  # what the last `quorum describe` printed, for the failure message
+
+    def leader() -> dict[str, object] | None:
         # A node that exited will not come back (no restart policy): report it at once.
         for name in names:
             state = docker("inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", name, check=False)
@@ -209,19 +208,17 @@ def _poll_leader(names: list[str], bootstrap: str) -> dict[str, object]:
                                      "elected" + _logs(names))
         proc = docker("exec", names[0], "kraftkeeper", "quorum", "describe", "--bootstrap", bootstrap,
                       "--json", check=False, timeout=60)
-        if proc.returncode == 0:
-            try:
-                state = json.loads(proc.stdout)
-            except json.JSONDecodeError:
-                state = {}
-            if isinstance(state.get("leader_id"), int) and state["leader_id"] >= 0:
-                return state  # type: ignore[no-any-return]
-            last = proc.stdout.strip()
-        else:
-            last = proc.stderr.strip()
-        time.sleep(1)
-    raise AssertionError(f"no leader elected within {QUORUM_TIMEOUT_S:.0f} s (last: {last})"
-                         + _logs(names))
+        last[0] = (proc.stdout if proc.returncode == 0 else proc.stderr).strip()
+        try:
+            described = json.loads(proc.stdout) if proc.returncode == 0 else {}
+        except json.JSONDecodeError:
+            described = {}
+        if isinstance(described.get("leader_id"), int) and described["leader_id"] >= 0:
+            return described
+        return None
+
+    return wait_until("a leader elected", leader, QUORUM_TIMEOUT_S, interval=1.0,
+                      context=lambda: f"last describe: {last[0]}" + _logs(names))
 
 
 def _logs(names: list[str]) -> str:

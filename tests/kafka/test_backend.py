@@ -4,7 +4,6 @@ describe object, and a disk replacement healed by hand through AddRaftVoter / Re
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid, uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 
 from quorum.types import ErrorCode, KraftError
+from tests.polling import async_wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -24,15 +24,17 @@ def _uuid(k: KafkaControllers, i: int) -> str:
 
 async def retrying(call: Any, within: float = 60) -> Any:
     """Kafka answers REQUEST_TIMED_OUT when it cannot act yet (e.g. its ApiVersions check of a new
-    voter that is still starting): its "try again", as the watcher does."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
+    voter that is still starting): its "try again", as the watcher does. Any other error fails."""
+
+    async def answered() -> tuple[Any] | None:
         try:
-            return await call()
+            return (await call(),)  # a tuple: the call's own result may be falsy
         except KraftError as e:
-            if e.code is not ErrorCode.REQUEST_TIMED_OUT or asyncio.get_running_loop().time() > deadline:
+            if e.code is not ErrorCode.REQUEST_TIMED_OUT:
                 raise
-        await asyncio.sleep(0.5)
+            return None
+
+    return (await async_wait_until("an answer other than REQUEST_TIMED_OUT", answered, within, 0.5))[0]
 
 
 async def _healthy(q: KafkaQuorum) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ def fake_java(tmp_path: Path, crashes: int) -> str:
     script = tmp_path / "java"
     script.write_text(
         f"#!{sys.executable}\n"
-        "import os, sys, time\n"
+        "import os, signal, sys\n"
         "d = os.path.dirname(sys.argv[-1])\n"
         "n = os.path.join(d, 'runs')\n"
         "runs = int(open(n).read()) if os.path.exists(n) else 0\n"
@@ -42,7 +42,7 @@ def fake_java(tmp_path: Path, crashes: int) -> str:
         f"if runs < {crashes}:\n"
         f"    print({FATAL!r}, flush=True)\n"
         "    sys.exit(1)\n"
-        "time.sleep(600)\n"
+        "signal.pause()\n"  # runs until the supervisor stops it
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script)

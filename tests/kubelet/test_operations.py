@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -91,10 +90,13 @@ def test_image_change_rolls_one_pod_at_a_time(node_cluster: NodeCluster, quorum_
     writer.wait_acked(0, "the writer's first acknowledged write")
 
     _patch_spec(c, {"image": new_image})
+    # Each poll also records what it saw on the way: the most pods unready at once and the
+    # QuorumLost reports published meanwhile.
     most_unready = 0
     lost_reports: list[str] = []
-    deadline = time.monotonic() + 600
-    while True:
+
+    def rolled() -> bool:
+        nonlocal most_unready
         pods = _quorum_pods(c)
         most_unready = max(most_unready, 3 - len([p for p in pods if _ready(p)]))
         status = (c.get_json("kraftquorum", QUORUM, "-n", QUORUM_NS) or {}).get("status") or {}
@@ -102,11 +104,11 @@ def test_image_change_rolls_one_pod_at_a_time(node_cluster: NodeCluster, quorum_
                 if x.get("type") == "QuorumLost" and x.get("status") == "True"]
         if lost and (not lost_reports or lost_reports[-1] != lost[0].get("message")):
             lost_reports.append(str(lost[0].get("message")))
-        rolled = [p for p in pods if p["spec"]["containers"][0]["image"] == new_image and _ready(p)]
-        if len(rolled) == 3 and quorum_available(c):
-            break
-        assert time.monotonic() < deadline, f"the roll did not finish in 600 s\n{c.describe()}"
-        time.sleep(0.5)
+        new = [p for p in pods if p["spec"]["containers"][0]["image"] == new_image and _ready(p)]
+        return len(new) == 3 and bool(quorum_available(c))
+
+    c.wait_for("every pod on the new image, Ready, the quorum Available", rolled, timeout=600,
+               interval=0.5, context=c.describe)
     # One pod at a time: never more than one of three down, so a majority always stayed.
     assert most_unready <= 1, f"{most_unready} pods were unready at once during the roll"
     # Known operator defect (reported to its owner): while the leader's pod restarts, the

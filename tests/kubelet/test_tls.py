@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import time
 from typing import Any
 
 import pytest
@@ -128,23 +127,26 @@ def test_certificate_renewal_one_pod_at_a_time_under_writes(node_cluster: NodeCl
 
     c.kubectl("patch", "kraftquorum", QUORUM, "-n", QUORUM_NS, "--type=merge",
               "-p", json.dumps({"spec": {"tls": {"validityDays": 3000, "renewBeforeDays": 2999}}}))
+    # Each poll also records what it saw on the way: the most pods unready at once and the
+    # order in which pods were replaced.
     most_unready, restarted_order = 0, []
-    deadline = time.monotonic() + 600
-    while True:
+
+    def renewed_and_back() -> dict[str, bytes] | None:
+        nonlocal most_unready
         pods = _quorum_pods(c)
         most_unready = max(most_unready, 3 - len([p for p in pods.values() if _ready(p)]))
         for name, p in pods.items():
             if p["metadata"]["uid"] != old_uids.get(name) and name not in restarted_order:
                 restarted_order.append(name)
-        certs = _secret(c, f"{QUORUM}-tls")
-        renewed = [i for i in (1, 2, 3) if certs[f"node-{i}.crt"] != old_certs[f"node-{i}.crt"]]
-        if (len(renewed) == 3 and len(restarted_order) == 3 and all(_ready(p) for p in pods.values())
-                and quorum_available(c)):
-            break
-        assert time.monotonic() < deadline, (
-            f"the renewal did not finish in 600 s (renewed {renewed}, restarted {restarted_order})\n"
-            f"{c.describe()}")
-        time.sleep(0.5)
+        now = _secret(c, f"{QUORUM}-tls")
+        renewed = [i for i in (1, 2, 3) if now[f"node-{i}.crt"] != old_certs[f"node-{i}.crt"]]
+        done = (len(renewed) == 3 and len(restarted_order) == 3 and all(_ready(p) for p in pods.values())
+                and quorum_available(c))
+        return now if done else None
+
+    certs = c.wait_for("every certificate renewed and every pod restarted and Ready", renewed_and_back,
+                       timeout=600, interval=0.5,
+                       context=lambda: f"restarted {restarted_order}\n{c.describe()}")
     # One pod at a time: never more than one of three down, so a majority always stayed.
     assert most_unready <= 1, f"{most_unready} pods were unready at once during the renewal"
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(days=2900)

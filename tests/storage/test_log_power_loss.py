@@ -123,7 +123,7 @@ def test_flush_in_a_thread_while_appending_loses_nothing_flushed(tmp_path: Path)
 
 CHILD = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys
     from quorum.storage.log import SegmentedLog
     log = SegmentedLog(sys.argv[1], segment_bytes=4096, unflushed_in_memory=sys.argv[2] == "1")
     for i in range(200):
@@ -133,7 +133,7 @@ CHILD = textwrap.dedent(
     for i in range(50):  # written, never flushed
         log.append(log.end_offset, 1, [b"u" * 10])
     print(log.end_offset, flush=True)
-    time.sleep(600)
+    signal.pause()  # until the test kills it (the power loss)
     """
 )
 
