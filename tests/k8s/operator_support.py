@@ -4,8 +4,6 @@ resource. Plain functions and a class only; the fixtures stay in conftest.py and
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.conftest import KubeEnv, free_port
+from tests.operator.operator_nodes import stop_process, tail_of
 
 KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
 
@@ -53,16 +52,10 @@ class Operator:
         )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
     def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+        return tail_of(self.log)
 
 
 # The stand-in node processes (operator_nodes.LocalCluster) serve plaintext on loopback.

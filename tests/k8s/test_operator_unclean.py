@@ -48,6 +48,23 @@ def _events_of(path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
+
+def _allow_unclean(kube: KubeEnv, kq_path: str, cm_path: str, timeout: float) -> dict[str, Any]:
+    """Allow unclean recovery (afterSeconds 30) on the KRaftQuorum and wait for the operator's
+    request to appear in the bootstrap ConfigMap; that ConfigMap."""
+    st, body = kube.request(
+        "PATCH",
+        kq_path,
+        {"spec": {"uncleanRecovery": {"enabled": True, "afterSeconds": 30}}},
+        content_type="application/merge-patch+json",
+    )
+    assert st == 200, body
+    return kube.wait_for(  # type: ignore[no-any-return]
+        "the unclean-recovery request in the ConfigMap",
+        lambda: (c := get(kube, cm_path)) and "unclean-recovery" in (c.get("data") or {}) and c,
+        timeout=timeout,
+    )
+
 def test_unclean_recovery_only_when_allowed_and_only_once(
     kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
 ) -> None:
@@ -139,18 +156,7 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
         assert not ev_dir.exists() or not [e for e in _events_of(ev_dir) if e["type"].startswith("unclean")]
 
         # Allowed now; the outage is already older than afterSeconds.
-        st, body = kube.request(
-            "PATCH",
-            kq_path,
-            {"spec": {"uncleanRecovery": {"enabled": True, "afterSeconds": 30}}},
-            content_type="application/merge-patch+json",
-        )
-        assert st == 200, body
-        cm = kube.wait_for(
-            "the unclean-recovery request in the ConfigMap",
-            lambda: (c := get(kube, cm_path)) and "unclean-recovery" in (c.get("data") or {}) and c,
-            timeout=60,
-        )
+        cm = _allow_unclean(kube, kq_path, cm_path, timeout=60)
         rid, token, *uuids = cm["data"]["unclean-recovery"].split()
         assert rid == "2" and uuids == [uuid2]  # the only reachable former voter
         detail = json.loads(cm["data"]["unclean-recovery.json"])
@@ -291,18 +297,7 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(
             "QuorumLost",
             lambda: ((get(kube, kq_path) or {}).get("status") or {}).get("phase") == "QuorumLost",
         )
-        st, body = kube.request(
-            "PATCH",
-            kq_path,
-            {"spec": {"uncleanRecovery": {"enabled": True, "afterSeconds": 30}}},
-            content_type="application/merge-patch+json",
-        )
-        assert st == 200, body
-        cm = kube.wait_for(
-            "the unclean-recovery request in the ConfigMap",
-            lambda: (c := get(kube, cm_path)) and "unclean-recovery" in (c.get("data") or {}) and c,
-            timeout=90,
-        )
+        cm = _allow_unclean(kube, kq_path, cm_path, timeout=90)
         rid, _token, *_uuids = cm["data"]["unclean-recovery"].split()
         detail = json.loads(cm["data"]["unclean-recovery.json"])
         assert int(rid) == fresh and detail["replica_id"] == fresh, (detail, stale, fresh)

@@ -165,20 +165,31 @@ class LocalCluster:
         return x if ok and x is not None and all(v["uuid"] for v in x["voters"]) else None
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        return int(self.proc.returncode or 0)
+        return stop_process(self.proc)
 
     def tail(self, n: int = 40) -> str:
+        return tail_of(self.log, n)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:
+    """SIGTERM, then after ``grace_s`` SIGKILL to the whole process group (it was started in a
+    session of its own); the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return int(proc.returncode or 0)
+
+
+def tail_of(log: Path, n: int = 40) -> str:
+    """The last ``n`` lines of a process's log ("" before it exists)."""
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
 
 
 def hold(d: Path, node: int) -> Path:
