@@ -44,11 +44,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a file (`python bench/engine.py`): import `bench` from the repository root, and keep
+    # this directory off the path, where operator.py would shadow the standard library's module.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench.baseline import BaselineTree, Pair, export_tree, missing_start_flags, ratio_lines
 from bench.clusters import Cluster, EtcdCluster, KraftKeeperCluster, PySyncObjCluster
@@ -258,7 +264,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 
 def _machine() -> str:
-    import os
     import platform
 
     # The load average tells the reader whether other work shared the cores during the runs.

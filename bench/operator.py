@@ -59,6 +59,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+if __package__ in (None, ""):
+    # Run as a file (`python bench/operator.py`): import `bench` from the repository root, and keep
+    # this directory off the path, where operator.py would shadow the standard library's module.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from bench import kafka_recovery
 
 REPO = Path(__file__).resolve().parents[1]

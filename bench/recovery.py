@@ -52,6 +52,11 @@ from typing import Any
 
 import aiohttp
 
+if __package__ in (None, ""):
+    # Run as a file (`python bench/recovery.py`): import `bench` from the repository root, and keep
+    # this directory off the path, where operator.py would shadow the standard library's module.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from bench.baseline import BaselineTree, export_tree, round_order
 from bench.clusters import KraftKeeperCluster
 from bench.common import TlsFiles, http_call, sigterm_as_interrupt, value_bytes, wait_until

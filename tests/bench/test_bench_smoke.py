@@ -113,6 +113,21 @@ def test_recovery_bench_rejects_bad_sizes() -> None:
     assert "10XB" in res.stderr
 
 
+@pytest.mark.parametrize("script", ["engine", "recovery", "operator", "report"])
+def test_bench_entry_points_run_as_files_from_anywhere(script: str, tmp_path: Path) -> None:
+    """`python bench/<name>.py` works as `python -m bench.<name>` does, from any directory (the
+    issues and the bench docstrings name the files). The scripts put the repository root on the
+    path instead of bench/, where operator.py would shadow the standard library's module."""
+    path = REPO / "bench" / f"{script}.py"
+    ok = subprocess.run([sys.executable, str(path), "--help"], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("usage:"), ok.stdout
+    bad = subprocess.run([sys.executable, str(path), "--no-such-option"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--no-such-option" in bad.stderr, bad.stderr
+
+
 def _check_rows(doc: dict[str, object], expect: set[str], clients: list[int]) -> None:
     rows = doc["rows"]
     assert isinstance(rows, list)
