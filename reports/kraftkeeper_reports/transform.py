@@ -86,10 +86,11 @@ __all__ = ["ALL_CLUSTERS", "EXAMPLES_PER_REASON", "LINE_ACTION", "PERCENTILES", 
 
 def read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     """Every line of every file under ``paths`` (files, directories, date=... trees; any
-    Hadoop-compatible URL) with the file it came from. Partition directories are read as plain
-    directories (recursiveFileLookup) so a date= tree and loose files mix freely."""
+    Hadoop-compatible URL). Partition directories are read as plain directories
+    (recursiveFileLookup) so a date= tree and loose files mix freely. The parse names a line's
+    file in its example (``parse._base``)."""
     df = spark.read.option("recursiveFileLookup", "true").text(paths)
-    return df.select(F.col("value"), F.col("_metadata.file_path").alias("source"))
+    return df.select(F.col("value"))
 
 
 def parse_lines(lines: DataFrame) -> DataFrame:

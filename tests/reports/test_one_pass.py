@@ -5,6 +5,7 @@ same tables, the same per-recovery rows, the same bad-input counts and examples.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,17 @@ def test_bad_input_counts_and_examples_are_the_old_ones(both: dict[str, Any]) ->
         assert set(r.examples) <= seen[r.code], r.code  # real lines (or recoveries) of that code
         if r.level == "line":  # the same deterministic first pick (least xxhash64)
             assert r.examples[0] == old_first[r.code][0], r.code
+
+
+def test_line_examples_name_their_file(both: dict[str, Any]) -> None:
+    """A bad line's example starts with its directory and file: the parse asks Spark for the file
+    being read (input_file_name) only for those lines, which works only while the expression runs
+    in the stage that scans the files."""
+    lines = [ex for r in both["new"].bad_input.itertuples() if r.level == "line" for ex in r.examples]
+    assert len(lines) >= 5
+    for ex in lines:
+        assert re.match(r"(date=\d{4}-\d{2}-\d{2}/part-\d+|one-pass\d*/loose)\.jsonl: ", ex), ex
+    assert any("/loose.jsonl: " in ex for ex in lines)
 
 
 def test_events_after_the_end_are_counted_exactly(both: dict[str, Any]) -> None:
