@@ -197,7 +197,8 @@ def _fast_fields(lines: DataFrame, keep: list[str]) -> DataFrame:
     array look-ups: measured several times cheaper than cutting each field out with
     substring_index). detail is what follows the last ``,"detail":``."""
     v = F.col("value")
-    s1 = lines.select(*_base(lines), *keep, F.split(v, '"').alias("q_a"))
+    base = _base(lines)
+    s1 = lines.select(*base, *keep, F.split(v, '"').alias("q_a"))
     a = F.col("q_a")
 
     def at(i: int | Column) -> Column:  # 0-based, as in the docstring
@@ -214,7 +215,7 @@ def _fast_fields(lines: DataFrame, keep: list[str]) -> DataFrame:
     new_is_str = F.coalesce(at(o + 24) == ":", F.lit(False))
     on = o + F.when(new_is_str, F.lit(2)).otherwise(F.lit(0))
     s2 = s1.select(
-        *_base(lines), *keep,
+        *base, *keep,
         at(5).alias("q_ts"), at(9).alias("q_cluster"), at(13).alias("q_recovery_id"), at(17).alias("q_type"),
         number(at(20)).alias("q_replica_id"),
         F.when(old_is_str, at(23)).alias("q_old_uuid"),
@@ -300,8 +301,9 @@ def parse_general(lines: DataFrame, guard: str | None = None) -> DataFrame:
     active = F.lit(True) if guard is None else ~F.col(guard)
     wrapped = F.when(active, F.try_parse_json(F.concat(F.lit("["), F.col("value"), F.lit("]"))))
     keep = [c for c in lines.columns if c not in ("value", "source")]
+    base = _base(lines)
     s1 = lines.select(
-        *_base(lines), *keep, F.when(active, _blank(F.col("value"))).alias("blank"), wrapped.alias("w")
+        *base, *keep, F.when(active, _blank(F.col("value"))).alias("blank"), wrapped.alias("w")
     )
     malformed = (
         F.col("w").isNull()
@@ -309,14 +311,14 @@ def parse_general(lines: DataFrame, guard: str | None = None) -> DataFrame:
         | F.try_variant_get("w", "$[1]", "variant").isNotNull()
     )
     s2 = s1.select(
-        *_base(lines), *keep, "blank", "w",
+        *base, *keep, "blank", "w",
         F.coalesce(~F.col("blank") & malformed, F.lit(False)).alias("malformed"),
         F.try_variant_get("w", "$[0]", "map<string,variant>").alias("m"),
     )
     # 2. The fields, once each.
     m = F.col("m")
     s3 = s2.select(
-        *_base(lines), *keep, "blank", "w", "malformed", "m",
+        *base, *keep, "blank", "w", "malformed", "m",
         *[m.getItem(n).alias(f"f_{n}") for n in ev.REQUIRED_FIELDS],
     )
     reason_v = F.try_variant_get("f_detail", "$.reason", "variant")

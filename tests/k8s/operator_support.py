@@ -1,6 +1,7 @@
 """What the operator tests under tests/k8s share: ``kraftkeeper operator run`` in a subprocess
-(`Operator`), the KRaftQuorum collection path and small API helpers to build, create and read a
-resource. Plain functions and a class only; the fixtures stay in conftest.py and the test modules."""
+(`Operator`) and the ``operator`` fixture that runs it, the endpoint overrides that point it at
+stand-in node processes, the KRaftQuorum collection path, and small API helpers to build, create
+and read a resource and its status."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.conftest import KubeEnv, free_port
-from tests.operator.operator_nodes import stop_process, tail_of
+from tests.operator.operator_nodes import LocalCluster, stop_process, tail_of
 
 KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
 
@@ -62,6 +63,11 @@ class Operator:
 PLAINTEXT = {"mode": "Disabled"}
 
 
+def overrides_for(nodes: LocalCluster, ns: str, name: str) -> str:
+    """KRAFTKEEPER_ENDPOINT_OVERRIDES pointing pod k of KRaftQuorum ``name`` at stand-in node k+1."""
+    return ",".join(f"{ns}/{name}/{k}={nodes.endpoint(k + 1)}" for k in range(nodes.nodes))
+
+
 def kq(name: str, voters: int = 3, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "kraftkeeper.io/v1alpha1",
@@ -80,6 +86,25 @@ def create(kube: KubeEnv, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
 def get(kube: KubeEnv, path: str) -> dict[str, Any] | None:
     st, body = kube.request("GET", path)
     return body if st == 200 else None  # type: ignore[no-any-return]
+
+
+def kq_status(kube: KubeEnv, ns: str, name: str) -> dict[str, Any]:
+    """The KRaftQuorum's status: {} until the operator writes one (or once the object is gone)."""
+    return (get(kube, KQ.format(ns=ns) + f"/{name}") or {}).get("status") or {}
+
+
+def wait_known_voters(kube: KubeEnv, ns: str, name: str, voters: int) -> dict[str, Any]:
+    """The status, once the quorum is Running with ``voters`` voters, each with its storage UUID."""
+
+    def known() -> dict[str, Any] | None:
+        s = kq_status(kube, ns, name)
+        vs = s.get("voters") or []
+        ok = s.get("phase") == "Running" and len(vs) == voters and all(v.get("uuid") for v in vs)
+        return s if ok else None
+
+    return kube.wait_for(  # type: ignore[no-any-return]
+        f"{name} Running with {voters} voters, each with its UUID", known, timeout=120
+    )
 
 
 @pytest.fixture

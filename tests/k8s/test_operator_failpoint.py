@@ -13,7 +13,16 @@ import pytest
 from kraftkeeper_operator import failpoints
 
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import KQ, PLAINTEXT, Operator, create, get, kq
+from tests.k8s.operator_support import (
+    PLAINTEXT,
+    Operator,
+    create,
+    get,
+    kq,
+    kq_status,
+    overrides_for,
+    wait_known_voters,
+)
 from tests.operator.helpers import FULL
 from tests.operator.operator_nodes import LocalCluster, engine_missing, kk
 
@@ -36,26 +45,18 @@ def test_operator_stopped_after_add_voter_committed_resumes_with_remove_voter(
 ) -> None:
     ns = namespace
     nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"], insecure=True)
-    overrides = ",".join(f"{ns}/q/{k}={nodes.endpoint(k + 1)}" for k in range(3))
     monkeypatch.setenv(failpoints.ENV, failpoints.AFTER_ADD_COMMITTED)
+    overrides = overrides_for(nodes, ns, "q")
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     ev_dir = tmp_path / "ev"
 
     def status() -> dict[str, Any]:
-        return (get(kube, KQ.format(ns=ns) + "/q") or {}).get("status") or {}
+        return kq_status(kube, ns, "q")
 
     try:
         spec = {"recovery": {"stabilizationSeconds": 1}, "eventLog": {"path": str(ev_dir)}, "tls": PLAINTEXT}
         uid = create(kube, ns, kq("q", 3, **spec))["metadata"]["uid"]
-        first = kube.wait_for(
-            "q Running with every voter's UUID",
-            lambda: (
-                (s := status()).get("phase") == "Running"
-                and all(v.get("uuid") for v in s.get("voters") or [])
-                and s
-            ),
-            timeout=120,
-        )
+        first = wait_known_voters(kube, ns, "q", 3)
         old = next(v["uuid"] for v in first["voters"] if v["id"] == 3)
         out = kk("cluster", "replace-disk", "--dir", str(tmp_path / "nodes"), "--node", "3")
         assert out.returncode == 0, out.stderr

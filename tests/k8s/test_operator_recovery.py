@@ -14,7 +14,17 @@ import pytest
 
 from quorum.storage.meta import load_meta
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import KQ, PLAINTEXT, Operator, create, get, kq
+from tests.k8s.operator_support import (
+    KQ,
+    PLAINTEXT,
+    Operator,
+    create,
+    get,
+    kq,
+    kq_status,
+    overrides_for,
+    wait_known_voters,
+)
 from tests.operator.operator_nodes import LocalCluster, engine_missing, kk, run_format_container
 
 pytestmark = pytest.mark.k8s
@@ -50,7 +60,7 @@ def test_disk_replacement_is_recovered_without_a_human(
     ns = namespace
     # Real node processes stand in for the pods q-0..q-2; supervision only (no local recovery).
     nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"], insecure=True)
-    overrides = ",".join(f"{ns}/q/{k}={nodes.endpoint(k + 1)}" for k in range(3))
+    overrides = overrides_for(nodes, ns, "q")
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     try:
         create(
@@ -66,17 +76,9 @@ def test_disk_replacement_is_recovered_without_a_human(
         )
 
         def status() -> dict[str, Any]:
-            return (get(kube, KQ.format(ns=ns) + "/q") or {}).get("status") or {}
+            return kq_status(kube, ns, "q")
 
-        first = kube.wait_for(
-            "q Running with every voter's UUID",
-            lambda: (
-                (s := status()).get("phase") == "Running"
-                and all(v.get("uuid") for v in s.get("voters") or [])
-                and s
-            ),
-            timeout=120,
-        )
+        first = wait_known_voters(kube, ns, "q", 3)
         assert first["leaderId"] > 0 and len(first["voters"]) == 3
         old = next(v["uuid"] for v in first["voters"] if v["id"] == 3)
 
@@ -186,14 +188,14 @@ def test_scale_down_reassigns_before_shrinking(
 ) -> None:
     ns = namespace
     nodes = LocalCluster(tmp_path / "nodes", 3, extra=["--no-recovery"], insecure=True)
-    overrides = ",".join(f"{ns}/s/{k}={nodes.endpoint(k + 1)}" for k in range(3))
+    overrides = overrides_for(nodes, ns, "s")
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     sts_path = f"/apis/apps/v1/namespaces/{ns}/statefulsets/s"
     try:
         create(kube, ns, kq("s", 3, tls=PLAINTEXT))
 
         def status() -> dict[str, Any]:
-            return (get(kube, KQ.format(ns=ns) + "/s") or {}).get("status") or {}
+            return kq_status(kube, ns, "s")
 
         kube.wait_for("s Running", lambda: status().get("phase") == "Running", timeout=120)
         st, body = kube.request(

@@ -14,7 +14,17 @@ import pytest
 from kraftkeeper_operator.manifests import parse_spec
 
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import KQ, PLAINTEXT, Operator, create, get, kq
+from tests.k8s.operator_support import (
+    KQ,
+    PLAINTEXT,
+    Operator,
+    create,
+    get,
+    kq,
+    kq_status,
+    overrides_for,
+    wait_known_voters,
+)
 from tests.operator.operator_nodes import (
     STALE_NODE_CONFIG,
     LocalCluster,
@@ -78,7 +88,7 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
     nodes = LocalCluster(
         tmp_path / "nodes", 3, extra=["--no-recovery"], insecure=True, cluster_id=q.cluster_id
     )
-    overrides = ",".join(f"{ns}/{name}/{k}={nodes.endpoint(k + 1)}" for k in range(3))
+    overrides = overrides_for(nodes, ns, name)
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     holds: list[Path] = []
     kq_path = KQ.format(ns=ns) + f"/{name}"
@@ -87,7 +97,7 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
     ev_dir = tmp_path / "ev"
 
     def status() -> dict[str, Any]:
-        return (get(kube, kq_path) or {}).get("status") or {}
+        return kq_status(kube, ns, name)
 
     def cond(s: dict[str, Any], type_: str) -> dict[str, Any]:
         return next(c for c in s.get("conditions") or [] if c["type"] == type_)
@@ -104,16 +114,7 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
     try:
         # uncleanRecovery: default off
         create(kube, ns, kq(name, 3, eventLog={"path": str(ev_dir)}, tls=PLAINTEXT))
-        first = kube.wait_for(
-            "u Running with 3 known voters",
-            lambda: (
-                (s := status()).get("phase") == "Running"
-                and len(s["voters"]) == 3
-                and all(v.get("uuid") for v in s["voters"])
-                and s
-            ),
-            timeout=120,
-        )
+        first = wait_known_voters(kube, ns, name, 3)
         voters = {(v["id"], v["uuid"]) for v in first["voters"]}
         uuid2 = next(u for i, u in voters if i == 2)
         assert kk("kv", "put", "--bootstrap", nodes.bootstrap(), "k1", "v1").returncode == 0
@@ -276,26 +277,18 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(
         cluster_id=q.cluster_id,
         insecure=True,
     )
-    overrides = ",".join(f"{ns}/{name}/{k}={nodes.endpoint(k + 1)}" for k in range(5))
+    overrides = overrides_for(nodes, ns, name)
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     holds: list[Path] = []
     kq_path = KQ.format(ns=ns) + f"/{name}"
     cm_path = f"/api/v1/namespaces/{ns}/configmaps/{name}-bootstrap"
     try:
         create(kube, ns, kq(name, 5, tls=PLAINTEXT))  # uncleanRecovery: off while the case is built
-        kube.wait_for(
-            "5 known voters in status",
-            lambda: (
-                (s := (get(kube, kq_path) or {}).get("status") or {}).get("phase") == "Running"
-                and len(s["voters"]) == 5
-                and all(v.get("uuid") for v in s["voters"])
-            ),
-            timeout=120,
-        )
+        wait_known_voters(kube, ns, name, 5)
         stale, fresh = make_stale_longer_log(nodes, holds)
         kube.wait_for(
             "QuorumLost",
-            lambda: ((get(kube, kq_path) or {}).get("status") or {}).get("phase") == "QuorumLost",
+            lambda: kq_status(kube, ns, name).get("phase") == "QuorumLost",
         )
         cm = _allow_unclean(kube, kq_path, cm_path, timeout=90)
         rid, _token, *_uuids = cm["data"]["unclean-recovery"].split()
