@@ -19,12 +19,17 @@ only the last segment receives writes):
 
 * non-final segments are walked header by header (no CRC, Kafka does the same for segments
   below the recovery point); the last segment is CRC-verified batch by batch;
-* a torn tail of the LAST segment (a partial batch, or a final batch whose CRC fails) is cut at
-  the last valid batch, with a WARNING;
-* anything else -- a bad batch followed by valid data, a bad or partial batch in a non-final
-  segment, a gap or overlap of offsets between batches or segments (a missing segment),
-  decreasing epochs -- raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset,
-  and nothing is modified: committed data is never dropped silently.
+* a torn tail of the LAST segment -- what a power cut leaves of an append never acknowledged:
+  a partial final batch, or bytes never written (zeros), by the rule of
+  ``quorum.storage.tail`` -- is cut at the last valid batch, with a WARNING;
+* anything else -- a batch the file holds whole that fails its CRC (the last one included), a
+  bad batch followed by valid data, a bad or partial batch in a non-final segment, a gap or
+  overlap of offsets between batches or segments (a missing segment), decreasing epochs --
+  raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset, and nothing is
+  modified: data the node may have acknowledged is never dropped silently.
+
+Then the last segment and the directory are fsynced (``_sync_on_open``): only after that is
+the log end also its flushed end.
 
 Why only the last segment can be torn: a roll makes the finished segment and its directory
 entry durable before the new segment receives a byte (``_seal``), so the writes in flight at
