@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ def _all_caught_up(c: LocalCluster) -> None:
     poll(done, 30, "every voter caught up")
 
 
-def test_one_process_per_data_directory(tmp_path: Path) -> None:
+def test_one_process_per_data_directory_of_its_own(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, 3).up() as c:
         c.leader()
         acked = _fill(c, "lock")
@@ -74,6 +75,13 @@ def test_one_process_per_data_directory(tmp_path: Path) -> None:
         assert c.procs[2].poll() is None  # the holder keeps serving
         assert _read(c.bootstrap, acked) == acked
         assert sorted((v["id"], v["uuid"]) for v in c.describe()["voters"]) == sorted(c.uuids.items())
+        # Each node's directory is its own: 0700 directories, 0600 files.
+        for i in c.ports:
+            d = c.data_dir(i)
+            paths = [d, *d.rglob("*")]
+            assert any(p.suffix == ".log" for p in paths) and any(p.name == "quorum-state" for p in paths)
+            modes = {str(p): stat.S_IMODE(p.stat().st_mode) for p in paths}
+            assert modes == {str(p): 0o700 if p.is_dir() else 0o600 for p in paths}
 
 
 def _add_when_observer(c: LocalCluster, endpoint: str, i: int) -> None:
