@@ -29,7 +29,8 @@ Admin calls go to the node HTTP admin API (``POST /v1/quorum/voters``,
 interpreter start-up. By default the nodes run without ``--tls-dir``: node-to-node traffic is
 plaintext HTTP on loopback; ``--tls`` runs them with mutual TLS (and the bench's own calls with
 an admin client certificate). The output says which. Run ``python -m bench.recovery
---help``.
+--help``. ``--restart`` measures something else: a node's restart with a 1 GB log, with and
+without the fsync on open (``bench/restart.py``).
 """
 
 from __future__ import annotations
@@ -486,6 +487,12 @@ def compare_revs(results: list[RecoveryResult]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--restart" in args:  # restart timing (the fsync on open): bench/restart.py
+        from bench import restart
+
+        args.remove("--restart")
+        return restart.main(args)
     try:
         return _main(argv)
     except KeyboardInterrupt:

@@ -11,7 +11,22 @@ from __future__ import annotations
 import os
 import tempfile
 
-__all__ = ["CATCHUP_DROP_MIN_BYTES", "atomic_write", "drop_synced", "ensure_dir", "fsync_dir"]
+__all__ = [
+    "CATCHUP_DROP_MIN_BYTES",
+    "DIR_MODE",
+    "FILE_MODE",
+    "atomic_write",
+    "drop_synced",
+    "ensure_dir",
+    "fsync_dir",
+    "fsync_existing",
+    "restrict_dir",
+]
+
+# Data directories and every file in them are the node's alone: the log holds client data, the
+# quorum-state file the node's votes (a local user editing either can break the quorum).
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 
 # A follower's write of at least this many bytes at once is catch-up (one large Fetch response
 # or snapshot chunk, issue 10), whose page cache ``drop_synced`` frees once it is fsynced.
@@ -45,9 +60,35 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_existing(path: str | os.PathLike[str]) -> bool:
+    """fsync ``path`` if it exists (False if it does not). After a process crash its last
+    write may still be only in the page cache: a power cut would take it although the
+    restarted process already read (and acted on) it."""
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def restrict_dir(path: str | os.PathLike[str]) -> None:
+    """Make an existing directory the node's alone (0700): a directory made by an older version
+    or by someone else (a volume mount) is tightened on open. Best effort: a directory this
+    user does not own keeps its mode (its owner chose it)."""
+    try:
+        if os.stat(path).st_mode & 0o077:
+            os.chmod(path, DIR_MODE)
+    except PermissionError:
+        pass
+
+
 def ensure_dir(path: str | os.PathLike[str], *, fsync: bool = True) -> None:
-    """Create ``path`` (and missing parents); fsync the parent of every directory created so
-    that the new directory entries survive a crash as well."""
+    """Create ``path`` (and missing parents, mode 0700); fsync the parent of every directory
+    created so that the new directory entries survive a crash as well."""
     target = os.path.abspath(os.fspath(path))
     missing: list[str] = []
     d = target
@@ -57,7 +98,7 @@ def ensure_dir(path: str | os.PathLike[str], *, fsync: bool = True) -> None:
         if parent == d:
             break
         d = parent
-    os.makedirs(target, exist_ok=True)
+    os.makedirs(target, mode=DIR_MODE, exist_ok=True)
     if fsync:
         for created in reversed(missing):
             fsync_dir(os.path.dirname(created))
@@ -72,7 +113,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, fsync: bool = Tru
     directory = os.path.dirname(os.path.abspath(target))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".tmp", dir=directory)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp creates 0600; these files are not secret
+        os.fchmod(fd, FILE_MODE)
         view = memoryview(data)
         while view:
             n = os.write(fd, view)

@@ -19,12 +19,17 @@ only the last segment receives writes):
 
 * non-final segments are walked header by header (no CRC, Kafka does the same for segments
   below the recovery point); the last segment is CRC-verified batch by batch;
-* a torn tail of the LAST segment (a partial batch, or a final batch whose CRC fails) is cut at
-  the last valid batch, with a WARNING;
-* anything else -- a bad batch followed by valid data, a bad or partial batch in a non-final
-  segment, a gap or overlap of offsets between batches or segments (a missing segment),
-  decreasing epochs -- raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset,
-  and nothing is modified: committed data is never dropped silently.
+* a torn tail of the LAST segment -- what a power cut leaves of an append never acknowledged:
+  a partial final batch, or bytes never written (zeros), by the rule of
+  ``quorum.storage.tail`` -- is cut at the last valid batch, with a WARNING;
+* anything else -- a batch the file holds whole that fails its CRC (the last one included), a
+  bad batch followed by valid data, a bad or partial batch in a non-final segment, a gap or
+  overlap of offsets between batches or segments (a missing segment), decreasing epochs --
+  raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset, and nothing is
+  modified: data the node may have acknowledged is never dropped silently.
+
+Then the last segment and the directory are fsynced (``_sync_on_open``): only after that is
+the log end also its flushed end.
 
 Why only the last segment can be torn: a roll makes the finished segment and its directory
 entry durable before the new segment receives a byte (``_seal``), so the writes in flight at
@@ -50,8 +55,9 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from quorum import records
-from quorum.storage.atomic import CATCHUP_DROP_MIN_BYTES, drop_synced, ensure_dir, fsync_dir
+from quorum.storage.atomic import CATCHUP_DROP_MIN_BYTES, FILE_MODE, drop_synced, ensure_dir, fsync_dir
 from quorum.storage.base import LogBookkeeping, append_items, validate_append
+from quorum.storage.dirlock import DataDirLock
 from quorum.storage.logscan import scan_headers, scan_last
 from quorum.storage.segment import Segment, segment_name
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch
@@ -74,6 +80,7 @@ class SegmentedLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         fsync: bool = True,
         unflushed_in_memory: bool = False,
+        sync_on_open: bool = True,
     ) -> None:
         if segment_bytes < records.HEADER_SIZE:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"segment_bytes {segment_bytes} is too small")
@@ -100,12 +107,17 @@ class SegmentedLog:
         self._struct_lock = threading.Lock()
         self._flushing = False
         self._deferred_close: list[int] = []
+        self._dir_lock: DataDirLock | None = None  # the data directory's, from open_storage
         ensure_dir(self.directory, fsync=fsync)
         try:
             self._open()
+            if fsync and sync_on_open:
+                self._sync_on_open()
         except BaseException:
             self._close_fds()
             raise
+        # Only now may the flushed end be the log end: the core counts it as durable (a
+        # follower's Fetch offset, the leader's own vote toward the high watermark).
         self._flushed_end = self.end_offset
 
     # -- properties ------------------------------------------------------------------------
@@ -188,6 +200,20 @@ class SegmentedLog:
             if self.fsync:
                 os.fsync(seg.fd)
 
+    def _sync_on_open(self) -> None:
+        """Make what the previous process wrote durable before anything counts it. A process
+        crash (SIGKILL, OOM kill) keeps its unsynced writes in the page cache: this process
+        reads them back as the log, and without this fsync its first Fetch would claim them and
+        the leader count them, while a power cut before writeback still takes them. Only the
+        last segment can hold unsynced bytes (``_seal`` makes a segment durable before the next
+        one exists); the directory fsync makes the entries of a roll, truncation or deletion
+        the crash interrupted durable too. Costs the writeback of those bytes only: nothing
+        when the previous process stopped cleanly (bench/recovery.py --restart measures it)."""
+        last = self._segments[-1]
+        if last.fd >= 0:
+            os.fsync(last.fd)
+        fsync_dir(self.directory)
+
     # -- writing -----------------------------------------------------------------------------
 
     def _create_segment(self, base: int, *, now: bool = False) -> Segment:
@@ -197,7 +223,7 @@ class SegmentedLog:
             # bytes (a power cut before it loses the file's creation too).
             return Segment(self.directory, base, -1, unflushed_in_memory=True)
         path = os.path.join(self.directory, segment_name(base))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
         return Segment(self.directory, base, fd, self.unflushed_in_memory)
 
     def _roll(self) -> Segment:
@@ -486,8 +512,12 @@ class SegmentedLog:
                     pass
                 seg.fd = -1
 
+    def hold_lock(self, lock: DataDirLock) -> None:
+        """Keep the data directory's lock until :meth:`close` (``open_storage``)."""
+        self._dir_lock = lock
+
     def close(self) -> None:
-        """Flush and close (a clean shutdown loses nothing)."""
+        """Flush and close (a clean shutdown loses nothing); release the directory's lock."""
         if self._closed:
             return
         try:
@@ -495,6 +525,8 @@ class SegmentedLog:
         finally:
             self._closed = True
             self._close_fds()
+            if self._dir_lock is not None:
+                self._dir_lock.release()
 
     def __enter__(self) -> SegmentedLog:
         return self

@@ -8,26 +8,24 @@ was checked.
 from __future__ import annotations
 
 import mmap
-import re
-import struct
 
 from quorum import records
 from quorum.storage.base import LogBookkeeping
 from quorum.storage.segment import Segment, pread_all
+from quorum.storage.tail import later_valid_batch, torn_tail
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, KraftError
 
 __all__ = ["check_batch", "corrupt", "scan_headers", "scan_last"]
 
 _ATTR_POS = 20  # attributes byte in the batch header (docs/design.md)
-_Q = struct.Struct("<q")
-_HEADER = struct.Struct("<qiIiBiq")  # the batch header layout of docs/design.md
 
 
 def corrupt(seg: Segment, position: int, offset: int, what: str, located: bool = False) -> KraftError:
     where = "" if located else f" at position {position} (offset {offset})"
     return KraftError(
         ErrorCode.CORRUPT_LOG,
-        f"{seg.path}: {what}{where}; refusing to open the log so that no committed data is dropped",
+        f"{seg.path}: {what}{where}; refusing to open the log so that no committed data is dropped "
+        "(treat the disk as lost: replace it under a new storage UUID, KIP-856)",
         file=seg.path,
         position=position,
         offset=offset,
@@ -82,14 +80,16 @@ def scan_headers(seg: Segment, meta: LogBookkeeping, size: int) -> None:
 
 
 def scan_last(seg: Segment, meta: LogBookkeeping, size: int) -> tuple[int, str] | None:
-    """The final segment: every batch CRC-verified; returns a torn tail to cut, if any."""
+    """The final segment: every batch CRC-verified; returns a torn tail to cut, if any. What
+    counts as torn (never acknowledged) rather than damage is ``quorum.storage.tail``'s rule."""
     buf = pread_all(seg.fd, size, 0)
     try:
         batches, valid = records.decode_batches(buf, verify_crc=True, allow_torn_tail=True)
     except records.CorruptRecordError as e:
-        # the codec's message already names the batch offset and position
-        offset = _Q.unpack_from(buf, e.position)[0] if 0 <= e.position <= size - 8 else -1
-        raise corrupt(seg, e.position, offset, e.message, located=True) from None
+        # A bad batch with bytes after it: the tail rule decides (zeros after a batch whose
+        # last sectors were never written can look like this), on the batches before it.
+        valid = e.position if 0 <= e.position < size else 0
+        batches, _ = records.decode_batches(buf[:valid], verify_crc=True)
     for b in batches:
         i = b.info
         check_batch(seg, meta, b.position, i.base_offset, i.size_bytes, i.epoch, i.count)
@@ -97,69 +97,18 @@ def scan_last(seg: Segment, meta: LogBookkeeping, size: int) -> tuple[int, str] 
         meta.on_append(i)
     if valid == size:
         return None
-    why = _later_valid_batch(buf, valid, seg.next_offset)
-    if why is not None:
-        raise corrupt(seg, valid, seg.next_offset, f"damaged batch: {why}")
-    if size - valid < records.HEADER_SIZE:
-        what = f"{size - valid} bytes, too short for a batch header"
-    else:
-        _b, total, _e, _c = records.batch_header(buf, valid)
-        if valid + total > size:
-            what = f"partial batch ({size - valid} of {total} bytes)"
-        else:
-            what = "final batch fails its CRC or header check"
-    return valid, what
+    why = torn_tail(buf, valid, seg.next_offset)
+    if why is None:
+        raise corrupt(seg, valid, seg.next_offset, _damage(buf, valid, seg.next_offset))
+    return valid, why
 
 
-def _valid_batch_at(buf: bytes, pos: int) -> bool:
+def _damage(buf: bytes, pos: int, expected: int) -> str:
+    """What the damage at ``pos`` is, for the CORRUPT_LOG message."""
+    what = "damaged batch, not a torn write"
     try:
-        (b,), _ = records.decode_batches(buf[pos : pos + records.batch_header(buf, pos)[1]])
-    except (records.CorruptRecordError, ValueError, struct.error):
-        return False
-    return b.info.count >= 1
-
-
-_NONZERO = re.compile(rb"[^\x00]")
-_MAX_PATTERNS = 1024
-
-
-def _later_valid_batch(buf: bytes, tail: int, expected: int) -> str | None:
-    """Is there a CRC-valid batch anywhere after the unreadable bytes at ``tail``? If so they are
-    not a torn write (a crash tears only the write in flight, never bytes before an intact
-    batch), the log is corrupt, and recovery must not cut it.
-
-    Any such batch has a base offset in ``(expected, expected + (len(buf) - tail) // 4]``
-    (every record takes at least 4 bytes), so the upper six bytes of its little-endian base
-    offset take few values: ``bytes.find`` locates the candidates at C speed, runs of zero
-    bytes (which cannot start a batch: its length field is non-zero) are skipped, and each
-    plausible header is CRC-checked."""
-    n = len(buf)
-    if n - tail <= records.HEADER_SIZE:
-        return None
-    lo, hi = expected + 1, expected + 1 + (n - tail) // 4
-    uppers = sorted({(v >> 16) for v in range(lo, hi + 1, 1 << 16)} | {hi >> 16})[:_MAX_PATTERNS]
-    for upper in uppers:
-        pattern = _Q.pack(upper << 16)[2:]
-        zero = not any(pattern)
-        start = tail + 3  # the pattern sits at p + 2 for a candidate p > tail
-        while True:
-            k = buf.find(pattern, start, n - records.HEADER_SIZE + 8)
-            if k == -1:
-                break
-            p = k - 2
-            base, blen, _crc, epoch, _a, count, _t = _HEADER.unpack_from(buf, p)
-            if (
-                lo <= base <= hi
-                and count >= 1
-                and epoch >= 0
-                and records.HEADER_SIZE <= blen + 12 <= n - p
-                and _valid_batch_at(buf, p)
-            ):
-                return f"unreadable bytes are followed by a valid batch at position {p} (offset {base})"
-            start = k + 1
-            if zero and not any(buf[p + 8 : p + 12]):
-                m = _NONZERO.search(buf, p + 8)
-                if m is None:
-                    break
-                start = max(start, m.start() - 9)
-    return None
+        records.decode_batches(buf, verify_crc=True)
+    except records.CorruptRecordError as e:
+        what += f": {e.message}"
+    later = later_valid_batch(buf, pos, expected)
+    return what if later is None else f"{what}; {later}"

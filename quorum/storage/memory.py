@@ -2,9 +2,17 @@
 log of the project (the driver's ``LogPort`` in ``tests/sim`` and ``tests/core``).
 
 Same interfaces and the same semantics as the file implementations (the behavioural test
-suite in ``tests/storage`` runs against both), plus ``crash()``, which models a power loss:
-whatever was appended but not flushed is gone, as are snapshot downloads in progress. State
-files and truncations are durable at once, like their on-disk counterparts.
+suite in ``tests/storage`` runs against both), plus two kinds of stop:
+
+* ``crash()``, a power loss: whatever was not synced is gone (appended but not flushed, a
+  quorum-state save a process crash interrupted before its directory fsync), as are snapshot
+  downloads in progress;
+* a process crash (the simulation just drops the node's process): nothing is lost, the page
+  cache keeps every write, synced or not. ``reopen()`` then starts the next process, which
+  syncs what it finds (``open_storage``'s rule) unless ``sync_on_open`` is off, which models
+  the hole that rule closes: the new process takes unsynced bytes for durable ones.
+
+State saves and truncations are otherwise durable at once, like their on-disk counterparts.
 
 The only intended difference: the memory log has no segments, so ``delete_before`` drops
 every batch that ends at or below the offset (the file log keeps the segment that holds it;
@@ -47,8 +55,10 @@ class MemoryLog:
         self._batches: list[bytes] = []
         self._counts: list[int] = []
         self._meta = LogBookkeeping()
-        self._flushed_end = 0
+        self._flushed_end = 0  # what this process made durable, as far as it knows
+        self._synced_end = 0  # what a power loss keeps (below the flushed end only without sync_on_open)
         self._closed = False
+        self.sync_on_open = True
 
     @property
     def log_start_offset(self) -> int:
@@ -61,6 +71,11 @@ class MemoryLog:
     @property
     def flushed_end_offset(self) -> int:
         return self._flushed_end
+
+    @property
+    def synced_end_offset(self) -> int:
+        """The end of what a power loss would keep (the simulation's checks read it)."""
+        return self._synced_end
 
     @property
     def last_epoch(self) -> int:
@@ -94,13 +109,14 @@ class MemoryLog:
 
     def flush(self) -> None:
         self._check_open()
-        self._flushed_end = self.end_offset
+        self._flushed_end = self._synced_end = self.end_offset
 
     def crash(self) -> None:
-        """Power loss: drop every batch appended after the last flush."""
-        keep = bisect.bisect_left(self._offsets, self._flushed_end)
+        """Power loss: drop every batch not synced."""
+        keep = bisect.bisect_left(self._offsets, self._synced_end)
         self._drop_from(keep)
         self._meta.on_truncate(self.end_offset)
+        self._flushed_end = self._synced_end = self.end_offset
         self._closed = False
 
     def _drop_from(self, index: int) -> None:
@@ -128,6 +144,7 @@ class MemoryLog:
         self._drop_from(k)
         self._meta.on_truncate(end_offset)
         self._flushed_end = min(self._flushed_end, end_offset)
+        self._synced_end = min(self._synced_end, end_offset)
 
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
         self._check_open()
@@ -176,7 +193,7 @@ class MemoryLog:
         self._offsets, self._counts, self._batches = [], [], []
         self._start = snapshot_id.offset
         self._meta.on_reset(snapshot_id)
-        self._flushed_end = snapshot_id.offset
+        self._flushed_end = self._synced_end = snapshot_id.offset
 
     def summary(
         self, snapshot: OffsetAndEpoch | None = None, snapshot_controls: Sequence[ControlRecord] = ()
@@ -189,8 +206,13 @@ class MemoryLog:
             self._closed = True
 
     def reopen(self) -> None:
-        """After ``close()`` or ``crash()``: usable again, as a restarted node's log."""
+        """After ``close()``, ``crash()`` or a process crash: usable again, as a restarted
+        node's log, which takes what it finds for flushed (``SegmentedLog`` does the same),
+        after syncing it unless ``sync_on_open`` is off."""
         self._closed = False
+        self._flushed_end = self.end_offset
+        if self.sync_on_open:
+            self._synced_end = self.end_offset
 
 
 class MemoryQuorumStateStore:
@@ -200,7 +222,9 @@ class MemoryQuorumStateStore:
     def __init__(self, cluster_id: str) -> None:
         self.cluster_id = cluster_id
         self._raw: bytes | None = None
+        self._synced: bytes | None = None  # what a power loss keeps
         self.path = "memory://quorum-state"
+        self.sync_on_open = True
 
     def load(self, cluster_id: str | None = None) -> QuorumState:
         if cluster_id is not None and cluster_id != self.cluster_id:
@@ -221,10 +245,23 @@ class MemoryQuorumStateStore:
                 f"{self.path}: quorum state is for cluster {state.cluster_id!r}, "
                 f"this node is in {self.cluster_id!r}",
             )
-        self._raw = encode_quorum_state(state)
+        self._raw = self._synced = encode_quorum_state(state)
+
+    def save_interrupted(self, state: QuorumState) -> None:
+        """A save a process crash cut short after the rename, before the directory fsync: the
+        new state is what the next process reads, the old one what a power loss leaves."""
+        before = self._synced
+        self.save(state)
+        self._synced = before
 
     def crash(self) -> None:
-        """State saves are atomic and durable: nothing to lose."""
+        """Power loss: an interrupted save is undone (completed saves are durable)."""
+        self._raw = self._synced
+
+    def reopen(self) -> None:
+        """A restarted process syncs the state it read (``open_storage``)."""
+        if self.sync_on_open:
+            self._synced = self._raw
 
 
 class MemorySnapshotStore:

@@ -30,7 +30,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from quorum.storage.atomic import atomic_write, ensure_dir
+from quorum.storage.atomic import atomic_write, ensure_dir, restrict_dir
+from quorum.storage.dirlock import DataDirLock
 from quorum.types import ErrorCode, KraftError, ReplicaKey, canonical_uuid, new_storage_uuid
 
 __all__ = [
@@ -248,9 +249,16 @@ def format_dir(
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{os.fspath(directory)} exists and is not a directory")
     ensure_dir(directory, fsync=fsync)
+    restrict_dir(directory)
     extra = {} if initial_bootstrap else {INITIAL_KEY: "false"}
     meta = MetaProperties(cluster_id=cluster_id, node_id=node_id, storage_uuid=uuid, extra=extra)
-    atomic_write(path, render_properties(meta.to_properties()), fsync=fsync)
+    lock = DataDirLock.acquire(directory, purpose="format")  # not while a node uses it
+    try:
+        if os.path.exists(path):  # formatted meanwhile by another process
+            raise KraftError(ErrorCode.ALREADY_FORMATTED, f"{path} already exists")
+        atomic_write(path, render_properties(meta.to_properties()), fsync=fsync)
+    finally:
+        lock.release()
     return meta
 
 

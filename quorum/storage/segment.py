@@ -22,6 +22,7 @@ import os
 import threading
 from array import array
 
+from quorum.storage.atomic import FILE_MODE
 from quorum.types import ErrorCode, KraftError
 
 __all__ = ["Segment", "pread_all", "segment_name"]
@@ -135,7 +136,7 @@ class Segment:
         assert self.pending is not None and self.lock is not None
         with self.lock:
             if not self.created:
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
                 self.created = True
             fd = self.fd  # a removal meanwhile defers closing it until the flush ends
             if fd < 0:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from quorum import records
-from quorum.storage.atomic import drop_synced, ensure_dir, fsync_dir
+from quorum.storage.atomic import FILE_MODE, drop_synced, ensure_dir, fsync_dir
 from quorum.storage.snapdownload import DownloadParse
 from quorum.types import (
     ControlRecord,
@@ -242,7 +242,7 @@ class SnapshotStore:
         if snapshot_id in self._ids:
             return self.path(snapshot_id)
         part = self._part_path(snapshot_id)
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             for batch in encode_snapshot(snapshot_id, controls, state_chunks, last_contained_log_timestamp):
                 _write_all(fd, batch)
@@ -288,7 +288,7 @@ class SnapshotStore:
         """Start (or restart from zero) assembling a fetched snapshot in a ``.part`` file."""
         check_snapshot_id(snapshot_id)
         self.abort_download(snapshot_id)
-        fd = os.open(self._part_path(snapshot_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(self._part_path(snapshot_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         self._downloads[snapshot_id] = (fd, 0)
         self._parses[snapshot_id] = DownloadParse(snapshot_id)
 

@@ -1,5 +1,5 @@
-"""Random fault schedules for the simulation (crashes, partitions, drops, disk replacements,
-membership changes), all drawn from the simulation's seeded RNG."""
+"""Random fault schedules for the simulation (power loss, process crashes, partitions, drops,
+disk replacements, membership changes), all drawn from the simulation's seeded RNG."""
 
 from __future__ import annotations
 
@@ -30,6 +30,30 @@ def chaos_action(sim: Sim, crash_rate: float = 0.0015, partition_rate: float = 0
         sim.note(f"partition node {a}")
         sim.blocked.update(pairs)
         sim.at(rng.randint(200, 3000), partial(unblock, sim, pairs))
+
+
+def kill_action(sim: Sim, kill_rate: float = 0.01, power_rate: float = 0.004) -> None:
+    """Writes, reads and partitions as ``chaos_action`` (no power loss of its own), plus:
+    process crashes of one node or several (unsynced writes stay in the page cache; each
+    restarts later), and power loss on any subset of the nodes, running or already dead (a
+    dead node's page cache is lost with the power, so a power loss after a process crash drops
+    what the crashed process had not synced)."""
+    chaos_action(sim, crash_rate=0.0, partition_rate=0.004)
+    rng = sim.rng
+    r = rng.random()
+    nodes = list(sim.nodes.values())
+    live = [n for n in nodes if n.core is not None]
+    if r < kill_rate and live:
+        victims = rng.sample(live, 1 if rng.random() < 0.7 else rng.randint(1, len(live)))
+        sim.kill_many(victims)
+        for n in victims:
+            sim.at(rng.randint(100, 2000), partial(restart, sim, n))
+    elif r < kill_rate + power_rate:
+        victims = rng.sample(nodes, rng.randint(1, len(nodes)))
+        running = [n for n in victims if n.core is not None]
+        sim.crash_many(victims)
+        for n in running:
+            sim.at(rng.randint(100, 2000), partial(restart, sim, n))
 
 
 def restart(sim: Sim, n: Node) -> None:

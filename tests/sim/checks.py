@@ -62,6 +62,7 @@ class Checks:
         # fsync), and power cuts that hit a node holding written, not yet fsynced records.
         self.deferred_fsyncs = 0
         self.cuts_with_unsynced = 0
+        self.kills_with_unsynced = 0  # process crashes that left unsynced writes in the page cache
         self.unclean = False  # set by an unclean recovery: committed data may be lost on purpose
 
     def fail(self, name: str, detail: str) -> None:
@@ -79,7 +80,7 @@ class Checks:
         if latest is not None and latest.offset > offset:
             return True
         log = n.log
-        if offset < log.log_start_offset or offset >= log.flushed_end_offset:
+        if offset < log.log_start_offset or offset >= log.synced_end_offset:
             return False
         _base, _size, got, _count = batch_header(log.read(offset, 1))
         return got == epoch
@@ -113,26 +114,30 @@ class Checks:
             if got is None or got[1] != rec:
                 self.fail("acked-write-committed", f"offset {first + i}: acked {rec!r}, committed {got}")
         assert n.core is not None
-        # The voter set that committed it: the latest one, or (if a voter change was appended
-        # after the commit, before this acknowledgement) the one at its offset ...
-        sets = [frozenset(n.core.voters().voters), frozenset(n.core.history.at(pr.last_offset).voters)]
-        # ... or one in force in between: one step can move the high watermark under a set
-        # and append the next voter change (a reassignment adds, then removes) before the
-        # acknowledgement leaves.
-        hist = n.core.history
-        sets += [frozenset(hist.at(c.offset).voters) for c in hist.voter_changes_from(pr.last_offset)]
+        # The voter set the leader counted when its high watermark crossed the offset (strict:
+        # not any set in force since, which could hide a leader counting a stale set).
+        counted = [vs for lo, hi, vs in getattr(n.core, "counted", []) if lo <= pr.last_offset < hi]
+        if not counted and not self.unclean:
+            self.fail(
+                "acked-write-counted",
+                f"node {n.id} acknowledged offset {pr.last_offset} but its high watermark never "
+                f"crossed it while leading",
+            )
+        sets = counted[:1]
         self.acked_checks += 1
         held = [vs for vs in sets if self.durable_count(pr.last_offset, pr.epoch, vs) >= len(vs) // 2 + 1]
         if not self.unclean and not held:
+            vs = sets[0]
             self.fail(
                 "acked-write-durable",
                 f"node {n.id} acknowledged offset {pr.last_offset} (epoch {pr.epoch}) "
-                f"fsynced on fewer than a majority of {sorted(map(str, sets[0]))}: "
+                f"synced on fewer than a majority of the voters it counted {sorted(map(str, vs))}: "
                 + ", ".join(
-                    f"node {m.id} fsynced up to {m.log.flushed_end_offset}" for m in self.nodes.values()
+                    f"node {m.id} synced up to {m.log.synced_end_offset} (flushed {m.log.flushed_end_offset})"
+                    for m in self.nodes.values()
                 ),
             )
-        voters = held[0] if held else sets[0]
+        voters = held[0] if held else frozenset(n.core.voters().voters)
         if self.acked_top is None or pr.last_offset > self.acked_top[0]:
             self.acked_top = (pr.last_offset, pr.epoch, voters)
         self.max_acked = max(self.max_acked, pr.last_offset + 1)

@@ -3,10 +3,15 @@ real driver (``quorum.driver``) over the in-memory storage (``quorum.storage.mem
 
 What it models: a network (delay, drop, duplicate, partitions, refused connections); fsyncs
 that take time, during which arriving messages keep stepping the core (``interleave``: the
-node's executor fsync); power loss on any subset of nodes at once (``MemoryLog.crash``: all
-that was not fsynced is gone, and so is a quorum-state save that had not happened yet); disk
+node's executor fsync); process crashes (``kill_many``: the process dies, also in the middle of
+an fsync, and its unsynced writes stay in the page cache for the next process to find);
+power loss on any subset of nodes at once, running or already dead (``MemoryLog.crash``: all
+that was not synced is gone, and so is a quorum-state save a crash interrupted); disk
 replacements (a node returns with an empty directory and a new storage UUID); a small KV state
-machine. The invariants of :mod:`tests.sim.checks` are checked after every event; a violation
+machine. ``sync_on_open=False`` restarts processes without ``open_storage``'s fsync of what
+they find, the hole that fsync closes, so a test can show the checks see it.
+
+The invariants of :mod:`tests.sim.checks` are checked after every event; a violation
 raises ``InvariantError`` naming the invariant, the seed and the simulated time. Everything is
 drawn from one ``random.Random(seed)``: ``SIM_SEED=N pytest tests/sim`` reruns a seed.
 
@@ -39,6 +44,28 @@ __all__ = ["CLUSTER", "InvariantError", "Node", "Sim"]
 
 def uuid_for(rng: random.Random) -> str:
     return str(_uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+_COUNTING: dict[type[RaftCore], type[RaftCore]] = {}
+
+
+def counting(core_cls: type[RaftCore]) -> type[RaftCore]:
+    """``core_cls`` that records, each time it moves its high watermark as leader, the voter
+    set it counted: ``counted`` holds (old hw, new hw, voters) so the checks can judge an
+    acknowledgement against the set that committed its offset, not any set in force since."""
+    if core_cls not in _COUNTING:
+
+        class Counting(core_cls):  # type: ignore[misc,valid-type]
+            def set_hw(self, new_hw: int) -> None:
+                old = self.hw
+                super().set_hw(new_hw)
+                if self.hw > old and self.leader_state() is not None:
+                    crossed = (old, self.hw, frozenset(self.voters().voters))
+                    self.__dict__.setdefault("counted", []).append(crossed)
+
+        Counting.__name__ = f"Counting{core_cls.__name__}"
+        _COUNTING[core_cls] = Counting
+    return _COUNTING[core_cls]
 
 
 @dataclass
@@ -159,6 +186,7 @@ class Delivery:
 
 class Sim(Checks):
     crash_points = False  # power loss also at fsync completion (chaos runs)
+    kill_points = 0.0  # chance of a process crash at each fsync completion instead
 
     def __init__(
         self,
@@ -173,6 +201,7 @@ class Sim(Checks):
         interleave: bool = True,
         fsync_ms: int = 25,
         core_cls: type[RaftCore] = RaftCore,
+        sync_on_open: bool = True,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -183,7 +212,8 @@ class Sim(Checks):
         self.snapshot_every = snapshot_every
         self.interleave = interleave
         self.fsync_ms = fsync_ms
-        self.core_cls = core_cls
+        self.core_cls = counting(core_cls)
+        self.sync_on_open = sync_on_open
         bootstrap = {i: f"node{i}:9000" for i in range(1, voters + 1)}
         self.base_config = dict(
             bootstrap_voters=bootstrap,
@@ -201,6 +231,7 @@ class Sim(Checks):
         self.nodes: dict[int, Node] = {}
         for i in range(1, voters + spares + 1):
             self.nodes[i] = Node(i, uuid_for(self.rng))
+            self.set_open_rule(self.nodes[i])
         self.net: list[Delivery] = []
         self.persists: list[tuple[int, int, int, int]] = []  # (at, seq, node id, incarnation)
         self.seq = 0
@@ -224,11 +255,15 @@ class Sim(Checks):
     def config_for(self, n: Node) -> CoreConfig:
         return CoreConfig(local_endpoint=n.endpoint, initial_bootstrap=n.initial, **self.base_config)  # type: ignore[arg-type]
 
+    def set_open_rule(self, n: Node) -> None:
+        n.log.sync_on_open = n.qstore.sync_on_open = self.sync_on_open
+
     def start(self, n: Node) -> None:
         n.incarnation += 1
         n.inbound.clear()
         n.pending = None
         n.log.reopen()
+        n.qstore.reopen()
         summary = recover_log(n.log, n.snapshots)
         n.sm = DictStateMachine()
         applied_end, applied_epoch = load_latest_snapshot(n.snapshots, summary, n.sm)
@@ -263,17 +298,43 @@ class Sim(Checks):
         self.crash_many([n])
 
     def crash_many(self, nodes: list[Node]) -> None:
-        """Power loss on several nodes at the same instant."""
+        """Power loss on several nodes at the same instant. A node whose process is already
+        dead (``kill_many``) loses what its page cache still held."""
         for n in nodes:
-            if n.core is None:
+            if n.core is None and n.log.end_offset == n.log.synced_end_offset:
                 continue
-            self.note(f"power loss {n.key}" + (" during fsync" if n.pending is not None else ""))
-            if n.log.end_offset > n.log.flushed_end_offset:
+            state = "down, " if n.core is None else ""
+            during = " during fsync" if n.pending is not None else ""
+            synced = f"synced to {n.log.synced_end_offset} of {n.log.end_offset}"
+            self.note(f"power loss {n.key} ({state}{synced}){during}")
+            if n.log.end_offset > n.log.synced_end_offset:
                 self.cuts_with_unsynced += 1
             n.core, n.driver, n.pending = None, None, None
             n.log.crash()
+            n.qstore.crash()
             n.snapshots.crash()
         self.check_acked_durable()
+
+    def kill_many(self, nodes: list[Node]) -> None:
+        """Process crash (SIGKILL, OOM kill) of several nodes: nothing on disk is lost, and
+        what was written but not synced stays in the page cache. A node killed while its
+        persist ran had done the writes of that persist, not its fsync: the fetched batches
+        are in the log, and a quorum-state save may have been renamed into place without its
+        directory fsync."""
+        for n in nodes:
+            p = n.pending
+            if n.core is None:
+                continue
+            self.note(f"process crash {n.key}" + (" during fsync" if p is not None else ""))
+            if p is not None:
+                for b in p.raw:
+                    n.log.append_batches(b.data, b.infos)
+                if p.quorum_state is not None and self.rng.random() < 0.5:
+                    n.qstore.save_interrupted(p.quorum_state)
+            if n.log.end_offset > n.log.synced_end_offset:
+                self.kills_with_unsynced += 1
+            n.core, n.driver, n.pending = None, None, None
+            n.snapshots.crash()  # a download in progress starts again (its .part is deleted on open)
 
     def replace_disk(self, n: Node) -> str:
         """The node loses its directory and comes back formatted with a new storage UUID."""
@@ -283,6 +344,7 @@ class Sim(Checks):
         n.log = MemoryLog()
         n.qstore = MemoryQuorumStateStore(CLUSTER)
         n.snapshots = MemorySnapshotStore()
+        self.set_open_rule(n)
         n.last_epoch_seen = 0
         n.initial = False
         self.note(f"replace disk of node {n.id}: new uuid {n.uuid}")
@@ -341,6 +403,10 @@ class Sim(Checks):
             return
         if self.crash_points and self.rng.random() < 0.002:
             self.crash(n)  # before the fsync completed: its batches and state save are lost
+            self.at(self.rng.randint(100, 2000), lambda: self.restart(n))
+            return
+        if self.kill_points and self.rng.random() < self.kill_points:
+            self.kill_many([n])  # its writes are in the page cache, unsynced
             self.at(self.rng.randint(100, 2000), lambda: self.restart(n))
             return
         n.pending = None
@@ -546,6 +612,7 @@ class Sim(Checks):
             "pipelined_fetches": self.pipelined_fetches,
             "deferred_fsyncs": self.deferred_fsyncs,
             "cuts_with_unsynced": self.cuts_with_unsynced,
+            "kills_with_unsynced": self.kills_with_unsynced,
             "leaders": len(self.leaders),
             "errors": len(self.errors),
         }

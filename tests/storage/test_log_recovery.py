@@ -88,15 +88,40 @@ def test_torn_tail_partial_batch_is_truncated(
         assert log.end_offset == layout[-1][0] + 1
 
 
-@pytest.mark.parametrize("where", ["crc-field", "payload"])
-def test_torn_tail_flipped_final_crc(tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("where", ["crc-field", "payload", "length-up", "count"])
+def test_damaged_final_batch_is_not_a_torn_tail(tmp_path: Path, where: str) -> None:
+    """The last batch was written whole (the file holds all of it): a failed check is damage to
+    something the node may have acknowledged, so the log is not cut."""
     layout = build(tmp_path, 10)
     seg = segments(tmp_path)[-1]
     last_pos = seg.stat().st_size - layout[-1][1]
-    flip(seg, last_pos + 13 if where == "crc-field" else seg.stat().st_size - 2)
-    with caplog.at_level(logging.WARNING, logger="quorum.storage.log"), SegmentedLog(tmp_path) as log:
-        assert log.end_offset == layout[-1][0]
-        assert "CRC" in caplog.text
+    if where == "length-up":  # now claims to run past the file end, like a partial batch
+        with open(seg, "r+b") as f:
+            f.seek(last_pos + 8)
+            f.write((layout[-1][1] - 12 + 64).to_bytes(4, "little"))
+    else:
+        at = {"crc-field": last_pos + 13, "payload": seg.stat().st_size - 2, "count": last_pos + 21}
+        flip(seg, at[where])
+    expect_corrupt(tmp_path, seg.name, "not a torn write", f"position {last_pos}")
+
+
+def test_partial_final_batch_with_zeros_after_a_sector_boundary_is_torn(tmp_path: Path) -> None:
+    """A power cut after the file was extended, before its last sectors were written: the
+    batch's bytes from a sector boundary on read back as zeros."""
+    with SegmentedLog(tmp_path, segment_bytes=BIG) as log:
+        for i in range(6):
+            log.append(log.end_offset, 1, [bytes([65 + i]) * 300] * 2, append_time_ms=0)
+        infos = log.batch_infos()
+    seg = segments(tmp_path)[-1]
+    data = bytearray(seg.read_bytes())
+    last_pos = infos[-1][2]
+    boundary = (last_pos // 512 + 1) * 512
+    assert boundary < len(data)
+    data[boundary:] = bytes(len(data) - boundary + 700)  # and the file was extended further
+    seg.write_bytes(bytes(data))
+    with SegmentedLog(tmp_path) as log:
+        assert log.end_offset == infos[-1][0]
+    assert seg.stat().st_size == last_pos
 
 
 @pytest.mark.parametrize("tail", [b"\x00" * 4096, b"\x00" * 10, b"\x07" * 20])

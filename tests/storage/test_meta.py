@@ -162,6 +162,7 @@ def test_properties_syntax() -> None:
     assert parse_properties(render_properties(props).decode()) == props
 
 
-def test_meta_file_is_world_readable(tmp_path: Path) -> None:
-    format_dir(tmp_path, "c", 1)
-    assert os.stat(tmp_path / META_FILE).st_mode & 0o777 == 0o644
+def test_meta_file_is_the_nodes_alone(tmp_path: Path) -> None:
+    format_dir(tmp_path / "d", "c", 1)
+    assert os.stat(tmp_path / "d" / META_FILE).st_mode & 0o777 == 0o600
+    assert os.stat(tmp_path / "d").st_mode & 0o777 == 0o700
