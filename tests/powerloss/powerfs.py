@@ -57,7 +57,8 @@ class PowerFs:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(self.binary), "--control", str(self.socket), str(self.backing), str(self.mountpoint), "-f"],
+                [str(self.binary), "--control", str(self.socket), str(self.backing), str(self.mountpoint),
+                 "-f"],
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
