@@ -12,6 +12,7 @@ before the node claims any of it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 from collections.abc import Callable
@@ -24,10 +25,11 @@ from tests.powerloss.cluster import PowerCluster
 
 pytestmark = pytest.mark.slow
 
-# A long fetch timeout keeps the leader leading while F1 is held and restarting (it resigns
-# without a majority's Fetch for 1.5 fetch timeouts); a long write timeout keeps the held
-# write's client waiting until F1 is back.
-CONFIG = {"raft": {"fetch_timeout_ms": 5000}, "client": {"write_timeout_ms": 60000}}
+# A long fetch timeout keeps the leader leading while F1 is held and restarting (a leader
+# without a majority's Fetch for a while resigns, and a restart on a loaded machine may take
+# seconds); a long write timeout keeps the held write's client waiting until F1 is back. The
+# nodes started for the election at the end take the cluster's usual, short fetch timeout.
+CONFIG = {"raft": {"fetch_timeout_ms": 30000}, "client": {"write_timeout_ms": 60000}}
 
 
 class PendingPut:
@@ -94,6 +96,10 @@ def test_restart_after_crash_does_not_count_unsynced_batches(
     print(f"'held' acknowledged at offset {offset}; node {f1}'s unsynced files at its power loss: {unsynced}")
     c.power_loss([f1])
     c.crash([leader])
+    assert c.config_path is not None
+    cfg = json.loads(c.config_path.read_text())
+    cfg["raft"]["fetch_timeout_ms"] = 1500
+    c.config_path.write_text(json.dumps(cfg))
     c.start(f1)
     c.start(f2)
     new_leader = poll(lambda: (lid := int(c.state()["leader_id"])) != leader and lid, 90,
