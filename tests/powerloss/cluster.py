@@ -46,6 +46,12 @@ class PowerCluster(TlsCluster):
         for i in nodes:
             self.disks[i].clear_cache()
 
+    def ready(self, i: int) -> bool:
+        """Whether node i answers ``/readyz`` with 200 (it knows a leader, or is it); raises
+        while it does not answer at all."""
+        status, _ = self.call_as("rw.json", lambda q: q.node_get(self.endpoint(i), "/readyz"))
+        return bool(status == 200)
+
     def client(self, timeout: float = 10) -> QuorumClient:
         """A client with the read-write token (the caller closes it)."""
         config = load_client_config(self.tls / "rw.json")

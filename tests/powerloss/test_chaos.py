@@ -48,8 +48,10 @@ def _round(c: PowerCluster, rng: random.Random, crashed_before: list[int]) -> tu
     """Apply one round's faults and restart the victims; returns (what, the nodes that only crashed)."""
     nodes = list(c.ports)
     if crashed_before and rng.random() < 0.25:
+        # They restarted on what their page cache held; once they rejoined, that is lost.
+        poll(lambda: all(c.ready(i) for i in crashed_before), 60, f"nodes {crashed_before} ready again")
         crash: list[int] = []
-        power = crashed_before  # they restarted trusting their page cache: now it is lost
+        power = crashed_before
     else:
         victims = rng.sample(nodes, rng.choices([1, 2, 3], weights=[5, 3, 2])[0])
         how = rng.choice(["crash", "power", "mixed"])
