@@ -26,7 +26,9 @@ def test_sequential_and_concurrent_histories_are_linearizable() -> None:
 def test_a_stale_read_is_found() -> None:
     h = [put("k#1", 0, 1, 10), put("k#2", 2, 3, 11), get("k", "k#1", 4, 5)]
     assert not linearizable(h)
-    assert stale_reads(h) == ["k: a read at 4.000 returned 'k#1', older than 'k#2' acknowledged at 3.000 (offset 11)"]
+    assert stale_reads(h) == [
+        "k: a read at 4.000 returned 'k#1', older than 'k#2' acknowledged at 3.000 (offset 11)"
+    ]
     assert "k: not linearizable (3 operations)" in check_registers(h)[0]
 
 
@@ -46,7 +48,8 @@ def test_indeterminate_writes() -> None:
     # Never seen: it may never have happened.
     assert linearizable([put("k#1", 0, 1), put("k#2", 2, None), get("k", "k#1", 5, 6)])
     # Seen: it happened, at any time after it started, even long after.
-    assert linearizable([put("k#1", 0, 1), put("k#2", 0.5, None), get("k", "k#1", 5, 6), get("k", "k#2", 7, 8)])
+    h = [put("k#1", 0, 1), put("k#2", 0.5, None), get("k", "k#1", 5, 6), get("k", "k#2", 7, 8)]
+    assert linearizable(h)
     # But not before it started.
     assert not linearizable([get("k", "k#2", 0, 1), put("k#2", 2, None)])
     # Once seen, a later read cannot go back before it.
