@@ -12,6 +12,7 @@ from typing import Any
 
 from quorum.client import QuorumClient
 from quorum.security.clientconfig import load_client_config
+from tests.engine.cluster import poll
 from tests.powerloss.powerfs import PowerFs
 from tests.tlsfixtures import TlsCluster
 
@@ -30,21 +31,45 @@ class PowerCluster(TlsCluster):
     def running(self) -> list[int]:
         return [i for i, p in self.procs.items() if p.poll() is None]
 
-    def crash(self, nodes: Iterable[int]) -> None:
-        """SIGKILL ``nodes`` at once (signalled together, then reaped)."""
-        nodes = [i for i in nodes if i in self.procs]
+    def hold_syncs(self, nodes: Iterable[int], within: float) -> list[int]:
+        """Hold every fsync on the disks of ``nodes`` (powerfs ``hold-sync``) and wait up to
+        ``within`` seconds until each has one held; returns those that have. :meth:`fault` with
+        ``in_fsync`` ends the hold."""
+        nodes = list(nodes)
         for i in nodes:
+            self.disks[i].command("hold-sync")
+        try:
+            poll(lambda: all(self.disks[i].stats()["held_syncs"] for i in nodes), within, "held fsyncs")
+        except AssertionError:
+            pass  # a node that wrote nothing meanwhile dies outside an fsync
+        return [i for i in nodes if self.disks[i].stats()["held_syncs"]]
+
+    def fault(
+        self, crash: Iterable[int] = (), power: Iterable[int] = (), in_fsync: Iterable[int] = ()
+    ) -> None:
+        """SIGKILL the nodes of ``crash`` and ``power`` at once; then the disks of ``power`` lose
+        what was not fsynced. The disks of ``in_fsync`` had their syncs held
+        (:meth:`hold_syncs`): their held fsyncs fail, unsynced, once the signals are sent, so
+        those nodes die inside an fsync."""
+        power = list(power)
+        victims = [i for i in [*crash, *power] if i in self.procs]
+        for i in victims:
             self.procs[i].send_signal(signal.SIGKILL)
-        for i in nodes:
+        for i in in_fsync:
+            self.disks[i].command("fail-held-sync")
+        for i in victims:
             self.kill(i)
+        for i in power:
+            self.disks[i].clear_cache()
+
+    def crash(self, nodes: Iterable[int]) -> None:
+        """SIGKILL ``nodes`` at once: their unsynced writes stay in their disks' page cache."""
+        self.fault(crash=nodes)
 
     def power_loss(self, nodes: Iterable[int]) -> None:
         """Power loss of ``nodes``: their processes die and their disks drop what was not
         fsynced."""
-        nodes = list(nodes)
-        self.crash(nodes)
-        for i in nodes:
-            self.disks[i].clear_cache()
+        self.fault(power=nodes)
 
     def ready(self, i: int) -> bool:
         """Whether node i answers ``/readyz`` with 200 (it knows a leader, or is it); raises

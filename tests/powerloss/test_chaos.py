@@ -2,10 +2,11 @@
 powerfs disk, under a concurrent client workload, through seeded rounds of faults. Each round
 picks one node, two, or all three; each victim crashes (SIGKILL: what it had not fsynced stays
 in its disk's page cache and the restarted node finds it) or loses power (SIGKILL and
-``clear-cache``: what it had not fsynced is gone); a quarter of the rounds cut the power of
-the nodes that the round before crashed and restarted, the shape of a restart that trusted its
-page cache. The victims restart at once; the next round waits until the quorum acknowledged a
-few more writes.
+``clear-cache``: what it had not fsynced is gone), in half the rounds inside an fsync (powerfs
+holds the victims' syncs until they are killed: written, never synced). A quarter of the rounds
+cut the power of the nodes that the round before crashed, once they restarted and rejoined: the
+shape of a restart that trusted its page cache. The victims restart at once; the next round
+waits until the quorum acknowledged a few more writes.
 
 At the end every acknowledged write must be there: each fresh key reads back with its value, no
 read returned a value older than a write acknowledged before it started, no two acknowledged
@@ -60,11 +61,12 @@ def _round(c: PowerCluster, rng: random.Random, crashed_before: list[int]) -> tu
         else:
             power = victims if how == "power" else []
         crash = [i for i in victims if i not in power]
-    c.crash(crash)
-    c.power_loss(power)
+    # Half the time the victims die inside an fsync: written, not yet synced.
+    in_fsync = c.hold_syncs(crash + power, 3) if rng.random() < 0.5 else []
+    c.fault(crash, power, in_fsync)
     for i in crash + power:
         c.start(i)
-    return f"crash {sorted(crash)} power loss {sorted(power)}", crash
+    return f"crash {sorted(crash)} power loss {sorted(power)} inside fsync {sorted(in_fsync)}", crash
 
 
 async def _final_reads(

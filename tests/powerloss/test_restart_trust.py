@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -85,9 +84,7 @@ def test_restart_after_crash_does_not_count_unsynced_batches(
     held = PendingPut(c, "held", b"acknowledged only once f1 restarted")
     poll(lambda: disk.stats()["held_syncs"] > 0, 30, f"node {f1}'s fsync of the new batch held")
     assert disk.stats()["dirty_files"] > 0, "the held batch is not in f1's page cache"
-    c.procs[f1].send_signal(signal.SIGKILL)
-    disk.command("fail-held-sync")  # the killed process leaves once its fsync returns
-    c.kill(f1)
+    c.fault(crash=[f1], in_fsync=[f1])
     assert held.result is None, f"the write was answered before f1 restarted: {held.result!r}"
 
     c.start(f1)
