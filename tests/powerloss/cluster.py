@@ -33,8 +33,8 @@ class PowerCluster(TlsCluster):
 
     def hold_syncs(self, nodes: Iterable[int], within: float) -> list[int]:
         """Hold every fsync on the disks of ``nodes`` (powerfs ``hold-sync``) and wait up to
-        ``within`` seconds until each has one held; returns those that have. :meth:`fault` with
-        ``in_fsync`` ends the hold."""
+        ``within`` seconds until each has one held; returns those that have. The next
+        :meth:`fault` of these nodes ends the hold, so they die inside their fsync."""
         nodes = list(nodes)
         for i in nodes:
             self.disks[i].command("hold-sync")
@@ -44,23 +44,28 @@ class PowerCluster(TlsCluster):
             pass  # a node that wrote nothing meanwhile dies outside an fsync
         return [i for i in nodes if self.disks[i].stats()["held_syncs"]]
 
-    def fault(
-        self, crash: Iterable[int] = (), power: Iterable[int] = (), in_fsync: Iterable[int] = ()
-    ) -> None:
+    def fault(self, crash: Iterable[int] = (), power: Iterable[int] = ()) -> None:
         """SIGKILL the nodes of ``crash`` and ``power`` at once; then the disks of ``power`` lose
-        what was not fsynced. The disks of ``in_fsync`` had their syncs held
-        (:meth:`hold_syncs`): their held fsyncs fail, unsynced, once the signals are sent, so
-        those nodes die inside an fsync."""
+        what was not fsynced. A victim whose fsync is held (:meth:`hold_syncs`) dies inside it:
+        the hold ends after the signals, and the held fsync fails without syncing (the killed
+        process cannot exit before it returns)."""
         power = list(power)
-        victims = [i for i in [*crash, *power] if i in self.procs]
+        victims = [*crash, *power]
         for i in victims:
-            self.procs[i].send_signal(signal.SIGKILL)
-        for i in in_fsync:
+            if i in self.procs:
+                self.procs[i].send_signal(signal.SIGKILL)
+        for i in victims:
             self.disks[i].command("fail-held-sync")
         for i in victims:
             self.kill(i)
         for i in power:
             self.disks[i].clear_cache()
+
+    def stop(self) -> None:
+        for disk in self.disks.values():  # a held fsync would keep its process from stopping
+            if disk.proc is not None:
+                disk.command("fail-held-sync")
+        super().stop()
 
     def crash(self, nodes: Iterable[int]) -> None:
         """SIGKILL ``nodes`` at once: their unsynced writes stay in their disks' page cache."""

@@ -62,8 +62,8 @@ def _round(c: PowerCluster, rng: random.Random, crashed_before: list[int]) -> tu
             power = victims if how == "power" else []
         crash = [i for i in victims if i not in power]
     # Half the time the victims die inside an fsync: written, not yet synced.
-    in_fsync = c.hold_syncs(crash + power, 3) if rng.random() < 0.5 else []
-    c.fault(crash, power, in_fsync)
+    in_fsync = c.hold_syncs(crash + power, 2) if rng.random() < 0.5 else []
+    c.fault(crash, power)
     for i in crash + power:
         c.start(i)
     return f"crash {sorted(crash)} power loss {sorted(power)} inside fsync {sorted(in_fsync)}", crash
