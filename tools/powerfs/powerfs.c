@@ -8,9 +8,7 @@
  *
  *   powerfs [--control SOCKET] BACKING MOUNTPOINT [FUSE options]
  *
- * The control socket (a Unix stream socket) takes one command line per connection and answers
- * one line, after the command took effect: that is why it is a socket and not a FIFO, whose
- * writer cannot tell when the reader acted.
+ * The control socket is served by control.c.
  */
 #define FUSE_USE_VERSION 31
 #define _GNU_SOURCE
@@ -18,24 +16,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <fuse.h>
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/time.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "cache.h"
+#include "control.h"
 
 static int root_fd = -1;
-static struct fuse *fuse_handle; /* for the kernel cache invalidations at clear-cache */
-static int control_fd = -1;
-static char control_path[PATH_MAX];
 
 enum { H_FILE = 0x66696c65, H_DIR = 0x64697220 };
 
@@ -381,48 +373,6 @@ static int pfs_fsyncdir(const char *path, int datasync, struct fuse_file_info *f
 	return r < 0 ? -errno : 0;
 }
 
-static void *control_loop(void *arg)
-{
-	(void)arg;
-	for (;;) {
-		int c = accept4(control_fd, NULL, NULL, SOCK_CLOEXEC);
-		if (c < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
-				continue;
-			return NULL;
-		}
-		struct timeval tv = {.tv_sec = 5};
-		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-		char cmd[128];
-		size_t n = 0;
-		while (n < sizeof(cmd) - 1) {
-			ssize_t r = read(c, cmd + n, sizeof(cmd) - 1 - n);
-			if (r <= 0)
-				break;
-			n += (size_t)r;
-			if (memchr(cmd, '\n', n))
-				break;
-		}
-		cmd[n] = '\0';
-		cmd[strcspn(cmd, "\r\n")] = '\0';
-		char out[512];
-		char **stale;
-		pc_control(cmd, out, sizeof(out) - 1, &stale);
-		/* A process that still has a file open (it survived the "power loss") must not read
-		 * the dropped bytes from the kernel's page cache: invalidate it, outside pc_lock (the
-		 * kernel may wait for reads in flight, which need the lock to finish). */
-		for (size_t i = 0; stale && stale[i]; i++) {
-			fuse_invalidate_path(fuse_handle, stale[i]);
-			free(stale[i]);
-		}
-		free(stale);
-		size_t len = strlen(out);
-		out[len++] = '\n';
-		(void)!write(c, out, len);
-		close(c);
-	}
-}
-
 static void *pfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
 	/* Every write reaches this process (the kernel must not hold dirty pages of its own),
@@ -439,14 +389,7 @@ static void *pfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	 * on it arrive with a handle and no path. */
 	cfg->hard_remove = 1;
 	cfg->nullpath_ok = 1;
-	fuse_handle = fuse_get_context()->fuse;
-	if (control_fd >= 0) {
-		pthread_t t;
-		if (pthread_create(&t, NULL, control_loop, NULL) == 0)
-			pthread_detach(t);
-		else
-			fprintf(stderr, "powerfs: cannot start the control thread\n");
-	}
+	control_start(fuse_get_context()->fuse);
 	return NULL;
 }
 
@@ -488,29 +431,6 @@ static int usage(void)
 	return 2;
 }
 
-static int open_control(const char *path)
-{
-	if (path[0] != '/') {
-		char cwd[PATH_MAX];
-		if (!getcwd(cwd, sizeof(cwd)) ||
-		    snprintf(control_path, sizeof(control_path), "%s/%s", cwd, path) >= (int)sizeof(control_path))
-			return -ENAMETOOLONG;
-	} else if (snprintf(control_path, sizeof(control_path), "%s", path) >= (int)sizeof(control_path)) {
-		return -ENAMETOOLONG;
-	}
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	if (strlen(control_path) >= sizeof(a.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(a.sun_path, control_path);
-	unlink(control_path);
-	control_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (control_fd < 0 || bind(control_fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(control_fd, 16) < 0)
-		return -errno;
-	/* Bound and listening before the mount: once `powerfs` returns (it daemonizes after
-	 * mounting), commands are accepted; the thread serving them starts with the file system. */
-	return 0;
-}
-
 int main(int argc, char *argv[])
 {
 	int i = 1;
@@ -530,7 +450,7 @@ int main(int argc, char *argv[])
 		return 1;
 	}
 	if (control) {
-		int r = open_control(control);
+		int r = control_open(control);
 		if (r < 0) {
 			fprintf(stderr, "powerfs: control socket %s: %s\n", control, strerror(-r));
 			return 1;
@@ -546,8 +466,7 @@ int main(int argc, char *argv[])
 		fargv[fargc++] = argv[i];
 	fargv[fargc++] = "-osubtype=powerfs";
 	int r = fuse_main(fargc, fargv, &ops, NULL);
-	if (control)
-		unlink(control_path);
+	control_close();
 	free(fargv);
 	return r;
 }
