@@ -53,8 +53,10 @@ def _round(c: PowerCluster, rng: random.Random, crashed_before: list[int]) -> tu
         poll(lambda: all(c.ready(i) for i in crashed_before), 60, f"nodes {crashed_before} ready again")
         crash: list[int] = []
         power = crashed_before
+        kind = "restarted last round: "
     else:
-        victims = rng.sample(nodes, rng.choices([1, 2, 3], weights=[5, 3, 2])[0])
+        kind = ""
+        victims = rng.sample(nodes, rng.choices([1, 2, 3], weights=[6, 2, 2])[0])
         how = rng.choice(["crash", "power", "mixed"])
         if how == "mixed":
             power = rng.sample(victims, rng.randint(1, len(victims)))
@@ -66,7 +68,8 @@ def _round(c: PowerCluster, rng: random.Random, crashed_before: list[int]) -> tu
     c.fault(crash, power)
     for i in crash + power:
         c.start(i)
-    return f"crash {sorted(crash)} power loss {sorted(power)} inside fsync {sorted(in_fsync)}", crash
+    inside = f", killed inside fsync {sorted(in_fsync)}" if in_fsync else ""
+    return f"{kind}crash {sorted(crash)} power loss {sorted(power)}{inside}", crash
 
 
 async def _final_reads(
