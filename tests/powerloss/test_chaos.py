@@ -92,6 +92,7 @@ async def _final_reads(
     return final, lost
 
 
+@pytest.mark.timeout(900)  # 5 minutes on a 2-core machine shared with other test runs
 def test_acknowledged_writes_survive_crashes_and_power_losses(
     power_cluster: Callable[[dict[str, Any]], PowerCluster],
 ) -> None:
