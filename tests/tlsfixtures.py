@@ -60,8 +60,8 @@ def make_tls_dir(directory: Path, nodes: Iterable[int] = (1, 2, 3), cluster_id: 
 class TlsCluster(LocalCluster):
     """LocalCluster whose nodes start with ``--tls-dir`` (cluster id :data:`CLUSTER`)."""
 
-    def __init__(self, root: Path, tls: Path) -> None:
-        super().__init__(root, 3, cluster_id=CLUSTER)
+    def __init__(self, root: Path, tls: Path, config: dict[str, Any] | None = None) -> None:
+        super().__init__(root, 3, config=config, cluster_id=CLUSTER)
         self.tls = tls
 
     def start_args(self, i: int) -> list[str]:
