@@ -81,6 +81,7 @@ MAX_REQUEST_FRAME = HEAD_BYTES + 4 + wire.MAX_HEADER
 MAX_ANSWER_FRAME = HEAD_BYTES + MAX_RESPONSE_BYTES
 MAX_IN_FLIGHT = 64  # as the HTTP transport's connections per peer
 RETRY_UPGRADE_S = 30.0
+HEARTBEAT_S = 10.0
 # The statuses an older node answers the upgrade with: no such route / method, or (TLS) its
 # authorization middleware refusing "stream" as an unknown RPC.
 _OLD_VERSION_STATUS = frozenset({400, 404, 405})
@@ -297,6 +298,9 @@ class StreamTransport:
                     timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
                     max_msg_size=MAX_ANSWER_FRAME,
                     autoping=True,
+                    # a peer that vanished without closing (no pong within half of it): the
+                    # stream is closed and the next request opens a new one
+                    heartbeat=HEARTBEAT_S,
                     compress=0,
                     server_hostname=fb.server_hostname(destination_id) if fb.server_hostname else None,
                 )

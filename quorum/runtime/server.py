@@ -154,12 +154,18 @@ def _parse_reassign(obj: dict[str, Any]) -> list[int] | None:
     return ids
 
 
+def offset_response(offset: int) -> web.Response:
+    """``{"offset": N}``, the answer to every committed write: formatted as bytes directly (the
+    write path's answer; ``web.json_response`` serializes a dict and encodes text, about three
+    times the cost), the same body and Content-Type."""
+    return web.Response(body=b'{"offset": %d}' % offset, content_type="application/json", charset="utf-8")
+
+
 def _kv_routes(app: web.Application, node: NodeApi) -> None:
     async def kv_put(request: web.Request) -> web.Response:
         key = key_of(request)
         value = await request.read()
-        offset = await node.put(key, value)
-        return web.json_response({"offset": offset})
+        return offset_response(await node.put(key, value))
 
     async def kv_get(request: web.Request) -> web.Response:
         key = key_of(request)
@@ -169,8 +175,7 @@ def _kv_routes(app: web.Application, node: NodeApi) -> None:
         return web.Response(body=value, content_type="application/octet-stream")
 
     async def kv_delete(request: web.Request) -> web.Response:
-        offset = await node.delete(key_of(request))
-        return web.json_response({"offset": offset})
+        return offset_response(await node.delete(key_of(request)))
 
     app.router.add_put("/v1/kv/{key:.+}", kv_put)
     app.router.add_get("/v1/kv/{key:.+}", kv_get)
