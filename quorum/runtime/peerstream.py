@@ -178,8 +178,9 @@ async def serve_stream(
             if auth is not None:
                 auth.check(principal, path, msg)
             out = await rpc(path, body, principal, msg)
-            payload = bytes(out) if isinstance(out, wire.Frame) else out
-            frame = _HEAD.pack(b"A", 0, rid) + payload
+            head = _HEAD.pack(b"A", 0, rid)
+            # one join of a catch-up answer's parts (the segment bytes are copied once here)
+            frame = b"".join((head, out.head, out.raw)) if isinstance(out, wire.Frame) else head + out
         except KraftError as e:
             text = f"{e.code.value}: {e.message}".encode()[:4096]
             frame = _HEAD.pack(b"A", _error_status(e), rid) + text
