@@ -7,11 +7,8 @@ the voter set unchanged."""
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import struct
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,45 +20,15 @@ from quorum.runtime.peerstream import MAX_REQUEST_FRAME, RPCS, STREAM_PATH, SUBP
 from quorum.security.pki import peer_hostname
 from quorum.security.tlsctx import client_context
 from tests.engine.cluster import poll
-from tests.hostile.fakes import NODE_DEFAULT_TIMEOUTS, assert_intact, frame
-from tests.tlsfixtures import CLUSTER, TlsCluster, make_tls_dir
+from tests.hostile.fakes import assert_intact, frame
+from tests.hostile.test_tls import KEYS, _ctx, cluster, tls_dir
+from tests.tlsfixtures import CLUSTER, TlsCluster
 
 pytestmark = pytest.mark.slow
 
-KEYS = {f"stream-committed-{i}": f"value-{i}".encode() for i in range(3)}
 HEAD = struct.Struct("<cHI")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
-    tls = make_tls_dir(tmp_path_factory.mktemp("tls"), nodes=(1, 2, 3))
-    c = TlsCluster(tmp_path_factory.mktemp("nodes"), tls)
-    assert c.config_path is not None
-    cfg = json.loads(c.config_path.read_text())
-    cfg["raft"].update(NODE_DEFAULT_TIMEOUTS["raft"])
-    c.config_path.write_text(json.dumps(cfg))
-    c.up()
-    try:
-        c.state(60)
-        for k, v in KEYS.items():
-            c.call_as("rw.json", lambda q, k=k, v=v: q.put(k, v))
-        yield c
-    finally:
-        c.stop()
-
-
-def _ctx(c: TlsCluster, who: str) -> ssl.SSLContext:
-    d = c.tls
-    files: dict[str, tuple[Path, Path] | None] = {
-        "none": None,
-        "foreign": (d / "foreign" / "node-2.crt", d / "foreign" / "node-2.key"),
-        "other-ca": (d / "other-ca" / "node-2.crt", d / "other-ca" / "node-2.key"),
-        "expired": (d / "expired" / "node-2.crt", d / "expired" / "node-2.key"),
-        "node-3": (d / "node-3.crt", d / "node-3.key"),
-        "read": (d / "read.crt", d / "read.key"),
-    }
-    f = files[who]
-    return client_context(d / "ca.crt") if f is None else client_context(d / "ca.crt", *f)
+# The TLS half's cluster (three TLS nodes, its committed KEYS) and its credentials by name.
+__all__ = ["cluster", "tls_dir"]
 
 
 async def _open(c: TlsCluster, node: int, who: str, **kw: Any) -> tuple[aiohttp.ClientSession, Any]:
