@@ -59,7 +59,7 @@ if __package__ in (None, ""):
 from bench.baseline import BaselineTree, Pair, export_tree, missing_start_flags, ratio_lines
 from bench.clusters import Cluster, EtcdCluster, KraftKeeperCluster, PySyncObjCluster
 from bench.common import LoadResult, have_wrk, sigterm_as_interrupt, value_bytes
-from bench.measure import measure, measure_ceiling, measure_pair
+from bench.measure import measure, measure_ceiling, measure_floor, measure_pair
 from bench.pysyncobj_node import pysyncobj_node
 from bench.results import Row, _tls_cost, ceiling_lines, render, results_json
 
@@ -208,11 +208,17 @@ def _main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     pairs: list[Pair] = []
     ceiling: dict[str, LoadResult] = {}
+    floor: dict[str, float] = {}
     try:
         with sigterm_as_interrupt():
             log(f"work dir {work}; generator {generator}; {duration:g}s per run; machine: {_machine()}")
             # The ceiling needs no long runs: it is a sanity line, not a result.
             ceiling = measure_ceiling(sizes, max(a.clients), min(duration, 5.0), generator, work, tls=any_tls)
+            floor = measure_floor(work)
+            log(
+                f"  floor: fdatasync p50 {floor['fdatasync_p50_ms']:.3f} ms + loopback round trip p50 "
+                f"{floor['loopback_rtt_p50_ms']:.3f} ms = {floor['writes_per_s']:.0f} writes/s for 1 client"
+            )
             for name, res in ceiling.items():
                 log(
                     f"  generator ceiling ({name} -> aiohttp no-op, {res.clients} conns): "
@@ -257,10 +263,31 @@ def _main(argv: Sequence[str] | None = None) -> int:
     print(render(rows, a.clients, sizes))
     for line in ratio_lines(pairs, a.clients):
         print(line)
+    for line in floor_lines(floor, rows):
+        print(line)
     if a.json:
         doc = results_json(generator, duration, a.clients, sizes, ceiling, rows, pairs)
+        doc["floor"] = floor
         a.json.write_text(json.dumps(doc, indent=2))
     return 1 if any(r.error for r in rows) else 0
+
+
+def floor_lines(floor: dict[str, float], rows: list[Row]) -> list[str]:
+    """The floor (bench.measure.measure_floor) and each 1-client row's share of it."""
+    if not floor:
+        return []
+    out = [
+        f"floor (1 client): fdatasync p50 {floor['fdatasync_p50_ms']:.3f} ms + loopback round trip p50 "
+        f"{floor['loopback_rtt_p50_ms']:.3f} ms -> {floor['writes_per_s']:.0f} writes/s"
+    ]
+    for r in rows:
+        one = r.runs.get(1)
+        if one is not None and one.writes_per_s > 0:
+            out.append(
+                f"  {r.label} {r.size} B, 1 client: {one.writes_per_s:.0f} w/s = "
+                f"{one.writes_per_s / floor['writes_per_s']:.2f}x the floor"
+            )
+    return out
 
 
 def _machine() -> str:

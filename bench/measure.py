@@ -172,3 +172,60 @@ def _tls_ceiling(procs: ProcessSet, work: Path, size: int, clients: int, duratio
         "the TLS no-op server",
     )
     return run_load(ep, "kv", size, clients, duration, "asyncio", files)
+
+
+def measure_floor(work: Path, n: int = 500) -> dict[str, float]:
+    """The floor of one replicated write on this machine: the p50 of an ``fdatasync`` after a
+    100-byte append in the bench's data directory (the disk under test), and the p50 of a
+    100-byte request and answer over loopback TCP. A 1-client write needs at least one fsync
+    (the leader's and a follower's can overlap, no better) and one round trip, so
+    ``1 / (fsync + rtt)`` bounds the writes/s of one client."""
+    import os
+    import socket
+    import statistics
+    import threading
+    import time
+
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "floor.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    syncs = []
+    try:
+        for _ in range(n):
+            os.write(fd, b"x" * 100)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            syncs.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while data := conn.recv(4096):
+                conn.sendall(data)
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    rtts = []
+    with socket.create_connection(srv.getsockname()) as c:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.sendall(b"y" * 100)
+            got = 0
+            while got < 100:
+                got += len(c.recv(4096))
+            rtts.append(time.perf_counter() - t0)
+    t.join(timeout=5)
+    srv.close()
+    fsync_ms = statistics.median(syncs) * 1000
+    rtt_ms = statistics.median(rtts) * 1000
+    return {
+        "fdatasync_p50_ms": fsync_ms,
+        "loopback_rtt_p50_ms": rtt_ms,
+        "writes_per_s": 1000 / (fsync_ms + rtt_ms),
+    }

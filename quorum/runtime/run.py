@@ -21,8 +21,9 @@ import time
 from quorum.runtime import kv as kvmod
 from quorum.runtime.config import NodeConfig, load_config, parse_voters
 from quorum.runtime.node import Node
+from quorum.runtime.peerstream import StreamTransport, tls_stream_auth
 from quorum.runtime.server import build_app, start_server
-from quorum.runtime.transport import HttpTransport
+from quorum.runtime.transport import HttpTransport, Transport
 from quorum.security.nodetls import NodeTls, check_plaintext_listen, load_node_tls
 from quorum.storage.meta import load_meta
 from quorum.types import ErrorCode, KraftError
@@ -108,12 +109,17 @@ async def serve_node(
     """Run one node and its server until ``stop`` is set (default: SIGTERM / SIGINT). With
     ``tls`` (issue 8): https, mutual TLS to peers, and the authorization middleware."""
     cluster_id = load_meta(data_dir).cluster_id if tls is not None else ""
-    transport = (
+    http = (
         HttpTransport()
         if tls is None
         else HttpTransport(
             ssl_context=tls.peer_context(), server_hostname=NodeTls.server_hostname(cluster_id)
         )
+    )
+    # Peer streams (quorum.runtime.peerstream) unless turned off by name; a peer of an older
+    # version is reached over per-request HTTP either way.
+    transport: Transport = (
+        http if os.environ.get("KRAFTKEEPER_PEER_STREAM", "on").lower() == "off" else StreamTransport(http)
     )
     node = Node(data_dir, listen, voters, cfg, transport, advertise=advertise)
     try:
@@ -131,6 +137,7 @@ async def serve_node(
             node,
             max_body=kvmod.MAX_VALUE_BYTES + 64 * 1024,
             middlewares=tls.middlewares(cluster_id) if tls is not None else (),
+            stream_auth=tls_stream_auth(cluster_id) if tls is not None else None,
         )
         runner = await start_server(app, listen, tls.server_context() if tls is not None else None)
         kafka = None

@@ -109,11 +109,17 @@ class LocalCluster:
         """Extra ``kraftkeeper start`` options for node i (``tests.tlsfixtures``: TLS)."""
         return []
 
+    def command(self, i: int) -> tuple[list[str], dict[str, str] | None]:
+        """The ``kraftkeeper`` command of node i and its environment (None: this process's);
+        a mixed-version test runs another revision's tree for some nodes."""
+        return KK, None
+
     def start(self, i: int) -> None:
         log = open(self.root / f"node-{i}.log", "ab")
+        kk, env = self.command(i)
         self.procs[i] = subprocess.Popen(
             [
-                *KK,
+                *kk,
                 "start",
                 "--dir",
                 str(self.data_dir(i)),
@@ -128,6 +134,7 @@ class LocalCluster:
             stdout=log,
             stderr=log,
             start_new_session=True,
+            env=env,
         )
 
     def up(self) -> LocalCluster:
