@@ -112,7 +112,7 @@ class KraftKeeperCluster:
 
     def format_node(self, i: int) -> str:
         """``kraftkeeper format`` node ``i``'s directory; returns the new storage UUID (the last
-        line of stdout, interfaces.md)."""
+        line of stdout, docs/reference.md)."""
         cmd, env, cwd = self._command()
         proc = subprocess.run(
             [

@@ -18,7 +18,7 @@ Run as ``python -m bench.common load ...`` / ``python -m bench.common noop-serve
 benchmarks do that themselves).
 
 Both target kinds send the same payload bytes per write: ``kv`` is
-``PUT /v1/kv/{key}`` (interfaces.md) with the raw value as body; ``etcd`` is etcd's
+``PUT /v1/kv/{key}`` (docs/reference.md) with the raw value as body; ``etcd`` is etcd's
 grpc-gateway ``POST /v3/kv/put`` with a JSON body whose key and value are base64, as the
 gateway requires (etcd v3 API, ``KV.Put``).
 """
@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The engine's config file knob that turns fsync off (interfaces.md: fsync is on by default;
+# The engine's config file knob that turns fsync off (docs/reference.md: fsync is on by default;
 # `--config FILE` is JSON). One constant so the benchmark follows the engine if it is renamed:
 # a dotted path into the JSON object.
 FSYNC_CONFIG_KEY = "log.fsync"
@@ -161,7 +161,7 @@ def http_call(
 def find_leader_by_421(
     endpoints: Sequence[str], probe_path: str, probe_body: bytes, timeout: float, tls: TlsFiles | None = None
 ) -> str:
-    """Find the leader of a cluster that answers 421 + ``leader_endpoint`` (interfaces.md) by
+    """Find the leader of a cluster that answers 421 + ``leader_endpoint`` (docs/reference.md) by
     sending a real write to each node and following hints; returns the endpoint that took it."""
 
     def attempt() -> str | None:
@@ -642,7 +642,7 @@ async def _asyncio_load(
                         return
                 key_no += 1
                 request = _request_bytes(kind, target.rpartition(":")[0], key_no, conn_no, value)
-                # A 421 means "not applied, the leader is elsewhere" (interfaces.md): follow the
+                # A 421 means "not applied, the leader is elsewhere" (docs/reference.md): follow the
                 # hint and send the same write again; its latency still counts from `due`.
                 for _hop in range(3):
                     writer.write(request)

@@ -1,5 +1,5 @@
-"""The event loop under a 4 MiB-body flood, with and without shared loop turns (issue 8's flood,
-``quorum.runtime.limits`` / ``quorum.runtime.turns.ReadTurns``).
+"""The event loop under a 4 MiB-body flood, with and without shared loop turns (the hostile-peer
+flood, ``quorum.runtime.limits`` / ``quorum.runtime.turns.ReadTurns``).
 
 Each round starts the node's real HTTP server (``build_app`` + ``start_server``, TLS, uvloop when
 installed) in its own process with a stub node, once with the default per-turn quota and once

@@ -12,7 +12,7 @@ cluster of 3 real node processes; K times, a simulated volume replacement of nod
   stabilisation time, ``--stabilization-seconds``, default 2);
 * add = ``add_voter_committed`` - ``add_voter_started``; remove likewise;
 * deadline->add = ``add_voter_started`` - the stabilisation deadline (``replica_caught_up``'s
-  ``detail.stable_since_ms`` + the stabilisation time): reaction time, no policy in it (issue 10);
+  ``detail.stable_since_ms`` + the stabilisation time): reaction time, no policy in it;
 * commit->remove = ``remove_voter_started`` - ``add_voter_committed``: reaction time likewise;
 * total = ``recovery_completed`` - first fetch.
 The cluster runs with the default polling interval (0.5 s) and live window (5 s): the two reaction
@@ -382,7 +382,7 @@ def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["kafka"]:
-        # The Kafka rows (issue 9): our watcher at stabilisation 0 and default, Kafka's auto-join
+        # The Kafka rows: our watcher at stabilisation 0 and default, Kafka's auto-join
         # and the manual kafka-metadata-quorum path, on identical replacements of real controllers
         # (a follower's and the leader's in every round, interleaved).
         return kafka_recovery.main(args[1:])

@@ -1,4 +1,4 @@
-"""Operator benchmark, the real path (``python -m bench.operator --real``; issue 11).
+"""Operator benchmark, the real path (``python -m bench.operator --real``).
 
 Runs on the single-node Kubernetes of ``scripts/k8s-node.sh`` (kubelet + containerd; started here
 when it is not running and stopped again at the end) with the product image built by

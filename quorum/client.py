@@ -5,7 +5,7 @@ Used by the CLI, the operator and the benchmarks. It talks to any node listed in
 leader, so callers never need to know who leads. Errors surface as
 :class:`~quorum.types.KraftError` with the server's error code.
 
-Retry rule: a 421 means the request was *not applied* (interfaces.md), so it is always safe to
+Retry rule: a 421 means the request was *not applied* (docs/reference.md), so it is always safe to
 retry elsewhere; a 503 ``REQUEST_TIMED_OUT`` / ``LEADERSHIP_LOST`` write may or may not have
 taken effect and is returned to the caller, never retried silently. With ``refused_grace``
 (the CLI sets 1 s) a bootstrap list whose every address refuses connections for that long is
@@ -16,11 +16,11 @@ Per-address connect share: one address that never completes a TCP handshake (a p
 rescheduled: its old IP drops the SYN) may hold a connect for at most ``timeout / addresses``
 (never less than :data:`MIN_CONNECT_S`), then the next address is tried; an address whose connect
 timed out is tried after the others until it answers again. So a status describe still answers
-from a live node within the caller's timeout while one pod restarts (issue 11). Only the connect
+from a live node within the caller's timeout while one pod restarts. Only the connect
 is shared: a request a node has accepted (a voter change waiting for its commit) keeps the whole
 remaining time.
 
-TLS and credentials (issue 8): with a :class:`~quorum.security.clientconfig.ClientConfig` the
+TLS and credentials: with a :class:`~quorum.security.clientconfig.ClientConfig` the
 client speaks https (verifying nodes against the config's ``ca_file``) and sends its bearer
 token or presents its client certificate on every request.
 """

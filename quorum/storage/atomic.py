@@ -14,7 +14,7 @@ import tempfile
 __all__ = ["CATCHUP_DROP_MIN_BYTES", "atomic_write", "drop_synced", "ensure_dir", "fsync_dir"]
 
 # A follower's write of at least this many bytes at once is catch-up (one large Fetch response
-# or snapshot chunk, issue 10), whose page cache ``drop_synced`` frees once it is fsynced.
+# or snapshot chunk), whose page cache ``drop_synced`` frees once it is fsynced.
 CATCHUP_DROP_MIN_BYTES = 1024 * 1024
 
 

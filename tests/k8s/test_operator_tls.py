@@ -1,4 +1,4 @@
-"""Secure by default on Kubernetes (issue 8), against a real kube-apiserver: the operator makes a
+"""Secure by default on Kubernetes, against a real kube-apiserver: the operator makes a
 CA per KRaftQuorum, node certificates for every replica (their DNS names and the replica URI
 SAN), a client Secret for applications, a NetworkPolicy, and pods that start with TLS; with
 ``spec.tls.certManager`` it makes cert-manager Certificates instead and never a CA; bad tls specs
