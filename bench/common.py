@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -81,18 +80,6 @@ def kraftkeeper_command() -> list[str]:
     return [sys.executable, "-m", "quorum.cli"]
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports that were free a moment ago (bound together, then closed)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_until(cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:

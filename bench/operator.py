@@ -46,7 +46,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+
+from quorum.localports import free_port_range
 
 if __package__ in (None, ""):
     # Run as a file (`python bench/operator.py`): import `bench` from the repository root, and keep
@@ -85,25 +86,6 @@ def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0
     raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def free_base(n: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n < 65535:
-            try:
-                socks = []
-                for i in range(n + 1):
-                    t = socket.socket()
-                    socks.append(t)
-                    t.bind(("127.0.0.1", base + i))
-                return base
-            except OSError:
-                continue
-            finally:
-                for t in socks:
-                    t.close()
-    raise RuntimeError("no free port range")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -132,7 +114,7 @@ def describe(eps: list[str]) -> dict[str, Any]:
 
 @contextmanager
 def local_cluster(d: Path, nodes: int, extra: list[str]) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    base = free_base(nodes)
+    base = free_port_range(nodes + 1)
     log = d.parent / "operator-local.log"
     proc = subprocess.Popen(
         [

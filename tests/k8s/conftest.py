@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -44,6 +43,7 @@ from typing import Any
 import pytest
 import yaml
 
+from quorum.localports import free_port
 from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,10 +67,6 @@ def find_binary(name: str) -> Path | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
