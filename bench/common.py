@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from testkit.polling import wait_until as poll_until
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The engine's config file knob that turns fsync off (docs/reference.md: fsync is on by default;
@@ -83,20 +85,9 @@ def kraftkeeper_command() -> list[str]:
 
 
 def wait_until(cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``cond`` until it returns something other than None/False; raise naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while True:
-        try:
-            value = cond()
-            if value is not None and value is not False:
-                return value
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            last_exc = e
-        if time.monotonic() > deadline:
-            extra = f" (last error: {last_exc})" if last_exc else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
-        time.sleep(interval)
+    """Poll ``cond`` until it returns something truthy (:mod:`testkit.polling`); connection and
+    decoding errors count as "not yet"."""
+    return poll_until(what, cond, timeout, interval, errors=(OSError, http.client.HTTPException, ValueError))
 
 
 @dataclass(frozen=True)

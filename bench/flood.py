@@ -168,7 +168,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tls_dir = None
         if not a.plaintext:
-            from tests.tlsfixtures import make_tls_dir
+            from testkit.tls import make_tls_dir
 
             tls_dir = make_tls_dir(Path(tmp), nodes=(1,))
         runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}

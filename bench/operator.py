@@ -66,24 +66,15 @@ if __package__ in (None, ""):
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench import kafka_recovery
+from testkit.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
 def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # transient: node restarting, leader moving
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+    # Errors are transient here: a node restarting, the leader moving.
+    return wait_until(what, fn, timeout, every, errors=(Exception,))
 
 
 
@@ -240,22 +231,18 @@ def _api_requests(kube: Any) -> float:
 
 @contextmanager
 def kube_apiserver() -> Iterator[Any]:
-    """etcd + kube-apiserver as tests/k8s/conftest.py starts them (same helpers)."""
-    sys.path.insert(0, str(REPO / "tests" / "k8s"))
-    import conftest as kc  # the test fixtures' module: binaries, KubeEnv, readiness
+    """etcd + kube-apiserver, started as the tests start them (:mod:`testkit.kubeapi`)."""
+    from testkit.kubeapi import KubeApiMissing, start_kube_apiserver
 
-    gen = kc.kube.__wrapped__() if hasattr(kc.kube, "__wrapped__") else None
-    if gen is None:
-        raise RuntimeError("cannot start the test kube-apiserver (tests/k8s/conftest.py changed?)")
     try:
-        env = next(gen)
-    except BaseException as e:  # pytest.skip raises a BaseException subclass
+        cm = start_kube_apiserver()
+        env = cm.__enter__()
+    except KubeApiMissing as e:
         raise RuntimeError(f"test kube-apiserver unavailable: {e}") from None
     try:
         yield env
     finally:
-        with __import__("contextlib").suppress(StopIteration):
-            next(gen)
+        cm.__exit__(None, None, None)
 
 
 def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:

@@ -58,6 +58,8 @@ from typing import Any, TypeVar
 import yaml
 from kraftkeeper_reports.events import parse_ts_ms
 
+from testkit.polling import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 NODE_SH = REPO / "scripts" / "k8s-node.sh"
 OP_NS, RELEASE = "kk-bench-system", "kkbench"
@@ -123,18 +125,8 @@ class Kube:
 
 
 def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # transient: a pod restarting, the leader moving
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+    # Errors are transient here: a pod restarting, the leader moving.
+    return wait_until(what, fn, timeout, every, errors=(Exception,))
 
 
 @contextmanager
