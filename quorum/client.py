@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -305,6 +306,18 @@ class QuorumClient:
             ) from None
         except aiohttp.ClientSSLError as e:
             raise KraftError(ErrorCode.UNAVAILABLE, f"TLS handshake with {ep} failed: {e.os_error}") from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            # A TLS node drops a plaintext request unanswered ("Server disconnected"), which says
+            # nothing to a user who just forgot the credentials: ask the node for a TLS handshake,
+            # and if it speaks TLS say so (final: retrying in plaintext cannot succeed).
+            if self.scheme == "http" and await speaks_tls(ep, min(remaining, 2.0)):
+                raise KraftError(
+                    ErrorCode.UNAVAILABLE,
+                    f"{ep} speaks TLS (https) and this client has no TLS client config: pass "
+                    "--client-config FILE or set KRAFTKEEPER_CLIENT_CONFIG (a file written by "
+                    "`kraftkeeper tls issue-client`, or DIR/client.json of `operator local`)",
+                ) from None
+            raise e
 
     # ---- admin ---------------------------------------------------------------------------
     async def describe(self) -> dict[str, Any]:
@@ -347,6 +360,30 @@ class QuorumClient:
             self.url(endpoint, path), timeout=aiohttp.ClientTimeout(total=self.timeout)
         ) as resp:
             return resp.status, await resp.read()
+
+
+async def speaks_tls(ep: str, within: float) -> bool:
+    """Whether ``ep`` (HOST:PORT) answers a TLS handshake. Nothing is verified and nothing is sent
+    after the handshake: a TLS alert from the peer (a node requiring a client certificate) counts
+    as TLS, a plaintext answer to the ClientHello (an HTTP 400, "wrong version number") does not."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    host, _, port = ep.rpartition(":")
+    host = host.strip("[]")
+    try:
+        async with asyncio.timeout(within):
+            _, writer = await asyncio.open_connection(host, int(port), ssl=ctx)
+    except ssl.SSLError as e:
+        return "ALERT" in str(e).upper()
+    except (OSError, TimeoutError, ValueError):
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (OSError, ssl.SSLError):
+        pass
+    return True
 
 
 def _refused(e: BaseException) -> bool:
