@@ -43,7 +43,8 @@ def tls_node(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_until("the node's TLS listener", lambda: proc.poll() is None and asyncio.run(speaks_tls(ep, 2)), 60)
+        up = lambda: proc.poll() is None and asyncio.run(speaks_tls(ep, 2))  # noqa: E731
+        wait_until("the node's TLS listener", up, 60)
         yield ep, tls
     finally:
         proc.terminate()
