@@ -29,12 +29,12 @@ from bench.common import (
     ProcessSet,
     TlsFiles,
     find_leader_by_421,
-    free_ports,
     http_call,
     kraftkeeper_command,
     kraftkeeper_config,
     wait_until,
 )
+from quorum.localports import free_ports
 from quorum.security.pki import init_ca, issue_client, issue_node
 
 START_TIMEOUT = 60.0
