@@ -52,6 +52,7 @@ def tls_node(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         log.close()
 
 
+@pytest.mark.slow  # a real node process
 def test_no_client_config_names_the_option_and_the_variable(tls_node: tuple[str, Path]) -> None:
     ep, tls = tls_node
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
