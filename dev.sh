@@ -72,11 +72,18 @@ case "$cmd" in
       # The pure and in-process tests: the core, storage, simulations, scenarios, decoders,
       # security, the client, the operator's decisions over its in-memory model, the documents.
       # Anything marked slow (real processes), k8s, spark, browser or docker is left to the
-      # whole suite.
-      "$venv/bin/pytest" --durations=10 \
-        -m "not slow and not k8s and not spark and not browser and not docker" \
-        tests/core tests/storage tests/sim tests/scenarios tests/fuzz tests/security tests/client \
-        tests/operator tests/docs tests/ports "$@" || rc=$?
+      # whole suite. Two groups of about equal CPU side by side, one per core; each one's
+      # output is printed when both are done.
+      out="$(mktemp -d)"
+      select=(-m "not slow and not k8s and not spark and not browser and not docker" --durations=5)
+      "$venv/bin/pytest" "${select[@]}" tests/sim tests/fuzz tests/scenarios tests/client tests/docs \
+        tests/ports "$@" >"$out/a" 2>&1 &
+      a=$!
+      "$venv/bin/pytest" "${select[@]}" tests/core tests/storage tests/security tests/operator \
+        "$@" >"$out/b" 2>&1 || rc=$?
+      wait "$a" || rc=$?
+      cat "$out/a" "$out/b"
+      rm -rf "$out"
     else
       # The image tests install Debian's docker.io and build the debootstrap base image when they
       # are missing (cached afterwards): CI runs them too, not only machines that have the cache.
