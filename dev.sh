@@ -76,11 +76,10 @@ case "$cmd" in
       # output is printed when both are done.
       out="$(mktemp -d)"
       select=(-m "not slow and not k8s and not spark and not browser and not docker" --durations=5)
-      "$venv/bin/pytest" "${select[@]}" tests/sim tests/fuzz tests/scenarios tests/client tests/docs \
-        tests/ports "$@" >"$out/a" 2>&1 &
+      "$venv/bin/pytest" "${select[@]}" tests/sim tests/docs tests/ports "$@" >"$out/a" 2>&1 &
       a=$!
       "$venv/bin/pytest" "${select[@]}" tests/core tests/storage tests/security tests/operator \
-        "$@" >"$out/b" 2>&1 || rc=$?
+        tests/fuzz tests/scenarios tests/client "$@" >"$out/b" 2>&1 || rc=$?
       wait "$a" || rc=$?
       cat "$out/a" "$out/b"
       rm -rf "$out"
