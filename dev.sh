@@ -2,6 +2,7 @@
 # The two commands a newcomer needs (see README):
 #   ./dev.sh demo [args...]   install only what the demo needs, then run `kraftkeeper demo`
 #   ./dev.sh test [pytest args...]   install everything, then lint, type-check and run the tests
+#   ./dev.sh test --fast [args...]   lint, type-check and the pure and in-process tests only
 #   ./dev.sh install          install everything (what `test` needs)
 # Anything slow to build (the test kube-apiserver, etcd, the single-node cluster's kubelet and
 # friends) is cached under ${KK_CACHE:-~/.cache/kraftkeeper}; the demo builds none of it.
@@ -54,30 +55,56 @@ case "$cmd" in
     exec "$venv/bin/kraftkeeper" demo "$@"
     ;;
   test)
+    started=$SECONDS
+    fast=0
+    if [ "${1:-}" = --fast ]; then fast=1; shift; fi
     install_python
-    install_system all
+    # The fast lane installs nothing else: it runs no Kubernetes, Kafka, Spark or browser.
+    [ "$fast" = 1 ] || install_system all
     log "ruff"
-    "$venv/bin/ruff" check quorum operator reports tests bench
+    "$venv/bin/ruff" check quorum operator reports tests bench testkit
     log "mypy (strict)"
     # Its cache under KK_CACHE, one per checkout path: a fresh clone at the same path reuses it
     # (mypy trusts an entry whose file hash still matches), 16 s cold against 0.5 s warm.
     "$venv/bin/mypy" --cache-dir "$KK_CACHE/mypy/$(printf %s "$here" | sha256sum | cut -c1-12)"
     log "pytest"
-    # The image tests install Debian's docker.io and build the debootstrap base image when they
-    # are missing (cached afterwards): CI runs them too, not only machines that have the cache.
-    export KK_DOCKER_TESTS="${KK_DOCKER_TESTS:-1}"
-    # The end-to-end tests on the single-node cluster (tests/kubelet) fail rather than skip
-    # when something they need is missing: everything was installed just above.
-    export KK_NODE_TESTS="${KK_NODE_TESTS:-1}"
-    # The 25 slowest tests are listed at the end, to keep the suite's time in view (CI: ~30 min).
-    exec "$venv/bin/pytest" --durations=25 "$@"
+    rc=0
+    if [ "$fast" = 1 ]; then
+      # The pure and in-process tests: the core, storage, simulations, scenarios, decoders,
+      # security, the client, the operator's decisions over its in-memory model, the documents.
+      # Anything marked slow (real processes), k8s, spark, browser or docker is left to the
+      # whole suite. Two groups of about equal CPU side by side, one per core; each one's
+      # output is printed when both are done.
+      out="$(mktemp -d)"
+      select=(-m "not slow and not k8s and not spark and not browser and not docker" --durations=5)
+      "$venv/bin/pytest" "${select[@]}" tests/sim tests/docs tests/ports "$@" >"$out/a" 2>&1 &
+      a=$!
+      "$venv/bin/pytest" "${select[@]}" tests/core tests/storage tests/security tests/operator \
+        tests/fuzz tests/scenarios tests/client "$@" >"$out/b" 2>&1 || rc=$?
+      wait "$a" || rc=$?
+      cat "$out/a" "$out/b"
+      rm -rf "$out"
+    else
+      # The image tests install Debian's docker.io and build the debootstrap base image when they
+      # are missing (cached afterwards): CI runs them too, not only machines that have the cache.
+      export KK_DOCKER_TESTS="${KK_DOCKER_TESTS:-1}"
+      # The end-to-end tests on the single-node cluster (tests/kubelet) fail rather than skip
+      # when something they need is missing: everything was installed just above.
+      export KK_NODE_TESTS="${KK_NODE_TESTS:-1}"
+      # The 25 slowest tests are listed at the end, to keep the suite's time in view.
+      "$venv/bin/pytest" --durations=25 "$@" || rc=$?
+    fi
+    elapsed=$((SECONDS - started))
+    lane=$([ "$fast" = 1 ] && echo "fast lane" || echo "whole run")
+    log "$lane: $((elapsed / 60)) min $((elapsed % 60)) s (installs, ruff, mypy and pytest), exit $rc"
+    exit "$rc"
     ;;
   install)
     install_python
     install_system all
     ;;
   *)
-    echo "usage: ./dev.sh demo [--dir DIR] [--recoveries K] | ./dev.sh test [pytest args] | ./dev.sh install" >&2
+    echo "usage: ./dev.sh demo [--dir DIR] [--recoveries K] | ./dev.sh test [--fast] [pytest args] | ./dev.sh install" >&2
     exit 2
     ;;
 esac

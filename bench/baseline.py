@@ -1,4 +1,4 @@
-"""Before/after rows for ``python -m bench.engine --baseline REV`` (issue 12: "same invocation,
+"""Before/after rows for ``python -m bench.engine --baseline REV`` ("same invocation,
 before and after").
 
 ``export_tree`` writes revision REV's files (``git archive``: the shared repository's index,

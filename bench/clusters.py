@@ -29,12 +29,12 @@ from bench.common import (
     ProcessSet,
     TlsFiles,
     find_leader_by_421,
-    free_ports,
     http_call,
     kraftkeeper_command,
     kraftkeeper_config,
     wait_until,
 )
+from quorum.localports import free_ports
 from quorum.security.pki import init_ca, issue_client, issue_node
 
 START_TIMEOUT = 60.0
@@ -112,7 +112,7 @@ class KraftKeeperCluster:
 
     def format_node(self, i: int) -> str:
         """``kraftkeeper format`` node ``i``'s directory; returns the new storage UUID (the last
-        line of stdout, interfaces.md)."""
+        line of stdout, docs/reference.md)."""
         cmd, env, cwd = self._command()
         proc = subprocess.run(
             [

@@ -18,7 +18,7 @@ Run as ``python -m bench.common load ...`` / ``python -m bench.common noop-serve
 benchmarks do that themselves).
 
 Both target kinds send the same payload bytes per write: ``kv`` is
-``PUT /v1/kv/{key}`` (interfaces.md) with the raw value as body; ``etcd`` is etcd's
+``PUT /v1/kv/{key}`` (docs/reference.md) with the raw value as body; ``etcd`` is etcd's
 grpc-gateway ``POST /v3/kv/put`` with a JSON body whose key and value are base64, as the
 gateway requires (etcd v3 API, ``KV.Put``).
 """
@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -45,9 +44,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from testkit.polling import wait_until as poll_until
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The engine's config file knob that turns fsync off (interfaces.md: fsync is on by default;
+# The engine's config file knob that turns fsync off (docs/reference.md: fsync is on by default;
 # `--config FILE` is JSON). One constant so the benchmark follows the engine if it is renamed:
 # a dotted path into the JSON object.
 FSYNC_CONFIG_KEY = "log.fsync"
@@ -81,35 +82,12 @@ def kraftkeeper_command() -> list[str]:
     return [sys.executable, "-m", "quorum.cli"]
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports that were free a moment ago (bound together, then closed)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_until(cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``cond`` until it returns something other than None/False; raise naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while True:
-        try:
-            value = cond()
-            if value is not None and value is not False:
-                return value
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            last_exc = e
-        if time.monotonic() > deadline:
-            extra = f" (last error: {last_exc})" if last_exc else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
-        time.sleep(interval)
+    """Poll ``cond`` until it returns something truthy (:mod:`testkit.polling`); connection and
+    decoding errors count as "not yet"."""
+    return poll_until(what, cond, timeout, interval, errors=(OSError, http.client.HTTPException, ValueError))
 
 
 @dataclass(frozen=True)
@@ -161,7 +139,7 @@ def http_call(
 def find_leader_by_421(
     endpoints: Sequence[str], probe_path: str, probe_body: bytes, timeout: float, tls: TlsFiles | None = None
 ) -> str:
-    """Find the leader of a cluster that answers 421 + ``leader_endpoint`` (interfaces.md) by
+    """Find the leader of a cluster that answers 421 + ``leader_endpoint`` (docs/reference.md) by
     sending a real write to each node and following hints; returns the endpoint that took it."""
 
     def attempt() -> str | None:
@@ -642,7 +620,7 @@ async def _asyncio_load(
                         return
                 key_no += 1
                 request = _request_bytes(kind, target.rpartition(":")[0], key_no, conn_no, value)
-                # A 421 means "not applied, the leader is elsewhere" (interfaces.md): follow the
+                # A 421 means "not applied, the leader is elsewhere" (docs/reference.md): follow the
                 # hint and send the same write again; its latency still counts from `due`.
                 for _hop in range(3):
                     writer.write(request)

@@ -8,9 +8,9 @@ connection), plus the p99 of an open-loop run at half of the system's measured p
 Systems (rows of the output):
 
 * ``kraftkeeper fsync`` / ``kraftkeeper nofsync``: ``kraftkeeper start`` x3, writes are
-  ``PUT /v1/kv/{key}`` to the leader (interfaces.md); fsync is toggled through the config knob
+  ``PUT /v1/kv/{key}`` to the leader (docs/reference.md); fsync is toggled through the config knob
   ``bench.common.FSYNC_CONFIG_KEY``.
-* ``kraftkeeper fsync+tls``: the same with ``--tls-dir`` (issue 8): mutual TLS between the
+* ``kraftkeeper fsync+tls``: the same with ``--tls-dir``: mutual TLS between the
   nodes, and every write over HTTPS with a ``readwrite`` client certificate.
 * ``etcd``: Debian's ``etcd`` (3.4) x3, writes through its grpc-gateway ``POST /v3/kv/put``
   (base64 key and value in JSON); etcd always fsyncs its WAL before acknowledging.

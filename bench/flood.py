@@ -1,5 +1,5 @@
-"""The event loop under a 4 MiB-body flood, with and without shared loop turns (issue 8's flood,
-``quorum.runtime.limits`` / ``quorum.runtime.turns.ReadTurns``).
+"""The event loop under a 4 MiB-body flood, with and without shared loop turns (the hostile-peer
+flood, ``quorum.runtime.limits`` / ``quorum.runtime.turns.ReadTurns``).
 
 Each round starts the node's real HTTP server (``build_app`` + ``start_server``, TLS, uvloop when
 installed) in its own process with a stub node, once with the default per-turn quota and once
@@ -168,7 +168,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tls_dir = None
         if not a.plaintext:
-            from tests.tlsfixtures import make_tls_dir
+            from testkit.tls import make_tls_dir
 
             tls_dir = make_tls_dir(Path(tmp), nodes=(1,))
         runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}

@@ -3,7 +3,7 @@ auto-join and against the manual ``kafka-metadata-quorum`` path, on identical re
 
 One quorum of three real Kafka 4.x controllers on loopback (jars from scripts/kafka.sh); the rounds
 interleave the modes so load changes on the machine hit them alike. One replacement = SIGKILL a
-controller (a follower, or the raft leader: each mode replaces both in every round, as issue 9's
+controller (a follower, or the raft leader: each mode replaces both in every round, as the
 tests demand of the watcher; the leader's replacement adds an election), wipe its disk, format
 it with ``--no-initial-controllers`` (new directory id), start it (with
 ``controller.quorum.auto.join.enable=true`` in the auto-join mode only; the watcher runs only

@@ -21,7 +21,6 @@ from bench.clusters import START_TIMEOUT, Cluster, KraftKeeperCluster, make_pki,
 from bench.common import (
     LoadResult,
     ProcessSet,
-    free_ports,
     http_call,
     run_asyncio_load,
     run_load,
@@ -29,6 +28,7 @@ from bench.common import (
     wait_until,
 )
 from bench.results import Row
+from quorum.localports import free_ports
 
 
 def measure(

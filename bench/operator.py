@@ -12,7 +12,7 @@ cluster of 3 real node processes; K times, a simulated volume replacement of nod
   stabilisation time, ``--stabilization-seconds``, default 2);
 * add = ``add_voter_committed`` - ``add_voter_started``; remove likewise;
 * deadline->add = ``add_voter_started`` - the stabilisation deadline (``replica_caught_up``'s
-  ``detail.stable_since_ms`` + the stabilisation time): reaction time, no policy in it (issue 10);
+  ``detail.stable_since_ms`` + the stabilisation time): reaction time, no policy in it;
 * commit->remove = ``remove_voter_started`` - ``add_voter_committed``: reaction time likewise;
 * total = ``recovery_completed`` - first fetch.
 The cluster runs with the default polling interval (0.5 s) and live window (5 s): the two reaction
@@ -46,7 +46,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,51 +58,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from quorum.localports import free_port_range
+
 if __package__ in (None, ""):
     # Run as a file (`python bench/operator.py`): import `bench` from the repository root, and keep
     # this directory off the path, where operator.py would shadow the standard library's module.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench import kafka_recovery
+from testkit.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
 def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # transient: node restarting, leader moving
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+    # Errors are transient here: a node restarting, the leader moving.
+    return wait_until(what, fn, timeout, every, errors=(Exception,))
 
 
-def free_base(n: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n < 65535:
-            try:
-                socks = []
-                for i in range(n + 1):
-                    t = socket.socket()
-                    socks.append(t)
-                    t.bind(("127.0.0.1", base + i))
-                return base
-            except OSError:
-                continue
-            finally:
-                for t in socks:
-                    t.close()
-    raise RuntimeError("no free port range")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -132,7 +105,7 @@ def describe(eps: list[str]) -> dict[str, Any]:
 
 @contextmanager
 def local_cluster(d: Path, nodes: int, extra: list[str]) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    base = free_base(nodes)
+    base = free_port_range(nodes + 1)
     log = d.parent / "operator-local.log"
     proc = subprocess.Popen(
         [
@@ -258,22 +231,18 @@ def _api_requests(kube: Any) -> float:
 
 @contextmanager
 def kube_apiserver() -> Iterator[Any]:
-    """etcd + kube-apiserver as tests/k8s/conftest.py starts them (same helpers)."""
-    sys.path.insert(0, str(REPO / "tests" / "k8s"))
-    import conftest as kc  # the test fixtures' module: binaries, KubeEnv, readiness
+    """etcd + kube-apiserver, started as the tests start them (:mod:`testkit.kubeapi`)."""
+    from testkit.kubeapi import KubeApiMissing, start_kube_apiserver
 
-    gen = kc.kube.__wrapped__() if hasattr(kc.kube, "__wrapped__") else None
-    if gen is None:
-        raise RuntimeError("cannot start the test kube-apiserver (tests/k8s/conftest.py changed?)")
     try:
-        env = next(gen)
-    except BaseException as e:  # pytest.skip raises a BaseException subclass
+        cm = start_kube_apiserver()
+        env = cm.__enter__()
+    except KubeApiMissing as e:
         raise RuntimeError(f"test kube-apiserver unavailable: {e}") from None
     try:
         yield env
     finally:
-        with __import__("contextlib").suppress(StopIteration):
-            next(gen)
+        cm.__exit__(None, None, None)
 
 
 def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
@@ -382,7 +351,7 @@ def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["kafka"]:
-        # The Kafka rows (issue 9): our watcher at stabilisation 0 and default, Kafka's auto-join
+        # The Kafka rows: our watcher at stabilisation 0 and default, Kafka's auto-join
         # and the manual kafka-metadata-quorum path, on identical replacements of real controllers
         # (a follower's and the leader's in every round, interleaved).
         return kafka_recovery.main(args[1:])

@@ -1,4 +1,4 @@
-"""Operator benchmark, the real path (``python -m bench.operator --real``; issue 11).
+"""Operator benchmark, the real path (``python -m bench.operator --real``).
 
 Runs on the single-node Kubernetes of ``scripts/k8s-node.sh`` (kubelet + containerd; started here
 when it is not running and stopped again at the end) with the product image built by
@@ -57,6 +57,8 @@ from typing import Any, TypeVar
 
 import yaml
 from kraftkeeper_reports.events import parse_ts_ms
+
+from testkit.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_SH = REPO / "scripts" / "k8s-node.sh"
@@ -123,18 +125,8 @@ class Kube:
 
 
 def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # transient: a pod restarting, the leader moving
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+    # Errors are transient here: a pod restarting, the leader moving.
+    return wait_until(what, fn, timeout, every, errors=(Exception,))
 
 
 @contextmanager

@@ -5,7 +5,7 @@ Started by :class:`bench.clusters.PySyncObjCluster` as ``python -m bench.engine 
 --index I --raft-ports P1,P2,P3 --http-ports H1,H2,H3 [--no-batch]``: a PySyncObj ``SyncObj``
 holding an in-memory dict (no journal file, so no fsync) behind a tiny aiohttp app that turns
 ``PUT /v1/kv/{key}`` into a replicated call, answers once PySyncObj reports it committed, and
-answers 421 + ``leader_endpoint`` on a follower, like KRaftKeeper (interfaces.md).
+answers 421 + ``leader_endpoint`` on a follower, like KRaftKeeper (docs/reference.md).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ restart it, and time the KIP-856 recovery by hand, as the operator would:
 * **copy limit**: beside it, in the same run, a plain copy of the bytes the replica received
   (its data directory right after catch-up: snapshot and log segments) to a fresh directory
   on the same disk, each file fsynced, read in 8 MB chunks: what the disk allows without any
-  protocol. The headline is catch-up MB/s as a fraction of that copy's MB/s (issue 10 asks
-  for catch-up of a 1 GB log at 300 MB/s or more, and this ratio).
+  protocol. The headline is catch-up MB/s as a fraction of that copy's MB/s (the aim is
+  catch-up of a 1 GB log at 300 MB/s or more; this ratio says how close to the disk it runs).
 
 ``--repeats N`` replaces the same follower's disk N times on one filled cluster (each time a
 new storage UUID that catches up from nothing), each beside its own copy; the headline is the
@@ -64,7 +64,7 @@ from bench.common import TlsFiles, http_call, sigterm_as_interrupt, value_bytes,
 from quorum.security.pki import issue_client, load_ca
 
 MB = 1_000_000
-# Said with every result (issue 10): by default the nodes run without --tls-dir, so catch-up
+# Said with every result: by default the nodes run without --tls-dir, so catch-up
 # crosses plaintext HTTP on loopback (``--tls``: mutual TLS). With node TLS (TLS 1.3,
 # AES-256-GCM) the leader also encrypts and the replica decrypts every byte (measured on this
 # project's VM: about 0.9 and 0.7 CPU s per GB, OpenSSL through the ssl module); sendfile is
@@ -122,7 +122,7 @@ def copy_limit(src: Path, dst: Path, fsync: bool) -> tuple[int, float]:
     """Copy every file under ``src`` to ``dst`` (same disk) in 8 MB reads, fsyncing each file
     (and the directory) when ``fsync``; returns (bytes, seconds). The plain-copy limit that
     catch-up is compared with. Each file is read once untimed first (the engine frees a
-    catch-up's page cache once fsynced, issue 10): the copy always reads from memory."""
+    catch-up's page cache once fsynced): the copy always reads from memory."""
     chunk = 8 * 1024 * 1024
     buf = bytearray(chunk)
     total = 0

@@ -101,7 +101,7 @@ def render(rows: list[Row], clients: list[int], sizes: list[int]) -> str:
 
 def _tls_cost(srows: list[Row], clients: list[int]) -> list[str]:
     """What TLS costs each system (writes/s and p99 against its plaintext row), and KRaftKeeper
-    with TLS against etcd with TLS at the largest client count (issue 8)."""
+    with TLS against etcd with TLS at the largest client count."""
     by_label = {r.label: r for r in srows if not r.error}
     pairs = [("kraftkeeper fsync+tls", "kraftkeeper fsync"), ("etcd tls", "etcd")]
     out: list[str] = []

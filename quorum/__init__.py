@@ -6,7 +6,12 @@ Layout:
   quorum.records   the binary record-batch codec (pure functions)
   quorum.core      the consensus core: a pure state machine, no I/O, clock or randomness
   quorum.storage   meta.properties, segmented log, quorum-state file, snapshots (+ in-memory twins)
-  quorum.runtime   the asyncio driver, aiohttp transport and server, KV state machine, metrics
+  quorum.driver    the one driver that carries out the core's Readies, and the ports it needs
+  quorum.runtime   the node around the driver: aiohttp transport and server, KV state machine,
+                   snapshots, limits, metrics
+  quorum.security  strict decoding, the cluster PKI, tokens, authorization, TLS contexts
+  quorum.kafka     Kafka's wire protocol on a node (``kraftkeeper start --kafka-listen``)
+  quorum.localports  free loopback ports for local clusters, chosen the way servers bind them
   quorum.client    the HTTP client used by the CLI, the operator and the benchmarks
   quorum.cli       the `kraftkeeper` command line
 """

@@ -1,4 +1,4 @@
-"""The ``kraftkeeper`` command line (contract: ``../shared/interfaces.md``).
+"""The ``kraftkeeper`` command line (contract: ``docs/reference.md``).
 
 Every subcommand exits 0 on success; on failure it prints exactly one line on stderr that
 starts with the error code in capitals (``NOT_LEADER: ...``) and exits non-zero (1 for
@@ -50,7 +50,7 @@ def _client(args: argparse.Namespace) -> Any:
     from quorum.security.clientconfig import resolve
 
     # Connection refused on every bootstrap address for 1 s means nothing listens there:
-    # UNAVAILABLE within 3 s instead of retrying until --timeout (issue 8).
+    # UNAVAILABLE within 3 s instead of retrying until --timeout.
     return QuorumClient(
         args.bootstrap,
         timeout=args.timeout,

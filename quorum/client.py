@@ -5,7 +5,7 @@ Used by the CLI, the operator and the benchmarks. It talks to any node listed in
 leader, so callers never need to know who leads. Errors surface as
 :class:`~quorum.types.KraftError` with the server's error code.
 
-Retry rule: a 421 means the request was *not applied* (interfaces.md), so it is always safe to
+Retry rule: a 421 means the request was *not applied* (docs/reference.md), so it is always safe to
 retry elsewhere; a 503 ``REQUEST_TIMED_OUT`` / ``LEADERSHIP_LOST`` write may or may not have
 taken effect and is returned to the caller, never retried silently. With ``refused_grace``
 (the CLI sets 1 s) a bootstrap list whose every address refuses connections for that long is
@@ -16,11 +16,11 @@ Per-address connect share: one address that never completes a TCP handshake (a p
 rescheduled: its old IP drops the SYN) may hold a connect for at most ``timeout / addresses``
 (never less than :data:`MIN_CONNECT_S`), then the next address is tried; an address whose connect
 timed out is tried after the others until it answers again. So a status describe still answers
-from a live node within the caller's timeout while one pod restarts (issue 11). Only the connect
+from a live node within the caller's timeout while one pod restarts. Only the connect
 is shared: a request a node has accepted (a voter change waiting for its commit) keeps the whole
 remaining time.
 
-TLS and credentials (issue 8): with a :class:`~quorum.security.clientconfig.ClientConfig` the
+TLS and credentials: with a :class:`~quorum.security.clientconfig.ClientConfig` the
 client speaks https (verifying nodes against the config's ``ca_file``) and sends its bearer
 token or presents its client certificate on every request.
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -305,6 +306,18 @@ class QuorumClient:
             ) from None
         except aiohttp.ClientSSLError as e:
             raise KraftError(ErrorCode.UNAVAILABLE, f"TLS handshake with {ep} failed: {e.os_error}") from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            # A TLS node drops a plaintext request unanswered ("Server disconnected"), which says
+            # nothing to a user who just forgot the credentials: ask the node for a TLS handshake,
+            # and if it speaks TLS say so (final: retrying in plaintext cannot succeed).
+            if self.scheme == "http" and await speaks_tls(ep, min(remaining, 2.0)):
+                raise KraftError(
+                    ErrorCode.UNAVAILABLE,
+                    f"{ep} speaks TLS (https) and this client has no TLS client config: pass "
+                    "--client-config FILE or set KRAFTKEEPER_CLIENT_CONFIG (a file written by "
+                    "`kraftkeeper tls issue-client`, or DIR/client.json of `operator local`)",
+                ) from None
+            raise e
 
     # ---- admin ---------------------------------------------------------------------------
     async def describe(self) -> dict[str, Any]:
@@ -347,6 +360,30 @@ class QuorumClient:
             self.url(endpoint, path), timeout=aiohttp.ClientTimeout(total=self.timeout)
         ) as resp:
             return resp.status, await resp.read()
+
+
+async def speaks_tls(ep: str, within: float) -> bool:
+    """Whether ``ep`` (HOST:PORT) answers a TLS handshake. Nothing is verified and nothing is sent
+    after the handshake: a TLS alert from the peer (a node requiring a client certificate) counts
+    as TLS, a plaintext answer to the ClientHello (an HTTP 400, "wrong version number") does not."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    host, _, port = ep.rpartition(":")
+    host = host.strip("[]")
+    try:
+        async with asyncio.timeout(within):
+            _, writer = await asyncio.open_connection(host, int(port), ssl=ctx)
+    except ssl.SSLError as e:
+        return "ALERT" in str(e).upper()
+    except (OSError, TimeoutError, ValueError):
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (OSError, ssl.SSLError):
+        pass
+    return True
 
 
 def _refused(e: BaseException) -> bool:

@@ -42,7 +42,7 @@ class ErrorCode(str, enum.Enum):
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED = "UNSUPPORTED"
     UNAVAILABLE = "UNAVAILABLE"
-    UNAUTHENTICATED = "UNAUTHENTICATED"  # HTTP 401: missing or invalid credentials (issue 8)
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # HTTP 401: missing or invalid credentials
     PERMISSION_DENIED = "PERMISSION_DENIED"  # HTTP 403: valid credentials, not allowed
     UNKNOWN_SERVER_ERROR = "UNKNOWN_SERVER_ERROR"
 

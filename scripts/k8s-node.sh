@@ -21,7 +21,7 @@
 # containerd's state under /run/kraftkeeper-containerd; logs of the last run are kept in
 # $KK_NODE_DIR.logs after `down`.
 #
-# Choices, each found by trying it on these machines (shared/pitfalls.md, "A real kubelet here"):
+# Choices, each found by trying it on these machines:
 #   - Debian's containerd 1.6 + runc, CRI on, `restrict_oom_score_adj = true` (no
 #     CAP_SYS_RESOURCE here: without it every sandbox fails "can't get final child's PID");
 #   - kubelet: cgroupfs driver, swap check off, `--hostname-override=127.0.0.1` (node name and
@@ -106,7 +106,7 @@ go_build() {  # go_build MODULE_DIR OUT_DIR PACKAGES...  (nice: the machine is s
   (
     cd "$dir"
     # The checksum database does not know k8s.io/kube-proxy v0.30.x although the module proxy
-    # serves it (pitfalls.md); go.sum in the wrapper pins its hash instead.
+    # serves it; go.sum in the wrapper pins its hash instead.
     export GOFLAGS=-mod=mod GONOSUMDB=k8s.io/kube-proxy
     nice -n 10 go build -trimpath \
       -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$v \

@@ -9,7 +9,7 @@
 #   scripts/k8s-testenv.sh env [DIR]      print `export ...` lines (binaries, and the kubeconfig
 #                                         when `start` is running): eval "$(scripts/k8s-testenv.sh env)"
 #
-# Choices (see shared/pitfalls.md):
+# Choices, each found by trying it on these machines:
 #   - kube-apiserver is pinned to 1.30.x: 1.31+ needs etcd health endpoints that arrived in
 #     etcd 3.4.29 / 3.5.11, and Debian bookworm ships etcd 3.4.23 (package etcd-server).
 #   - kube-apiserver is built from the Go module proxy through the wrapper module in

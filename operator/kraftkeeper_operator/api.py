@@ -23,10 +23,10 @@ class QuorumApi(Protocol):
     """What the operator asks of a quorum: the whole contract an engine adapter implements (our
     engine's ``QuorumClient``, the in-memory model below, a Kafka controller quorum).
 
-    Errors are :class:`quorum.types.KraftError` with the engine's code (interfaces.md error
+    Errors are :class:`quorum.types.KraftError` with the engine's code (docs/reference.md error
     codes); ``TimeoutError`` / ``OSError`` mean the quorum was not reached (outcome unknown).
 
-    * ``describe()``: the leader's view, the ``quorum describe --json`` object of interfaces.md
+    * ``describe()``: the leader's view, the ``quorum describe --json`` object of docs/reference.md
       (leader_id, leader_epoch, high_watermark, voters / observers with id, uuid, endpoint,
       log_end_offset, lag, last_fetch_timestamp, pending_voter_change, target_voters, ...);
     * ``add_voter(id, uuid)`` / ``remove_voter(id, uuid)``: one KIP-856 voter change; returns only

@@ -129,7 +129,7 @@ class RecoveryController:
 
     async def reconcile(self) -> ControllerStatus:
         """Observe, decide, act; when a voter change commits, observe and decide again at once
-        (AddVoter returns after commit, so RemoveVoter starts right after it: issue 10, no idle
+        (AddVoter returns after commit, so RemoveVoter starts right after it: no idle
         waits). At most :data:`MAX_STEPS` changes per call."""
         async with self._lock:
             st = await self._pass()

@@ -7,7 +7,7 @@ functions of the leader's view, one recovery's record, the policy and the time (
   running, too few live voters for the resulting set: consul#4017, ZooKeeper operator #575);
 * :func:`old_gone`: the old (id, UUID) no longer runs;
 * :func:`wake_at_ms`: the next instant one of these answers can change with nothing new observed,
-  so the controller looks again right then (issue 10: no idle waits).
+  so the controller looks again right then (no idle waits).
 """
 
 from __future__ import annotations

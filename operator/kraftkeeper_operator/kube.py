@@ -301,7 +301,7 @@ class KubeEventSink:
     """Recovery events as Kubernetes Events on the KRaftQuorum (failures and unclean recoveries
     as Warnings), posted by the operator itself, not through kopf's queue: ``emit`` keeps them
     and :meth:`flush` creates them, which the controller awaits before the next step and before a
-    failpoint (issue 11: kopf posts Events asynchronously, so the AddVoterCommitted Event of an
+    failpoint (kopf posts Events asynchronously, so the AddVoterCommitted Event of an
     operator stopped right after the commit was lost). A refused post is logged and dropped:
     an Event is a notice, the event log is the record."""
 

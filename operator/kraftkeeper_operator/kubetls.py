@@ -1,4 +1,4 @@
-"""TLS objects of one KRaftQuorum on Kubernetes, and the operator's own credential (issue 8).
+"""TLS objects of one KRaftQuorum on Kubernetes, and the operator's own credential.
 
 Objects (``spec.tls``, tlsspec.py):
 
@@ -7,7 +7,7 @@ Objects (``spec.tls``, tlsspec.py):
   and ``node-<id>.crt`` / ``node-<id>.key`` per replica id: URI SAN
   ``kraftkeeper://CLUSTER_ID/replica/<id>``, the pod's DNS names, the client Service's names and
   the per-replica peer name of pki.py); Secret ``NAME-client`` (a ``readwrite`` client
-  certificate for applications, with ``client.json``, interfaces.md's client config, relative
+  certificate for applications, with ``client.json``, docs/reference.md's client config, relative
   paths: mount the Secret and point ``KRAFTKEEPER_CLIENT_CONFIG`` at ``client.json``). The
   operator's admin credential is issued in memory (a private temporary directory) and never
   stored: it holds the CA key anyway.

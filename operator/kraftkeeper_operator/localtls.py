@@ -1,11 +1,11 @@
-"""TLS of a local cluster (``kraftkeeper operator local``): secure by default (issue 8).
+"""TLS of a local cluster (``kraftkeeper operator local``): secure by default.
 
 Under DIR the supervisor keeps::
 
     tls/ca.crt, tls/ca.key         the cluster's CA (quorum/security/pki.py), made once
     tls/node-<i>.crt, .key         node i's certificate: URI SAN kraftkeeper://CLUSTER_ID/replica/i
     tls/admin.crt, admin.key       the operator's own admin credential
-    client.json                    the admin client config (interfaces.md "Security"), mode 0600
+    client.json                    the admin client config (docs/reference.md "Client config"), mode 0600
 
 :class:`LocalTls` issues what is missing, what does not name the right (cluster, replica), and
 what expires within ``renew_before``; certificates are issued for ``validity``. A cluster

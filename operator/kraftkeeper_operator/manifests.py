@@ -244,7 +244,7 @@ def unclean_configmap(q: QuorumSpec, owner: Mapping[str, Any], data: Mapping[str
 
 def format_command(q: QuorumSpec) -> str:
     """The format init container's shell command. Replica id = pod ordinal + 1 (ids start at 1 in
-    interfaces.md). ``--ignore-formatted`` keeps a formatted volume's identity; a fresh volume gets
+    docs/reference.md). ``--ignore-formatted`` keeps a formatted volume's identity; a fresh volume gets
     a new storage UUID, and ``--no-initial-controllers`` once the mounted ConfigMap says the
     quorum has bootstrapped (module docstring).
 

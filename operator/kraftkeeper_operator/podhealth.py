@@ -1,4 +1,4 @@
-"""Crash-looping quorum pods (issue 11): which pods of a KRaftQuorum crash-loop, and when an
+"""Crash-looping quorum pods: which pods of a KRaftQuorum crash-loop, and when an
 episode starts and ends, as pure functions of the pods' ``status`` (the Kubernetes API's Pod
 objects as plain dicts); quorums.py lists the pods, reports and posts the Events.
 

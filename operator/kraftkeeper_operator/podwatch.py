@@ -1,4 +1,4 @@
-"""The quorum pods of one namespace, kept by one list and then a watch (issue 11, steady-state
+"""The quorum pods of one namespace, kept by one list and then a watch (steady-state
 cost: a list per quorum per daemon pass was most of the operator's API requests).
 
 :class:`PodWatch` lists the pods labelled ``app.kubernetes.io/name=kraftkeeper`` once, then

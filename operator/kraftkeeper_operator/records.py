@@ -175,7 +175,7 @@ def _camel(name: str) -> str:
 
 @dataclass(frozen=True)
 class Event:
-    """An event-log line to emit (types from interfaces.md; ``replica_fell_behind`` and
+    """An event-log line to emit (types from docs/reference.md; ``replica_fell_behind`` and
     ``recovery_resumed`` are our additions, which readers skip if unknown)."""
 
     type: str

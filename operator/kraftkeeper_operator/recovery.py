@@ -34,9 +34,9 @@ Invariants, checked before *every* step (not only when a recovery starts):
   replacement's old process dies before the new disk's first fetch; the reverse is a completed
   recovery's removed directory, which Kafka's leader lists as an observer until idle for minutes,
   live by the window for seconds after the kill: a controller with no record retiring it (a
-  KRaftQuorum taking over from a deleted owner) took it for a new disk (issue 9).
+  KRaftQuorum taking over from a deleted owner) took it for a new disk.
 
-No idle waits (issue 10): :meth:`RecoveryBook.wake_at_ms` (guards.py) names the next instant a decision can
+No idle waits: :meth:`RecoveryBook.wake_at_ms` (guards.py) names the next instant a decision can
 change by itself (a stabilisation deadline, an old voter counting as gone, a back-off), so the
 caller observes right then instead of on a polling tick.
 

@@ -1,4 +1,4 @@
-"""Certificate renewal of a running quorum, one node at a time, never breaking it (issue 8).
+"""Certificate renewal of a running quorum, one node at a time, never breaking it.
 
 The same rule in local mode (localtls.py: restart = the supervisor restarts the process) and on
 Kubernetes (kubetls.py: restart = delete the pod; the StatefulSet re-creates it and its ``tls``

@@ -6,7 +6,7 @@
 :func:`quorum_health` decides, from the leader's describe (or its absence), whether the quorum has a
 live majority, is lost, or is settling: a leader election in progress (no leader answers, or a
 new leader whose followers have not fetched from it yet) gets a short grace before QuorumLost is
-published, so a rolling restart of the leader's pod does not flap Available to False (issue 11).
+published, so a rolling restart of the leader's pod does not flap Available to False.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def crd_replica(r: Replica) -> dict[str, Any]:
     """One ``status.voters`` / ``status.observers`` item of the KRaftQuorum."""
     out: dict[str, Any] = {"id": r.id, "lag": r.lag, "logEndOffset": r.log_end_offset, "endpoint": r.endpoint}
     # Omitted, never "": a voter whose UUID the leader has not learned yet must not make the
-    # status write fail (issue 11; the CRD's pattern refuses ""). Not null either: a merge patch
+    # status write fail (the CRD's pattern refuses ""). Not null either: a merge patch
     # drops null keys.
     if r.uuid:
         out["uuid"] = r.uuid

@@ -1,4 +1,4 @@
-"""Where recovery steps are reported: the event log (interfaces.md "Recovery event log"),
+"""Where recovery steps are reported: the event log (docs/reference.md "Recovery event log"),
 Kubernetes Events (through a callback the kopf layer supplies) and Prometheus metrics.
 
 Every sink takes one :class:`kraftkeeper_reports.events.RecoveryEvent` (the event schema lives in
@@ -34,7 +34,7 @@ class EventSink(Protocol):
 
 def _for_log(event: RecoveryEvent) -> RecoveryEvent:
     """The log is the report's input: an unknown leader (negative, as the engine says it) is
-    written as null (interfaces.md, "Recovery event log")."""
+    written as null (docs/reference.md, "Recovery event log")."""
     lid, lep = event.leader_id, event.leader_epoch
     if (lid is None or lid >= 0) and (lep is None or lep >= 0):
         return event

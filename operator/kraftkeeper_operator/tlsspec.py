@@ -1,5 +1,5 @@
 """``spec.tls`` and ``spec.clientSelector`` of a KRaftQuorum, and what TLS changes in its pods
-(issue 8: secure by default where we start the quorum). No API calls; manifests.py calls this.
+(secure by default where we start the quorum). No API calls; manifests.py calls this.
 
 ``spec.tls.mode``:
 

@@ -1,4 +1,4 @@
-"""The leader's ``describe`` object (interfaces.md, ``quorum describe --json``) parsed into a
+"""The leader's ``describe`` object (docs/reference.md, ``quorum describe --json``) parsed into a
 :class:`QuorumView`, with the liveness and majority arithmetic the recovery decisions use."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Replica:
-    """One ``voters`` / ``observers`` entry of ``quorum describe --json`` (interfaces.md)."""
+    """One ``voters`` / ``observers`` entry of ``quorum describe --json`` (docs/reference.md)."""
 
     id: int
     uuid: str
@@ -32,7 +32,7 @@ class PendingChange:
 
 
 class DescribeError(ValueError):
-    """A describe object that does not follow interfaces.md (names the field)."""
+    """A describe object that does not follow docs/reference.md (names the field)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class QuorumView:
     def after_change(self, add: bool, replica_id: int, uuid: str) -> QuorumView:
         """This view with a committed voter change applied: AddVoter moves the (id, uuid) observer
         (or a bare entry) into the voters, RemoveVoter drops the (id, uuid) voter. What the status
-        written right after the commit shows, before the next describe (issue 11: the status that
+        written right after the commit shows, before the next describe (the status that
         carried a Succeeded record still listed the removed voter)."""
         key = (replica_id, uuid)
         if not add:

@@ -51,7 +51,7 @@ from quorum.types import (
 NO_DEADLINE = 1 << 62
 
 # Epochs are int32 on the wire (KIP-595). The core never adopts the last value: a replica at
-# the limit could never start another election, so one forged request would brick it (issue 8).
+# the limit could never start another election, so one forged request would brick it.
 MAX_EPOCH = (1 << 31) - 2
 
 

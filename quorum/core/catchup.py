@@ -1,4 +1,4 @@
-"""Catch-up of a replica far behind its leader (issue 10): batched fsyncs and larger fetches.
+"""Catch-up of a replica far behind its leader: batched fsyncs and larger fetches.
 
 Both rules apply only while a follower's log end is below the high watermark its leader last
 told it (``Follower.leader_hw``): committed records are still to fetch. Pure functions; the

@@ -45,10 +45,10 @@ class CoreConfig:
     fetch_max_wait_ms: int = 500  # long-poll time a leader may park a Fetch
     fetch_max_bytes: int = 8 * 1024 * 1024
     # FetchSnapshot chunk (KIP-630 MaxBytes; a leader serves at most its own value). As large as
-    # a catch-up Fetch (issue 10): a 1 GB snapshot in 31 round trips instead of 125; measured
+    # a catch-up Fetch: a 1 GB snapshot in 31 round trips instead of 125; measured
     # with bench/recovery, 1 GB x3, replica 1.42 CPU s per GB against 1.5-1.8 with 8 MiB.
     snapshot_chunk_bytes: int = 32 * 1024 * 1024
-    # Follower catch-up (issue 10): while its log end is below the leader's high watermark, a
+    # Follower catch-up: while its log end is below the leader's high watermark, a
     # follower fsyncs once per this many fetched bytes instead of once per Fetch (0: every
     # Fetch); a fsync per 8 MiB cost 3-7x the disk throughput of one per 64 MiB here.
     catchup_flush_bytes: int = 64 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""``describe`` (the ``quorum describe --json`` object of interfaces.md, KIP-595
+"""``describe`` (the ``quorum describe --json`` object of docs/reference.md, KIP-595
 DescribeQuorum with KIP-856 observers) and the metric values (KIP-595 and KIP-856 metric set).
 """
 

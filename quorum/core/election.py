@@ -212,7 +212,7 @@ class ElectionMixin(Transitions):
 
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
         if err is None and not epoch_allowed(req.candidate_epoch):
-            err = ErrorCode.INVALID_REQUEST  # at the int32 limit: never adopted (issue 8)
+            err = ErrorCode.INVALID_REQUEST  # at the int32 limit: never adopted
         if err is None and req.voter_uuid is None and not self.config.initial_bootstrap:
             # The candidate asks "bootstrap voter <id>" (it does not know the UUID): only the
             # directory formatted with the cluster may answer for that. A replacement disk
@@ -258,7 +258,7 @@ class ElectionMixin(Transitions):
         answer(ErrorCode.NONE, granted)
 
     def vote_is_disruptive(self, cand: ReplicaKey) -> bool:
-        """Refuse a Vote of a higher epoch, without bumping ours (issue 8):
+        """Refuse a Vote of a higher epoch, without bumping ours:
 
         * while we heard from a live leader within the fetch timeout (or lead): Raft
           dissertation 4.2.3, KIP-996; a candidate the majority still follows cannot win, and
@@ -312,7 +312,7 @@ class ElectionMixin(Transitions):
         request is refused."""
         err = self.bad_target(req.cluster_id, req.voter_id, req.voter_uuid)
         if err is None and not epoch_allowed(req.leader_epoch):
-            err = ErrorCode.INVALID_REQUEST  # at the int32 limit: never adopted (issue 8)
+            err = ErrorCode.INVALID_REQUEST  # at the int32 limit: never adopted
         if err is None and req.leader_epoch < self.epoch:
             err = ErrorCode.FENCED_LEADER_EPOCH
         voters = self.voters()
@@ -322,7 +322,7 @@ class ElectionMixin(Transitions):
             and not voters.contains(ReplicaKey(req.leader_id, req.leader_uuid))
             and (isinstance(req, BeginQuorumEpochRequest) or req.leader_id != self.leader_id())
         ):
-            # Issue 8: a replica outside our voter set cannot lead, so it cannot make us adopt
+            # A replica outside our voter set cannot lead, so it cannot make us adopt
             # its epoch either (a fake peer's BeginQuorumEpoch as leader 99 at epoch 1000 moved
             # every node to epoch 1000); same rule as a Vote from a non-voter. The leader we
             # follow may still resign after its own removal (EndQuorumEpoch, KAFKA-17608).

@@ -145,7 +145,7 @@ class FetchResponse:
     leader_epoch: int
     high_watermark: int = -1
     log_start_offset: int = 0
-    # A view into the received body when decoded from the wire (issue 10: no copy of it).
+    # A view into the received body when decoded from the wire (no copy of it).
     records: bytes | memoryview = b""
     diverging_epoch: OffsetAndEpoch | None = None
     snapshot_id: OffsetAndEpoch | None = None
@@ -176,7 +176,7 @@ class FetchSnapshotResponse:
     snapshot_id: OffsetAndEpoch | None = None
     size: int = 0  # total size of the snapshot in bytes
     position: int = 0  # where ``unaligned_records`` starts
-    unaligned_records: bytes | memoryview = b""  # a view into the received body (issue 10)
+    unaligned_records: bytes | memoryview = b""  # a view into the received body
     leader_endpoint: str | None = None
 
 

@@ -77,7 +77,7 @@ class LeaderState:
 
     def forget_observers(self, voters: ControlState, now: int, expiry_ms: int, keep: int) -> None:
         """Drop observers (non-voters) that have not fetched within ``expiry_ms``, then the
-        least recently fetching ones beyond ``keep`` (issue 8: no unbounded state from
+        least recently fetching ones beyond ``keep`` (no unbounded state from
         made-up replicas)."""
         observers = [p for k, p in self.progress.items() if not voters.contains(k)]
         stale = {p.key for p in observers if p.last_fetch_ms < now - expiry_ms}

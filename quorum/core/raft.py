@@ -111,7 +111,7 @@ class RaftCore(DescribeMixin, CoreBase):
         else:
             self.role = Unattached(epoch, deadline)
         # The first Ready publishes the restored role: a restarted follower must not report
-        # "unattached, leader -1" until its next transition (issue 12).
+        # "unattached, leader -1" until its next transition.
         self._role_change = self.role_view()
 
     # ------------------------------------------------------------------ driver entry points

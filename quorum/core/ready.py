@@ -20,7 +20,7 @@ order:
    appends, encoded by the log's leader path ``LogStorage.append``) or :class:`RawBatches`
    (already-encoded bytes a follower fetched, CRC-checked by the core; these may be written
    in step 4 instead, before the fsync and off the event loop, when the Ready holds no
-   leader batch and no snapshot install: issue 10). Optional fast path,
+   leader batch and no snapshot install). Optional fast path,
    leader only: once written (not yet fsynced) call ``core.appended(written_end, now)`` and send
    the Fetch responses it returns at once (KIP-595 leaders serve unflushed data; the high
    watermark still counts the leader's own log only up to its durable end).
@@ -56,7 +56,7 @@ log is durable (``durable_end == end``), and the Fetch sits in the Ready after t
 fsync made it so; EXCEPT that a Fetch may claim records not yet durable when its offset is at
 or below the follower's high watermark (already committed, so the claim cannot move any high
 watermark: the invariant and its argument are in :mod:`quorum.core.replication`, "Pipelined
-catch-up"). Such a Fetch sits in the same Ready as the append it follows (issue 10: the next
+catch-up"). Such a Fetch sits in the same Ready as the append it follows (the next
 batch travels while this one is fsynced).
 """
 

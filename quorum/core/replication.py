@@ -18,7 +18,7 @@ watermark is the leader's capped at the local log end.
 Replicas that know no leader (observers, a replaced disk, a voter that missed
 BeginQuorumEpoch) send "discovery" Fetches to a known voter; any answer names the leader.
 
-Pipelined catch-up (issue 10), with no wire change. INVARIANT: a Fetch whose ``fetch_offset``
+Pipelined catch-up, with no wire change. INVARIANT: a Fetch whose ``fetch_offset``
 is above the sender's fsynced log end names an offset at or below the sender's high watermark,
 and a replica's high watermark is always an offset some leader committed (the leader's, capped
 at the local end; at start the applied offset or the snapshot's). Why a claim about committed,
@@ -42,7 +42,7 @@ Ready as the append, before that Ready's write and fsync), so one response trave
 previous one is written and fsynced. The simulation checks every such claim against what was
 really committed, with power cuts (tests/sim, ``test_pipelined_catchup_power_loss``).
 
-Batched fsyncs and larger fetches while far behind (issue 10): :mod:`quorum.core.catchup`.
+Batched fsyncs and larger fetches while far behind: :mod:`quorum.core.catchup`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 class ReplicationMixin(ElectionMixin):
     # When this leader last served a FetchSnapshot chunk (-1: never). A new snapshot deletes
     # the one a replica is downloading, and its log prefix with it, so the download would start
-    # over (issue 10): the node's snapshotter waits while a download is going on.
+    # over: the node's snapshotter waits while a download is going on.
     snapshot_served_ms: int = -1
 
     # ================================================================== leader side
@@ -399,7 +399,7 @@ class ReplicationMixin(ElectionMixin):
 
     def snapshot_offered(self, snapshot_id: OffsetAndEpoch, leader_log_start: int) -> None:
         """The leader of our epoch names a snapshot to fetch (KIP-630). Installing it replaces
-        the whole local log, so (issue 8) only a snapshot past our high watermark is taken,
+        the whole local log, so only a snapshot past our high watermark is taken,
         and only while our fetch position is below the leader's log start. If it is not (our
         log diverges below the leader's log start), the uncommitted entries above our high
         watermark go first: the next Fetch, from there, gets the snapshot the normal way."""

@@ -7,14 +7,14 @@ asyncio node and a deterministic simulation can interleave other work between th
 
 ``begin(ready)``
     page-cache work: truncate, the leader's append (a follower's fetched batches are written
-    by ``persist``, off the loop, issue 10); the leader's fast path (Fetch responses for what was
+    by ``persist``, off the loop); the leader's fast path (Fetch responses for what was
     just written leave before the fsync) and the follower's (the next FetchSnapshot leaves
     before this chunk is written). When the Ready saves no quorum state, its messages leave
     here too, and its commit and client results when the commit is already durable locally
     (see "early send" below). Returns a :class:`Pending` saying what must be persisted.
 ``persist(pending)``
     blocking: write a follower's fetched batches and snapshot chunks (after the last chunk:
-    verify the download and decode its state, issue 10), save the quorum state, fsync the log.
+    verify the download and decode its state), save the quorum state, fsync the log.
     The node runs it in an executor while inbound RPCs keep stepping the core; the simulation
     completes it later, or crashes first.
 ``finish(pending)``
@@ -26,9 +26,9 @@ Persist-before-send is enforced here, in ``_send``: a message leaves before its 
 only if that Ready saves no quorum state (a vote, an epoch, a role: every promise a message can
 make was then saved by an earlier Ready, which completed before this one began), and a Fetch
 never leaves with an offset above the log's fsynced end at that moment (what a follower's Fetch
-claims, and the leader counts toward the high watermark: issue 12) unless the offset is at or
+claims, and the leader counts toward the high watermark) unless the offset is at or
 below the core's high watermark (committed records: the pipelining rule of
-``quorum.core.replication``, issue 10). The core queues a strict Fetch only once its whole log
+``quorum.core.replication``). The core queues a strict Fetch only once its whole log
 is fsynced, and a pipelined one with the append it follows; the check is the backstop.
 Early send is what keeps a write's commit from waiting for a second fsync: the answers
 a leader can give once a follower's Fetch proves a batch durable (the Fetch arrives while the
@@ -91,7 +91,7 @@ class Pending:
     chunks: list[SnapshotChunk] = field(default_factory=list)
     messages: list[Outbound] = field(default_factory=list)
     # A fetched snapshot to install: ``persist`` verifies and decodes it off the loop (its
-    # controls and prepared state, or why it was rejected), ``finish`` swaps it in (issue 10).
+    # controls and prepared state, or why it was rejected), ``finish`` swaps it in.
     install: OffsetAndEpoch | None = None
     loaded: tuple[tuple[ControlRecord, ...], object] | str | None = None
     # A follower's fetched batches, written by ``persist`` (off the loop) before its fsync.
@@ -154,7 +154,7 @@ class Driver:
             self.recent.clear()
         chunks: list[SnapshotChunk] = ready.snapshot_chunks
         install = ready.install_snapshot
-        # Issue 10: a follower's fetched batches are written by ``persist``, off the loop, which
+        # A follower's fetched batches are written by ``persist``, off the loop, which
         # meanwhile receives the next response (a pipelined Fetch leaves below, in this begin).
         raw = [b for b in ready.append if isinstance(b, RawBatches)]
         defer = install is None and len(raw) == len(ready.append)
@@ -221,7 +221,7 @@ class Driver:
         for out in messages:
             msg = out.message
             if isinstance(msg, FetchRequest) and msg.fetch_offset > max(flushed, self.core.hw):
-                # The leader would count records we could still lose (issue 12): a core bug.
+                # The leader would count records we could still lose: a core bug.
                 raise RuntimeError(
                     f"driver: a Fetch at offset {msg.fetch_offset} would claim more than the "
                     f"durable log end {flushed} and the high watermark {self.core.hw}"
@@ -278,7 +278,8 @@ class Driver:
         ready = pending.ready
         self.core.advance(ready, durable)
         # The core adds nothing to a Ready in flight (quorum.core.ready); for a core that does
-        # (the old one of issue 12's hole, kept in tests/core) every Fetch claim is still checked.
+        # (the old one with the Fetch-offset durability hole, kept in tests/core) every Fetch
+        # claim is still checked.
         self._send(pending.messages + ready.messages[pending.taken :])
         if not pending.completed:
             self._complete(ready)

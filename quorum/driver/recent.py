@@ -1,7 +1,7 @@
 """The batches this node appended but has not applied yet, kept in memory for the apply step.
 
 Apply-after-commit used to read every committed batch back from the log and decode it again,
-also on the leader, which had the records in hand when it appended them (issue 10). The
+also on the leader, which had the records in hand when it appended them. The
 driver now remembers each appended batch here (the leader's records as they were proposed,
 a follower's fetched bytes, whose CRCs ``append_fetched`` checked once) until it is applied,
 and reads the log only for what is not here: batches from before a restart, or those dropped

@@ -6,7 +6,7 @@ persist is in flight (they land in the next Ready: see :mod:`quorum.core.ready`)
 what may leave without a persist: ``Driver.send_now`` sends that as it is stepped in.
 
 It dies loudly: an exception from the driver, the core or a port is logged and re-raised
-from ``run``, so the process exits non-zero instead of serving with a wedged core (issue 8).
+from ``run``, so the process exits non-zero instead of serving with a wedged core.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class AsyncRunner:
         self.busy_seconds = 0.0  # time spent carrying out Readies (KIP-595 poll-idle-ratio)
         self._wake = asyncio.Event()
         self._stopping = False
-        self.turned_at = time.monotonic()  # last turn of the loop (issue 8: /healthz bound)
+        self.turned_at = time.monotonic()  # last turn of the loop (/healthz bound)
         # While a persist that saves no quorum state runs, wake() also schedules one
         # Driver.send_now for what was stepped in (see _persist).
         self._persisting = False

@@ -80,6 +80,13 @@ class QuorumBackend(Protocol):
 
     async def remove_voter(self, id: int, uuid: str) -> dict[str, Any]: ...
 
+    async def reassign(self, voters: list[int] | None) -> dict[str, Any]: ...
+
+
+# How long a RemoveRaftVoter carried out as a reassignment may take to commit before the answer
+# says the outcome is unknown: within the admin client's default request timeout (30 s).
+SHRINK_WAIT_S = 25.0
+
 
 def kafka_code(e: KraftError) -> int:
     return _TO_KAFKA.get(e.code, -1)  # -1: UNKNOWN_SERVER_ERROR
@@ -373,7 +380,7 @@ class KafkaWireServer:
                 if op == "add":
                     await self.backend.add_voter(int(req.voter_id), uuid)
                 else:
-                    await self.backend.remove_voter(int(req.voter_id), uuid)
+                    await self._remove(int(req.voter_id), uuid)
             except KraftError as e:
                 err = e
             except (OSError, TimeoutError) as e:
@@ -384,6 +391,44 @@ class KafkaWireServer:
         return resp_cls(
             throttle_time_ms=0, error_code=kafka_code(err), error_message=f"{err.code.value}: {err.message}"
         )
+
+    async def _remove(self, vid: int, uuid: str) -> None:
+        """RemoveRaftVoter. Our RemoveVoter removes a storage UUID and keeps the replica id among
+        the voters (KIP-856), so it refuses the id's last UUID unless a replacement of that id is
+        ready. On Kafka, removing a controller with no replacement shrinks the quorum; here that
+        is a KIP-642 reassignment to the remaining voter ids, which the leader carries out one
+        safe change at a time with its own checks (no other change pending, no leader recovering,
+        every target a voter). Answered once the voter is gone, as Kafka answers after commit."""
+        try:
+            await self.backend.remove_voter(vid, uuid)
+            return
+        except KraftError as e:
+            if e.code is not ErrorCode.INVALID_REQUEST:
+                raise
+            refused = e
+        d = await self.backend.describe()
+        voters = [(int(v["id"]), str(v["uuid"])) for v in d.get("voters", [])]
+        # Only the one case: (vid, uuid) is a voter and the only one of its id. Anything else
+        # (not a voter, a malformed id) keeps the engine's own refusal.
+        if (vid, uuid) not in voters or any(i == vid and u != uuid for i, u in voters):
+            raise refused
+        target = sorted({i for i, _ in voters if i != vid})
+        if not target:
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"replica {vid} is the last voter")
+        log.info("Kafka listener: removing voter %s:%s as a reassignment to %s", vid, uuid, target)
+        await self.backend.reassign(target)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHRINK_WAIT_S
+        while True:
+            d = await self.backend.describe()
+            if all(int(v["id"]) != vid for v in d.get("voters", [])) and d.get("target_voters") is None:
+                return
+            if loop.time() >= deadline:
+                raise KraftError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"the reassignment to {target} that removes replica {vid} is still in progress",
+                )
+            await asyncio.sleep(0.1)
 
     async def _add_voter(self, req: Any, resp_cls: Any) -> Any:
         return await self._change(req, resp_cls, "add")

@@ -56,7 +56,7 @@ Value = bytes | memoryview
 
 def decode_snapshot(chunks: Iterable[bytes | memoryview]) -> dict[bytes, Value]:
     """The map a snapshot's chunks hold (the inverse of :meth:`KVStore.snapshot_chunks`); pure,
-    so a follower can run it off the event loop while the old map keeps serving (issue 10).
+    so a follower can run it off the event loop while the old map keeps serving.
     Values are views into the chunks, not copies (a fetched snapshot's chunks are the received
     bytes: a 1 GB state is not copied once more on the catch-up's critical path); keys are
     copied (they are hashed). Raises CORRUPT_RECORD on a malformed chunk."""

@@ -1,5 +1,4 @@
-"""Connection and memory limits of the node's HTTP server (issue 8, "A node no request can
-brick").
+"""Connection and memory limits of the node's HTTP server (no request may exhaust it).
 
 aiohttp bounds one request's body (``client_max_size``) but not how many connections a client
 may hold open, how long it may take to send a request head, or how many large bodies are read
@@ -118,7 +117,7 @@ class Limits:
 
 
 _METRICS = {
-    "connections": ("gauge", "Open client and peer connections (issue 8 cap: max_connections)"),
+    "connections": ("gauge", "Open client and peer connections (capped by max_connections)"),
     "buffered_body_bytes": ("gauge", "Request body bytes reserved from the body budget right now"),
     "refused_connections": ("counter", "Connections refused or evicted at the connection cap"),
     "refused_bodies": ("counter", "Requests answered 503 because their body did not fit the budget"),

@@ -1,5 +1,5 @@
-"""The event loop's lag, measured for the node's HTTP server (issue 8, "A node no request can
-brick"): :class:`LoopWatch` notes how late a 50 ms timer runs, exports the worst lag in
+"""The event loop's lag, measured for the node's HTTP server (no request may stall it):
+:class:`LoopWatch` notes how late a 50 ms timer runs, exports the worst lag in
 ``/metrics`` (through :class:`~quorum.runtime.limits.Limits`) and logs each stall with what the
 process did meanwhile. A raft leader stalled past the followers' fetch timeout loses its
 leadership (KIP-595), so a stall must be explainable from the log.

@@ -2,8 +2,10 @@
 image stays small).
 
 Names follow KIP-595's raft metrics (``current-leader``, ``high-watermark``, ...) and KIP-856's
-(``number-of-voters``, ``pending-add-voter``, ...), rendered in Prometheus style:
-``kraftkeeper_raft_current_leader``.
+(``number-of-voters``, ``pending-add-voter``, ...), rendered in Prometheus style with the
+``kraftkeeper_`` prefix and underscores: ``kraftkeeper_current_leader``,
+``kraftkeeper_number_of_voters``; counters end in ``_total`` (``kraftkeeper_append_records_total``).
+The full list is in docs/reference.md, "Metrics".
 """
 
 from __future__ import annotations

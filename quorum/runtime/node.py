@@ -142,7 +142,7 @@ class Node:
     # ---- lifecycle --------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Drive the node until ``stop``; a driver failure is re-raised (the process exits
-        non-zero: issue 8, a node never serves with a dead loop)."""
+        non-zero: a node never serves with a dead loop)."""
         log.info(
             "node %s (%s) listening on %s, advertising %s",
             self.node_id,
@@ -273,7 +273,7 @@ class Node:
         target = None if ids is None else tuple(ids)
         ls = self.core.leader_state()
         if target is not None and ls is not None:
-            # Issue 8: a target id must be a voter or an observer the leader knows to be caught
+            # A target id must be a voter or an observer the leader knows to be caught
             # up, so a reassignment cannot name replicas that do not exist ({"voters": [10**30]}).
             voters = self.core.voters().ids()
             ready = {k.id for k in ls.progress if self.core.caught_up(ls, k)}
@@ -294,9 +294,9 @@ class Node:
         return self.view.readiness()
 
     def log_state(self) -> dict[str, Any]:
-        """What Raft's election compares, for choosing an unclean-recovery survivor (issue 12):
+        """What Raft's election compares, for choosing an unclean-recovery survivor:
         the local log's last batch epoch and end offset, plus this node's view. No storage
-        UUID (issue 8: nothing that helps impersonation is served unauthenticated)."""
+        UUID (nothing that helps impersonation is served unauthenticated)."""
         v = self.view
         return {
             "node_id": self.node_id,

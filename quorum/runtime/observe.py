@@ -41,9 +41,9 @@ class Observer:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Live unless a Ready has been in flight (its quorum-state save or fsync running) for
-        more than ``STALL_S``, or the driver loop has not turned for ``LOOP_S`` (issue 8: a
+        more than ``STALL_S``, or the driver loop has not turned for ``LOOP_S`` (a
         wedged driver must fail the liveness probe; a dead one already stops the process). No
-        storage UUID: issue 8 forbids revealing it unauthenticated."""
+        storage UUID: nothing unauthenticated may reveal it (it helps impersonation)."""
         pending = self.driver.in_flight
         now = time.monotonic()
         if pending is None:

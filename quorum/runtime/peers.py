@@ -28,7 +28,7 @@ from quorum.types import ErrorCode, KraftError
 __all__ = ["InboundCheck", "Peers"]
 
 # (what the server's authentication learned about the caller, the decoded request) -> None,
-# or raise KraftError to refuse it before the core sees it (issue 8: a Fetch as replica 2 must
+# or raise KraftError to refuse it before the core sees it (a Fetch as replica 2 must
 # come with replica 2's certificate).
 InboundCheck = Callable[[object | None, Any], None]
 

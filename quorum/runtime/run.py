@@ -1,8 +1,8 @@
 """``kraftkeeper start``: run one node in the foreground until SIGTERM / SIGINT.
 
-This is where the parts are wired: the transport (HTTP today; issue 8's TLS passes its client
+This is where the parts are wired: the transport (HTTP today; TLS passes its client
 ``ssl.SSLContext`` and peer check to :class:`HttpTransport`), the node, and the HTTP server
-(issue 8's authentication middlewares go to ``build_app``, its server context to
+(the authentication middlewares go to ``build_app``, its server context to
 ``start_server``)."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _setup_logging(node_hint: str) -> None:
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 # Catch-up moves megabytes per Fetch through a few large buffers (the leader's segment read and
-# response, the replica's received body: 8-64 MiB each, issue 10). glibc serves every
+# response, the replica's received body: 8-64 MiB each). glibc serves every
 # allocation above its mmap threshold (at most 32 MiB, by default far less once adjusted) with a
 # fresh mmap and returns it with munmap on free, so each such buffer costs a page fault per
 # 4 KiB page on first touch: measured on this project's VM, copying 3 GiB through 32 MiB
@@ -107,7 +107,7 @@ async def serve_node(
     kafka_insecure: bool = False,
 ) -> None:
     """Run one node and its server until ``stop`` is set (default: SIGTERM / SIGINT). With
-    ``tls`` (issue 8): https, mutual TLS to peers, and the authorization middleware."""
+    ``tls``: https, mutual TLS to peers, and the authorization middleware."""
     cluster_id = load_meta(data_dir).cluster_id if tls is not None else ""
     http = (
         HttpTransport()

@@ -1,12 +1,12 @@
 """The node's aiohttp application: node-to-node RPCs, the client API, the admin API, metrics
-and health endpoints (contract: ``../shared/interfaces.md`` and ``docs/design.md``).
+and health endpoints (contract: ``docs/reference.md`` and ``docs/design.md``).
 
 Handlers are thin: they parse and validate input, call the node through the
 :class:`~quorum.runtime.api.NodeApi` protocol (never the ``Node`` class: no import cycle) and
 turn :class:`~quorum.types.KraftError` into the JSON error body with the right status. Every
 error body is ``{"error_code": ..., "message": ...}`` (plus the leader hint for 421).
 
-Where TLS and authentication plug in (issue 8): :func:`build_app` takes extra ``middlewares``
+Where TLS and authentication plug in: :func:`build_app` takes extra ``middlewares``
 (run before the handlers, after the error mapping, so their KraftErrors get the same JSON
 body); the authorization middleware (``quorum.security.middleware``) binds a raft RPC's claimed
 sender to the caller's certificate before the RPC handler runs.
@@ -91,7 +91,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 async def _json_object(request: web.Request, allowed: set[str], what: str) -> dict[str, Any]:
-    """An admin body through the shared strict decoder (issue 8: deep nesting, duplicate keys,
+    """An admin body through the shared strict decoder (deep nesting, duplicate keys,
     NaN are a 400 naming the problem, never a 500)."""
     obj = loads_strict(await request.read(), what)
     if not isinstance(obj, dict):
@@ -127,7 +127,7 @@ _KV_PREFIX = "/v1/kv/"
 
 
 def key_of(request: web.Request) -> str:
-    """The key of ``/v1/kv/{key}``, percent-decoded exactly ONCE from the raw path (issue 8:
+    """The key of ``/v1/kv/{key}``, percent-decoded exactly ONCE from the raw path (
     with a second decoding ``%2541`` and ``A`` were the same key), UTF-8 strictly."""
     raw = request.raw_path.split("?", 1)[0]
     if not raw.startswith(_KV_PREFIX) or len(raw) == len(_KV_PREFIX):
@@ -228,7 +228,7 @@ def _node_routes(app: web.Application, node: NodeApi) -> None:
         )
         if isinstance(out, bytes):
             return web.Response(body=out, content_type="application/octet-stream")
-        # Issue 10: a catch-up response goes out as its header, then the segment bytes as read
+        # A catch-up response goes out as its header, then the segment bytes as read
         # (no joined copy of 32 MiB here, nor aiohttp's join of headers and body).
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         resp.content_length = len(out)
@@ -290,7 +290,7 @@ def build_app(
     limits: Limits | None = None,
     stream_auth: StreamAuth | None = None,
 ) -> web.Application:
-    """The node's routes. ``middlewares`` run inside the error mapping (issue 8: TLS peer
+    """The node's routes. ``middlewares`` run inside the error mapping (TLS peer
     identity, authentication, authorization); the connection limits wrap everything and the
     body budget runs after authentication (:mod:`quorum.runtime.limits`). The peer stream is
     served when ``stream_auth`` checks its callers, or on a node without authentication

@@ -51,7 +51,7 @@ class Snapshotter:
     def due(self) -> bool:
         """Enough log applied since the last snapshot (``snapshot.max_bytes``) and none running,
         and no replica downloading the current one: a new snapshot would delete it (and the log
-        before it) under the download, which would then start over (issue 10)."""
+        before it) under the download, which would then start over."""
         applied = self.applier.bytes_since_snapshot
         if applied < self.snapshot_bytes or self.busy:
             return False

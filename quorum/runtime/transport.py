@@ -9,7 +9,7 @@ one encoded request body in, one encoded response body out). Two implementations
 * :class:`InProcessTransport` — the same encoding, delivered to handlers registered by
   endpoint in this process (tests run several nodes in one event loop, no sockets).
 
-Where TLS plugs in (issue 8): ``HttpTransport(ssl_context=..., server_hostname=...)``
+Where TLS plugs in: ``HttpTransport(ssl_context=..., server_hostname=...)``
 switches to ``https`` with a client context that presents this node's certificate and checks
 that the server's certificate names the destination replica (the per-replica TLS server name,
 KIP-595 RPCs name their destination); ``peer_check(destination_id, peercert)``, when given, is
@@ -85,9 +85,9 @@ MAX_RESPONSE_BYTES = 2 * wire.MAX_BYTES + wire.MAX_HEADER + 4
 
 
 async def _read_body(r: aiohttp.ClientResponse) -> bytes | bytearray:
-    """The response body, copied once into a buffer of its announced length (issue 10:
+    """The response body, copied once into a buffer of its announced length:
     ``ClientResponse.read`` joins the received pieces twice, two copies of every megabyte a
-    catch-up Fetch brings). Without a Content-Length, ``read`` as before."""
+    catch-up Fetch brings. Without a Content-Length, ``read`` as before."""
     n = r.content_length
     if n is None:
         return await r.read()
@@ -122,7 +122,7 @@ class HttpTransport:
     """aiohttp client for ``POST {scheme}://{endpoint}/raft/v1/{rpc}``.
 
     ``ssl_context``: None for plaintext (loopback), else the client context of this node
-    (issue 8: it presents the node certificate and verifies the cluster CA)."""
+    (it presents the node certificate and verifies the cluster CA)."""
 
     def __init__(
         self,
@@ -133,7 +133,7 @@ class HttpTransport:
     ) -> None:
         self.ssl_context = ssl_context
         self.peer_check = peer_check
-        # issue 8: the TLS name the destination replica's certificate must carry
+        # The TLS name the destination replica's certificate must carry
         # (quorum.security.pki.peer_hostname), so the handshake itself refuses any other replica
         self.server_hostname = server_hostname
         self.scheme = "https" if ssl_context is not None else "http"

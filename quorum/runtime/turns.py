@@ -1,5 +1,5 @@
 """Sharing the event loop's turns between large request bodies, TLS handshakes and everything
-else (issue 8, "A node no request can brick"; used by :mod:`quorum.runtime.limits`).
+else (no request may monopolise the loop; used by :mod:`quorum.runtime.limits`).
 
 :class:`FlowTransport` is the transport aiohttp's protocol sees, so reading can be paused for
 two reasons at once (aiohttp's flow control, and :class:`ReadTurns` holding the connection).

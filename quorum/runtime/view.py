@@ -2,7 +2,7 @@
 
 The view is what the node tells the outside world: ``/readyz``, the leader hint in every 421
 answer, ``/v1/node/log-state``, who may serve describe. It changes only when the core publishes
-a ``RoleChange``; at start it is the role the core restored from its quorum state (issue 12: a
+a ``RoleChange``; at start it is the role the core restored from its quorum state (a
 follower restarted on its own directory must report its leader at once, not ``unattached``).
 """
 
@@ -60,7 +60,7 @@ class NodeView:
         )
 
     def error(self, code: ErrorCode, message: str = "") -> KraftError:
-        """A refusal; NOT_LEADER carries the leader hint (interfaces.md: 421 with
+        """A refusal; NOT_LEADER carries the leader hint (docs/reference.md: 421 with
         ``leader_id``, ``leader_epoch``, ``leader_endpoint``)."""
         if code is ErrorCode.NOT_LEADER:
             return KraftError(

@@ -5,7 +5,7 @@ field except the one ``bytes`` field a message may have (Fetch ``records``, Fetc
 ``unaligned_records``), which follows the header unchanged: catch-up copies log bytes from
 the leader's segment to the follower's without decoding or base64.
 
-Decoding is strict (issue 8, "a node no request can brick"): every field has an explicit rule
+Decoding is strict (no request may crash or wedge a node): every field has an explicit rule
 in :data:`FIELD_RULES` (KIP-595 types: ids and epochs int32, offsets and timestamps int64,
 non-negative where the field requires; waits and sizes bounded; UUIDs canonical; strings
 bounded; booleans real booleans), the JSON is parsed by
@@ -203,7 +203,7 @@ FRAME_MIN_RAW = 64 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class Frame:
-    """An encoded body in its two parts, sent as two writes (issue 10): ``head`` (length
+    """An encoded body in its two parts, sent as two writes: ``head`` (length
     prefix and JSON header) and ``raw`` (the segment or snapshot bytes as read), so that a
     32 MiB Fetch response is not copied into one joined body on the leader's event loop."""
 

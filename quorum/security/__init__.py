@@ -1,3 +1,3 @@
-"""Trust for KRaftKeeper (issue 8): strict decoding of untrusted input, the per-cluster PKI,
+"""Trust for KRaftKeeper: strict decoding of untrusted input, the per-cluster PKI,
 bearer tokens, authentication and authorization of peers and clients, the TLS contexts and the
 client config. Nothing here does I/O on the network itself; the runtime installs the pieces."""

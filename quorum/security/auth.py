@@ -1,4 +1,4 @@
-"""Authentication and authorization: pure functions, no I/O (issue 8).
+"""Authentication and authorization: pure functions, no I/O.
 
 Who may do what (the model a platform team audits; ``docs/operator.md`` repeats it):
 

@@ -1,6 +1,6 @@
 """The client config file (``--client-config FILE`` / ``KRAFTKEEPER_CLIENT_CONFIG``).
 
-Contract (``../shared/interfaces.md``, "Security")::
+Contract (``docs/reference.md``, "Client config")::
 
     {"ca_file": "tls/ca.crt", "cert_file": "tls/admin.crt", "key_file": "tls/admin.key",
      "token_file": "tls/admin.token"}

@@ -6,7 +6,7 @@ the authorization middleware. Start-up refuses a certificate that does not name 
 (cluster id and replica id from ``meta.properties``), so a node can never serve, or call its
 peers, under another replica's identity.
 
-Plaintext is for loopback only (interfaces.md "Security"): :func:`check_plaintext_listen`
+Plaintext is for loopback only (docs/reference.md, `kraftkeeper start`): :func:`check_plaintext_listen`
 refuses a non-loopback ``--listen`` without TLS unless ``--insecure`` is given.
 """
 

@@ -1,4 +1,4 @@
-"""The per-cluster PKI: a CA, node certificates, client certificates, identities (issue 8).
+"""The per-cluster PKI: a CA, node certificates, client certificates, identities.
 
 All certificate work is PyCA ``cryptography``; nothing is hand-rolled. Keys are ECDSA P-256
 (fast to make and to verify, accepted by every TLS 1.2+ stack).

@@ -2,7 +2,7 @@
 
 Used by the RPC codec (:mod:`quorum.runtime.wire`), the persisted files (``quorum-state``), the
 client config and, through :func:`loads_strict` and the field checkers, any HTTP handler that
-reads a JSON body. The rules are the ones the trust issue (issue 8) asks for:
+reads a JSON body. The rules, each closing a way untrusted input could hurt a node:
 
 * a bounded nesting depth, checked *before* the parser runs, so deeply nested input is a clear
   refusal instead of a ``RecursionError`` (a 500 on the server);

@@ -29,7 +29,7 @@ DIR_MODE = 0o700
 FILE_MODE = 0o600
 
 # A follower's write of at least this many bytes at once is catch-up (one large Fetch response
-# or snapshot chunk, issue 10), whose page cache ``drop_synced`` frees once it is fsynced.
+# or snapshot chunk), whose page cache ``drop_synced`` frees once it is fsynced.
 CATCHUP_DROP_MIN_BYTES = 1024 * 1024
 
 

@@ -102,7 +102,7 @@ class SegmentedLog:
         # Descriptors of segments removed while a flush ran in a worker thread are closed
         # after it (the flush may still be writing or syncing them).
         self._flush_lock = threading.Lock()
-        # Fetched batches are written in a worker thread (the driver's persist, issue 10)
+        # Fetched batches are written in a worker thread (the driver's persist)
         # while the loop may delete a snapshotted prefix: those two take turns.
         self._struct_lock = threading.Lock()
         self._flushing = False

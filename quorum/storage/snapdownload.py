@@ -6,7 +6,7 @@ what installing the snapshot needs (the header's voter-set controls, the state c
 the same framing rules as :func:`quorum.storage.snapshot.parse_snapshot`: offsets counting
 from 0, every batch in the snapshot's epoch, a ``SnapshotHeader`` control batch first, a
 ``SnapshotFooter`` control batch last and nothing after it. Installing a large snapshot then
-reads nothing back and parses nothing a second time (issue 10: a 1 GB snapshot used to be
+reads nothing back and parses nothing a second time (a 1 GB snapshot used to be
 read, CRC-checked and parsed in one pass on the event loop at the end of the download).
 
 Chunks cut batches anywhere ("unaligned records"): the partial batch at a chunk's end is

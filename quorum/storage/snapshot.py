@@ -183,7 +183,7 @@ class SnapshotStore:
         self._downloads: dict[OffsetAndEpoch, tuple[int, int]] = {}  # id -> (fd, bytes written)
         self._parses: dict[OffsetAndEpoch, DownloadParse] = {}  # id -> its batches checked so far
         # What ``finish_download`` just verified and parsed, for the ``load`` that follows it
-        # (the install): a large snapshot is not read and parsed a second time (issue 10).
+        # (the install): a large snapshot is not read and parsed a second time.
         self._verified: tuple[OffsetAndEpoch, tuple[ControlRecord, ...], Sequence[Chunk]] | None = None
         removed = False
         for name in os.listdir(self.directory):
@@ -317,7 +317,7 @@ class SnapshotStore:
             # (the kernel starts writing dirty pages on its own only past ~10 % of memory).
             os.fdatasync(fd)
             # ... and reuse its page cache for the next chunks: the download's content stays
-            # in memory until installed (DownloadParse), nothing reads it back (issue 10).
+            # in memory until installed (DownloadParse), nothing reads it back.
             drop_synced(fd, 0, written + len(data))
 
     def finish_download(self, snapshot_id: OffsetAndEpoch) -> str:

@@ -1,14 +1,14 @@
 """What both demos share (``demo`` for our engine, ``demo_kafka`` for real Kafka controllers): the
 console lines, loopback port ranges, the demo's working directory, reading the event log back, and
 printing one recovery's intervals exactly as the report names and measures them
-(``kraftkeeper_reports.intervals``). Standard library only: no Spark, no operator imports.
+(``kraftkeeper_reports.intervals``). Standard library and ``quorum.localports`` only: no Spark,
+no operator imports.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from kraftkeeper_reports.intervals import (
     fmt_ms,
     recorded_order,
 )
+from quorum.localports import NoFreePorts, free_port_range
 
 MARKER = ".kraftkeeper-demo"
 
@@ -38,27 +39,12 @@ def say(msg: str) -> None:
 
 
 def free_base_port(n: int) -> int:
-    """A base port with base..base+n all free on loopback (checked, then released)."""
-    for _ in range(50):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        base = int(s.getsockname()[1])
-        s.close()
-        if base + n >= 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n + 1):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise DemoError("UNAVAILABLE: no free range of loopback ports")
+    """A base port with base..base+n all free on loopback (:mod:`quorum.localports`: outside the
+    kernel's ephemeral range, probed as the servers bind), its failure as the demo's error."""
+    try:
+        return free_port_range(n + 1)
+    except NoFreePorts as e:
+        raise DemoError(str(e)) from None
 
 
 def prepare_dir(d: Path, *foreign: str) -> str | None:

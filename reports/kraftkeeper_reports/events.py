@@ -1,6 +1,6 @@
 """The recovery event log: its types, a validator and an appending writer.
 
-The operator emits one JSON line per step of a KIP-856 disk-failure recovery (shared/interfaces.md,
+The operator emits one JSON line per step of a KIP-856 disk-failure recovery (docs/reference.md,
 "Recovery event log"); the Spark job (``kraftkeeper_reports.job``) reads them back. This module is
 the single definition of what a valid event is: the operator validates before writing, and the
 Spark job classifies every input line with :func:`classify_line`, so both sides agree.

@@ -1,4 +1,4 @@
-"""``bench.engine --baseline REV`` (issue 12: throughput before and after, same invocation).
+"""``bench.engine --baseline REV`` (throughput before and after, same invocation).
 
 The pure parts (round order, ratios, median round) in-process; the git export and the CLI
 check against this repository's own HEAD; one short real run with HEAD as the baseline, so

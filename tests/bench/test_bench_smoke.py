@@ -230,7 +230,7 @@ def test_interrupt_cleans_up_every_process(tmp_path: Path) -> None:
 
 
 def test_operator_bench_hands_kafka_rows_to_the_kafka_bench() -> None:
-    """`python -m bench.operator kafka ...` is bench/kafka_recovery.py (issue 9's Kafka rows)."""
+    """`python -m bench.operator kafka ...` is bench/kafka_recovery.py (the Kafka rows)."""
     res = subprocess.run([sys.executable, "-m", "bench.operator", "kafka", "--modes", "bogus"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2

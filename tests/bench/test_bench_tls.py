@@ -1,4 +1,4 @@
-"""Smoke test of the TLS rows of bench/engine.py (issue 8): ``kraftkeeper fsync+tls`` and
+"""Smoke test of the TLS rows of bench/engine.py: ``kraftkeeper fsync+tls`` and
 ``etcd tls`` run in the same invocation as their plaintext rows, briefly, on loopback, and the
 output reports the cost of TLS and the ratio to etcd with TLS."""
 

@@ -4,7 +4,6 @@ is final at once, and a request that never finds a leader ends with the last err
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -12,25 +11,12 @@ import pytest
 from aiohttp import web
 
 from quorum.client import QuorumClient
+from quorum.localports import free_ports
 from quorum.types import ErrorCode, KraftError
 
 Answer = Callable[[str], web.Response]  # the node's answer, given the node's own address
 
 
-def _free_ports(n: int, first: int = 27100, last: int = 27199) -> list[int]:
-    """``n`` free loopback ports from this test's range."""
-    out: list[int] = []
-    for port in range(first, last + 1):
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        out.append(port)
-        if len(out) == n:
-            return out
-    pytest.skip(f"the machine lacks {n} free loopback ports in {first}..{last}")
 
 
 def _err(status: int, code: ErrorCode, **extra: str) -> web.Response:
@@ -43,7 +29,7 @@ async def _nodes(answers: list[Answer]) -> AsyncIterator[tuple[list[str], list[s
     """One HTTP server per answer; yields their addresses and the log of which one was asked."""
     calls: list[str] = []
     runners = []
-    eps = [f"127.0.0.1:{p}" for p in _free_ports(len(answers))]
+    eps = [f"127.0.0.1:{p}" for p in free_ports(len(answers))]
     try:
         for ep, answer in zip(eps, answers, strict=True):
 

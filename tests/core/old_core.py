@@ -1,4 +1,4 @@
-"""The core as it behaved before issue 12's fix, kept ONLY so that the tests can show they
+"""The core as it behaved before the Fetch-offset durability fix, kept ONLY so that the tests can show they
 detect the Fetch-offset durability hole (tests/core/test_durability.py, the simulation's
 regression seeds). Never used outside tests.
 

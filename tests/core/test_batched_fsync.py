@@ -1,4 +1,4 @@
-"""Batched catch-up fsyncs (issue 10): ``quorum.core.replication``, "Batched fsync".
+"""Batched catch-up fsyncs: ``quorum.core.replication``, "Batched fsync".
 
 While a follower's log end stays below the high watermark its leader told it, the Ready that
 hands over fetched batches asks for no fsync until ``catchup_flush_bytes`` were appended since

@@ -1,4 +1,4 @@
-"""Catch-up without wasted work (issue 10): batches a node appended are applied from memory
+"""Catch-up without wasted work: batches a node appended are applied from memory
 (no read-back of the log, also on the leader), the log is still the fallback (restart, cache
 full, truncation), and a fetched snapshot's next FetchSnapshot leaves before the chunk just
 received is written, while the chunks still reach the file in order."""

@@ -1,4 +1,4 @@
-"""Issue 12's Fetch-offset durability hole, driven by hand.
+"""The Fetch-offset durability hole, driven by hand.
 
 A follower's Fetch offset tells the leader "everything below is durable here", and the leader
 counts it toward the high watermark. The node steps RPCs into the core while a Ready's fsync
@@ -118,7 +118,7 @@ def test_driver_refuses_to_send_before_persist() -> None:
 
 
 def test_a_restarted_follower_publishes_its_restored_role() -> None:
-    """Issue 12: a node restarted on its own directory must publish the role and leader it
+    """A node restarted on its own directory must publish the role and leader it
     restored (not 'unattached, leader -1' until its next transition)."""
     import random
 

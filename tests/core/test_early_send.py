@@ -1,4 +1,4 @@
-"""Early send (issue 12, throughput after the one-driver refactor): what a Ready carries leaves
+"""Early send (throughput after the one-driver refactor): what a Ready carries leaves
 in ``Driver.begin``, before that Ready's fsync, when nothing in it needs the fsync.
 
 The rules checked here (``quorum.driver.driver``'s docstring, ``quorum.core.ready`` steps 6-7):
@@ -64,7 +64,7 @@ def test_follower_next_fetch_leaves_right_after_its_fsync_claiming_only_the_fsyn
     h, claims = follower()
     h.core.step(response(last_fetch(h), 0, [b"a", b"b"], 0), h.now)
     pending = h.driver.begin(h.core.ready())
-    # The fetched batch is written by persist, off the loop (issue 10): not yet here.
+    # The fetched batch is written by persist, off the loop: not yet here.
     assert pending.needs_persist and h.log.end_offset == 0 and h.durable_end == 0
     assert pending.raw and pending.raw[0].next_offset == 2
     sent = len(claims.claims)

@@ -74,7 +74,7 @@ def test_vote_refused_for_a_log_that_is_behind() -> None:
     h = leader()
     end = h.durable_end
     epoch = h.core.epoch
-    # A live leader refuses a Vote of a later epoch without adopting it (issue 8, KIP-996).
+    # A live leader refuses a Vote of a later epoch without adopting it (KIP-996).
     r = vote(h, 3, epoch + 1, last_epoch=epoch, last_offset=end)
     assert not r.vote_granted and h.core.epoch == epoch and h.core.role_name == "leader"
     h.core.resign(h.now)  # no longer a live leader: Votes are judged on their logs
@@ -88,7 +88,7 @@ def test_vote_refused_for_a_log_that_is_behind() -> None:
 
 
 def test_non_voter_cannot_make_a_voter_bump_its_epoch() -> None:
-    """Issue 8: a replica outside our voter set (a removed voter, an old disk re-attached, a
+    """A replica outside our voter set (a removed voter, an old disk re-attached, a
     made-up id) gets no vote for a later epoch and does not move our epoch. Within the
     current epoch KIP-856's rule stays: membership is not consulted, an up-to-date log wins."""
     h = make()

@@ -1,4 +1,4 @@
-"""Issue 8, core side: requests that must not grow the leader's state or make a follower
+"""Hostile peers, core side: requests that must not grow the leader's state or make a follower
 throw away committed records."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_leader_steps_down_for_a_voter_ahead_of_its_epoch_only() -> None:
 
 
 def test_requests_do_not_redirect_peer_endpoints() -> None:
-    """Issue 8: a Fetch or a Vote naming replica 2 with another endpoint changes nowhere we
+    """A Fetch or a Vote naming replica 2 with another endpoint changes nowhere we
     send requests; endpoints come from configuration and AddVoter records."""
     from quorum.core.messages import VoteRequest
 

@@ -1,14 +1,13 @@
-"""Pipelined catch-up (issue 10): the rule of ``quorum.core.replication`` ("Pipelined catch-up").
+"""Pipelined catch-up: the rule of ``quorum.core.replication`` ("Pipelined catch-up").
 
-A follower's next Fetch may leave before the batch it just received is fsynced only when its
-offset is at or below the follower's high watermark (records already committed: the claim cannot
-move any high watermark). Near the tail (offset above the high watermark) the strict rule of
-issue 12 stands. The pipelined Fetch leaves in the same Ready as the append it follows (written,
-not fsynced); a response arriving while that fsync runs waits for the next Ready, so at most one
-batch is fsynced while one travels. The driver refuses any Fetch beyond both the fsynced end and
-the high watermark. The fetched batches themselves are written by the driver's persist (off
-the event loop in a node), before its fsync.
-"""
+A follower's next Fetch may leave before the batch it just received is fsynced only when its offset
+is at or below the follower's high watermark (records already committed: the claim cannot move any
+high watermark). Near the tail (offset above the high watermark) the strict Fetch-offset durability
+rule stands. The pipelined Fetch leaves in the same Ready as the append it follows (written, not
+fsynced); a response arriving while that fsync runs waits for the next Ready, so at most one batch
+is fsynced while one travels. The driver refuses any Fetch beyond both the fsynced end and the high
+watermark. The fetched batches themselves are written by the driver's persist (off the event loop in
+a node), before its fsync."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,21 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from quorum.client import QuorumClient
+from quorum.localports import free_ports
 from tests.polling import wait_until
 
 KK = [sys.executable, "-m", "quorum.cli"]
 
 
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def run_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:

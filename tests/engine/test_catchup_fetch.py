@@ -1,4 +1,4 @@
-"""A large Fetch response during catch-up (issue 10) is checked once and taken whole or not at
+"""A large Fetch response during catch-up is checked once and taken whole or not at
 all: a follower (the real core and driver) given 8 MiB of batches with one damaged batch in
 the middle refuses the whole response, names the damaged batch's offset, appends nothing and
 fetches again from the same offset; the undamaged response is appended byte for byte."""
@@ -57,7 +57,7 @@ def test_damaged_batch_in_a_large_fetch_refuses_it_whole_naming_the_offset() -> 
 
 
 def test_fetched_records_are_a_view_into_the_received_body_not_a_copy() -> None:
-    """The wire decode hands the core a view into the HTTP body (issue 10: no copy of the
+    """The wire decode hands the core a view into the HTTP body (no copy of the
     megabytes a catch-up Fetch carries); the follower appends exactly those bytes."""
     h, fetch = _follower()
     good = _large_fetch()

@@ -1,4 +1,4 @@
-"""Catch-up through a snapshot (KIP-630) installs it off the event loop (issue 10).
+"""Catch-up through a snapshot (KIP-630) installs it off the event loop.
 
 Three real ``Node`` objects (real storage, real fsync) in one event loop over
 ``InProcessTransport``; the leader snapshots and deletes its log prefix, then a fourth node
@@ -111,7 +111,7 @@ def test_prepare_leaves_the_live_map_and_install_swaps_it() -> None:
 
 
 def test_snapshot_values_are_views_of_the_received_chunks_and_reads_return_bytes() -> None:
-    """A fetched snapshot's state is decoded without copying its values (issue 10: they stay
+    """A fetched snapshot's state is decoded without copying its values (they stay
     views of the received chunks); reads still return bytes, and the map snapshots, digests and
     compares the same as one built by copies. A chunk cut short is CORRUPT_RECORD."""
     source = KVStore()

@@ -1,4 +1,4 @@
-"""Pipelined log catch-up end to end (issue 10): three real nodes (real storage, real fsync) in
+"""Pipelined log catch-up end to end: three real nodes (real storage, real fsync) in
 one event loop commit a backlog of distinct keys; a fourth node with an empty disk catches up
 through many small Fetches. Some of its Fetches leave before the batch they follow is fsynced
 (they claim committed records only: the rule of ``quorum.core.replication``), none claims

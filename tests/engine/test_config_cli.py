@@ -89,7 +89,7 @@ def test_format_replacement_flag_is_recorded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("field", ["fetch_max_bytes", "catchup_fetch_max_bytes", "snapshot_chunk_bytes"])
 def test_fetch_sizes_above_the_wire_limit_are_refused(tmp_path: Path, field: str) -> None:
     # The wire refuses a MaxBytes above wire.MAX_BYTES: a node asking for more would never
-    # catch up, so the configuration is refused first, naming the field (issue 10).
+    # catch up, so the configuration is refused first, naming the field.
     assert MAX_FETCH_BYTES == wire.MAX_BYTES
     CoreConfig(**{field: wire.MAX_BYTES})  # the limit itself is allowed
     with pytest.raises(ValueError, match=f"CoreConfig.{field} must be at most {wire.MAX_BYTES}"):

@@ -63,7 +63,7 @@ def test_three_nodes_in_process_fail_over(tmp_path: Path) -> None:
 
 
 def test_health_fails_when_a_storage_write_stalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """/healthz (issue 8): a Ready whose persist never finishes (a wedged disk) fails the
+    """/healthz: a Ready whose persist never finishes (a wedged disk) fails the
     liveness probe; the answer never carries the storage UUID."""
 
     async def go() -> None:

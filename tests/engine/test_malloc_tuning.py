@@ -1,5 +1,5 @@
-"""The node process keeps large catch-up buffers in the malloc heap (issue 10,
-``quorum.runtime.run.keep_large_buffers``): on glibc the tuning is applied, elsewhere it is
+"""The node process keeps large catch-up buffers in the malloc heap
+(``quorum.runtime.run.keep_large_buffers``): on glibc the tuning is applied, elsewhere it is
 skipped and reported, never an error. Run in a child process: it changes process-wide state."""
 
 from __future__ import annotations

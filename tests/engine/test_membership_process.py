@@ -118,7 +118,7 @@ def test_reassignment_3_to_5_to_3_under_write_load(tmp_path: Path) -> None:
         t.start()
         try:
             poll(lambda: len(acked) > 50, 30, "writes flowing")
-            # issue 8: a target must be a voter or a caught-up observer; 4 and 5 may still be
+            # A target must be a voter or a caught-up observer; 4 and 5 may still be
             # catching up, so retry until the leader accepts it
             poll(
                 lambda: (
@@ -166,7 +166,7 @@ def test_reassignment_3_to_5_to_3_under_write_load(tmp_path: Path) -> None:
 def test_reassign_cancel_and_describe_progress(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, 3).up() as c:
         c.leader()
-        # Target includes node 4 which never started: issue 8 refuses a target id that is
+        # Target includes node 4 which never started: the leader refuses a target id that is
         # neither a voter nor a caught-up observer, and nothing changes.
         p = run_cli("quorum", "reassign", "--bootstrap", c.bootstrap, "--voters", "1,2,3,4", check=False)
         assert p.returncode != 0 and "REPLICA_NOT_CAUGHT_UP" in p.stderr and "[4]" in p.stderr

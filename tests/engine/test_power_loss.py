@@ -1,4 +1,4 @@
-"""Power loss, as close as this machine allows (issue 12): three nodes in the test-only
+"""Power loss, as close as this machine allows: three nodes in the test-only
 ``log.unflushed_in_memory`` mode, so a SIGKILL loses exactly what a node had not fsynced (its
 log bytes live in process memory until the flush; the quorum-state file and snapshots are
 written durably anyway). Under a continuous write load from several concurrent clients, a
@@ -6,7 +6,7 @@ majority is killed at once in several combinations (the leader and a follower, b
 all three), restarted, and every ACKNOWLEDGED write must read back with its value.
 
 Without the mode a killed process's writes survive in the page cache, which is why SIGKILL
-chaos alone never showed the Fetch-offset durability hole of issue 12."""
+chaos alone never showed the Fetch-offset durability hole (a Fetch claiming records not yet fsynced)."""
 
 from __future__ import annotations
 

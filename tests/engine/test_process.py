@@ -350,7 +350,7 @@ def test_metrics_and_health_endpoints(cluster: LocalCluster) -> None:
         status, body = cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/healthz"))
         health = json.loads(body)
         assert status == 200 and health["status"] == "ok" and health["node_id"] == i
-        assert cluster.uuids[i] not in body.decode()  # issue 8: no storage UUID unauthenticated
+        assert cluster.uuids[i] not in body.decode()  # No storage UUID unauthenticated
         assert cluster.call(lambda c, i=i: c.node_get(cluster.endpoint(i), "/readyz"))[0] == 200
 
 

@@ -1,4 +1,4 @@
-"""Readiness after a restart (issue 12): a node restarted on its own directory publishes the
+"""Readiness after a restart: a node restarted on its own directory publishes the
 role it restored and then its current leader: ``/readyz`` 200, the right leader in its view,
 and the leader hint (``leader_id``, ``leader_endpoint``) in its 421 answers, within a fetch
 timeout. Before the fix a restarted follower replicated every write yet reported

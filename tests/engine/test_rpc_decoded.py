@@ -1,4 +1,4 @@
-"""A node-to-node request decoded once (issue 10, the TLS double decode): the server's
+"""A node-to-node request decoded once (the TLS double decode): the server's
 authorization middleware decodes a raft RPC to check the replica id it claims, and hands the
 decoded message on; the node takes it instead of decoding the body again, but only when it is a
 message of the type the path names (anything else: the body is decoded, strictly, as before)."""

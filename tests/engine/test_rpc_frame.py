@@ -1,4 +1,4 @@
-"""A large RPC response leaves the server in two parts (issue 10): the length-prefixed JSON
+"""A large RPC response leaves the server in two parts: the length-prefixed JSON
 header, then the segment bytes as read (``wire.Frame``), with no joined copy of the body on
 the leader's event loop. The client still receives the one body the wire format defines, byte
 for byte; small responses are sent joined, as before."""

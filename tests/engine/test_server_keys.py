@@ -1,5 +1,5 @@
 """The HTTP server over a real single-voter node (real storage, real aiohttp on loopback):
-keys are percent-decoded exactly once (issue 8: ``%2541`` and ``A`` were the same key),
+keys are percent-decoded exactly once (``%2541`` and ``A`` were the same key),
 invalid UTF-8 is refused with a clear 400, and ``/`` inside a key round-trips as ``%2F``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The snapshotter waits while a replica downloads the current snapshot (issue 10): a new one
+"""The snapshotter waits while a replica downloads the current snapshot: a new one
 would delete it under the download, which would start over. The wait is bounded: past
 ``DEFER_LIMIT`` times ``snapshot.max_bytes`` of applied log a snapshot is due anyway."""
 

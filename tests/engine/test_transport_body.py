@@ -1,4 +1,4 @@
-"""The HTTP transport reads a response body with one copy (issue 10): a multi-megabyte Fetch
+"""The HTTP transport reads a response body with one copy: a multi-megabyte Fetch
 response over a real loopback socket arrives whole, its records a view of the received buffer;
 a body shorter than its Content-Length, or one announced larger than any Fetch can be, is a
 TransportError naming what is wrong (the core then retries), never a short or huge read."""

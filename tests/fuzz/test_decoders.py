@@ -1,4 +1,4 @@
-"""Hypothesis fuzzing of every decoder of untrusted bytes (issue 8): RPC bodies (each request
+"""Hypothesis fuzzing of every decoder of untrusted bytes: RPC bodies (each request
 and response type), the Fetch header framing, record batches, meta.properties and quorum-state.
 
 Property: a decoder either returns a value (which then round-trips through the encoder) or

@@ -1,4 +1,4 @@
-"""The attacker's tools for the hostile-peer suite (issue 8): raw HTTP requests (plaintext or
+"""The attacker's tools for the hostile-peer suite: raw HTTP requests (plaintext or
 TLS, with any certificate), raw RPC frames, a fake peer that answers as a "leader" would, and
 the end-of-test check that a node is serving with its committed data and voter set intact."""
 
@@ -211,7 +211,7 @@ def assert_open_endpoints_reveal_no_uuid(
     endpoint: str, uuids: set[str], ctx: ssl.SSLContext | None = None
 ) -> None:
     """``/healthz``, ``/readyz`` and ``/metrics``, read without credentials, name no storage
-    UUID (issue 8: a voter's UUID is what a forged plaintext Fetch ack needs) and nothing
+    UUID (a voter's UUID is what a forged plaintext Fetch ack needs) and nothing
     shaped like one."""
     assert uuids
     for path in OPEN_PATHS:
@@ -252,7 +252,7 @@ class Snapshot:
 @dataclass
 class FakeLeader:
     """A fake peer that answers every RPC as the leader of epoch 1000 would, naming a snapshot
-    of its own (the attack of issue 8: followers that believed it installed the snapshot)."""
+    of its own (the attack: followers that believed it installed the snapshot)."""
 
     cluster_id: str
     hits: list[str] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""The hostile-peer suite, plaintext half (issue 8): three real node processes on loopback and
+"""The hostile-peer suite, plaintext half: three real node processes on loopback and
 an attacker with nothing but HTTP requests, raw sockets and a fake peer. These are the attacks
 about decoding, disruption and resources, which must hold even without authentication (the
 TLS half, tests/hostile/test_tls.py, repeats the identity attacks with certificates). Every
@@ -329,7 +329,7 @@ def test_half_sent_connections_are_closed(cluster: LocalCluster) -> None:
 
 
 def test_many_large_bodies_keep_memory_bounded_and_the_leader_leading(cluster: LocalCluster) -> None:
-    """100 connections each sending a 4 MiB PUT body but its last byte: before issue 8 the
+    """100 connections each sending a 4 MiB PUT body but its last byte: before the limits the
     leader reached 720 MiB; the shared body budget bounds it. The flood also must not stall
     the leader: before the loop turns were shared (``quorum.runtime.limits.ReadTurns``) one
     turn read tens of MiB and the followers elected a new leader. Now a probe request sent

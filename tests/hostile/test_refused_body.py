@@ -1,5 +1,5 @@
-"""A refused request costs the node no more than its answer (issue 8, "A node no request can
-brick"): three real node processes with TLS, and a client that sends a large body slowly after a
+"""A refused request costs the node no more than its answer (no request may wedge a node):
+three real node processes with TLS, and a client that sends a large body slowly after a
 head the node refuses (401 without credentials, 413 by Content-Length with them). The node
 answers with ``Connection: close`` and closes the connection without reading the rest: the
 client can push no more than the sockets' buffers after the answer, and the connection ends in

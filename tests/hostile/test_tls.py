@@ -1,5 +1,5 @@
-"""The hostile-peer suite, TLS half (issue 8): three real node processes with mutual TLS, and
-the attacks of issue 8 repeated with every kind of wrong credential: none, another cluster's
+"""The hostile-peer suite, TLS half: three real node processes with mutual TLS, and
+the attacks of the plaintext half repeated with every kind of wrong credential: none, another cluster's
 certificate from the same CA, a certificate of another CA, an expired certificate of the right
 CA, replica 3's certificate claiming to be replica 2, and a valid certificate of a replica
 that is not a voter (7). Every test ends with the nodes serving, the committed keys intact and

@@ -113,7 +113,7 @@ def test_bad_values_are_refused_naming_the_value(helm: Path, args: list[str], ex
 def test_default_render(helm: Path) -> None:
     docs = render(helm)
     kinds = sorted(d["kind"] for d in docs)
-    # Namespace-scoped RBAC by default (issue 8): the operator watches the release namespace only.
+    # Namespace-scoped RBAC by default: the operator watches the release namespace only.
     assert kinds == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
     dep = by_kind(docs, "Deployment")[0]
     c = dep["spec"]["template"]["spec"]["containers"][0]

@@ -255,7 +255,7 @@ def test_invalid_specs_are_refused_or_reported(
 def test_status_with_a_voter_whose_uuid_is_not_known_yet_is_written(
     kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str
 ) -> None:
-    """Issue 11: during bootstrap the leader may not know a voter's storage UUID yet. The status
+    """During bootstrap the leader may not know a voter's storage UUID yet. The status
     the controller builds for that moment must pass the CRD's schema (it omits the UUID), and a
     status naming the voter with "" is what the schema refuses."""
     path = KQ.format(ns=namespace) + "/boot"
@@ -288,7 +288,7 @@ def test_status_with_a_voter_whose_uuid_is_not_known_yet_is_written(
     assert st == 200, body.get("message", body)
     back = (get(kube, path) or {}).get("status") or {}
     assert [(v["id"], v.get("uuid")) for v in back["voters"]] == [(1, known), (2, None), (3, None)]
-    # The form the operator used to write (issue 11's 422): refused, naming the field.
+    # The form the operator used to write (it drew a 422): refused, naming the field.
     bad = json.loads(json.dumps(status))
     bad["voters"][1]["uuid"] = ""
     st, body = kube.request(

@@ -1,4 +1,4 @@
-"""The operator's steady-state cost in API requests (issue 11: 23.8 requests/s for 97 pod-less
+"""The operator's steady-state cost in API requests (23.8 requests/s for 97 pod-less
 KRaftQuorums): N objects whose pods never start (no kubelet here), the operator at its default
 interval, and every request it makes in a window counted from the kube-apiserver's audit log by
 verb and path. The bound is a count per quorum per minute, not a time."""

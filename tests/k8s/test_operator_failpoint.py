@@ -94,7 +94,7 @@ def test_operator_stopped_after_add_voter_committed_resumes_with_remove_voter(
 
         kube.wait_for("RecoveryCompleted Event", lambda: k8s_events("RecoveryCompleted"), timeout=30)
         # Each step's Event exactly once: the operator posts a step's Event itself before the next
-        # step and before the failpoint (issue 11: through kopf's queue, AddVoterCommitted was
+        # step and before the failpoint (through kopf's queue, AddVoterCommitted was
         # lost when the process stopped there), and the restarted one does not post it again.
         for reason in ("AddVoterStarted", "AddVoterCommitted", "RemoveVoterStarted", "RemoveVoterCommitted"):
             got = k8s_events(reason)

@@ -120,7 +120,7 @@ def test_disk_replacement_is_recovered_without_a_human(
 
         s = kube.wait_for("recovery Succeeded in status", done, timeout=180)
         # Every status ever written with the Succeeded record shows the new voter set, also the
-        # one written right after RemoveVoter committed (issue 11: it showed the old voter).
+        # one written right after RemoveVoter committed (it showed the old voter).
         written = [
             v
             for v in status_versions(kube, ns, "q", since)

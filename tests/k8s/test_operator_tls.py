@@ -1,4 +1,4 @@
-"""Secure by default on Kubernetes (issue 8), against a real kube-apiserver: the operator makes a
+"""Secure by default on Kubernetes, against a real kube-apiserver: the operator makes a
 CA per KRaftQuorum, node certificates for every replica (their DNS names and the replica URI
 SAN), a client Secret for applications, a NetworkPolicy, and pods that start with TLS; with
 ``spec.tls.certManager`` it makes cert-manager Certificates instead and never a CA; bad tls specs
@@ -23,11 +23,12 @@ import yaml
 from cryptography import x509
 from kraftkeeper_operator.manifests import parse_spec
 
+from quorum.localports import free_port_range
 from quorum.security.clientconfig import parse_client_config
 from quorum.security.pki import identity_from_cert, init_ca, issue_client, peer_hostname
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import KQ, Operator, create, get, kq
-from tests.operator.operator_nodes import LocalCluster, engine_missing, free_base_port
+from tests.operator.operator_nodes import LocalCluster, engine_missing
 from tests.operator.test_local_tls import _Writer
 
 pytestmark = pytest.mark.k8s
@@ -284,7 +285,7 @@ def test_operator_reaches_a_tls_quorum_and_renews_certificates_under_writes(
     ns, name = namespace, "tq"
     monkeypatch.setenv("KRAFTKEEPER_TLS_DAY_SECONDS", "10")
     q = parse_spec({"metadata": {"name": name, "namespace": ns}, "spec": {"voters": 3}})
-    base = free_base_port(3)
+    base = free_port_range(4)
     overrides = ",".join(f"{ns}/{name}/{k}=127.0.0.1:{base + k + 1}" for k in range(3))
     op = Operator(kube, ns, tmp_path / "operator.log", overrides)
     nodes: LocalCluster | None = None

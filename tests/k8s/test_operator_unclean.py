@@ -1,7 +1,7 @@
 """The kopf operator's unclean recovery against a real kube-apiserver (fixtures in conftest.py),
 with real node processes on loopback standing in for the pods and the pods' real init container run
 in the kubelet's place: only when the resource allows it and only once, and the survivor chosen by
-the newer epoch, not the longer stale log (issue 12)."""
+the newer epoch, not the longer stale log."""
 
 from __future__ import annotations
 
@@ -262,7 +262,7 @@ def test_unclean_recovery_only_when_allowed_and_only_once(
 def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(
     kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
 ) -> None:
-    """Issue 12, Kubernetes mode (local processes stand in for the pods): five voters; of the two
+    """The survivor rule, Kubernetes mode (local processes stand in for the pods): five voters; of the two
     replicas left, the longer log is a cut-off former leader's stale tail and the shorter one holds
     a write committed at a newer epoch. Once unclean recovery is allowed, the operator names the
     newer-epoch replica in the request, as a Raft election would."""

@@ -1,4 +1,4 @@
-"""A crash-looping quorum pod is reported (issue 11), against a real kube-apiserver: no kubelet
+"""A crash-looping quorum pod is reported, against a real kube-apiserver: no kubelet
 runs here, so the pod's status is written through the API the way the kubelet writes it
 (``pods/status``): the format init container in CrashLoopBackOff after refusing a volume formatted
 for another cluster. The operator names the pod in the Degraded condition, posts one Warning

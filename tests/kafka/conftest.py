@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _libs() -> Path:
     if shutil.which("java") is None:
         why = "no Java runtime on this machine (scripts/install-system.sh installs Java 17)"
-        if os.environ.get("CI"):  # issue 9: never skipped in CI, where a JVM can always be had
+        if os.environ.get("CI"):  # Never skipped in CI, where a JVM can always be had
             pytest.fail(f"{why}; CI is set, so the real-Kafka tests must run")
         pytest.skip(why)
     libs = kafka_libs()

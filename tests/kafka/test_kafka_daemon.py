@@ -1,4 +1,4 @@
-"""The ``spec.kafka`` daemon never freezes (issue 9's defect: a second KRaftQuorum's status froze at
+"""The ``spec.kafka`` daemon never freezes (the defect: a second KRaftQuorum's status froze at
 its first pass and its daemon never refreshed it), and the Kafka client's timeouts.
 
 Without a cluster: the real daemon loop and pass (kafka/kube.py) against a stand-in for the

@@ -1,4 +1,4 @@
-"""Issue 9's takeover defect against three real Kafka 4.x controllers: after a recovery, Kafka's
+"""The takeover defect against three real Kafka 4.x controllers: after a recovery, Kafka's
 leader keeps listing the removed (dead) directory as an observer, and a controller that did not
 run that recovery (a KRaftQuorum taking over from a deleted owner) must not take it for a new disk
 of the healed voter (recovery.py, the last invariant of its docstring)."""

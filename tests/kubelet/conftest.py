@@ -222,7 +222,7 @@ def operator_release(node_cluster: NodeCluster, kk_image: str) -> str:
                       "--namespace", OPERATOR_NS, "--create-namespace",
                       "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
                       "--set", "image.pullPolicy=Never", "--set", "operator.persistence.enabled=true",
-                      # The chart's default namespace-scoped RBAC (issue 8): Role + RoleBinding in
+                      # The chart's default namespace-scoped RBAC: Role + RoleBinding in
                       # the quorum's namespace only, nothing cluster-wide.
                       "--set", "rbac.scope=namespace", "--set", f"operator.watchNamespaces={{{QUORUM_NS}}}",
                       "--wait", "--timeout", "5m")

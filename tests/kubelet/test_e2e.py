@@ -182,7 +182,7 @@ def test_quorum_forms_under_restricted_pod_security(node_cluster: NodeCluster, q
     assert st["leaderId"] in uuids and st["leaderEpoch"] >= 1
     assert st["phase"] == "Running", st
     # Bootstrap published voters whose UUIDs were not known yet; no status write may have been
-    # refused for it (issue 11 saw a 422 on `voters[0].uuid: ""`).
+    # refused for it (a 422 was seen on `voters[0].uuid: ""`).
     log = c.kubectl("logs", "-n", OPERATOR_NS, "deploy/kraftkeeper").stdout
     assert not re.search(r"Unprocessable|Invalid value|[Pp]atching failed", log), log[-4000:]
 

@@ -1,4 +1,4 @@
-"""TLS on the real single-node cluster (issue 8 / 11): e2e/sample.yaml runs in the default mode
+"""TLS on the real single-node cluster: e2e/sample.yaml runs in the default mode
 (the operator creates the quorum's CA, node certificates and the applications' client Secret), the
 client pod talks to the quorum over https with the mounted client credential, a request without
 one is refused, and a certificate renewal of every node, forced through ``spec.tls``, restarts the

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 
 from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, DATA_DIR
 
+from quorum.localports import free_port_range
 from tests.polling import wait_until
 
 T = TypeVar("T")
@@ -34,25 +34,6 @@ def engine_missing() -> str | None:
     return None
 
 
-def free_base_port(n: int) -> int:
-    """A base port with base..base+n free on loopback (best effort; bind-and-release)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n >= 65535:
-            continue
-        ok = True
-        for i in range(n + 1):
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port range")
 
 
 def poll(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
@@ -95,7 +76,7 @@ class LocalCluster:
         self.nodes = nodes
         self.insecure = insecure
         # A given base port: supervising an existing cluster directory again (it is fixed there).
-        self.base = base_port if base_port is not None else free_base_port(nodes)
+        self.base = base_port if base_port is not None else free_port_range(nodes + 1)
         if cluster_id is not None:
             # Stand-in for pods: the cluster id the StatefulSet's format command uses, so that the
             # pod's real init container accepts these node directories (--ignore-formatted checks it).

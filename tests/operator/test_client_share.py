@@ -1,4 +1,4 @@
-"""quorum/client.py gives each address a share of the timeout to connect (issue 11: one
+"""quorum/client.py gives each address a share of the timeout to connect (one
 unreachable pod address could take the operator's whole 3 s describe timeout, so status went stale
 while a pod restarted). A real blackhole on loopback: a listening socket whose accept queue is
 full, so the kernel drops further SYNs and a connect hangs, next to a live node."""

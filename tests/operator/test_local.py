@@ -309,7 +309,7 @@ def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -
 @needs_engine
 @pytest.mark.slow
 def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(tmp_path: Path) -> None:
-    """Issue 12: five nodes; the longest log (a cut-off former leader's writes that never
+    """Five nodes; the longest log (a cut-off former leader's writes that never
     committed) is the stale one, and a shorter log holds a write committed at a newer epoch. With
     only those two left, a supervisor allowed to recover uncleanly makes the newer-epoch replica
     the sole voter (Raft's election order), so the committed write survives and the stale ones

@@ -1,4 +1,4 @@
-"""Local mode is secure by default (issue 8): ``kraftkeeper operator local`` makes the cluster's
+"""Local mode is secure by default: ``kraftkeeper operator local`` makes the cluster's
 CA and credentials, the nodes serve https with mutual TLS between them, ``DIR/client.json`` is
 the admin client config; ``--insecure`` turns both off. Certificates are renewed before they
 expire, one node at a time, under write load, with no acknowledged write lost."""

@@ -467,7 +467,7 @@ async def test_retryable_error_backs_off_and_logs_one_start() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# No idle waits (issue 10)
+# No idle waits
 
 
 async def test_remove_voter_starts_in_the_same_pass_in_which_add_voter_commits() -> None:

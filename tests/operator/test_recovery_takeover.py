@@ -1,5 +1,5 @@
 """A recovery starts only when the voter with that id went quiet before the observer (recovery.py,
-the last invariant of its docstring; issue 9's takeover defect).
+the last invariant of its docstring; the takeover defect).
 
 The views are the ones captured from real Kafka 4.4 controllers (tests/kafka/test_takeover.py and
 the k8s Kafka test), directory ids as canonical UUIDs, timestamps on the leader's clock."""

@@ -1,5 +1,5 @@
 """A restarted operator with ``eventLog: stdout`` has no log to read back, so a step logged just
-before the restart may be logged again (issue 11): the status says so plainly while the resumed
+before the restart may be logged again: the status says so plainly while the resumed
 recovery runs, and not with an event log on disk."""
 
 from __future__ import annotations

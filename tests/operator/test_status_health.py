@@ -1,5 +1,5 @@
 """QuorumLost is published only when the quorum has no live majority, not during a leader election
-(issue 11: Available=False flapped during a rolling image change with 2 of 3 pods Ready, because
+(Available=False flapped during a rolling image change with 2 of 3 pods Ready, because
 the leader's pod restarted: no leader answered for a moment, then a new leader reported its
 followers' fetch times as unknown). The decision (status.py ``quorum_health``) and the controller
 passes that publish it, against a scripted sequence of leader answers."""

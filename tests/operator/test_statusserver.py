@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -15,11 +14,7 @@ import pytest
 from kraftkeeper_operator.statusserver import StatusServer
 from kraftkeeper_operator.telemetry import OperatorMetrics
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from quorum.localports import free_port
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -30,7 +25,7 @@ def _get(url: str) -> tuple[int, str, str]:
 async def _exercise(status: dict[str, Any] | None) -> None:
     metrics = OperatorMetrics()
     server = StatusServer(metrics, (lambda: status) if status is not None else None)
-    port = _port()
+    port = free_port()
     await server.start("127.0.0.1", port)
     base = f"http://127.0.0.1:{port}"
     try:

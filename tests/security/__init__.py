@@ -1,1 +1,1 @@
-"""Trust groundwork: PKI, credentials, authorization, strict decoding (issue 8)."""
+"""Trust groundwork: PKI, credentials, authorization, strict decoding."""

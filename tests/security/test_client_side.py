@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from quorum.client import QuorumClient
+from quorum.localports import free_ports
 from quorum.security.clientconfig import ENV_VAR, load_client_config, parse_client_config, resolve
 from quorum.security.middleware import PRINCIPAL_KEY, auth_middleware
 from quorum.security.tlsctx import server_context
@@ -185,11 +185,7 @@ async def test_cli_uses_the_client_config(pki: Pki, tls_app: tuple[str, list[str
 
 
 def test_describe_where_nothing_listens_is_unavailable_at_once(tmp_path: Path) -> None:
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:  # a port that was just free: nothing listens on it
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = free_ports(2)  # ports that were just free: nothing listens on them
     boot = ",".join(f"127.0.0.1:{p}" for p in ports)
     # --timeout 120: without the quick refusal this would retry for two minutes and then say
     # "cannot reach"; the message proves which path ended it

@@ -1,4 +1,4 @@
-"""The cost side of TLS (issue 8): a node parses a peer certificate's identity once and reuses
+"""The cost side of TLS: a node parses a peer certificate's identity once and reuses
 it for every request with that certificate, still checking its validity period per request;
 it issues no session tickets and negotiates TLS 1.3 with an AEAD suite. Real handshakes over
 memory BIOs, real certificates from the cluster PKI."""

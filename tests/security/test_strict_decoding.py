@@ -1,4 +1,4 @@
-"""Strict decoding of RPC bodies, record batches, meta.properties and quorum-state (issue 8):
+"""Strict decoding of RPC bodies, record batches, meta.properties and quorum-state:
 each bad input is a KraftError naming the field, never another exception."""
 
 from __future__ import annotations

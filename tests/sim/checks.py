@@ -56,9 +56,9 @@ class Checks:
         # its record committed and one of its holders lost its disk still counts that holder.
         self.retired: list[Node] = []
         self.acked_checks = 0
-        # Fetches that claimed committed, not yet fsynced records (issue 10's pipelining rule).
+        # Fetches that claimed committed, not yet fsynced records (the pipelining rule).
         self.pipelined_fetches = 0
-        # Readies that handed over fetched batches without an fsync (issue 10's batched catch-up
+        # Readies that handed over fetched batches without an fsync (the batched catch-up
         # fsync), and power cuts that hit a node holding written, not yet fsynced records.
         self.deferred_fsyncs = 0
         self.cuts_with_unsynced = 0

@@ -16,7 +16,7 @@ raises ``InvariantError`` naming the invariant, the seed and the simulated time.
 drawn from one ``random.Random(seed)``: ``SIM_SEED=N pytest tests/sim`` reruns a seed.
 
 ``core_cls`` lets a test run the pre-fix core (``tests.core.old_core``) to show that the
-checks find the durability hole of issue 12.
+checks find the Fetch-offset durability hole.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class SimTransport:
     def send(self, out: Outbound) -> None:
         msg = out.message
         if isinstance(msg, FetchRequest) and msg.fetch_offset > self.node.log.flushed_end_offset:
-            # Issue 10's pipelining rule (quorum.core.replication): a claim beyond the fsynced
+            # The pipelining rule (quorum.core.replication): a claim beyond the fsynced
             # log names only committed records, against the simulation's own record of what
             # was committed (not the node's view of it).
             if msg.fetch_offset > self.sim.committed_end:

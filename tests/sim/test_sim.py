@@ -18,7 +18,7 @@ from tests.sim.harness import InvariantError, Sim
 # the livelock of a candidate with a stale log resetting the others' election timers.
 REGRESSIONS: dict[int, list[int]] = {0: [736]}
 # Seeds on which the pre-fix core (tests/core/old_core.py) breaks a durability invariant under
-# power-loss chaos (issue 12): a leader stepping down while its fsync was in flight sent a Fetch
+# power-loss chaos: a leader stepping down while its fsync was in flight sent a Fetch
 # claiming proposals it had not even written yet.
 OLD_CORE_FAILS = [4173, 15]
 
@@ -187,7 +187,7 @@ def test_power_loss_runs_check_acknowledged_writes() -> None:
 @pytest.mark.parametrize("seed", OLD_CORE_FAILS)
 def test_power_loss_finds_the_old_fetch_offset_hole(seed: int) -> None:
     """The same runs on the pre-fix core break an invariant (the fixed core passes them in
-    test_power_loss): the simulation can see the hole issue 12 describes."""
+    test_power_loss): the simulation can see the Fetch-offset durability hole."""
     with pytest.raises((InvariantError, RuntimeError), match=r"claim|acked-write-durable"):
         power_loss_sim(seed, OldRaftCore)
 
@@ -204,7 +204,7 @@ def admin_until(sim: Sim, op: str, arg: object, done: tuple[ErrorCode, ...]) -> 
 
 @pytest.mark.parametrize("seed", seeds(30, 5000))
 def test_old_disk_comes_back_and_cannot_disturb(seed: int) -> None:
-    """Issue 8: after a KIP-856 disk recovery the OLD disk is re-attached under its removed
+    """After a KIP-856 disk recovery the OLD disk is re-attached under its removed
     (id, UUID), with its stale voter set, cut off from the leader (so it never reads its
     removal) and, every other seed, without pre-vote. It campaigns; the voters refuse without
     adopting its epochs, so the leader keeps its epoch; afterwards the old key stays removed."""
@@ -245,12 +245,12 @@ def test_old_disk_comes_back_and_cannot_disturb(seed: int) -> None:
 
 
 def catchup_power_loss_sim(seed: int) -> Sim:
-    """Issue 10's pipelined catch-up under power loss: one node is cut off while the others
+    """Pipelined catch-up under power loss: one node is cut off while the others
     commit a backlog, then catches up in small fetches (1 KiB while far behind; each pipelined
     Fetch claims committed, not yet fsynced records) while power cuts hit any node, one or
     several at once, also while fsyncs are in flight. The acknowledged-write check (durable on
     a majority) runs after every step, and the transport checks every non-durable claim
-    against what was really committed. The catch-up fsync is batched (issue 10) until the
+    against what was really committed. The catch-up fsync is batched until the
     tail (the default budget), every 2 KiB of fetched batches, or not at all (budget 0), by
     seed."""
     budget = (64 * 1024 * 1024, 2048, 0)[seed % 3]

@@ -1,4 +1,4 @@
-"""Catch-up appends the bytes it fetched, unchanged (issue 10): a follower's log built from the
+"""Catch-up appends the bytes it fetched, unchanged: a follower's log built from the
 leader's raw batches in large fetches (``append_batches``, the follower path) is the same log,
 byte for byte and segment for segment, as the leader's built by encoding each batch
 (``append``, the leader path), before and after reopening. A damaged batch anywhere in a large
@@ -121,7 +121,7 @@ def _read_from(log: SegmentedLog, offset: int) -> bytes:
 
 
 def test_raw_appends_in_a_worker_thread_while_the_loop_deletes_a_prefix(tmp_path: Path) -> None:
-    """The driver writes a follower's fetched batches in its persist thread (issue 10) while the
+    """The driver writes a follower's fetched batches in its persist thread while the
     event loop may delete a snapshotted log prefix: the two take turns (the log's structural
     lock), and the log that results is the leader's from the deleted prefix on, byte for byte."""
     leader, _batches = _leader_log(tmp_path / "leader")
@@ -160,7 +160,7 @@ def test_large_follower_appends_free_their_page_cache_only_once_fsynced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
 ) -> None:
     """Catch-up appends (one fetch of at least CATCHUP_DROP_MIN_BYTES) have their page cache
-    freed (issue 10), and only after the flush fsynced them: the advice is given per segment
+    freed, and only after the flush fsynced them: the advice is given per segment
     range written, after every fdatasync of that flush; small appends keep theirs, and so does
     a log without fsync. What was dropped reads back unchanged (from the file)."""
     events: list[tuple[str, int, int]] = []

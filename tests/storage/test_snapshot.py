@@ -267,7 +267,7 @@ def test_refetching_an_existing_id_replaces_it_for_readers(tmp_path: Path) -> No
 def test_a_download_frees_its_page_cache_after_each_fsync(
     snapshot_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fetched snapshot's page cache is freed once fsynced (issue 10: its content stays in
+    """A fetched snapshot's page cache is freed once fsynced (its content stays in
     memory until installed; nothing reads it back): after each periodic fdatasync, up to the
     bytes written, and after the final fsync, all of it; the leader's own snapshots keep theirs."""
     events: list[tuple[str, int]] = []

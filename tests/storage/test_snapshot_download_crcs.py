@@ -1,4 +1,4 @@
-"""Snapshot downloads are CRC-checked and parsed as their chunks arrive (issue 10): chunks that
+"""Snapshot downloads are CRC-checked and parsed as their chunks arrive: chunks that
 cut batches anywhere still check every batch exactly once and yield the snapshot's content, a
 damaged byte anywhere is caught (the install then verifies the whole file and names the
 defect), and the install reads nothing back: it hands the parsed content to the load."""
@@ -141,7 +141,7 @@ def test_a_download_is_written_back_as_it_arrives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
 ) -> None:
     """With fsync on, every SYNC_EVERY_BYTES of a download are fdatasynced as they arrive, so
-    the install's final fsync has only the tail left (issue 10); with fsync off, never."""
+    the install's final fsync has only the tail left; with fsync off, never."""
     monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 2048)
     synced: list[int] = []
     real = snapshot_module.os.fdatasync

@@ -2,7 +2,7 @@
 // cluster (scripts/k8s-node.sh): kubelet, kube-controller-manager, kube-scheduler, kube-proxy.
 // Like tools/kube-apiserver, every k8s.io staging module that k8s.io/kubernetes replaces with a
 // local path is replaced here by its published v0.Y.Z twin. Pinned to the same 1.30.x as the
-// test kube-apiserver (see shared/pitfalls.md on etcd).
+// test kube-apiserver (Debian's etcd 3.4 lacks what 1.31+ expects).
 module kraftkeeper.local/tools/k8s-node
 
 go 1.22.0

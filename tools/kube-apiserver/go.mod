@@ -2,7 +2,7 @@
 // k8s.io/kubernetes replaces its k8s.io/* staging modules with local paths, which a
 // dependent module cannot follow, so every one is replaced here by its published v0.Y.Z twin.
 // Kubernetes 1.30.x is pinned because Debian bookworm's etcd 3.4.23 lacks the health
-// endpoints that 1.31+ expects (see shared/pitfalls.md).
+// endpoints that 1.31+ expects.
 module kraftkeeper.local/tools/kube-apiserver
 
 go 1.22.0

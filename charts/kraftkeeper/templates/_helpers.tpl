@@ -98,7 +98,7 @@ namespace (rbac.scope namespace) or by the ClusterRole (rbac.scope cluster).
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
-# TLS (spec.tls, issue 8): the quorum's Secrets (NAME-ca, NAME-tls, NAME-client; and cert-manager's
+# TLS (spec.tls): the quorum's Secrets (NAME-ca, NAME-tls, NAME-client; and cert-manager's
 # NAME-operator-tls, read only) are read by name: no list or watch, so the operator cannot
 # enumerate the namespace's other Secrets.
 - apiGroups: [""]

@@ -9,7 +9,7 @@ turn (a non-leader answers NOT_LEADER_OR_FOLLOWER), else where DescribeCluster s
 controller is (the bootstrap list need not name the leader), and remembered; AddRaftVoter and
 RemoveRaftVoter (KIP-853, classes generated from Kafka's published schemas, schemas.py) to the same
 leader. The answer of DescribeQuorum v2 is turned into the operator's describe object
-(interfaces.md, ``quorum describe --json``):
+(docs/reference.md, ``quorum describe --json``):
 
 * directory ids: Kafka's ``ReplicaDirectoryId`` becomes the canonical 8-4-4-4-12 UUID (the same
   128 bits that Kafka prints in base64url); Kafka's zero Uuid ("not known") becomes "";

@@ -38,6 +38,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quorum.localports import free_port
+
 log = logging.getLogger(__name__)
 
 KAFKA_VERSION = "4.4.0"
@@ -77,10 +79,6 @@ def random_kafka_uuid() -> str:
             return text
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def read_meta(data_dir: Path) -> dict[str, str]:
