@@ -339,7 +339,7 @@ def statefulset(
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "data", "mountPath": DATA_MOUNT},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True},

@@ -28,6 +28,7 @@ from cryptography import x509
 from kraftkeeper_operator.manifests import parse_spec
 
 from quorum.security.pki import identity_from_cert, init_ca
+from tests.k8s.conftest import _stop
 from tests.kubelet.conftest import (
     CACHE,
     IMAGE,
@@ -74,12 +75,7 @@ def cert_manager(node_cluster: NodeCluster) -> Iterator[Path]:
     try:
         yield log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        _stop(proc)
         print("cert-manager controller log (tail):\n" + log.read_text(errors="replace")[-3000:])
 
 
