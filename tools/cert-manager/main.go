@@ -1,7 +1,7 @@
 // Command cert-manager-controller runs the part of cert-manager's controller that a CA Issuer
-// needs: the Issuer controller (marks a CA Issuer Ready once its key pair Secret is valid), the
-// CertificateRequest approver and CA signer, and the Certificate controllers (trigger,
-// key manager, request manager, issuing, readiness, revision manager). The controllers are the
+// needs: the Issuer and ClusterIssuer controllers (a CA issuer is Ready once its key pair Secret
+// is valid), the CertificateRequest approver and CA signer, and the Certificate controllers
+// (trigger, key manager, request manager, issuing, readiness, revision manager). The controllers are the
 // published packages of the github.com/cert-manager/cert-manager module; cert-manager's own
 // command lives in a separate module that the Go module proxy does not serve, so this file does
 // the wiring that command does: build the controller context from a kubeconfig, construct each
@@ -31,6 +31,7 @@ import (
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/requestmanager"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/revisionmanager"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificates/trigger"
+	_ "github.com/cert-manager/cert-manager/pkg/controller/clusterissuers"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/issuers"
 	_ "github.com/cert-manager/cert-manager/pkg/issuer/ca"
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
