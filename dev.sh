@@ -42,6 +42,7 @@ install_system() {
   [ "${1:-}" = all ] && scripts="$scripts scripts/k8s-testenv.sh scripts/k8s-node.sh"
   [ "${1:-}" = all ] && scripts="$scripts scripts/kafka.sh"  # Kafka 4.x jars for tests/kafka
   [ "${1:-}" = all ] && scripts="$scripts scripts/powerfs.sh"  # the FUSE power-loss file system, tests/powerloss
+  [ "${1:-}" = all ] && scripts="$scripts scripts/cert-manager.sh"  # cert-manager for tests/kubelet
   for s in $scripts; do
     if [ -x "$s" ]; then log "$s"; "$s" install; fi
   done

@@ -29,8 +29,10 @@ and for a steady window (``--window`` seconds, default 30) afterwards. API reque
 kube-apiserver's own ``apiserver_request_total`` counter delta minus the bench's requests.
 
 ``--real``: the same two measurements on a real single-node Kubernetes (bench/operator_real.py:
-``kubectl delete pod,pvc`` to recovery completed, split into pod rescheduling, volume, process
-start and the operator's phases, printed next to the local-mode split of the same invocation;
+``kubectl delete pod,pvc`` to recovery completed, split into Kubernetes' phases (old pod gone,
+re-creation, volume, container start), the pod's own start (format, node start, first fetch) and
+the operator's phases, each with its share of the total, printed next to the local-mode split of
+the same invocation;
 operator CPU and API requests with 100 objects, pods running for 3 of them). Needs root and
 ``scripts/k8s-node.sh install``.
 
@@ -416,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_real(a: argparse.Namespace) -> int:
     """``--real``: local mode and the real cluster in one invocation, printed side by side."""
-    from bench.operator_real import PHASES
+    from bench.operator_real import KUBE_PHASES, PHASES, POD_PHASES
     from bench.operator_real import run as run_real
 
     workdir = Path(tempfile.mkdtemp(prefix="kk-bench-operator-"))
@@ -429,12 +431,21 @@ def main_real(a: argparse.Namespace) -> int:
         print(f"\nRecovery timing, {a.recoveries} replacements each, stabilisation "
               f"{a.stabilization_seconds:g} s (seconds; real: from `kubectl delete pod,pvc`, local: from the "
               "replaced node's first fetch)")
-        print(f"{'phase':<16}{'real p50':>10}{'real p99':>10}{'local p50':>11}{'local p99':>11}")
+        print(f"{'phase':<16}{'real p50':>10}{'real p99':>10}{'share':>7}{'local p50':>11}{'local p99':>11}")
+        total = statistics.median(real["total"]) if real.get("total") else 0.0
         for name in PHASES:
             r, lo = real.get(name) or [], local.get(name) or []
             cells = [f"{statistics.median(v):>10.3f}{pct(v, 99):>10.3f}" if v else f"{'-':>10}{'-':>10}"
                      for v in (r, lo)]
-            print(f"{name:<16}{cells[0]}{cells[1]}")
+            part = r and total and name != "total"
+            share = f"{100 * statistics.median(r) / total:>6.0f}%" if part else " " * 7
+            print(f"{name:<16}{cells[0]}{share}{cells[1]}")
+        if total:
+            # The medians of the parts: Kubernetes' own work apart from the pod's start.
+            kube = sum(statistics.median(real[p]) for p in KUBE_PHASES if real.get(p))
+            pod = sum(statistics.median(real[p]) for p in POD_PHASES if real.get(p))
+            print(f"real, to the first fetch: Kubernetes {kube:.2f} s ({100 * kube / total:.0f}%), "
+                  f"the pod's own start {pod:.2f} s ({100 * pod / total:.0f}%); total p50 {total:.2f} s")
     if cost is not None:
         print(f"\nOperator cost on the real cluster, {int(cost['objects'])} KRaftQuorum objects "
               f"(3 with pods running)")

@@ -10,12 +10,24 @@ installed as release ``kkbench`` in namespace ``kk-bench-system`` (namespace-sco
 pod,pvc`` of replica 1, 2, 3, 1, ... of the 3-voter KRaftQuorum ``bench`` (the leader included
 whenever it is the one picked), and the time from that command to ``recovery_completed``, split:
 
-* rescheduling: the delete -> the StatefulSet's new pod object (a new uid) first seen;
+Kubernetes' part:
+
+* old pod gone: the delete -> the old pod object gone (the kubelet stopped its node: SIGTERM, the
+  node's graceful shutdown; volumes unmounted; the object removed);
+* re-creation: -> the StatefulSet's new pod object (a new uid) first seen;
 * volume: new pod -> its re-created claim ``Bound`` to a fresh local PV (the scheduler binds it:
   the StorageClass is WaitForFirstConsumer);
-* process start: claim bound -> the new replica's first fetch (the leader's
-  ``last_fetch_timestamp`` of the new (id, UUID)): scheduling, sandbox, the ``tls``/``format`` init
-  containers, the node process and its first Fetch;
+* container start: claim bound -> the node container's first log line (the kubelet's volume
+  mounts, the sandbox and its network, any init container, the container's create and start);
+
+the pod's own start, from the node container's log (``kubectl logs --timestamps``: the container
+runtime's clock, nanoseconds):
+
+* format: the container's first line -> the node's first line (``kraftkeeper format`` of the new
+  volume, a Python process of its own);
+* node start: -> the node's ``listening on`` line (Python's start, imports, opening the log);
+* first fetch: -> the new replica's first fetch (the leader's ``last_fetch_timestamp`` of the new
+  (id, UUID));
 * detection, stabilisation, deadline->add, add, commit->remove, remove: as in local mode
   (bench/operator.py), from the operator's own event log (``spec.eventLog.path`` on its /data
   volume, read with ``kubectl exec``).
@@ -49,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -66,7 +79,9 @@ OP_NS, RELEASE = "kk-bench-system", "kkbench"
 NS_LIVE, NS_IDLE = "kk-bench", "kk-bench-idle"
 IMAGE = os.environ.get("KK_IMAGE", "kraftkeeper:dev")
 T = TypeVar("T")
-PHASES = ("rescheduling", "volume", "process start", "detection", "stabilisation", "deadline->add", "add",
+KUBE_PHASES = ("old pod gone", "re-creation", "volume", "container start")
+POD_PHASES = ("format", "node start", "first fetch")
+PHASES = (*KUBE_PHASES, *POD_PHASES, "detection", "stabilisation", "deadline->add", "add",
           "commit->remove", "remove", "total")
 
 
@@ -267,6 +282,7 @@ class Observer:
     def __init__(self, k: Kube, name: str, ordinal: int, old_pod_uid: str, old_pvc_uid: str) -> None:
         self.k, self.name, self.ordinal = k, name, ordinal
         self.old_pod_uid, self.old_pvc_uid = old_pod_uid, old_pvc_uid
+        self.old_gone: int | None = None
         self.pod_seen: int | None = None
         self.bound_seen: int | None = None
         self.first_fetch: int | None = None
@@ -288,9 +304,16 @@ class Observer:
         t = now_ms()
         pod_name, pvc_name = f"{self.name}-{self.ordinal}", f"data-{self.name}-{self.ordinal}"
         if self.pod_seen is None:
-            with suppress(Exception):
+            try:
                 p = self.k.get(f"/api/v1/namespaces/{NS_LIVE}/pods/{pod_name}")
+            except urllib.error.HTTPError as e:
+                if e.code == 404 and self.old_gone is None:
+                    self.old_gone = t
+            except Exception:  # transient
+                pass
+            else:
                 if p["metadata"]["uid"] != self.old_pod_uid:
+                    self.old_gone = self.old_gone if self.old_gone is not None else t
                     self.pod_seen = t
         if self.pod_seen is not None and self.bound_seen is None:
             with suppress(Exception):
@@ -304,6 +327,20 @@ class Observer:
                         and o.get("last_fetch_timestamp", -1) >= 0:
                     self.first_fetch, self.new_uuid = int(o["last_fetch_timestamp"]), str(o["uuid"])
         return self.first_fetch is not None
+
+
+def pod_start_marks(k: Kube, pod: str) -> tuple[int, int, int]:
+    """Host-clock ms of the node container's first log line, the node's first line (the end of
+    the volume's preparation) and its ``listening on`` line, from the runtime's log timestamps."""
+    out = k.kubectl("logs", "-n", NS_LIVE, pod, "-c", "node", "--timestamps")
+    lines = [(parse_ts_ms(ln.split(" ", 1)[0]), ln.split(" ", 1)[1] if " " in ln else "")
+             for ln in out.splitlines() if ln.strip()]
+    marks = [(t, text) for t, text in lines if t is not None]
+    first = marks[0][0]
+    listening = next(t for t, text in marks if "listening on" in text)
+    # The node's own first line: the first one after format's output that the node logged.
+    prep_end = next((t for t, text in marks if "Formatted" in text or "formatted" in text), first)
+    return first, prep_end, listening
 
 
 def ts_ms(e: dict[str, Any]) -> int:
@@ -342,10 +379,16 @@ def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
     caught = next(e for e in evs if e["type"] == "replica_caught_up")
     deadline = int(caught["detail"]["stable_since_ms"]) + round(stabilization * 1000)
     assert obs.pod_seen is not None and obs.bound_seen is not None and obs.first_fetch is not None
+    assert obs.old_gone is not None
+    started, prepared, listening = pod_start_marks(k, f"{name}-{ordinal}")
     return {
-        "rescheduling": (obs.pod_seen - t0) / 1000,
+        "old pod gone": (obs.old_gone - t0) / 1000,
+        "re-creation": (obs.pod_seen - obs.old_gone) / 1000,
         "volume": (obs.bound_seen - obs.pod_seen) / 1000,
-        "process start": (obs.first_fetch - obs.bound_seen) / 1000,
+        "container start": (started - obs.bound_seen) / 1000,
+        "format": (prepared - started) / 1000,
+        "node start": (listening - prepared) / 1000,
+        "first fetch": (obs.first_fetch - listening) / 1000,
         "detection": (first["disk_replacement_detected"] - obs.first_fetch) / 1000,
         "stabilisation": (at["replica_caught_up"] - first["disk_replacement_detected"]) / 1000,
         "deadline->add": (first["add_voter_started"] - deadline) / 1000,

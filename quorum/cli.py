@@ -11,7 +11,6 @@ imported lazily so that the engine works without their extras installed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -39,6 +38,8 @@ def _fail(err: KraftError) -> int:
 
 
 def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    import asyncio  # not at the top: `format` and `start` (which runs its own loop) need none of it here
+
     async def wrapper() -> T:
         return await coro_fn()
 

@@ -47,7 +47,16 @@ ensure_engine() {
   engine_running && return 0
   mkdir -p "$cache/logs"
   log "starting dockerd (log: $cache/logs/dockerd.log)"
-  nohup dockerd >"$cache/logs/dockerd.log" 2>&1 &
+  # dockerd outlives this script: it must not inherit our open files beyond stdio, above all a
+  # lock the caller holds (`flock /tmp/kk-kubelet.lock ...` passes it as fd 3; a dockerd holding it
+  # would keep every other user of the single-node cluster waiting for as long as it runs).
+  (
+    for fd in /proc/self/fd/*; do
+      fd="${fd##*/}"
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    exec nohup dockerd >"$cache/logs/dockerd.log" 2>&1 </dev/null
+  ) &
   for _ in $(seq 1 60); do
     engine_running && return 0
     sleep 1

@@ -261,7 +261,7 @@ class KubeApi:
 
 class ConfigMapRequestStore:
     """The unclean-recovery request in the ``NAME-bootstrap`` ConfigMap; restart = delete the pod
-    (the StatefulSet re-creates it, and its init container reads the request)."""
+    (the StatefulSet re-creates it, and its node container reads the request before the node starts)."""
 
     def __init__(self, kube: KubeApi, q: QuorumSpec) -> None:
         self.kube = kube

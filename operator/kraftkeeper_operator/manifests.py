@@ -2,23 +2,23 @@
 
 For a KRaftQuorum ``NAME`` in namespace ``NS``:
 
-* StatefulSet ``NAME``: one pod per replica; pod ordinal ``k`` runs replica id ``k + 1``. An init
-  container runs ``kraftkeeper format --ignore-formatted`` on the pod's volume (a new, empty volume
-  gets a fresh storage UUID, KIP-856; a formatted one keeps its identity), then the node runs
-  ``kraftkeeper start --advertise $(POD_NAME).NAME-headless.NS.svc:PORT``. Readiness is
+* StatefulSet ``NAME``: one pod per replica; pod ordinal ``k`` runs replica id ``k + 1``. The node
+  container's shell first runs ``kraftkeeper format --ignore-formatted`` on the pod's volume (a
+  new, empty volume gets a fresh storage UUID, KIP-856; a formatted one keeps its identity), then
+  execs ``kraftkeeper start --advertise $(POD_NAME).NAME-headless.NS.svc:PORT``. Readiness is
   ``GET /readyz`` (the node knows a leader: Strimzi #12760 is why it is not just "process up"),
   liveness ``GET /healthz``.
 * Service ``NAME-headless`` (stable pod DNS, publishes not-ready addresses so replicas can find a
   leader before they are ready) and Service ``NAME`` (clients, metrics).
 * PodDisruptionBudget ``NAME`` with ``maxUnavailable = (voters - 1) // 2``: a voluntary disruption
   never takes a majority down (a quorum of 1 allows none).
-* ConfigMap ``NAME-bootstrap``, mounted read-only into the format init container at
+* ConfigMap ``NAME-bootstrap``, mounted read-only into the node container at
   ``/etc/kraftkeeper/bootstrap`` (a volume, so an update reaches new pods without rolling the
   StatefulSet). The operator sets its key ``bootstrapped: "true"`` once the quorum has bootstrapped
   (the leader's describe shows every voter with a storage UUID) and never unsets it; the key is
   written by a field manager of its own (``kraftkeeper-operator-bootstrap``), so re-applying the
   object on a spec change can never remove it. From then on a fresh, empty volume can only be a
-  replacement disk (or a scale-up replica), and the init container formats it with
+  replacement disk (or a scale-up replica), and the node container's preparation formats it with
   ``--no-initial-controllers`` (meta.properties ``bootstrap.initial=false``): such a node never
   counts itself one of the uuid-less bootstrap voters, so two replaced disks with empty logs cannot
   elect each other and overwrite committed records (KIP-856 storage UUIDs; Kafka KIP-853 has the
@@ -27,7 +27,7 @@ For a KRaftQuorum ``NAME`` in namespace ``NS``:
   operator's next pass (a few seconds) still gets an initial format.
   The same ConfigMap carries the KIP-704 style unclean-recovery request (keys ``unclean-recovery``
   and ``unclean-recovery.json``, field manager ``kraftkeeper-operator-unclean``, see unclean.py);
-  the same init container acts on it (``format_command``), so the pods need no other mount.
+  the same preparation acts on it (``format_command``), so the pods need no other mount.
 
 Pod security: the pods pass the ``restricted`` Pod Security level and run as the image's user
 (uid/gid 10001): ``runAsNonRoot``, ``fsGroup`` 10001 (so a fresh, root-owned volume is writable;
@@ -71,7 +71,7 @@ KIND = "KRaftQuorum"
 DATA_MOUNT = "/data"
 DATA_DIR = f"{DATA_MOUNT}/kraft"  # a sub-directory: a fresh ext4 volume has lost+found at its root
 BOOTSTRAP_ANNOTATION = "kraftkeeper.io/bootstrap-voters"
-BOOTSTRAP_MOUNT = "/etc/kraftkeeper/bootstrap"  # the NAME-bootstrap ConfigMap, in the format container
+BOOTSTRAP_MOUNT = "/etc/kraftkeeper/bootstrap"  # the NAME-bootstrap ConfigMap, read-only
 BOOTSTRAP_KEY = "bootstrapped"  # value "true" once every voter has a storage UUID; never unset
 IMAGE_UID = 10001  # the user the project's image runs as (Dockerfile)
 DEFAULT_IMAGE = "kraftkeeper:latest"
@@ -243,18 +243,18 @@ def unclean_configmap(q: QuorumSpec, owner: Mapping[str, Any], data: Mapping[str
 
 
 def format_command(q: QuorumSpec) -> str:
-    """The format init container's shell command. Replica id = pod ordinal + 1 (ids start at 1 in
-    docs/reference.md). ``--ignore-formatted`` keeps a formatted volume's identity; a fresh volume gets
-    a new storage UUID, and ``--no-initial-controllers`` once the mounted ConfigMap says the
-    quorum has bootstrapped (module docstring).
+    """The shell command that prepares the volume in the node container before the node starts.
+    Replica id = pod ordinal + 1 (ids start at 1). ``--ignore-formatted`` keeps a formatted
+    volume's identity; a fresh volume gets a new storage UUID, and ``--no-initial-controllers``
+    once the mounted ConfigMap says the quorum has bootstrapped (module docstring).
 
     Then the KIP-704 style unclean recovery step (unclean.py): if the ConfigMap's
     ``unclean-recovery`` key (``"<id> <token> <uuid>..."``) names this replica id and the storage
     UUID in this volume's meta.properties, and the volume has no marker for the token yet, run
     ``kraftkeeper quorum recover-unclean`` on the (not yet started) data directory and write the
-    marker, so that no restart ever repeats it. A failed recover-unclean fails the init container
-    (the pod does not start half-recovered; its log says why). A request for another id or another
-    UUID (e.g. this volume was replaced since) changes nothing."""
+    marker, so that no restart ever repeats it. A failed recover-unclean fails the container
+    before the node starts (it never starts half-recovered; its log says why). A request for
+    another id or another UUID (e.g. this volume was replaced since) changes nothing."""
     d, b = DATA_DIR, BOOTSTRAP_MOUNT
     done = f'"{d}/{MARKER_PREFIX}$RTOKEN.done"'
     return (
@@ -295,7 +295,12 @@ def _node_container(
     q: QuorumSpec, bootstrap_voters: int, env: list[dict[str, Any]], mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The quorum node container of the StatefulSet's pod template."""
+    # The volume is prepared (format_command) by the node container's own shell right before the
+    # node starts, not by an init container: every container of a pod costs the kubelet a create,
+    # a start and up to a PLEG relist (1 s) to see it end, which a replaced disk's recovery waits
+    # for. A failed preparation exits non-zero before the node starts, as the init container did.
     start = (
+        f'echo "kraftkeeper: preparing $POD_NAME"; {format_command(q)}\n'
         f"exec kraftkeeper start --dir {DATA_DIR} --listen 0.0.0.0:{q.port} {start_args(q.tls)} "
         f'--advertise "$(POD_NAME).{q.headless}.{q.namespace}.svc:{q.port}" '
         f'--voters "{q.voters_arg(bootstrap_voters)}"'
@@ -334,7 +339,11 @@ def statefulset(
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
     ]
-    mounts = [{"name": "data", "mountPath": DATA_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "data", "mountPath": DATA_MOUNT},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True},
+    ]
     container = _node_container(q, bootstrap_voters, env, mounts)
     pod_spec: dict[str, Any] = {
         "securityContext": {
@@ -345,20 +354,6 @@ def statefulset(
             "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [
-            {
-                "name": "format",
-                "image": q.image,
-                "imagePullPolicy": q.image_pull_policy,
-                "command": ["sh", "-c", format_command(q)],
-                "env": env,
-                "volumeMounts": [
-                    *mounts,
-                    {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True},
-                ],
-                "securityContext": _container_security(),
-            }
-        ],
         "containers": [container],
         "volumes": [
             # Not optional: a pod without the flag must not start (it could format initially).

@@ -2,8 +2,8 @@
 episode starts and ends, as pure functions of the pods' ``status`` (the Kubernetes API's Pod
 objects as plain dicts); quorums.py lists the pods, reports and posts the Events.
 
-A pod crash-loops when one of its containers (init containers included: the format container
-refusing a volume formatted for another cluster fails there) waits with reason
+A pod crash-loops when one of its containers (init containers included; the node container
+fails before its node starts when its volume is formatted for another cluster) waits with reason
 ``CrashLoopBackOff``. The episode then lasts until the pod is Ready or is gone (a new pod, a new
 uid, is a new story), so the brief Running spells between two crashes do not end it and the
 Warning Event is posted once per episode, not once per pass.

@@ -390,7 +390,7 @@ async def _flag_bootstrapped(ctx: OperatorContext, m: Managed, view: QuorumView 
     if m.bootstrap_flagged or not quorum_bootstrapped(view):
         return
     # From now on a fresh volume is a replacement disk (or a new replica): formatted with
-    # --no-initial-controllers by the pods' init container (manifests.py).
+    # --no-initial-controllers by the pods before their node starts (manifests.py).
     q = m.spec
     await ctx.kube.apply(
         bootstrap_configmap(q, owner_reference_of(q), bootstrapped=True), BOOTSTRAP_FIELD_MANAGER

@@ -191,12 +191,11 @@ def apply_to_pod(
     if not tls.enabled:
         return
     node = pod_spec["containers"][0]
-    fmt = pod_spec["initContainers"][0]
-    pod_spec["initContainers"].append(
+    pod_spec.setdefault("initContainers", []).append(
         {
             "name": "tls",
-            "image": fmt["image"],
-            "imagePullPolicy": fmt["imagePullPolicy"],
+            "image": node["image"],
+            "imagePullPolicy": node["imagePullPolicy"],
             "command": ["sh", "-c", copy_command()],
             "env": env,
             "volumeMounts": [

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quorum.core.raft import RaftCore
+from quorum.core.roles import Leader
 from quorum.driver import AsyncRunner, Driver, Ports, StorageReader, load_latest_snapshot
 from quorum.runtime import kv as kvmod
 from quorum.runtime import wire
@@ -168,12 +169,18 @@ class Node:
 
     async def _graceful_shutdown(self) -> None:
         """KIP-595: a leader resigning on shutdown sends EndQuorumEpoch with its preferred
-        successors so the next election starts at once instead of after a fetch timeout."""
+        successors so the next election starts at once instead of after a fetch timeout.
+        Anything else (a follower's Fetch long-poll, up to ``fetch_max_wait_ms``) is not waited
+        for: its answer is not needed, and the process's end is what a replaced disk's new pod
+        waits for (the StatefulSet re-creates a pod only once the old one is gone)."""
+        leading = isinstance(self.core.role, Leader)
         try:
             self.core.shutdown(self.clock.now_ms())
         except Exception:  # shutting down anyway: log it, do not mask the stop
             log.exception("resign on shutdown failed")
             return
+        if not leading:
+            return  # run() cancels the outstanding requests
         self._wake()
         # Let the EndQuorumEpoch requests go out (bounded: peers may be down).
         await asyncio.sleep(0.05)

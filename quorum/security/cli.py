@@ -21,13 +21,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quorum.security.pki import LEAF_DAYS, ROLES, init_ca, issue_client, issue_node, load_ca, write_private
-from quorum.security.tokens import TOKENS_FILE, TokenStore
+from quorum.security.roles import LEAF_DAYS, ROLES
+
+# The X.509 side (quorum.security.pki, tokens) is imported by the commands that use it: every
+# `kraftkeeper` command builds this parser, and a pod's `format` and `start` should not pay for
+# loading an X.509 library they may not need.
 
 __all__ = ["add_tls_parser"]
 
 
 def cmd_init_ca(args: argparse.Namespace) -> int:
+    from quorum.security.pki import init_ca
+
     ca = init_ca(args.dir, args.cluster_id)
     print(f"Created the CA of cluster {ca.cluster_id}: {ca.directory / 'ca.key'} (keep it secret)")
     print(ca.cert_file)
@@ -35,6 +40,8 @@ def cmd_init_ca(args: argparse.Namespace) -> int:
 
 
 def cmd_issue_node(args: argparse.Namespace) -> int:
+    from quorum.security.pki import issue_node, load_ca
+
     ca = load_ca(args.dir)
     cert, key = issue_node(ca, args.node_id, args.host or None, days=args.days)
     print(f"Issued node {args.node_id} of cluster {ca.cluster_id}: {key}")
@@ -43,6 +50,9 @@ def cmd_issue_node(args: argparse.Namespace) -> int:
 
 
 def cmd_issue_client(args: argparse.Namespace) -> int:
+    from quorum.security.pki import issue_client, load_ca, write_private
+    from quorum.security.tokens import TOKENS_FILE, TokenStore
+
     ca = load_ca(args.dir)
     d = Path(args.dir)
     config: dict[str, str] = {"ca_file": "ca.crt"}

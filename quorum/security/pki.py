@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from quorum.security.roles import LEAF_DAYS, ROLES
 from quorum.types import ErrorCode, KraftError
 
 __all__ = [
@@ -69,9 +70,7 @@ __all__ = [
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 SCHEME = "kraftkeeper"
-ROLES = ("admin", "readwrite", "read")
 CA_DAYS = 3650
-LEAF_DAYS = 365
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # as meta.properties' cluster.id
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MAX_ID = 2**31 - 1

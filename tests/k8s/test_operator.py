@@ -42,7 +42,7 @@ def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator)
     pod = sts["spec"]["template"]["spec"]
     start = pod["containers"][0]["command"][-1]
     assert "kraftkeeper start" in start and f"3@q1-2.q1-headless.{ns}.svc:9093" in start
-    assert "--ignore-formatted" in pod["initContainers"][0]["command"][-1]
+    assert start.index("--ignore-formatted") < start.index("exec kraftkeeper start")
     assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
@@ -54,14 +54,14 @@ def test_create_update_delete(kube: KubeEnv, namespace: str, operator: Operator)
     assert pdb is not None and pdb["spec"]["maxUnavailable"] == 1
     headless = get(kube, f"/api/v1/namespaces/{ns}/services/q1-headless")
     assert headless is not None and headless["spec"]["clusterIP"] == "None"
-    # The bootstrap ConfigMap: owned, mounted into the format container, and without the flag
+    # The bootstrap ConfigMap: owned, mounted into the node container, and without the flag
     # while the quorum has not bootstrapped (here: unreachable).
     cm_path = f"/api/v1/namespaces/{ns}/configmaps/q1-bootstrap"
     cm = get(kube, cm_path)
     assert cm is not None and cm["metadata"]["ownerReferences"][0]["uid"] == uid
     assert "bootstrapped" not in (cm.get("data") or {})
     assert {"name": "bootstrap", "configMap": {"name": "q1-bootstrap", "defaultMode": 420}} in pod["volumes"]
-    assert {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True} in pod["initContainers"][0][
+    assert {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True} in pod["containers"][0][
         "volumeMounts"
     ]
 

@@ -91,11 +91,12 @@ class Writer:
     """A client pod process writing continuously; acked() are the keys the quorum acknowledged so
     far (its output is read by a thread while it runs)."""
 
-    def __init__(self, cluster: NodeCluster, prefix: str) -> None:
-        self.cluster, self.prefix = cluster, prefix
+    def __init__(self, cluster: NodeCluster, prefix: str, pod: str = "client",
+                 bootstrap: str = CLIENT_BOOTSTRAP) -> None:
+        self.cluster, self.prefix, self.pod = cluster, prefix, pod
         self.proc = subprocess.Popen(
-            [str(cluster.bin_dir / "kubectl"), "exec", "-n", QUORUM_NS, "client", "--",
-             "python", "-c", WRITER, prefix, CLIENT_BOOTSTRAP],
+            [str(cluster.bin_dir / "kubectl"), "exec", "-n", QUORUM_NS, pod, "--",
+             "python", "-c", WRITER, prefix, bootstrap],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -114,16 +115,17 @@ class Writer:
                               context=lambda: "\n".join(self.lines[-20:]))
 
     def stop(self) -> list[str]:
-        self.cluster.kubectl("exec", "-n", QUORUM_NS, "client", "--", "touch", f"/tmp/stop-{self.prefix}")
+        self.cluster.kubectl("exec", "-n", QUORUM_NS, self.pod, "--", "touch", f"/tmp/stop-{self.prefix}")
         self.proc.wait(timeout=120)
         self._reader.join(timeout=30)
         assert "DONE" in self.lines, "the writer did not finish cleanly:\n" + "\n".join(self.lines[-30:])
         return self.acked()
 
 
-def read_back(cluster: NodeCluster, keys: list[str]) -> None:
-    proc = cluster.kubectl("exec", "-i", "-n", QUORUM_NS, "client", "--", "python", "-c", READER,
-                           CLIENT_BOOTSTRAP, stdin="\n".join(keys), timeout=300)
+def read_back(cluster: NodeCluster, keys: list[str], pod: str = "client",
+              bootstrap: str = CLIENT_BOOTSTRAP) -> None:
+    proc = cluster.kubectl("exec", "-i", "-n", QUORUM_NS, pod, "--", "python", "-c", READER,
+                           bootstrap, stdin="\n".join(keys), timeout=300)
     assert f"CHECKED {len(keys)} BAD 0" in proc.stdout, f"acknowledged writes lost:\n{proc.stdout[-4000:]}"
 
 

@@ -186,12 +186,14 @@ def hold(d: Path, node: int) -> Path:
 def run_format_container(
     sts: dict[str, Any], ordinal: int, data: Path, flag_dir: Path
 ) -> subprocess.CompletedProcess[str]:
-    """Run the StatefulSet's format init container command for pod ``ordinal`` the way the kubelet
-    would (the one part that cannot run here), with its volumes at local paths. The same command
-    performs a requested unclean recovery (manifests.format_command)."""
-    fmt = next(c for c in sts["spec"]["template"]["spec"]["initContainers"] if c["name"] == "format")
-    assert fmt["command"][:2] == ["sh", "-c"]
-    script = fmt["command"][2].replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
+    """Run the volume preparation of the StatefulSet's node container for pod ``ordinal`` (its
+    command up to the ``exec`` of the node) the way the kubelet would (the one part that cannot run
+    here), with its volumes at local paths. The same command performs a requested unclean recovery
+    (manifests.format_command)."""
+    node = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "node")
+    assert node["command"][:2] == ["sh", "-c"]
+    prepare, _, _ = node["command"][2].partition("\nexec kraftkeeper start ")
+    script = prepare.replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
     env = {
         **os.environ,
         "POD_NAME": f"{sts['metadata']['name']}-{ordinal}",

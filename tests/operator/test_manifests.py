@@ -44,9 +44,12 @@ def test_statefulset_identity_and_probes() -> None:
     q = parse_spec(body(voters=3, image="kk:1", ports={"client": 9100}))
     sts = statefulset(q, OWNER, replicas=3, bootstrap_voters=3)
     pod = sts["spec"]["template"]["spec"]
-    assert '--node-id "$ID" --ignore-formatted' in pod["initContainers"][0]["command"][-1]
-    assert "${POD_NAME##*-} + 1" in pod["initContainers"][0]["command"][-1]  # id = ordinal + 1
     start = pod["containers"][0]["command"][-1]
+    # The node container prepares its volume itself, then execs the node (no format init container).
+    assert '--node-id "$ID" --ignore-formatted' in start
+    assert "${POD_NAME##*-} + 1" in start  # id = ordinal + 1
+    assert start.index("kraftkeeper format") < start.index("exec kraftkeeper start")
+    assert [c["name"] for c in pod.get("initContainers") or []] in ([], ["tls"])
     assert "1@q-0.q-headless.ns.svc:9100,2@q-1.q-headless.ns.svc:9100,3@q-2.q-headless.ns.svc:9100" in start
     assert pod["containers"][0]["image"] == "kk:1"
     assert sts["metadata"]["ownerReferences"] == [OWNER]
@@ -109,7 +112,7 @@ def test_pods_are_hardened_for_the_restricted_pod_security_level() -> None:
     }
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
-    for c in pod["initContainers"] + pod["containers"]:
+    for c in (pod.get("initContainers") or []) + pod["containers"]:
         assert c["securityContext"] == {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -130,8 +133,8 @@ def test_bootstrap_configmap_is_owned_mounted_and_only_the_flag_form_carries_the
     pod = statefulset(q, owner, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
     vol = next(v for v in pod["volumes"] if v["name"] == "bootstrap")
     assert vol["configMap"] == {"name": "q-bootstrap"}  # not optional: no flag, no pod
-    fmt = next(c for c in pod["initContainers"] if c["name"] == "format")
-    assert {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True} in fmt["volumeMounts"]
+    node = next(c for c in pod["containers"] if c["name"] == "node")
+    assert {"name": "bootstrap", "mountPath": BOOTSTRAP_MOUNT, "readOnly": True} in node["volumeMounts"]
 
 
 def test_quorum_counts_as_bootstrapped_only_when_every_voter_has_a_uuid() -> None:

@@ -70,12 +70,12 @@ def test_pods_start_with_tls_and_only_their_own_key() -> None:
     pod = statefulset(parse_spec(spec()), OWNER, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
     node = pod["containers"][0]
     assert "--insecure" not in node["command"][-1] and f"--ca {TLS_MOUNT}/ca.crt" in node["command"][-1]
-    assert {m["name"] for m in node["volumeMounts"]} == {"data", "tmp", "tls"}  # never the Secret
+    assert {m["name"] for m in node["volumeMounts"]} == {"data", "tmp", "bootstrap", "tls"}  # no Secret
     assert node["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
     plain = statefulset(parse_spec(spec(tls={"mode": "Disabled"})), OWNER, replicas=3, bootstrap_voters=3)
     pod2 = plain["spec"]["template"]["spec"]
     assert "--insecure" in pod2["containers"][0]["command"][-1]
-    assert [c["name"] for c in pod2["initContainers"]] == ["format"]
+    assert "initContainers" not in pod2  # the node container prepares its volume itself
 
 
 def _run_tls_init(
