@@ -217,7 +217,8 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 20 s: a child process started by a fixture."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -301,6 +302,6 @@ def start_kube_apiserver() -> Iterator[KubeEnv]:
         env.wait_for("namespace default", lambda: env.request("GET", "/api/v1/namespaces/default")[0] == 200)
         yield env
     finally:
-        _stop(api_proc)
-        _stop(etcd_proc)
+        stop_child(api_proc)
+        stop_child(etcd_proc)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -22,7 +22,7 @@ from cryptography import x509
 from kraftkeeper_operator.manifests import parse_spec
 
 from quorum.security.pki import identity_from_cert, init_ca
-from tests.k8s.conftest import KubeEnv, _stop, cache_bin
+from testkit.kubeapi import KubeEnv, cache_bin, stop_child
 from tests.k8s.operator_support import KQ, Operator, create, get, kq
 
 pytestmark = pytest.mark.k8s
@@ -60,7 +60,7 @@ def cert_manager(kube: KubeEnv, tmp_path: Path) -> Iterator[Path]:
     try:
         yield log
     finally:
-        _stop(proc)
+        stop_child(proc)
         print("cert-manager log (tail):\n" + log.read_text(errors="replace")[-3000:])
         _kubectl(kube, "delete", "--ignore-not-found", "--wait=true", "-f", str(CRDS))
 

@@ -28,7 +28,7 @@ from cryptography import x509
 from kraftkeeper_operator.manifests import parse_spec
 
 from quorum.security.pki import identity_from_cert, init_ca
-from tests.k8s.conftest import _stop
+from testkit.kubeapi import stop_child
 from tests.kubelet.conftest import (
     CACHE,
     IMAGE,
@@ -75,7 +75,7 @@ def cert_manager(node_cluster: NodeCluster) -> Iterator[Path]:
     try:
         yield log
     finally:
-        _stop(proc)
+        stop_child(proc)
         print("cert-manager controller log (tail):\n" + log.read_text(errors="replace")[-3000:])
 
 
