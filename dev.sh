@@ -40,6 +40,7 @@ install_system() {
   local scripts="scripts/install-system.sh"
   [ "${1:-}" = all ] && scripts="$scripts scripts/k8s-testenv.sh scripts/k8s-node.sh"
   [ "${1:-}" = all ] && scripts="$scripts scripts/kafka.sh"  # Kafka 4.x jars for tests/kafka
+  [ "${1:-}" = all ] && scripts="$scripts scripts/prometheus.sh"  # Prometheus + promtool for the alert tests
   for s in $scripts; do
     if [ -x "$s" ]; then log "$s"; "$s" install; fi
   done

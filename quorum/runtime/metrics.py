@@ -3,7 +3,7 @@ image stays small).
 
 Names follow KIP-595's raft metrics (``current-leader``, ``high-watermark``, ...) and KIP-856's
 (``number-of-voters``, ``pending-add-voter``, ...), rendered in Prometheus style:
-``kraftkeeper_raft_current_leader``.
+``kraftkeeper_current_leader``.
 """
 
 from __future__ import annotations
