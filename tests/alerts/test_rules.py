@@ -4,6 +4,7 @@ labels and annotations) and not firing (before its `for`, and for a healthy quor
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -82,3 +83,13 @@ def test_every_runbook_is_a_heading_of_the_operator_guide() -> None:
         for r in g["rules"]:
             anchor = r["annotations"]["runbook_url"].split("#", 1)[1]
             assert anchor in headings, f"docs/operator.md lacks a heading {r['alert']} (runbook of the alert)"
+
+
+def test_installer_check_names_what_is_missing(tmp_path: Path) -> None:
+    script = HERE.parents[1] / "scripts" / "prometheus.sh"
+    proc = subprocess.run([str(script), "check"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KK_CACHE": str(tmp_path)})
+    assert proc.returncode == 1
+    assert f"missing: {tmp_path}/bin/prometheus, {tmp_path}/bin/promtool v0." in proc.stdout, proc.stdout
+    proc = subprocess.run([str(script), "frobnicate"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage:"), proc.stderr
