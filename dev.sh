@@ -43,6 +43,7 @@ install_system() {
   [ "${1:-}" = all ] && scripts="$scripts scripts/kafka.sh"  # Kafka 4.x jars for tests/kafka
   [ "${1:-}" = all ] && scripts="$scripts scripts/powerfs.sh"  # the FUSE power-loss file system, tests/powerloss
   [ "${1:-}" = all ] && scripts="$scripts scripts/cert-manager.sh"  # cert-manager for tests/kubelet
+  [ "${1:-}" = all ] && scripts="$scripts scripts/prometheus.sh"  # Prometheus + promtool for the alert tests
   for s in $scripts; do
     if [ -x "$s" ]; then log "$s"; "$s" install; fi
   done

@@ -114,6 +114,8 @@ class RecoveryController:
         # just before the restart may be logged again, and the status says so while they run.
         self.resumed_blind: set[str] = set()
         self._unreachable_errors: dict[str, str] | None = None  # each address's error, last logged
+        if metrics is not None:
+            metrics.track(cluster)
 
     @property
     def policy(self) -> RecoveryPolicy:
@@ -397,6 +399,11 @@ class RecoveryController:
         self.metrics.voters.labels(self.cluster).set(len(view.voters))
         self.metrics.observers.labels(self.cluster).set(len(view.observers))
         self.metrics.live_voters.labels(self.cluster).set(len(view.live_voters(now, window)))
+        active = self.book.active()
+        self.metrics.recoveries_in_progress.labels(self.cluster).set(len(active))
+        oldest = min((r.detected_ms for r in active), default=0)
+        self.metrics.oldest_recovery_started.labels(self.cluster).set(oldest / 1000)
+        self.metrics.recovery_timeout.labels(self.cluster).set(self.policy.timeout_seconds)
 
     def _emit(self, events: list[Event], view: QuorumView) -> None:
         for ev in events:

@@ -235,6 +235,35 @@ class OperatorMetrics:
             ["quorum"],
             registry=r,
         )
+        # A recovery's age is read by Prometheus as time() minus its start, so an alert on a
+        # recovery outliving spec.recovery.timeoutSeconds fires even if the operator's own loop
+        # (which fails a timed-out recovery) stopped turning.
+        self.recoveries_in_progress = Gauge(
+            "kraftkeeper_operator_recoveries_in_progress",
+            "Disk-failure recoveries detected and not finished",
+            ["quorum"],
+            registry=r,
+        )
+        self.oldest_recovery_started = Gauge(
+            "kraftkeeper_operator_oldest_recovery_started_timestamp_seconds",
+            "Detection time (Unix seconds) of the oldest recovery in progress; 0 when none is",
+            ["quorum"],
+            registry=r,
+        )
+        self.recovery_timeout = Gauge(
+            "kraftkeeper_operator_recovery_timeout_seconds",
+            "spec.recovery.timeoutSeconds: a recovery unfinished after this is reported failed",
+            ["quorum"],
+            registry=r,
+        )
+
+    def track(self, quorum: str) -> None:
+        """Create a quorum's counters at 0 when the operator starts following it: Prometheus'
+        increase() cannot see the first event of a series that appears already at 1, so the
+        alert on a failed or unclean recovery would miss the first one after a restart."""
+        for result in ("completed", "failed"):
+            self.recoveries.labels(quorum, result)
+        self.unclean_recoveries.labels(quorum)
 
     def forget(self, quorum: str) -> None:
         """Drop the per-quorum series of a deleted quorum."""
@@ -245,8 +274,16 @@ class OperatorMetrics:
             self.quorum_lost,
             self.quorum_lost_seconds,
             self.unclean_recoveries,
+            self.recoveries_in_progress,
+            self.oldest_recovery_started,
+            self.recovery_timeout,
         ):
             try:
                 g.remove(quorum)
+            except KeyError:
+                pass
+        for result in ("completed", "failed"):
+            try:
+                self.recoveries.remove(quorum, result)
             except KeyError:
                 pass

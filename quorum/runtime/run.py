@@ -124,6 +124,12 @@ async def serve_node(
         http if os.environ.get("KRAFTKEEPER_PEER_STREAM", "on").lower() == "off" else StreamTransport(http)
     )
     node = Node(data_dir, listen, voters, cfg, transport, advertise=advertise)
+    if tls is not None:
+        node.metrics.set(
+            "tls-certificate-expiry-timestamp-seconds",
+            tls.not_after(),
+            help="When the certificate this node serves expires (Unix seconds)",
+        )
     try:
         # Tail latency: the KV map and the caches built at start-up are long-lived; freezing
         # them and collecting the young generation less often keeps full collections (which

@@ -118,6 +118,12 @@ class NodeTls:
                 f"{cluster_id!r}",
             )
 
+    def not_after(self) -> float:
+        """When the node certificate expires (Unix seconds): exported as a metric, since a node
+        serves the certificate it read at start until it restarts, whatever its Secret holds."""
+        cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
+        return cert.not_valid_after_utc.timestamp()
+
     def server_context(self) -> ssl.SSLContext:
         return server_context(self.ca_file, self.cert_file, self.key_file)
 
