@@ -55,6 +55,7 @@ from .manifests import (
     pod_disruption_budget,
     statefulset,
 )
+from .ownership import name_conflict, older_quorums
 from .quorums import OperatorContext, configure, daemon_pass, next_pass_in
 
 log = logging.getLogger("kraftkeeper.operator")
@@ -146,6 +147,11 @@ async def reconcile(
         kopf.warn(body, reason="InvalidSpec", message=str(e))
         await ctx.forget(f"{meta['namespace']}/{meta['name']}")
         raise kopf.PermanentError(f"invalid spec: {e}") from e
+    conflict = name_conflict(q.name, older_quorums(body, await ctx.kube.list_quorums(q.namespace)))
+    if conflict is not None:
+        _invalid(patch, generation, conflict)
+        kopf.warn(body, reason="NameConflict", message=conflict)
+        raise kopf.PermanentError(conflict)
     owner = owner_reference(body)
     current = await ctx.kube.read_statefulset(q.namespace, q.name)
     if current is None:
@@ -190,10 +196,11 @@ async def delete(meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any) -> Non
     ctx = context(memo)
     ns, name = str(meta["namespace"]), str(meta["name"])
     await ctx.forget(f"{ns}/{name}")
-    await ctx.kube.delete_owned(ns, name)
+    uid = str(meta["uid"])
+    await ctx.kube.delete_owned(ns, name, uid)
     # cert-manager Certificates, whatever the mode was: a 404 (or no CRD) is nothing to do
     await ctx.kube.delete_certificates(
-        ns, [f"{name}-operator", f"{name}-client", *(f"{name}-node-{i}" for i in range(1, 10))]
+        ns, [f"{name}-operator", f"{name}-client", *(f"{name}-node-{i}" for i in range(1, 10))], uid
     )
     logger.info("deleted the objects of %s/%s; PVCs are retained", ns, name)
 

@@ -32,6 +32,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, owner_reference_of, unclean_configmap
+from .ownership import check_owned, owned_by
 from .telemetry import CallbackSink
 from .unclean import UNCLEAN_DETAIL_KEY, UNCLEAN_KEY, UncleanRequest, request_from_configmap
 
@@ -124,6 +125,7 @@ class KubeApi:
             "Secret": self.core.patch_namespaced_secret,
             "NetworkPolicy": self.networking.patch_namespaced_network_policy,
         }
+        await self._check_owned(obj)
         if kind == "Certificate":  # cert-manager's (kubetls.py)
             group, version = obj["apiVersion"].split("/")
             call = self.custom.patch_namespaced_custom_object(
@@ -134,6 +136,40 @@ class KubeApi:
         if kind not in patchers:
             raise ValueError(f"apply: unsupported kind {kind}")
         await _call(f"{kind} {ns}/{name}", patchers[kind](name, ns, obj, **kw))
+
+    async def read_meta(self, kind: str, ns: str, name: str, api_version: str = "") -> dict[str, Any] | None:
+        """The ``metadata`` of one object (None if there is none)."""
+        readers: dict[str, Callable[..., Awaitable[Any]]] = {
+            "StatefulSet": self.apps.read_namespaced_stateful_set,
+            "Service": self.core.read_namespaced_service,
+            "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "Secret": self.core.read_namespaced_secret,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
+        }
+        if kind == "Certificate":
+            group, version = (api_version or "cert-manager.io/v1").split("/")
+            call = self.custom.get_namespaced_custom_object(group, version, ns, "certificates", name)
+        else:
+            call = readers[kind](name, ns)
+        got = await _call(f"{kind} {ns}/{name}", call, missing_ok=True)
+        if got is None:
+            return None
+        data = got if isinstance(got, dict) else self.api.sanitize_for_serialization(got)
+        meta = data.get("metadata") or {}
+        return dict(meta)
+
+    async def _check_owned(self, obj: dict[str, Any]) -> None:
+        """Never patch an object another resource owns, or one we did not make (ownership.py)."""
+        kind, meta = obj["kind"], obj["metadata"]
+        existing = await self.read_meta(kind, meta["namespace"], meta["name"], obj.get("apiVersion", ""))
+        check_owned(f"{kind} {meta['namespace']}/{meta['name']}", existing, meta)
+
+    async def list_quorums(self, ns: str) -> list[dict[str, Any]]:
+        """The KRaftQuorums of namespace ``ns`` (the API's JSON)."""
+        call = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+        got = await _call(f"listing KRaftQuorums in {ns}", call)
+        return [dict(i) for i in (got or {}).get("items") or []]
 
     async def read_statefulset(self, ns: str, name: str) -> dict[str, Any] | None:
         obj = await _call(
@@ -210,21 +246,25 @@ class KubeApi:
         """Delete a pod (no pod: nothing to do; its StatefulSet creates it again)."""
         await _call(f"deleting Pod {ns}/{name}", self.core.delete_namespaced_pod(name, ns), missing_ok=True)
 
-    async def delete_owned(self, ns: str, name: str) -> None:
-        """Delete the objects a KRaftQuorum owns, explicitly (no reliance on a garbage collector);
-        PVCs are retained (manifests.py, PVC policy)."""
-        for what, call in (
-            ("StatefulSet", lambda: self.apps.delete_namespaced_stateful_set(name, ns)),
-            ("PodDisruptionBudget", lambda: self.policy.delete_namespaced_pod_disruption_budget(name, ns)),
-            ("Service", lambda: self.core.delete_namespaced_service(name, ns)),
-            ("Service", lambda: self.core.delete_namespaced_service(f"{name}-headless", ns)),
-            ("ConfigMap", lambda: self.core.delete_namespaced_config_map(f"{name}-bootstrap", ns)),
-            ("NetworkPolicy", lambda: self.networking.delete_namespaced_network_policy(name, ns)),
-            ("Secret", lambda: self.core.delete_namespaced_secret(f"{name}-tls", ns)),
-            ("Secret", lambda: self.core.delete_namespaced_secret(f"{name}-client", ns)),
-            ("Secret", lambda: self.core.delete_namespaced_secret(f"{name}-ca", ns)),
+    async def delete_owned(self, ns: str, name: str, uid: str) -> None:
+        """Delete the objects KRaftQuorum ``name`` (``uid``) owns, explicitly (no reliance on a
+        garbage collector); an object of such a name that it does not own is left alone
+        (ownership.py). PVCs are retained (manifests.py, PVC policy)."""
+        pdb = self.policy.delete_namespaced_pod_disruption_budget
+        for kind, obj_name, call in (
+            ("StatefulSet", name, lambda n: self.apps.delete_namespaced_stateful_set(n, ns)),
+            ("PodDisruptionBudget", name, lambda n: pdb(n, ns)),
+            ("Service", name, lambda n: self.core.delete_namespaced_service(n, ns)),
+            ("Service", f"{name}-headless", lambda n: self.core.delete_namespaced_service(n, ns)),
+            ("ConfigMap", f"{name}-bootstrap", lambda n: self.core.delete_namespaced_config_map(n, ns)),
+            ("NetworkPolicy", name, lambda n: self.networking.delete_namespaced_network_policy(n, ns)),
+            ("Secret", f"{name}-tls", lambda n: self.core.delete_namespaced_secret(n, ns)),
+            ("Secret", f"{name}-client", lambda n: self.core.delete_namespaced_secret(n, ns)),
+            ("Secret", f"{name}-ca", lambda n: self.core.delete_namespaced_secret(n, ns)),
         ):
-            await _call(f"deleting {what} of {ns}/{name}", call(), missing_ok=True)
+            if not owned_by(await self.read_meta(kind, ns, obj_name), uid):
+                continue
+            await _call(f"deleting {kind} {ns}/{obj_name}", call(obj_name), missing_ok=True)
 
     async def post_event(self, q: QuorumSpec, *, warning: bool, reason: str, message: str) -> None:
         """Create one Event on the KRaftQuorum now (core/v1, as kubectl describe shows them)."""
@@ -251,10 +291,17 @@ class KubeApi:
         }
         await _call(f"Event {reason} on {q.cluster}", self.core.create_namespaced_event(q.namespace, body))
 
-    async def delete_certificates(self, ns: str, names: list[str]) -> None:
-        """cert-manager Certificates (their Secrets are cert-manager's: owned by the Certificate
-        only when cert-manager is told to); 404, also for a missing CRD, is nothing to do."""
+    async def delete_certificates(self, ns: str, names: list[str], uid: str) -> None:
+        """cert-manager Certificates owned by ``uid`` (their Secrets are cert-manager's: owned by
+        the Certificate only when cert-manager is told to); 404, also for a missing CRD, is
+        nothing to do."""
         for n in names:
+            try:
+                meta = await self.read_meta("Certificate", ns, n)
+            except kopf.PermanentError:  # no Certificate kind at all (cert-manager not installed)
+                continue
+            if not owned_by(meta, uid):
+                continue
             call = self.custom.delete_namespaced_custom_object("cert-manager.io", "v1", ns, "certificates", n)
             await _call(f"deleting Certificate {ns}/{n}", call, missing_ok=True)
 

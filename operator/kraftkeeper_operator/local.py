@@ -160,9 +160,14 @@ async def run_local(
         await asyncio.to_thread(LocalState.save, state_path, records, list(ctl.known_voters))
 
     ctl.persist = persist
-    server = StatusServer(metrics)
+    server = StatusServer(metrics, redact=tls is not None)
     await server.start("127.0.0.1", layout.base_port)
-    sup = Supervisor(layout, node_config, tls.node_args() if tls is not None else None)
+    sup = Supervisor(
+        layout,
+        node_config,
+        tls.node_args() if tls is not None else None,
+        before_start=tls.ensure_node if tls is not None else None,
+    )
     unclean = _Unclean(layout, sup, ctl, client)
     rotator = None
     if tls is not None:

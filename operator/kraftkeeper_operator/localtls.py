@@ -3,7 +3,8 @@
 Under DIR the supervisor keeps::
 
     tls/ca.crt, tls/ca.key         the cluster's CA (quorum/security/pki.py), made once
-    tls/node-<i>.crt, .key         node i's certificate: URI SAN kraftkeeper://CLUSTER_ID/replica/i
+    tls/node-<i>.crt, .key         node i's certificate, bound to its disk: URI SAN
+                                   kraftkeeper://CLUSTER_ID/replica/i?storage=UUID
     tls/admin.crt, admin.key       the operator's own admin credential
     client.json                    the admin client config (docs/reference.md "Client config"), mode 0600
 
@@ -16,9 +17,13 @@ TLS).
 Rotation (rotation.py's :class:`CertRotator`, with :meth:`LocalTls.due` and
 :meth:`LocalTls.issue_node`): node certificates are renewed before they expire, one node at a time,
 never while the quorum is not fully healthy, and the node is restarted with its new certificate.
-The CA stays, so peers keep trusting the renewed node. ``kraftkeeper cluster
-replace-disk`` wipes only ``node-<i>/``; the certificate under ``tls/`` still binds replica i, so
-nothing is re-issued for it.
+The CA stays, so peers keep trusting the renewed node.
+
+A node certificate names the storage UUID of the disk it was issued for (``node-<i>/meta.properties``),
+so a new disk gets a new credential: before the supervisor starts node i (:meth:`LocalTls.ensure_node`,
+after ``kraftkeeper cluster replace-disk`` or after it formatted a wiped directory) a certificate
+that names another disk is re-issued for this one. The old certificate can then only speak as the
+old (i, UUID), which the quorum retires with RemoveVoter (quorum/security/auth.py).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from quorum.security.pki import (
     write_private,
 )
 from quorum.types import ErrorCode, KraftError
+
+from .localcluster import meta_uuid
 
 log = logging.getLogger("kraftkeeper.operator.local")
 
@@ -114,8 +121,13 @@ class LocalTls:
     def node_cert(self, i: int) -> Path:
         return self.tls_dir / f"node-{i}.crt"
 
+    def storage_uuid(self, i: int) -> str | None:
+        """The storage UUID of node i's disk (None before it is formatted)."""
+        return meta_uuid(self.dir / f"node-{i}")
+
     def needs_renewal(self, path: Path, now: dt.datetime | None = None, replica: int | None = None) -> bool:
-        """Missing, unreadable, naming another identity, or expiring within ``renew_before``."""
+        """Missing, unreadable, naming another identity or another disk than node ``replica``'s,
+        or expiring within ``renew_before``."""
         cert = _cert(path)
         if cert is None:
             return True
@@ -125,6 +137,9 @@ class LocalTls:
             except KraftError:
                 return True
             if ident.cluster_id != self.cluster_id or ident.replica_id != replica:
+                return True
+            disk = self.storage_uuid(replica)
+            if disk is not None and ident.storage_uuid != disk:
                 return True
         return cert.not_valid_after_utc <= (now or dt.datetime.now(dt.UTC)) + self.renew_before
 
@@ -140,8 +155,14 @@ class LocalTls:
         await asyncio.to_thread(self.issue_node, i)
 
     def issue_node(self, i: int) -> None:
-        issue_node(self._ca(), i, days=self._days())
-        log.info("issued the certificate of node %d (valid %s)", i, self.validity)
+        disk = self.storage_uuid(i)
+        issue_node(self._ca(), i, days=self._days(), storage_uuid=disk)
+        log.info("issued the certificate of node %d for storage %s (valid %s)", i, disk, self.validity)
+
+    def ensure_node(self, i: int) -> None:
+        """Before node i starts: a certificate for the disk it starts on (module docstring)."""
+        if self.needs_renewal(self.node_cert(i), replica=i):
+            self.issue_node(i)
 
     def renew_admin_if_due(self) -> bool:
         """Re-issue the admin credential when due; True if it was (the caller rebuilds clients)."""

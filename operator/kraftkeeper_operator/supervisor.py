@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,16 @@ class Supervisor:
     """Starts, watches and restarts the node processes of one local cluster."""
 
     def __init__(
-        self, layout: ClusterLayout, node_config: Path | None = None, node_args: list[str] | None = None
+        self,
+        layout: ClusterLayout,
+        node_config: Path | None = None,
+        node_args: list[str] | None = None,
+        before_start: Callable[[int], None] | None = None,
     ) -> None:
         self.layout = layout
+        # run (in a thread) after node i's directory is formatted and before it starts: the
+        # credential for the disk it starts on (localtls.py LocalTls.ensure_node)
+        self.before_start = before_start
         self.node_config = node_config  # passed to every node as ``start --config``
         self.node_args = list(node_args or [])  # e.g. ``--tls-dir DIR/tls`` (localtls.py)
         self.nodes = {i: NodeProc(i) for i in range(1, layout.nodes + 1)}
@@ -82,6 +90,8 @@ class Supervisor:
         uuid = await asyncio.to_thread(lay.ensure_formatted, n.index)
         if uuid is not None:
             log.warning("node %d had no meta.properties: formatted as a replacement, uuid %s", n.index, uuid)
+        if self.before_start is not None:
+            await asyncio.to_thread(self.before_start, n.index)
         if n.log_fh is None:
             # Kept open across restarts; opening a local file does not block the loop noticeably.
             n.log_fh = open(lay.dir / f"node-{n.index}.log", "ab")  # noqa: ASYNC230

@@ -153,6 +153,14 @@ class CoreBase:
     def is_voter(self) -> bool:
         return self.history.latest.contains(self.local)
 
+    def retired(self, replica_id: int, uuid: str | None) -> bool:
+        """(replica_id, uuid) was removed from the voter set by a committed RemoveVoter: a
+        replaced or retired disk. Removal sticks (KAFKA-19850), so such a replica never fetches,
+        gets a vote, leads or moves an epoch here again (its requests are refused; it is never
+        counted). An uncommitted removal does not retire yet: that replica may still have to be
+        elected to finish it (:meth:`may_campaign`)."""
+        return uuid is not None and ReplicaKey(replica_id, uuid) in self.history.at(self.hw - 1).removed
+
     def may_campaign(self) -> bool:
         """Voters campaign; so does a replica whose own removal is still uncommitted in its
         log. Without that, a leader that removed itself and then lost its followers (zombie

@@ -77,6 +77,15 @@ class ElectionMixin(Transitions):
         else:
             self.become_candidate()
 
+    def campaign_above(self, epoch: int) -> None:
+        """The leader, told a voter is at ``epoch`` above its own: a real (not pre-) election at
+        ``epoch + 1`` at once, which it wins with its followers' votes (see
+        :meth:`vote_is_disruptive`: a follower grants its own leader's Vote)."""
+        if self.shutting_down or not epoch_allowed(epoch + 1) or not self.may_campaign():
+            return
+        self.transition_to_unattached(epoch)
+        self.become_candidate()
+
     def become_prospective(self) -> None:
         me = self.voters().find(self.local)
         self.transition_to_prospective({me} if me is not None else set())
@@ -222,6 +231,9 @@ class ElectionMixin(Transitions):
         if err is not None:
             answer(err, False)
             return
+        if self.retired(req.candidate_id, req.candidate_uuid):
+            answer(ErrorCode.NONE, False)  # a removed (id, UUID) never runs again, at any epoch
+            return
         self.learn_uuid(req.candidate_id, req.candidate_uuid)
         cand = ReplicaKey(req.candidate_id, req.candidate_uuid)
         up_to_date = self.log_up_to_date(req.last_offset_epoch, req.last_offset)
@@ -265,12 +277,17 @@ class ElectionMixin(Transitions):
           a removed or partitioned replica must not make the quorum change epochs;
         * from a replica that is not in our voter set (a removed voter, an old disk re-attached
           under its old (id, UUID), a made-up id): it cannot make voters bump their epoch.
+        * but never from the leader we follow: it runs above a voter that got ahead of its epoch
+          (:meth:`campaign_above`), and its log is the longest we know.
           A replica whose own removal is still uncommitted here is still a voter here. A
           replica that knows no voter set yet (a replacement disk before it read the voter
           records) cannot tell, and keeps KIP-856's rule (membership not consulted)."""
+        voters = self.voters()
+        role = self.role
+        if isinstance(role, Follower) and role.leader_id == cand.id and voters.contains(cand):
+            return False  # our own leader, running above a voter ahead of it (campaign_above)
         if self.has_live_leader():
             return True
-        voters = self.voters()
         return bool(voters.voters) and not voters.contains(cand)
 
     def handle_vote_response(self, resp: VoteResponse, inf: InFlight) -> None:

@@ -104,21 +104,29 @@ class ReplicationMixin(ElectionMixin):
         ):
             self.respond(req.replica_id, self.fetch_response(req, ErrorCode.INVALID_REQUEST))
             return
+        if self.retired(req.replica_id, req.replica_uuid):
+            self.respond(req.replica_id, self.fetch_response(req, ErrorCode.NOT_VOTER))
+            return
         # Where we send requests is learned from the voter set and configuration only (issue
         # 8: a Fetch claiming replica 2 must not redirect anyone's traffic); the endpoint a
         # replica reports is kept in its progress, for the AddVoter record that may name it.
         self.learn_uuid(req.replica_id, req.replica_uuid)
+        # A Fetch is a leader-only request: one from a higher epoch never unseats us, whoever
+        # sends it (Kafka's validateLeaderOnlyRequest answers UNKNOWN_LEADER_EPOCH, KIP-595).
         ls = self.leader_state()
         if (
             ls is not None
             and req.current_leader_epoch > self.epoch
             and self.voters().contains(ReplicaKey(req.replica_id, req.replica_uuid))
         ):
-            # A VOTER ahead of our epoch (it campaigned while cut off, and the others refuse
-            # its Votes while we live): step down so that an election at a higher epoch lets it
-            # rejoin, as a Raft leader does on a higher term in any reply. Non-voters cannot.
-            self.transition_to_unattached(req.current_leader_epoch)
-            ls = None
+            # A current VOTER ahead of our epoch (it campaigned while cut off; the others refuse
+            # its Votes while we lead) has no other way back: we answer UNKNOWN_LEADER_EPOCH and
+            # run for the epoch above its, with our log (the longest) and our followers' votes
+            # (they grant their own leader's Vote), so the same leader leads on in an epoch the
+            # stranded voter can follow.
+            self.answer_fetch_not_leader(req)
+            self.campaign_above(req.current_leader_epoch)
+            return
         if ls is None or req.current_leader_epoch != self.epoch:
             self.answer_fetch_not_leader(req)
             return
@@ -235,6 +243,9 @@ class ReplicationMixin(ElectionMixin):
 
         if req.cluster_id != self.cluster_id:
             answer(ErrorCode.INCONSISTENT_CLUSTER_ID)
+            return
+        if self.retired(req.replica_id, req.replica_uuid):
+            answer(ErrorCode.NOT_VOTER)
             return
         ls = self.leader_state()
         if ls is None or req.current_leader_epoch != self.epoch:

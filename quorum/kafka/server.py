@@ -46,11 +46,11 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # t
 from quorum.client import QuorumClient
 from quorum.types import ErrorCode, KraftError
 
+from .limits import KafkaLimits
 from .schemas import SchemaJarMissing, membership_messages
 
 log = logging.getLogger("kraftkeeper.kafka")
 
-MAX_FRAME = 16 * 1024 * 1024
 UNSUPPORTED_VERSION = 35
 LISTENER_NAME = "KRAFTKEEPER"  # the listener name our voters' (HTTP) endpoints are shown under
 
@@ -126,6 +126,7 @@ class KafkaWireServer:
         cluster_id: str | None = None,
         advertised: tuple[str, int] | None = None,
         insecure: bool = False,
+        limits: KafkaLimits | None = None,
     ) -> None:
         if not insecure and not is_loopback(host):
             # Secure by default: this listener speaks plaintext Kafka without authentication and
@@ -139,6 +140,7 @@ class KafkaWireServer:
         self.host, self.port = host, port
         self.cluster_id = cluster_id
         self.advertised = advertised
+        self.limits = limits if limits is not None else KafkaLimits()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -178,21 +180,50 @@ class KafkaWireServer:
     # -- connection loop ------------------------------------------------------------------------
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lim = self.limits
+        peer = writer.get_extra_info("peername")
+        if len(self._writers) >= lim.max_connections:
+            lim.refused_connections += 1
+            log.warning("Kafka listener: refusing %s: %d connections open", peer, len(self._writers))
+            writer.transport.abort()
+            return
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
         self._writers.add(writer)
-        peer = writer.get_extra_info("peername")
         try:
             while True:
                 try:
-                    (size,) = struct.unpack(">i", await reader.readexactly(4))
+                    async with asyncio.timeout(lim.idle_timeout_s):
+                        head = await reader.readexactly(4)
                 except asyncio.IncompleteReadError:
                     return  # the client closed the connection
-                if not 8 <= size <= MAX_FRAME:
-                    log.warning("Kafka listener: closing %s: request frame of %d bytes", peer, size)
+                except TimeoutError:
+                    lim.timed_out += 1
+                    log.info("Kafka listener: closing %s: idle for %.0fs", peer, lim.idle_timeout_s)
                     return
-                body = await reader.readexactly(size)
+                (size,) = struct.unpack(">i", head)
+                if not 8 <= size <= lim.max_frame:
+                    lim.refused_frames += 1
+                    log.warning(
+                        "Kafka listener: closing %s: request frame of %d bytes (limit %d)",
+                        peer,
+                        size,
+                        lim.max_frame,
+                    )
+                    return
+                try:
+                    async with asyncio.timeout(lim.read_timeout_s):
+                        body = await reader.readexactly(size)
+                except TimeoutError:
+                    lim.timed_out += 1
+                    log.info(
+                        "Kafka listener: closing %s: a %d-byte frame not received within %.0fs",
+                        peer,
+                        size,
+                        lim.read_timeout_s,
+                    )
+                    return
                 try:
                     out = await self._dispatch(body, peer)
                 except Exception:  # a bug here must cost one connection, with the reason logged

@@ -50,6 +50,7 @@ from typing import Any
 from aiohttp import web
 
 from quorum.runtime.turns import FlowTransport, ReadTurns, StartTurns
+from quorum.security.auth import required_permission
 from quorum.types import ErrorCode, KraftError
 
 __all__ = [
@@ -411,6 +412,40 @@ async def _answer_then_close(request: web.Request, resp: web.StreamResponse, gua
     request.protocol.force_close()
 
 
+def _refuse_unread(request: web.Request) -> web.Response | None:
+    """The bodies no one is reserved budget for, refused before a byte of them is read:
+
+    * a body sent to an open endpoint (``/healthz``, ``/readyz``, ``/metrics``): those take no
+      credential, so anything they buffered would be budget a stranger holds (about 220
+      connections announcing a large body to ``/healthz`` once held all 64 MiB and every write
+      and peer Fetch got 503);
+    * a ``Content-Encoding`` other than identity: the budget counts the bytes as sent, and a
+      decoded body can be a thousand times larger (RFC 9110 15.5.16: 415). The server parses
+      bodies with decompression off (:func:`quorum.runtime.server.start_server`), so nothing is
+      inflated before this answer either."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        resp = web.json_response(
+            {
+                "error_code": ErrorCode.INVALID_REQUEST.value,
+                "message": f"Content-Encoding {encoding[:40]!r} is not accepted: send the body unencoded",
+            },
+            status=415,
+        )
+    elif required_permission(request.method, request.path) is None:
+        resp = web.json_response(
+            {
+                "error_code": ErrorCode.INVALID_REQUEST.value,
+                "message": f"{request.method} {request.path} takes no request body",
+            },
+            status=400,
+        )
+    else:
+        return None
+    resp.force_close()
+    return resp
+
+
 def body_middleware(limits: Limits) -> Any:
     """Reads the body within the body deadline and budget before the handler sees it
     (``request.read()`` caches it). Placed after authentication, so an unauthenticated caller
@@ -420,6 +455,9 @@ def body_middleware(limits: Limits) -> Any:
     async def mw(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not request.body_exists:
             return await handler(request)
+        refusal = _refuse_unread(request)
+        if refusal is not None:
+            return refusal
         if (request.content_length or 0) > limits.max_body:  # refused unread: answer_then_close
             raise KraftError(
                 ErrorCode.PAYLOAD_TOO_LARGE,

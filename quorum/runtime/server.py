@@ -367,6 +367,9 @@ async def start_server(
         handle_signals=False,
         keepalive_timeout=lim.idle_timeout_s,
         lingering_time=0,
+        # bodies are taken as sent: an encoded one is refused unread (limits._refuse_unread),
+        # never inflated by the parser beyond what the body budget counted
+        auto_decompress=False,
     )
     await runner.setup()
     host, _, port = listen.rpartition(":")

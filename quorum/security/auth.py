@@ -13,7 +13,11 @@ route                  allowed
                        claims (Fetch / FetchSnapshot ``replica_id``, Vote
                        ``candidate_id``, Begin/EndQuorumEpoch ``leader_id``) must be
                        the certificate's (Kafka's controller listener and etcd's peer
-                       TLS make the same binding)
+                       TLS make the same binding); a certificate bound to a disk
+                       (``?storage=UUID``) speaks only as that (id, UUID): the storage
+                       UUID the request claims (Fetch / FetchSnapshot ``replica_uuid``,
+                       Vote ``candidate_uuid``, Begin/EndQuorumEpoch ``leader_uuid``)
+                       must be the certificate's (:func:`check_peer_message`)
 ``GET /v1/kv/*``       roles read, readwrite, admin
 ``PUT|DELETE /v1/kv``  roles readwrite, admin
 ``/v1/quorum/*``       role admin (describe, AddVoter, RemoveVoter, reassign; KIP-856
@@ -38,16 +42,18 @@ from typing import Any
 from quorum.core import messages as m
 from quorum.security.pki import Identity, identity_from_peercert
 from quorum.security.tokens import MAX_TOKEN, TokenStore
-from quorum.types import ErrorCode, KraftError
+from quorum.types import ErrorCode, KraftError, canonical_uuid
 
 __all__ = [
     "OPEN_PATHS",
     "Principal",
     "authenticate",
     "authorize",
+    "check_peer_message",
     "principal_of",
     "required_permission",
     "rpc_sender",
+    "rpc_sender_uuid",
 ]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -66,10 +72,12 @@ class Principal:
     name: str | None = None
     role: str | None = None
     via: str = "certificate"  # or "token"
+    storage_uuid: str | None = None  # a peer certificate bound to one disk (pki module docstring)
 
     def __str__(self) -> str:
         if self.kind == PEER:
-            return f"replica {self.replica_id} (certificate)"
+            disk = f" on storage {self.storage_uuid}" if self.storage_uuid else ""
+            return f"replica {self.replica_id}{disk} (certificate)"
         return f"client {self.name} with role {self.role} ({self.via})"
 
 
@@ -123,7 +131,7 @@ def principal_of(
     if ident.cluster_id != cluster_id:
         raise unauthenticated(f"certificate is for cluster {ident.cluster_id!r}, this is {cluster_id!r}")
     if ident.replica_id is not None:
-        return Principal(PEER, cluster_id, replica_id=ident.replica_id)
+        return Principal(PEER, cluster_id, replica_id=ident.replica_id, storage_uuid=ident.storage_uuid)
     return Principal("client", cluster_id, name=ident.name, role=ident.role)
 
 
@@ -170,3 +178,45 @@ def rpc_sender(msg: Any) -> int:
     if isinstance(msg, m.FetchRequest | m.FetchSnapshotRequest):
         return msg.replica_id
     raise TypeError(f"not a node-to-node request: {type(msg).__name__}")
+
+
+def rpc_sender_uuid(msg: Any) -> str | None:
+    """The storage UUID a node-to-node request claims to come from (KIP-856 fields)."""
+    if isinstance(msg, m.VoteRequest):
+        return msg.candidate_uuid
+    if isinstance(msg, m.BeginQuorumEpochRequest | m.EndQuorumEpochRequest):
+        return msg.leader_uuid
+    if isinstance(msg, m.FetchRequest | m.FetchSnapshotRequest):
+        return msg.replica_uuid
+    raise TypeError(f"not a node-to-node request: {type(msg).__name__}")
+
+
+def check_peer_message(principal: Principal | None, msg: Any) -> None:
+    """The one check every node-to-node transport makes on a decoded request before the node
+    sees it: the caller is a peer of this cluster, and the sender the request claims is the
+    certificate's replica id and, for a certificate bound to a disk, its storage UUID. Raises
+    UNAUTHENTICATED / PERMISSION_DENIED naming what does not match.
+
+    Binding the UUID is what retires a replaced disk's credential: after ``replace-disk`` the
+    old certificate can only speak as (N, old UUID), which the quorum removed (RemoveVoter), and
+    removed keys never fetch, vote or lead again (the core refuses them, KAFKA-19850); it can
+    no longer claim the new disk's UUID to be counted in its place. A certificate issued before
+    disks were bound (no ``storage``) keeps the replica-id check alone."""
+    if principal is None:
+        raise unauthenticated("node-to-node requests need a node certificate")
+    if principal.kind != PEER:
+        raise denied(f"{principal} may not call node-to-node RPCs")
+    claimed_id = rpc_sender(msg)
+    if claimed_id != principal.replica_id:
+        raise denied(f"{principal} may not send a request as replica {claimed_id}")
+    if principal.storage_uuid is None:
+        return
+    claimed_uuid = rpc_sender_uuid(msg)
+    try:
+        same = claimed_uuid is not None and canonical_uuid(claimed_uuid) == principal.storage_uuid
+    except ValueError:
+        same = False
+    if not same:
+        raise denied(
+            f"{principal} may not send a request as replica {claimed_id} on storage {claimed_uuid!r:.60}"
+        )

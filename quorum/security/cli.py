@@ -43,7 +43,9 @@ def cmd_issue_node(args: argparse.Namespace) -> int:
     from quorum.security.pki import issue_node, load_ca
 
     ca = load_ca(args.dir)
-    cert, key = issue_node(ca, args.node_id, args.host or None, days=args.days)
+    cert, key = issue_node(
+        ca, args.node_id, args.host or None, days=args.days, storage_uuid=args.storage_uuid
+    )
     print(f"Issued node {args.node_id} of cluster {ca.cluster_id}: {key}")
     print(cert)
     return 0
@@ -90,6 +92,12 @@ def add_tls_parser(sub: Any, parser_class: type) -> None:
         "--host",
         action="append",
         help="DNS name or IP the node is reached at (repeatable; default 127.0.0.1 and localhost)",
+    )
+    n.add_argument(
+        "--storage-uuid",
+        help="bind the certificate to this disk: the storage UUID (directory.id) in the node's "
+        "meta.properties; a replaced disk then needs a new certificate, and the old one can only "
+        "speak for the retired disk",
     )
     n.add_argument("--days", type=float, default=LEAF_DAYS)
     n.set_defaults(fn=cmd_issue_node)

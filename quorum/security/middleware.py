@@ -11,7 +11,9 @@ connection (only filled in when the handshake verified it against the cluster CA
 is parsed once per certificate, :class:`~quorum.security.tlsctx.PeerIdentities`, and the
 tokens file is consulted only for a request that carries a token); authenticates; for
 ``/raft/v1/*`` checks that the caller is a node and decodes the request (strictly,
-:mod:`quorum.runtime.wire`) to compare the replica id it claims with the certificate's. The
+:mod:`quorum.runtime.wire`) to compare the replica id, and for a disk-bound certificate the
+storage UUID, it claims with the certificate's (:func:`~quorum.security.auth.check_peer_message`,
+the check every node-to-node transport makes). The
 decoded message is kept in ``request[RPC_MESSAGE_KEY]``, the principal in
 ``request[PRINCIPAL_KEY]``.
 
@@ -35,6 +37,7 @@ from quorum.security.auth import (
     RAFT_PREFIX,
     Principal,
     authorize,
+    check_peer_message,
     principal_of,
     required_permission,
     rpc_sender,
@@ -92,6 +95,8 @@ def auth_middleware(cluster_id: str, tokens: TokenSource = None) -> Middleware:
                 claimed = rpc_sender(msg)
                 request[RPC_MESSAGE_KEY] = msg
             authorize(principal, request.method, request.path, claimed)
+            if need == PEER:
+                check_peer_message(principal, request[RPC_MESSAGE_KEY])
         except KraftError as e:
             if e.code not in _STATUS:
                 raise

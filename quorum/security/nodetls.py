@@ -99,8 +99,10 @@ class NodeTls:
                 raise KraftError(ErrorCode.INVALID_REQUEST, f"TLS file {f} does not exist")
         return out
 
-    def check_identity(self, cluster_id: str, node_id: int) -> None:
-        """The node certificate must name (cluster_id, node_id)."""
+    def check_identity(self, cluster_id: str, node_id: int, storage_uuid: str | None = None) -> None:
+        """The node certificate must name (cluster_id, node_id) and, when it is bound to a disk,
+        this one (``storage_uuid``, from meta.properties): a credential issued for a replaced
+        disk would have the peers refuse every request the node sends."""
         try:
             cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
         except ValueError as e:
@@ -116,6 +118,13 @@ class NodeTls:
                 ErrorCode.INVALID_REQUEST,
                 f"{self.cert_file} names {ident.uri()}, but this node is replica {node_id} of cluster "
                 f"{cluster_id!r}",
+            )
+        if storage_uuid is not None and ident.storage_uuid not in (None, storage_uuid):
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                f"{self.cert_file} is bound to storage {ident.storage_uuid}, but this node's disk is "
+                f"{storage_uuid}: issue the node a certificate for its disk "
+                f"(kraftkeeper tls issue-node --node-id {node_id} --storage-uuid {storage_uuid})",
             )
 
     def not_after(self) -> float:
@@ -175,5 +184,5 @@ def load_node_tls(data_dir: str, options: dict[str, str | None]) -> NodeTls | No
         node_id=meta.node_id,
     )
     if tls is not None:
-        tls.check_identity(meta.cluster_id, meta.node_id)
+        tls.check_identity(meta.cluster_id, meta.node_id, meta.storage_uuid)
     return tls

@@ -7,10 +7,14 @@ Identities live in one URI subject alternative name per certificate, the SPIFFE-
 convention (a URI SAN names a workload; host names stay in DNS / IP SANs for TLS's own
 hostname check):
 
-* node (peer) certificate: ``kraftkeeper://CLUSTER_ID/replica/N`` plus DNS / IP SANs for the
+* node (peer) certificate: ``kraftkeeper://CLUSTER_ID/replica/N?storage=UUID`` plus DNS / IP SANs for the
   hosts the node is reached at (``127.0.0.1`` and ``localhost`` in local mode, pod DNS names on
   Kubernetes) and the per-replica name of :func:`peer_hostname`, which a peer verifies as the
-  TLS server name; extended key usage serverAuth and clientAuth (a node is both);
+  TLS server name; extended key usage serverAuth and clientAuth (a node is both). The
+  ``storage`` query binds the credential to one disk, the storage UUID (KIP-856 directory id)
+  in that node's ``meta.properties``: a replaced disk gets a new credential, and the old one can
+  speak only as the retired (N, old UUID) (:func:`quorum.security.auth.check_peer_message`).
+  A certificate without it (issued before disks were bound) names the replica alone;
 * client certificate: ``kraftkeeper://CLUSTER_ID/client/NAME?role=ROLE`` with ROLE one of
   ``admin``, ``readwrite``, ``read``; extended key usage clientAuth only, so a client
   certificate can never serve as a node;
@@ -46,7 +50,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from quorum.security.roles import LEAF_DAYS, ROLES
-from quorum.types import ErrorCode, KraftError
+from quorum.types import ErrorCode, KraftError, canonical_uuid
 
 __all__ = [
     "CA_CERT",
@@ -85,6 +89,7 @@ class Identity:
     replica_id: int | None = None
     name: str | None = None
     role: str | None = None
+    storage_uuid: str | None = None  # a node credential bound to one disk (module docstring)
 
     @property
     def is_peer(self) -> bool:
@@ -92,7 +97,8 @@ class Identity:
 
     def uri(self) -> str:
         if self.replica_id is not None:
-            return f"{SCHEME}://{self.cluster_id}/replica/{self.replica_id}"
+            base = f"{SCHEME}://{self.cluster_id}/replica/{self.replica_id}"
+            return base if self.storage_uuid is None else f"{base}?storage={self.storage_uuid}"
         return f"{SCHEME}://{self.cluster_id}/client/{self.name}?role={self.role}"
 
 
@@ -106,10 +112,20 @@ def parse_identity_uri(uri: str) -> Identity:
     if parts.scheme != SCHEME or not _CLUSTER_ID.match(parts.netloc or ""):
         raise _bad(f"certificate URI {uri!r:.120} is not a kraftkeeper identity")
     segs = parts.path.split("/")
-    if len(segs) == 3 and segs[1] == "replica" and not parts.query:
+    if len(segs) == 3 and segs[1] == "replica":
         if not segs[2].isdigit() or not segs[2].isascii() or int(segs[2]) > _MAX_ID:
             raise _bad(f"certificate URI {uri!r:.120} has an invalid replica id")
-        return Identity(parts.netloc, replica_id=int(segs[2]))
+        storage: str | None = None
+        if parts.query:
+            q = parse_qs(parts.query, strict_parsing=False)
+            values = q.get("storage", [])
+            if set(q) != {"storage"} or len(values) != 1:
+                raise _bad(f"certificate URI {uri!r:.120} has an invalid storage binding")
+            try:
+                storage = canonical_uuid(values[0])
+            except ValueError:
+                raise _bad(f"certificate URI {uri!r:.120}: storage is not a UUID") from None
+        return Identity(parts.netloc, replica_id=int(segs[2]), storage_uuid=storage)
     if len(segs) == 3 and segs[1] == "client" and _NAME.match(segs[2]):
         q = parse_qs(parts.query, strict_parsing=False)
         roles = q.get("role", [])
@@ -376,12 +392,21 @@ def issue_node(
     *,
     days: float = LEAF_DAYS,
     now: dt.datetime | None = None,
+    storage_uuid: str | None = None,
 ) -> tuple[Path, Path]:
-    """Issue ``node-N.crt`` / ``node-N.key`` binding (cluster, replica N); ``hosts`` default to
-    ``127.0.0.1`` and ``localhost`` (local mode). Returns (cert path, key path)."""
+    """Issue ``node-N.crt`` / ``node-N.key`` binding (cluster, replica N) and, given
+    ``storage_uuid``, that replica's disk; ``hosts`` default to ``127.0.0.1`` and ``localhost``
+    (local mode). Returns (cert path, key path)."""
     if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id <= _MAX_ID:
         raise KraftError(ErrorCode.INVALID_REQUEST, f"invalid node id {node_id!r}: must be 0..{_MAX_ID}")
-    ident = Identity(ca.cluster_id, replica_id=node_id)
+    if storage_uuid is not None:
+        try:
+            storage_uuid = canonical_uuid(storage_uuid)
+        except ValueError:
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST, f"invalid storage UUID {storage_uuid!r:.60}"
+            ) from None
+    ident = Identity(ca.cluster_id, replica_id=node_id, storage_uuid=storage_uuid)
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(ident.uri())]
     sans += _host_sans(list(hosts) if hosts else ["127.0.0.1", "localhost"])
     sans.append(x509.DNSName(peer_hostname(ca.cluster_id, node_id)))

@@ -3,10 +3,16 @@ throw away committed records."""
 
 from __future__ import annotations
 
-from quorum.core.messages import FetchRequest, FetchResponse
+from quorum.core.messages import (
+    BeginQuorumEpochRequest,
+    FetchRequest,
+    FetchResponse,
+    VoteRequest,
+    VoteResponse,
+)
 from quorum.records import encode_batch
 from quorum.types import ErrorCode, OffsetAndEpoch
-from tests.core.util import CLUSTER, UUIDS, leader, make
+from tests.core.util import CLUSTER, UUIDS, fetch_responses, leader, make
 
 
 def made_up_fetch(h_epoch: int, corr: int, rid: int) -> FetchRequest:
@@ -29,8 +35,6 @@ def test_observers_are_capped_and_forgotten() -> None:
 
 
 def test_follower_refuses_a_snapshot_that_would_replace_committed_records() -> None:
-    from quorum.core.messages import BeginQuorumEpochRequest
-
     h = make(local=2)
     h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 1, 1, 2, UUIDS[2]))
     fetch = [o.message for o in h.sent if isinstance(o.message, FetchRequest)][-1]
@@ -54,16 +58,43 @@ def test_follower_refuses_a_snapshot_that_would_replace_committed_records() -> N
     assert any("refused" in e for r in h.readies for e in r.errors)
 
 
-def test_leader_steps_down_for_a_voter_ahead_of_its_epoch_only() -> None:
-    """A voter that campaigned while cut off (no pre-vote) is refused by the others while the
-    leader lives; its Fetch at the higher epoch makes the leader step down so that it can
-    rejoin (Raft's higher term in a reply). A non-voter's Fetch cannot do that."""
+def test_a_fetch_from_a_higher_epoch_never_unseats_the_leader() -> None:
+    """A Fetch is a leader-only request: one from a higher epoch is answered
+    UNKNOWN_LEADER_EPOCH (Kafka's validateLeaderOnlyRequest, KIP-595). From a made-up replica
+    nothing else happens. From a voter that got ahead (it campaigned while cut off, and the
+    others refuse its Votes while we lead) the leader runs at once for the epoch above it and,
+    with its followers' votes, leads on there: the same leader, never a leaderless quorum."""
     h = leader()
     epoch = h.core.epoch
     h.step(made_up_fetch(epoch + 5, h.next_corr(), 77))
     assert h.core.role_name == "leader" and h.core.epoch == epoch
-    h.fetch(2, epoch=epoch + 2)
-    assert h.core.role_name == "unattached" and h.core.epoch == epoch + 2 and h.qs.leader_epoch == epoch + 2
+    outs = h.fetch(2, epoch=epoch + 2)
+    answers = fetch_responses(outs)
+    assert answers and answers[-1].error_code is ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert answers[-1].leader_epoch == epoch and answers[-1].leader_id == 1
+    votes = [o.message for o in outs if isinstance(o.message, VoteRequest)]
+    assert {v.voter_id for v in votes} == {2, 3} and {v.candidate_epoch for v in votes} == {epoch + 3}
+    assert not any(v.pre_vote for v in votes)
+    v3 = next(v for v in votes if v.voter_id == 3)
+    h.step(
+        VoteResponse(v3.correlation_id, ErrorCode.NONE, -1, epoch + 3, True, voter_id=3, voter_uuid=UUIDS[3])
+    )
+    assert h.core.role_name == "leader" and h.core.epoch == epoch + 3 and h.core.local.id == 1
+
+
+def test_a_follower_grants_its_own_leaders_vote_above_a_stranded_voter() -> None:
+    """The other half of the above: a follower refuses a higher-epoch Vote while its leader
+    lives (Raft 4.2.3), except from that leader itself."""
+    h = make(local=2)
+    h.step(BeginQuorumEpochRequest(h.next_corr(), CLUSTER, 1, 1, 2, UUIDS[2]))
+    assert h.core.role_name == "follower"
+    end = h.log.end_offset
+    refused = h.step(VoteRequest(h.next_corr(), CLUSTER, 3, UUIDS[3], 5, 2, UUIDS[2], 1, end))
+    assert [o.message.vote_granted for o in refused if isinstance(o.message, VoteResponse)] == [False]
+    assert h.core.epoch == 1
+    granted = h.step(VoteRequest(h.next_corr(), CLUSTER, 1, UUIDS[1], 5, 2, UUIDS[2], 1, end))
+    assert [o.message.vote_granted for o in granted if isinstance(o.message, VoteResponse)] == [True]
+    assert h.core.epoch == 5
 
 
 def test_requests_do_not_redirect_peer_endpoints() -> None:

@@ -229,9 +229,11 @@ def elect(h: Harness) -> None:
     raise AssertionError(f"not elected: {h.core.role}")
 
 
-def leader(voters: tuple[int, ...] = (1, 2, 3), bootstrap: bool = True, **cfg: int) -> Harness:
+def leader(
+    voters: tuple[int, ...] = (1, 2, 3), bootstrap: bool = True, pre_vote: bool = True, **cfg: int
+) -> Harness:
     """A leader whose followers have fetched everything (voter set bootstrapped, committed)."""
-    h = make(1, voters, True, None, **cfg)
+    h = make(1, voters, pre_vote, None, **cfg)
     elect(h)
     if bootstrap:
         for _ in range(4):

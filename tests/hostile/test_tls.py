@@ -412,3 +412,43 @@ def test_open_endpoints_reveal_no_uuid(cluster: TlsCluster) -> None:
     assert len(uuids) == 3
     for i in cluster.procs:
         assert_open_endpoints_reveal_no_uuid(cluster.endpoint(i), uuids, _ctx(cluster, "none"))
+
+
+def test_strangers_hold_no_body_budget(cluster: TlsCluster) -> None:
+    """Connections without a certificate announcing large bodies to the open endpoints (which
+    once held all 64 MiB of the body budget: every write and peer Fetch got 503 for 30 s), and
+    gzip-encoded bodies (once inflated past the budget's count): each is refused unread, the
+    budget stays empty, writes go on, the leader keeps leading."""
+    before = _state(cluster)
+    ep = cluster.endpoint(before["leader_id"])
+    host, _, port = ep.rpartition(":")
+    ctx = _ctx(cluster, "none")
+    socks: list[ssl.SSLSocket] = []
+    statuses: list[bytes] = []
+    try:
+        for i in range(240):
+            s = ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=10), server_hostname=host)
+            path = ("/healthz", "/readyz", "/metrics")[i % 3]
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n".encode())
+            socks.append(s)
+        for s in socks[:20]:
+            statuses.append(s.recv(64).split(b"\r\n")[0])
+        assert all(b" 400 " in st for st in statuses), statuses
+        # nothing of the 240 announced bodies is reserved (peers' small Fetches may be in flight)
+        assert buffered_body_bytes(ep, ctx) < 1024 * 1024
+        assert _call(cluster, "rw.json", lambda q: q.put("stranger-during", b"ok")) >= 0
+        token = (cluster.tls / "rw.token").read_text().strip()
+        for path in ("/healthz", "/v1/kv/gz"):
+            status, obj = request(
+                ep,
+                "PUT" if path.startswith("/v1") else "GET",
+                path,
+                b"\x1f\x8b" + b"\0" * 4096,
+                ctx=ctx,
+                headers={"Content-Encoding": "gzip", "Authorization": f"Bearer {token}"},
+            )
+            assert status == 415, (path, status, obj)
+    finally:
+        for s in socks:
+            s.close()
+    _intact(cluster, before)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse  # type: ignore[import-untyped]
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # type: ignore[import-untyped]
@@ -289,3 +290,50 @@ async def test_node_listener_serves_our_own_kafka_client(quorum: tuple[LocalClus
         await listener.close()
     with pytest.raises(KraftError, match="not available with TLS"):
         await NodeKafkaListener.start(f"127.0.0.1:{port}", endpoints[0], endpoints, tls=True)
+
+
+def test_listener_caps_connections_frames_and_stalled_reads(quorum: tuple[LocalCluster, Gateway]) -> None:
+    """The listener takes no credential, so what a client may hold is capped
+    (quorum/kafka/limits.py): frames over the frame cap close the connection unread (ten 16 MiB
+    frames once cost the gateway 164 MiB), connections over the cap are closed at once, a frame
+    announced and never sent is dropped at the read deadline; the tool's requests still work."""
+    c, gw = quorum
+    proc = psutil.Process(gw.proc.pid)
+    rss = proc.memory_info().rss
+    big = []
+    for _ in range(10):  # 16 MiB frames: closed after their size, nothing of them buffered
+        s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+        s.sendall(struct.pack(">i", 16 * 1024 * 1024) + b"\0" * (1 << 20))
+        big.append(s)
+    for s in big:
+        poll(lambda s=s: _closed(s), 30, "an oversized frame's connection closed")
+        s.close()
+    held = [socket.create_connection(("127.0.0.1", gw.port), timeout=10) for _ in range(40)]
+    try:
+        for s in held:
+            s.sendall(struct.pack(">i", 1000))  # announced, never sent
+        # the ones over the cap are closed at once, the rest at the read deadline
+        poll(lambda: all(_closed(s) for s in held), 60, "capped and stalled connections closed")
+    finally:
+        for s in held:
+            s.close()
+    assert proc.memory_info().rss - rss < 64 * 1024 * 1024
+    req = ApiVersionsRequest(client_software_name="t", client_software_version="1")
+    req.API_VERSION = 3
+    req.with_header(correlation_id=9, client_id="t")
+    body = _exchange(gw.port, req.encode(header=True, framed=True))
+    assert body is not None
+    assert ApiVersionsResponse.decode(io.BytesIO(body), version=3, header=True).error_code == 0
+    assert "request frame of 16777216 bytes" in gw.log.read_text()
+    assert c.leader(30) > 0
+
+
+def _closed(s: socket.socket) -> bool:
+    """True once the listener closed ``s`` (EOF or reset); never blocks."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True

@@ -219,7 +219,11 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
             lambda: [r for r in c.status()["recoveries"] if r["phase"] == "Completed"],
             timeout=30,
         )
-        assert st[0]["oldUuid"] == old and st[0]["newUuid"] == new
+        # /status takes no credential: it names no storage UUID (the state file, 0600, does)
+        assert st[0]["replicaId"] == victim and "newUuid" not in st[0]
+        assert old not in json.dumps(c.status()) and new not in json.dumps(c.status())
+        saved = json.loads((d / "operator-state.json").read_text())["recoveries"]
+        assert [(r["oldUuid"], r["newUuid"]) for r in saved if r["phase"] == "Completed"] == [(old, new)]
         events = read_events(d)
         rid = next(e["recovery_id"] for e in events if e["type"] == "disk_replacement_detected")
         seq = [e["type"] for e in events if e["recovery_id"] == rid and e["type"] in FULL]
@@ -381,7 +385,7 @@ def test_local_mode_remove_then_add_order(tmp_path: Path) -> None:
             lambda: [
                 r
                 for r in c.status()["recoveries"]
-                if r["phase"] in ("Completed", "Failed") and r["newUuid"] == new
+                if r["phase"] in ("Completed", "Failed") and r["replicaId"] == victim
             ],
             timeout=120,
         )[0]

@@ -158,8 +158,8 @@ def test_tls_by_default_and_insecure_turns_it_off(tmp_path: Path) -> None:
         # a client without the config is refused (https needs the CA); with it, it works
         out = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert out.returncode == 0 and out.stdout.strip() == "v1"
-        # replace-disk on a TLS cluster: the node certificate still binds the same replica id,
-        # so nothing is re-issued, and the new disk joins and is swapped in over TLS
+        # replace-disk on a TLS cluster: the node certificate names its disk, so the new disk
+        # gets a new one before the node starts, and joins and is swapped in over TLS
         victim = 2
         cert_before = (d / "tls" / f"node-{victim}.crt").read_bytes()
         old = next(v["uuid"] for v in first["voters"] if v["id"] == victim)
@@ -174,7 +174,9 @@ def test_tls_by_default_and_insecure_turns_it_off(tmp_path: Path) -> None:
             and (victim, old) not in {(v["id"], v["uuid"]) for v in x["voters"]},
             timeout=120,
         )
-        assert (d / "tls" / f"node-{victim}.crt").read_bytes() == cert_before
+        pem = (d / "tls" / f"node-{victim}.crt").read_bytes()
+        assert pem != cert_before
+        assert identity_from_cert(x509.load_pem_x509_certificate(pem)).storage_uuid == new
         got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert got.returncode == 0 and got.stdout.strip() == "v1"
     finally:

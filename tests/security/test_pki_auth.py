@@ -13,7 +13,14 @@ import pytest
 from cryptography import x509
 
 from quorum.core import messages as m
-from quorum.security.auth import Principal, authenticate, authorize, required_permission, rpc_sender
+from quorum.security.auth import (
+    Principal,
+    authenticate,
+    authorize,
+    check_peer_message,
+    required_permission,
+    rpc_sender,
+)
 from quorum.security.pki import (
     Identity,
     identity_from_cert,
@@ -235,3 +242,39 @@ def test_rpc_sender_per_request_type() -> None:
     assert rpc_sender(m.FetchRequest(1, "c", 6, None, 1, 0, 0, 0, 0)) == 6
     assert rpc_sender(m.FetchSnapshotRequest(1, "c", 7, None, 1, OffsetAndEpoch(1, 1), 0, 1)) == 7
     assert required_permission("HEAD", "/healthz") is None
+
+
+def test_a_node_certificate_bound_to_its_disk(tmp_path: Path) -> None:
+    """``storage=UUID`` binds a node credential to one disk: a request must claim that (id,
+    UUID); a certificate without it keeps the replica-id check alone; bad bindings are refused."""
+    ca = init_ca(tmp_path, CLUSTER)
+    disk = "6f1d3c2a-0b5e-4e8f-9a7d-1c2b3a4d5e6f"
+    crt, _ = issue_node(ca, 3, storage_uuid=disk.upper())
+    ident = identity_from_cert(_cert(crt))
+    assert ident == Identity(CLUSTER, replica_id=3, storage_uuid=disk)
+    assert ident.uri() == f"kraftkeeper://{CLUSTER}/replica/3?storage={disk}"
+    bound = authenticate(_peer(crt), None, cluster_id=CLUSTER, tokens=None)
+    assert bound.storage_uuid == disk
+    other = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+    check_peer_message(bound, m.FetchRequest(1, CLUSTER, 3, disk, 1, 0, 0, 0, 1))
+    check_peer_message(bound, m.VoteRequest(1, CLUSTER, 3, disk, 2, 1, None, 0, 0))
+    for msg in (
+        m.FetchRequest(1, CLUSTER, 3, other, 1, 0, 0, 0, 1),  # the new disk's UUID: refused
+        m.FetchRequest(1, CLUSTER, 3, None, 1, 0, 0, 0, 1),  # no UUID ("any disk of 3"): refused
+        m.FetchSnapshotRequest(1, CLUSTER, 3, other, 1, OffsetAndEpoch(1, 1), 0, 1),
+        m.BeginQuorumEpochRequest(1, CLUSTER, 3, 2, 1, None, leader_uuid=other),
+        m.EndQuorumEpochRequest(1, CLUSTER, 3, 2, 1, None, leader_uuid="not-a-uuid"),
+        m.FetchRequest(1, CLUSTER, 2, disk, 1, 0, 0, 0, 1),  # another replica
+    ):
+        with pytest.raises(KraftError) as e:
+            check_peer_message(bound, msg)
+        assert e.value.code is ErrorCode.PERMISSION_DENIED
+    legacy = authenticate(_peer(issue_node(ca, 2)[0]), None, cluster_id=CLUSTER, tokens=None)
+    check_peer_message(legacy, m.FetchRequest(1, CLUSTER, 2, other, 1, 0, 0, 0, 1))
+    with pytest.raises(KraftError):
+        check_peer_message(None, m.FetchRequest(1, CLUSTER, 2, other, 1, 0, 0, 0, 1))
+    for bad in ("?storage=nope", "?storage=a&storage=b", "?disk=" + disk, "?storage=" + disk + "&role=admin"):
+        with pytest.raises(KraftError, match="storage"):
+            parse_identity_uri(f"kraftkeeper://{CLUSTER}/replica/3{bad}")
+    with pytest.raises(KraftError, match="invalid storage UUID"):
+        issue_node(ca, 4, storage_uuid="nope")
