@@ -121,10 +121,13 @@ class StreamAuth:
         return principal
 
     def check(self, principal: Any, path: str, msg: Any) -> None:
-        """Refuse a request whose claimed sender is not the certificate's replica."""
-        from quorum.security.auth import authorize, rpc_sender
+        """Refuse a request whose claimed sender is not the certificate's replica, or whose
+        claimed storage UUID is not the disk the certificate is bound to (the same two checks
+        the HTTP middleware makes, so a retired disk's certificate speaks on neither path)."""
+        from quorum.security.auth import authorize, check_peer_message, rpc_sender
 
         authorize(principal, "POST", "/raft/v1/" + path, rpc_sender(msg))
+        check_peer_message(principal, msg)
 
 
 def tls_stream_auth(cluster_id: str) -> StreamAuth:
