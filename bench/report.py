@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+
+def _typed(sql: str) -> str:
+    """``sql`` with each ``<<NAME>>`` replaced by the event type of that name (the vocabulary's
+    constants: the queries compare ``type`` with them)."""
+    from kraftkeeper_reports import vocabulary
+
+    return re.sub(r"<<([A-Z_]+)>>", lambda m: str(getattr(vocabulary, m.group(1))), sql)
+
 
 PHASES = ("catch_up", "add_voter", "remove_voter", "under_replicated", "exposure", "total")
 
@@ -127,12 +137,12 @@ WITH ev AS (
   WHERE schema_version = 1 AND cluster IS NOT NULL AND recovery_id IS NOT NULL
 ), rec AS (
   SELECT cluster, recovery_id,
-    min(ts_ms) FILTER (type = 'disk_replacement_detected') AS det,
-    min(ts_ms) FILTER (type = 'replica_caught_up') AS cu,
-    min(ts_ms) FILTER (type = 'add_voter_committed') AS avc,
-    min(ts_ms) FILTER (type = 'remove_voter_committed') AS rvc,
-    min(ts_ms) FILTER (type = 'recovery_completed') AS done,
-    max(reason) FILTER (type = 'recovery_failed') AS reason
+    min(ts_ms) FILTER (type = '<<DISK_REPLACEMENT_DETECTED>>') AS det,
+    min(ts_ms) FILTER (type = '<<REPLICA_CAUGHT_UP>>') AS cu,
+    min(ts_ms) FILTER (type = '<<ADD_VOTER_COMMITTED>>') AS avc,
+    min(ts_ms) FILTER (type = '<<REMOVE_VOTER_COMMITTED>>') AS rvc,
+    min(ts_ms) FILTER (type = '<<RECOVERY_COMPLETED>>') AS done,
+    max(reason) FILTER (type = '<<RECOVERY_FAILED>>') AS reason
   FROM ev WHERE ts_ms IS NOT NULL GROUP BY ALL
 ), ph AS (
   SELECT cluster, cu - det AS catch_up, avc - cu AS add_voter, rvc - avc AS remove_voter,
@@ -153,12 +163,12 @@ def run_duckdb(root: Path) -> dict[str, Any]:
     con = duckdb.connect()
     con.execute("SET threads = 2")
     glob = str(root / "**" / "*.jsonl")
-    rows = con.execute(DUCK_SQL, {"glob": glob}).fetchall()
+    rows = con.execute(_typed(DUCK_SQL), {"glob": glob}).fetchall()
     overall = next(r for r in rows if r[0] is None)
-    fails = con.execute(
+    fails = con.execute(_typed(
         "SELECT detail.reason, count(*) FROM read_json($glob, format='newline_delimited', ignore_errors=true,"
-        " columns={type: 'VARCHAR', detail: 'STRUCT(reason VARCHAR)'}) WHERE type = 'recovery_failed'"
-        " GROUP BY ALL", {"glob": glob}).fetchall()
+        " columns={type: 'VARCHAR', detail: 'STRUCT(reason VARCHAR)'}) WHERE type = '<<RECOVERY_FAILED>>'"
+        " GROUP BY ALL"), {"glob": glob}).fetchall()
     lines = 0
     for f in root.rglob("*.jsonl"):
         with open(f, "rb") as fh:
@@ -181,13 +191,13 @@ WITH ev AS (
   FROM lines WHERE schema_version = 1 AND cluster IS NOT NULL AND recovery_id IS NOT NULL
 ), rec AS (
   SELECT cluster, recovery_id,
-    min(ts_ms) FILTER (WHERE type = 'disk_replacement_detected') AS det,
-    min(ts_ms) FILTER (WHERE type = 'replica_caught_up') AS cu,
-    min(ts_ms) FILTER (WHERE type = 'add_voter_committed') AS avc,
-    min(ts_ms) FILTER (WHERE type = 'remove_voter_committed') AS rvc,
-    min(ts_ms) FILTER (WHERE type = 'recovery_completed') AS done,
-    max(reason) FILTER (WHERE type = 'recovery_failed') AS reason,
-    count(*) FILTER (WHERE type = 'recovery_failed') AS failed_lines
+    min(ts_ms) FILTER (WHERE type = '<<DISK_REPLACEMENT_DETECTED>>') AS det,
+    min(ts_ms) FILTER (WHERE type = '<<REPLICA_CAUGHT_UP>>') AS cu,
+    min(ts_ms) FILTER (WHERE type = '<<ADD_VOTER_COMMITTED>>') AS avc,
+    min(ts_ms) FILTER (WHERE type = '<<REMOVE_VOTER_COMMITTED>>') AS rvc,
+    min(ts_ms) FILTER (WHERE type = '<<RECOVERY_COMPLETED>>') AS done,
+    max(reason) FILTER (WHERE type = '<<RECOVERY_FAILED>>') AS reason,
+    count(*) FILTER (WHERE type = '<<RECOVERY_FAILED>>') AS failed_lines
   FROM ev WHERE ts_ms IS NOT NULL GROUP BY cluster, recovery_id
 )
 SELECT cluster, cu - det AS catch_up, avc - cu AS add_voter, rvc - avc AS remove_voter,
@@ -209,7 +219,7 @@ def run_spark_json(root: Path, master: str) -> dict[str, Any]:
         str(root)).createOrReplaceTempView("lines")
     # One scan, as the job: the failed lines per reason are summed from the per-recovery rows
     # (DuckDB's second read_json counts them from the lines).
-    rec = spark.sql(SPARK_JSON_SQL).toPandas()
+    rec = spark.sql(_typed(SPARK_JSON_SQL)).toPandas()
     spark.stop()
     phases = rec[rec["total"].notna()]
     per_cluster = phases.groupby("cluster")[list(PHASES)].quantile(np.array([0.5, 0.9, 0.99]))
