@@ -6,7 +6,9 @@
                                                      line itself and the file it came from
     DIR/checkpoint/                                  Structured Streaming's checkpoint
     DIR/batches/<N>.json                             what batch N added (files, line counts)
-    DIR/landing/                                     links to the closed input files (below)
+    DIR/landing/                                     the stream's input: the input files, linked
+                                                     whole or in segments (below)
+    DIR/landed.json                                  how far each input file was landed
     DIR/inputs.json                                  the inputs this state was built from
 
 How: a Structured Streaming query over Spark's file source (``landing/``) with a checkpoint,
@@ -20,14 +22,14 @@ records the batch as done. A batch replayed after a kill at any point either fin
 (and does nothing), finds its plan (and finishes the renames), or starts over from an empty
 staging directory: every line lands in exactly one table, once.
 
-Closed and open files. Spark's file source takes a file once, when it first sees it, so a file
-must be complete by then. The operator appends each event to ``date=<its UTC day>/...``, so a
-day's files are complete once the day is over (:data:`CLOSE_GRACE_S` later, for a late write);
-those are linked into ``landing/`` (a hard link, or a copy renamed into place: either appears
-whole) and ingested. Files of the current day are read directly by every report (they are
-small) and ingested once their day is over. A file outside a ``date=`` directory is taken as
-complete. Hadoop URLs (``hdfs://...``) are streamed from directly: every file there is taken
-as complete.
+Files still being written. Spark's file source takes a file once, when it first sees it, so
+what it sees must be complete. The input files are therefore not its input: ``landing/`` is
+(:func:`land`). A file no writer appends to any more (the operator writes each event to
+``date=<its UTC day>/...``, so a past day's files, :data:`CLOSE_GRACE_S` after the day ended) is
+linked there whole; a file still being appended to (today's, or the operator's single log file)
+is copied there in segments of complete lines, each new segment named by its byte offset, so its
+lines are ingested once, by the run after they were written. Hadoop URLs (``hdfs://...``) are
+streamed from directly: every file there is taken as complete.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -98,6 +102,10 @@ class Layout:
     def inputs(self) -> Path:
         return self.root / "inputs.json"
 
+    @property
+    def landed(self) -> Path:
+        return self.root / "landed.json"
+
 
 def _is_url(p: str) -> bool:
     return "://" in p
@@ -129,51 +137,123 @@ def _day_closed(day: str, now_s: float) -> bool:
     return now_s >= start + 86_400 + CLOSE_GRACE_S
 
 
-def split_files(root: Path, now_s: float) -> tuple[list[Path], list[Path]]:
-    """(closed, open) data files under ``root`` (a file or a directory): open ones are under a
-    ``date=D`` directory whose day is not over yet. Hidden and ``_``-prefixed names are not data."""
-    files = [root] if root.is_file() else sorted(
+def data_files(root: Path) -> list[Path]:
+    """The data files under ``root`` (a file or a directory); hidden and ``_``-prefixed names
+    are not data."""
+    if root.is_file():
+        return [root]
+    return sorted(
         f for f in root.rglob("*")
         if f.is_file() and not any(p.startswith((".", "_")) for p in f.relative_to(root).parts)
     )
-    closed: list[Path] = []
-    open_: list[Path] = []
-    for f in files:
-        days = [m.group(1) for p in f.parent.parts if (m := _DATE_DIR.match(p))]
-        (open_ if days and not _day_closed(days[-1], now_s) else closed).append(f)
-    return closed, open_
 
 
-def _link(src: Path, dst: Path) -> bool:
-    """Make ``dst`` appear whole with ``src``'s content; False if it already exists."""
+def is_closed(f: Path, now_s: float) -> bool:
+    """Whether no writer appends to ``f`` any more: under a ``date=D`` directory, once that day
+    is over; elsewhere, once it has not changed for :data:`CLOSE_GRACE_S`."""
+    days = [m.group(1) for p in f.parent.parts if (m := _DATE_DIR.match(p))]
+    if days:
+        return _day_closed(days[-1], now_s)
+    return f.stat().st_mtime <= now_s - CLOSE_GRACE_S
+
+
+def _publish(dst: Path, fill: Callable[[Path], None]) -> None:
+    """Make ``dst`` appear whole (``fill`` writes a temporary name, then a rename), once: a
+    landing name is never written twice, so a run killed after this and before its record
+    does the same again harmlessly."""
     if dst.exists():
-        return False
+        return
     tmp = dst.with_name(f".{dst.name}.tmp")
     tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:  # another filesystem: a copy, renamed into place once complete
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+    fill(tmp)
     os.replace(tmp, dst)
-    return True
 
 
-def land(lay: Layout, roots: list[Path], now_s: float) -> list[Path]:
-    """Link each closed file of each local input root into ``landing/`` (once); return the open
-    files, which the report reads directly. Landing names keep the path below the root, with
-    ``~`` for ``/`` and the root's index first, so a quarantined line names its file."""
+def _link_or_copy(src: Path) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        try:
+            os.link(src, tmp)
+        except OSError:  # another filesystem: a copy
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+    return fill
+
+
+def _segment(src: Path, start: int, end: int) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        with open(src, "rb") as r, open(tmp, "wb") as w:
+            r.seek(start)
+            left = end - start
+            while left > 0:
+                buf = r.read(min(left, 1 << 22))
+                if not buf:
+                    break
+                w.write(buf)
+                left -= len(buf)
+            w.flush()
+            os.fsync(w.fileno())
+    return fill
+
+
+def _complete_end(src: Path, start: int, size: int) -> int:
+    """The end of the last complete line (one ending in a newline) in ``src[start:size]``;
+    ``start`` when there is none. A line still being written waits for the next run."""
+    with open(src, "rb") as f:
+        pos = size
+        while pos > start:
+            n = min(1 << 16, pos - start)
+            f.seek(pos - n)
+            buf = f.read(n)
+            i = buf.rfind(b"\n")
+            if i >= 0:
+                return pos - n + i + 1
+            pos -= n
+    return start
+
+
+def land(lay: Layout, roots: list[Path], now_s: float) -> None:
+    """Put what is new in the input files into ``landing/``, the ingestion query's input, each
+    byte once (``landed.json`` records how far each file was taken).
+
+    A file that no writer appends to any more (:func:`is_closed`) and was never taken is linked
+    whole (a hard link: no copy). A file still being appended to (the current day's, the
+    operator's single log file) is taken in segments: each run copies its complete lines since
+    the last run into a new landing file named by its byte offset, so every line is ingested
+    once, the run after it was written. Landing names keep the path below the root (``~`` for
+    ``/``, the root's index first), so a quarantined line names its file."""
     lay.landing.mkdir(parents=True, exist_ok=True)
-    open_all: list[Path] = []
+    landed: dict[str, dict[str, Any]] = json.loads(lay.landed.read_text()) if lay.landed.exists() else {}
+    changed = False
     for i, root in enumerate(roots):
-        closed, open_ = split_files(root, now_s)
-        open_all += open_
-        for f in closed:
-            rel = f.name if root.is_file() else str(f.relative_to(root)).replace(os.sep, "~")
-            _link(f, lay.landing / f"{i}~{rel}")
+        for f in data_files(root):
+            key = f"{i}~" + (f.name if root.is_file() else str(f.relative_to(root)).replace(os.sep, "~"))
+            size = f.stat().st_size
+            was = landed.get(key)
+            if was is None and is_closed(f, now_s):
+                _publish(lay.landing / key, _link_or_copy(f))
+                landed[key] = {"size": size, "whole": True}
+                changed = True
+                continue
+            start = 0 if was is None else int(was["size"])
+            if size < start:
+                raise StateError(f"{f} is shorter than when it was ingested ({size} < {start} bytes): "
+                                 "a log must only be appended to; --full rebuilds the state")
+            if size == start or (was is not None and was.get("whole")):
+                continue  # nothing new (a closed file taken whole is not appended to)
+            seg = lay.landing / f"{key}~at{start}"
+            if seg.exists():  # landed by a run killed before its record: that run's extent
+                end = start + seg.stat().st_size
+            else:  # a closed file's last line is complete even without its newline
+                end = size if is_closed(f, now_s) else _complete_end(f, start, size)
+            if end == start:
+                continue
+            _publish(seg, _segment(f, start, end))
+            landed[key] = {"size": end, "whole": False}
+            changed = True
     _fsync_dir(lay.landing)
-    return open_all
+    if changed:
+        _write_atomic(lay.landed, json.dumps(landed, indent=0, sort_keys=True) + "\n")
 
 
 def check_inputs(lay: Layout, inputs: list[str]) -> None:
@@ -278,7 +358,11 @@ def _kill_hook() -> Callable[[str], None]:
         if at == point:
             seen["n"] += 1
             if seen["n"] >= int(nth or "1"):
-                os.kill(os.getpid(), 9)
+                # The driver and its JVM together, as a crash or an OOM kill of the pod would,
+                # when this process leads its own group (the tests start it so).
+                if os.getpgid(0) == os.getpid():
+                    os.killpg(0, signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
 
@@ -368,13 +452,13 @@ def reset(lay: Layout) -> None:
     for d in (lay.events, lay.quarantine, lay.checkpoint, lay.batches, lay.landing, lay.staging):
         shutil.rmtree(d, ignore_errors=True)
     lay.inputs.unlink(missing_ok=True)
+    lay.landed.unlink(missing_ok=True)
 
 
-def sources_for(lay: Layout, inputs: list[str], now_s: float | None = None) -> tuple[list[str], list[Path]]:
-    """(file-source directories, open local files) for ``inputs``: local inputs are landed
-    (closed files linked into ``landing/``), URLs are streamed from directly."""
+def sources_for(lay: Layout, inputs: list[str], now_s: float | None = None) -> list[str]:
+    """The file-source directories for ``inputs``: local inputs are landed (:func:`land`) into
+    ``landing/``, URLs are streamed from directly (every file there taken as complete)."""
     local = [Path(p) for p in inputs if not _is_url(p)]
-    urls = [p for p in inputs if _is_url(p)]
-    open_files = land(lay, local, time.time() if now_s is None else now_s) if local else []
-    return ([str(lay.landing)] if local else []) + urls, open_files
-
+    if local:
+        land(lay, local, time.time() if now_s is None else now_s)
+    return ([str(lay.landing)] if local else []) + [p for p in inputs if _is_url(p)]

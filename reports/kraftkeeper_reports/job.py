@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pandas as pd
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -261,6 +261,10 @@ def write_tables(t: ReportTables, out: Path) -> None:
     }
     if t.compare is not None:
         frames["compare"] = t.compare
+    for name, df in (("unclean", t.unclean), ("failed_recoveries", t.failed_list),
+                     ("in_progress", t.in_progress)):
+        if df is not None:
+            frames[name] = df
     for name, df in frames.items():
         df.to_parquet(tables / f"{name}.parquet", index=False)
         csv = df.copy()
@@ -275,22 +279,21 @@ def compute_state(
     spark: SparkSession, paths: list[str], lay: ing.Layout, run: Run,
 ) -> tuple[ReportTables, ing.Ingested]:
     """The incremental report: ingest what is new into the tables under ``lay`` (exactly once,
-    ``ingest``), then one Spark job over the tables and the still-open files (``one_pass``)."""
-    sources, open_files = ing.sources_for(lay, paths)
-    done = ing.ingest(spark, lay, sources) if sources else ing.Ingested(0, 0, 0, 0.0)
+    ``ingest``), then one Spark job over the tables (``one_pass``)."""
+    done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
     run.timer(f"ingested {done.events + done.quarantined:,} new lines in {done.batches} batch(es)")
     parsed = ing.read_parsed(spark, lay)
-    if open_files:
-        live = tf.parse_lines(tf.read_lines(spark, [str(f) for f in open_files]))
-        parsed = live if parsed is None else parsed.unionByName(live)
     if parsed is None:
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
     return finish(tf.one_pass(parsed).toArrow(), run, Input(spark, parsed)), done
 
 
 @contextlib.contextmanager
-def _locked(lay: ing.Layout) -> Iterator[None]:
-    """One run at a time on a state directory (the second is refused, not queued)."""
+def _state(lay: ing.Layout, paths: list[str], full: bool) -> Iterator[None]:
+    """The state directory, held by this run alone (a second run is refused, not queued),
+    emptied first with ``full``, and checked to be built from ``paths``."""
+    if lay.root.exists() and not lay.root.is_dir():
+        raise ReportError("INVALID_REQUEST", f"--state {lay.root} exists and is not a directory")
     lay.root.mkdir(parents=True, exist_ok=True)
     with open(lay.root / ".lock", "a+") as f:
         try:
@@ -298,7 +301,27 @@ def _locked(lay: ing.Layout) -> Iterator[None]:
         except BlockingIOError:
             busy = f"--state {lay.root} is in use by another report run"
             raise ReportError("INVALID_REQUEST", busy) from None
+        if full:
+            ing.reset(lay)
+        try:
+            ing.check_inputs(lay, paths)
+        except ing.StateError as e:
+            raise ReportError("INVALID_REQUEST", str(e)) from e
         yield
+
+
+def ingest_only(
+    events: list[str], state: str, master: str | None = None, full: bool = False,
+) -> dict[str, Any]:
+    """Bring the state under ``state`` up to date with ``events``, no report: what this run
+    ingested and the state's totals."""
+    paths = _check_inputs(events)
+    lay = ing.Layout(Path(state))
+    with _state(lay, paths, full):
+        spark = build_session(master)
+        done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
+        return {"batches": done.batches, "events": done.events, "quarantined": done.quarantined,
+                "seconds": round(done.seconds, 3), "state": ing.ledger(lay)}
 
 
 def run_report(
@@ -314,17 +337,9 @@ def run_report(
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError("INVALID_REQUEST", f"--out {out} exists and is not a directory")
     lay = ing.Layout(Path(state) if state else out_dir / "state")
-    if lay.root.exists() and not lay.root.is_dir():
-        raise ReportError("INVALID_REQUEST", f"--state {lay.root} exists and is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     timer = _Timer()
-    with _locked(lay):
-        if full:
-            ing.reset(lay)
-        try:
-            ing.check_inputs(lay, paths)
-        except ing.StateError as e:
-            raise ReportError("INVALID_REQUEST", str(e)) from e
+    with _state(lay, paths, full):
         spark = build_session(master)
         timer("Spark session (JVM start)")
         report, tmp = out_dir / "report.html", out_dir / ".report.html.tmp"
@@ -380,10 +395,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", default=None, metavar="DIR",
                     help="the ingested table, its quarantine and checkpoint (default OUT/state)")
     ap.add_argument("--full", action="store_true", help="rebuild the state from the raw logs")
+    # Tests and the bench: ingest into --state only, print what was ingested as JSON, no report.
+    ap.add_argument("--ingest-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.top < 1:
         ap.error("--top must be at least 1")
     try:
+        if a.ingest_only:
+            print(json.dumps(ingest_only(a.events, a.state or str(Path(a.out) / "state"), a.master, a.full)))
+            return 0
         path = run_report(a.events, a.out, a.master, a.top, a.state, a.full)
     except ReportError as e:
         print(f"{e.code}: {e.message}", file=sys.stderr)

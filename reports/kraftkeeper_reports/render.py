@@ -432,7 +432,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 section.loss{border-left:6px solid #c0392b} section.loss h2{color:#c0392b}
 section.warn{border-left:6px solid #e67e22} section.ok{border-left:6px solid #2e7d32}
 section h3{font-size:15px;margin:12px 0 4px}
-span.loss{color:#c0392b;font-weight:bold}
+span.loss{color:#c0392b;font-weight:bold} p.summary.loss{border-left-color:#c0392b}
 """
 
 
@@ -457,7 +457,7 @@ def render_html(t: ReportTables) -> str:
 <p>{e(days)} · {int(s.get('events') or 0):,} events in {int(s.get('lines') or 0):,} lines from
 {e(str(s.get('inputs')))} · generated {gen}</p></header>
 <main>
-<p class="summary" id="summary">{summary_sentence(t)}</p>
+<p class="summary{' loss' if s.get('unclean') else ''}" id="summary">{summary_sentence(t)}</p>
 <div class="cards" id="headline">{_cards(t)}</div>
 {body}
 </main></body></html>

@@ -403,7 +403,8 @@ def unclean(cols: Columns) -> pd.DataFrame:
             if str(rid) == str(int(r["replica_id"])):
                 continue
             epoch, end = [*v, None, None][:2] if isinstance(v, list) else (None, None)
-            others.append(f"{rid} (epoch {epoch}, end offset {end})")
+            end_s = f"{end:,}" if isinstance(end, int) else str(end)
+            others.append(f"{rid} (epoch {epoch}, end offset {end_s})")
         rows.append({
             "cluster": r["cluster"], "recovery_id": r["recovery_id"], "survivor": int(r["replica_id"]),
             "survivor_uuid": r["new_uuid"], "t_unclean": _int_or_none(r[t_un]),
@@ -442,8 +443,8 @@ def failed_list(cols: Columns, n: int = LIST_ROWS) -> pd.DataFrame:
     and the last step reached (before the failure)."""
     if not cols.failed.any():
         return pd.DataFrame(columns=FAILED_COLUMNS)
-    df = _frame(cols.rec, cols.failed, ["cluster", "recovery_id", "replica_id", "t_detected", "t_failed",
-                                        "give_up_ms", "failure_reason", *[c for _, c in _STEPS]])
+    df = _frame(cols.rec, cols.failed, ["cluster", "recovery_id", "replica_id", "t_failed", "give_up_ms",
+                                        "failure_reason", *[c for _, c in _STEPS]])
     df["last_step"] = _last_step(df)[0]
     df = df.sort_values(["t_failed", "cluster", "recovery_id"], ascending=[False, True, True], kind="stable")
     return df[FAILED_COLUMNS].head(n).reset_index(drop=True)
@@ -456,8 +457,7 @@ def in_progress(cols: Columns, n: int = LIST_ROWS) -> pd.DataFrame:
     mask = _is(outcome, names, "in_progress")
     if not mask.any():
         return pd.DataFrame(columns=IN_PROGRESS_COLUMNS)
-    df = _frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", "t_detected",
-                                 *[c for _, c in _STEPS]])
+    df = _frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", *[c for _, c in _STEPS]])
     df["last_step"], df["t_last_step"] = _last_step(df)
     df = df.sort_values(["t_detected", "cluster", "recovery_id"], ascending=[False, True, True],
                         kind="stable")
