@@ -211,7 +211,9 @@ _EXCLUDING = ("missing_detection", "impossible_order", "conflicting_outcome", "i
 
 def _problems() -> list[tuple[str, Column, Column]]:
     """The recovery-level problems as (code, condition, message), in the table's order."""
-    dup = F.greatest(*[F.col(f"n_{t}") for t in ev.KNOWN_TYPES if t not in ev.RECURRING_TYPES]) > 1
+    # A milestone logged twice: its first one is used (a replica that caught up again is one of
+    # those); the notes in between (fell behind, resumed) may recur freely.
+    dup = F.greatest(*[F.col(f"n_{t}") for t in (*ev.STEP_TYPES, *ev.TERMINAL_TYPES, *ev.UNCLEAN_TYPES)]) > 1
     return [
         # An unclean recovery (KIP-704 style) has no replaced disk, so no detection event.
         ("missing_detection", F.col("t_detected").isNull() & F.col(TS_COL[ev.UNCLEAN_RECOVERY]).isNull(),

@@ -23,7 +23,7 @@ from tests.engine.cluster import free_ports
 from tests.polling import wait_until
 from tests.reports.test_ingest import rows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 
 TABLES = ("phase_stats", "outcomes", "failures", "daily", "slowest", "bad_input", "unclean", "in_progress",
           "failed_recoveries")

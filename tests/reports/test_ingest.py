@@ -21,7 +21,7 @@ import pytest
 from kraftkeeper_reports import ingest as ing
 from kraftkeeper_reports.job import ReportError, ingest_only, run_report
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
