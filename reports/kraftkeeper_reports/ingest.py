@@ -312,10 +312,12 @@ def _counts(lay: Layout, moves: list[tuple[str, str]]) -> dict[str, int]:
 def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], None]) -> None:
     """Write batch ``n`` into the tables exactly once (see the module docstring)."""
     done, pending = lay.batches / f"{n}.json", lay.batches / f"{n}.pending"
-    if done.exists():
-        return  # committed before a kill that came before Spark recorded it
-    lay.batches.mkdir(parents=True, exist_ok=True)
     stage = lay.staging / str(n)
+    if done.exists():  # committed before a kill that came before Spark recorded it
+        pending.unlink(missing_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    lay.batches.mkdir(parents=True, exist_ok=True)
     if not pending.exists():
         shutil.rmtree(stage, ignore_errors=True)
         (_rows(batch).write.partitionBy(_TABLE, "date").option("compression", "snappy")
