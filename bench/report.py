@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,10 +56,20 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+
+def _typed(sql: str) -> str:
+    """``sql`` with each ``<<NAME>>`` replaced by the event type of that name (the vocabulary's
+    constants: the queries compare ``type`` with them)."""
+    from kraftkeeper_reports import vocabulary
+
+    return re.sub(r"<<([A-Z_]+)>>", lambda m: str(getattr(vocabulary, m.group(1))), sql)
+
 
 PHASES = ("catch_up", "add_voter", "remove_voter", "under_replicated", "exposure", "total")
 
@@ -127,12 +138,12 @@ WITH ev AS (
   WHERE schema_version = 1 AND cluster IS NOT NULL AND recovery_id IS NOT NULL
 ), rec AS (
   SELECT cluster, recovery_id,
-    min(ts_ms) FILTER (type = 'disk_replacement_detected') AS det,
-    min(ts_ms) FILTER (type = 'replica_caught_up') AS cu,
-    min(ts_ms) FILTER (type = 'add_voter_committed') AS avc,
-    min(ts_ms) FILTER (type = 'remove_voter_committed') AS rvc,
-    min(ts_ms) FILTER (type = 'recovery_completed') AS done,
-    max(reason) FILTER (type = 'recovery_failed') AS reason
+    min(ts_ms) FILTER (type = '<<DISK_REPLACEMENT_DETECTED>>') AS det,
+    min(ts_ms) FILTER (type = '<<REPLICA_CAUGHT_UP>>') AS cu,
+    min(ts_ms) FILTER (type = '<<ADD_VOTER_COMMITTED>>') AS avc,
+    min(ts_ms) FILTER (type = '<<REMOVE_VOTER_COMMITTED>>') AS rvc,
+    min(ts_ms) FILTER (type = '<<RECOVERY_COMPLETED>>') AS done,
+    max(reason) FILTER (type = '<<RECOVERY_FAILED>>') AS reason
   FROM ev WHERE ts_ms IS NOT NULL GROUP BY ALL
 ), ph AS (
   SELECT cluster, cu - det AS catch_up, avc - cu AS add_voter, rvc - avc AS remove_voter,
@@ -153,12 +164,12 @@ def run_duckdb(root: Path) -> dict[str, Any]:
     con = duckdb.connect()
     con.execute("SET threads = 2")
     glob = str(root / "**" / "*.jsonl")
-    rows = con.execute(DUCK_SQL, {"glob": glob}).fetchall()
+    rows = con.execute(_typed(DUCK_SQL), {"glob": glob}).fetchall()
     overall = next(r for r in rows if r[0] is None)
-    fails = con.execute(
+    fails = con.execute(_typed(
         "SELECT detail.reason, count(*) FROM read_json($glob, format='newline_delimited', ignore_errors=true,"
-        " columns={type: 'VARCHAR', detail: 'STRUCT(reason VARCHAR)'}) WHERE type = 'recovery_failed'"
-        " GROUP BY ALL", {"glob": glob}).fetchall()
+        " columns={type: 'VARCHAR', detail: 'STRUCT(reason VARCHAR)'}) WHERE type = '<<RECOVERY_FAILED>>'"
+        " GROUP BY ALL"), {"glob": glob}).fetchall()
     lines = 0
     for f in root.rglob("*.jsonl"):
         with open(f, "rb") as fh:
@@ -181,13 +192,13 @@ WITH ev AS (
   FROM lines WHERE schema_version = 1 AND cluster IS NOT NULL AND recovery_id IS NOT NULL
 ), rec AS (
   SELECT cluster, recovery_id,
-    min(ts_ms) FILTER (WHERE type = 'disk_replacement_detected') AS det,
-    min(ts_ms) FILTER (WHERE type = 'replica_caught_up') AS cu,
-    min(ts_ms) FILTER (WHERE type = 'add_voter_committed') AS avc,
-    min(ts_ms) FILTER (WHERE type = 'remove_voter_committed') AS rvc,
-    min(ts_ms) FILTER (WHERE type = 'recovery_completed') AS done,
-    max(reason) FILTER (WHERE type = 'recovery_failed') AS reason,
-    count(*) FILTER (WHERE type = 'recovery_failed') AS failed_lines
+    min(ts_ms) FILTER (WHERE type = '<<DISK_REPLACEMENT_DETECTED>>') AS det,
+    min(ts_ms) FILTER (WHERE type = '<<REPLICA_CAUGHT_UP>>') AS cu,
+    min(ts_ms) FILTER (WHERE type = '<<ADD_VOTER_COMMITTED>>') AS avc,
+    min(ts_ms) FILTER (WHERE type = '<<REMOVE_VOTER_COMMITTED>>') AS rvc,
+    min(ts_ms) FILTER (WHERE type = '<<RECOVERY_COMPLETED>>') AS done,
+    max(reason) FILTER (WHERE type = '<<RECOVERY_FAILED>>') AS reason,
+    count(*) FILTER (WHERE type = '<<RECOVERY_FAILED>>') AS failed_lines
   FROM ev WHERE ts_ms IS NOT NULL GROUP BY cluster, recovery_id
 )
 SELECT cluster, cu - det AS catch_up, avc - cu AS add_voter, rvc - avc AS remove_voter,
@@ -209,7 +220,7 @@ def run_spark_json(root: Path, master: str) -> dict[str, Any]:
         str(root)).createOrReplaceTempView("lines")
     # One scan, as the job: the failed lines per reason are summed from the per-recovery rows
     # (DuckDB's second read_json counts them from the lines).
-    rec = spark.sql(SPARK_JSON_SQL).toPandas()
+    rec = spark.sql(_typed(SPARK_JSON_SQL)).toPandas()
     spark.stop()
     phases = rec[rec["total"].notna()]
     per_cluster = phases.groupby("cluster")[list(PHASES)].quantile(np.array([0.5, 0.9, 0.99]))
@@ -294,6 +305,94 @@ def ensure_data(base: Path, n: int, seed: int) -> tuple[Path, dict[str, Any]]:
     return d, info
 
 
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst`` as a tree of hard links to ``src``'s files (no bytes copied; nothing here is ever
+    modified in place: the job writes new files and renames them)."""
+    for f in src.rglob("*"):
+        if f.is_file() and not f.name.startswith(("_", ".")):
+            to = dst / f.relative_to(src)
+            to.parent.mkdir(parents=True, exist_ok=True)
+            if not to.exists():
+                os.link(f, to)
+
+
+def _state_copy(src: Path, dst: Path) -> None:
+    if dst.exists():
+        subprocess.run(["rm", "-rf", str(dst)], check=True)
+    subprocess.run(["cp", "-al", str(src), str(dst)], check=True)
+
+
+def incremental(a: argparse.Namespace, n: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The daily run: ``n`` events already ingested, ``--new`` new lines in a new closed day,
+    the report run again (ingesting only those), against DuckDB's full scan of all the lines;
+    and a full rebuild (``--full``) against spark-json. Returns the rows of the table."""
+    from kraftkeeper_reports.generate import generate
+
+    base, info = ensure_data(Path(a.data), n, a.seed)
+    work = Path(a.data) / f"incremental-{n}-seed{a.seed}"
+    # The state is restored to its own path before each daily run (its checkpoint names the
+    # files it took by absolute path: a state is not moved), from a copy of hard links.
+    root, prepared, pristine = work / "events", work / "state-daily", work / "state-pristine"
+    _link_tree(base, root)
+    new = Path(a.data) / f"new-{a.new}-seed{a.seed}"
+    if not (new / "_generated.json").exists():
+        stats = generate(new, events=a.new, clusters=24, days=1, seed=a.seed + 1000, malformed_rate=0.001,
+                         files_per_day=1, start=date(2026, 11, 15))
+        (new / "_generated.json").write_text(json.dumps(stats.as_dict()))
+    new_lines = int(json.loads((new / "_generated.json").read_text())["lines"])
+    lines = int(info["lines"])
+    rows: list[dict[str, Any]] = []
+
+    def row(engine: str, wall: float, drv: int, tot: int, p50: float, n_lines: int) -> None:
+        rows.append({"events": n, "lines": n_lines, "engine": engine, "wall_s": wall, "eps": n_lines / wall,
+                     "driver_peak": drv, "total_peak": tot, "p50_total_ms": p50})
+        print(f"# {engine:12s} {wall:8.1f} s  {n_lines / wall:12,.0f} lines/s  driver {mib(drv)}  "
+              f"all {mib(tot)}  p50 {p50:,.0f} ms", file=sys.stderr)
+
+    def report(state: Path, out: Path, *extra: str) -> tuple[float, int, int, dict[str, Any], str]:
+        cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(root), "--out", str(out),
+               "--state", str(state), "--master", a.master, *extra]
+        wall, drv, tot, _, err = measure(cmd, dict(env, KK_REPORT_TIMINGS="1"))
+        timings = [x for x in err.splitlines() if x.startswith("# report timing")]
+        for t in timings:
+            print(t, file=sys.stderr)
+        return wall, drv, tot, json.loads((out / "tables" / "summary.json").read_text()), "\n".join(timings)
+
+    def accounted(summary: dict[str, Any], want: int, what: str) -> None:
+        counted = sum(int(summary[k]) for k in ("events", "rejected_lines", "skipped_lines"))
+        print(f"# {what}: accounted for {counted:,} of {want:,} lines", file=sys.stderr)
+        if counted != want or int(summary["lines"]) != want:
+            raise SystemExit(f"bench: {what} accounted for {counted:,} lines of {want:,}")
+
+    # The new day is not in the tree while the state is prepared (the n events "already ingested").
+    subprocess.run(["rm", "-rf", str(root / "date=2026-11-15")], check=True)
+    if not (pristine / "batches").exists():
+        print(f"# preparing the state: ingesting {lines:,} lines", file=sys.stderr)
+        report(prepared, work / "out-prepared", "--full")
+        _state_copy(prepared, pristine)
+    for _ in range(a.repeat):
+        subprocess.run(["rm", "-rf", str(root / "date=2026-11-15")], check=True)
+        # A full rebuild of the whole n + new lines, and spark-json on the same tree.
+        _link_tree(new, root)
+        wall, drv, tot, s, timings = report(work / "state-full", work / "out-full", "--full")
+        accounted(s, lines + new_lines, "full rebuild")
+        ingest_s = next((float(t.split()[-2]) for t in timings.splitlines() if "ingested" in t), float("nan"))
+        print(f"# full rebuild: ingestion {lines + new_lines:,} lines in {ingest_s:.1f} s = "
+              f"{(lines + new_lines) / ingest_s:,.0f} lines/s", file=sys.stderr)
+        row("full", wall, drv, tot, float(s["p50_total_ms"] or 0), lines + new_lines)
+        for eng in ("spark-json", "duckdb"):
+            cmd = [sys.executable, __file__, "--engine", eng, "--events", str(root), "--master", a.master]
+            wall, drv, tot, out_s, _ = measure(cmd, env)
+            got = json.loads(out_s.strip().splitlines()[-1])["p50_total_ms"]
+            row(eng, wall, drv, tot, float(got), lines + new_lines)
+        # The daily run: the prepared state (n lines ingested), then the new day arrives.
+        _state_copy(pristine, prepared)
+        wall, drv, tot, s, _ = report(prepared, work / "out-daily")
+        accounted(s, lines + new_lines, "incremental")
+        row("incremental", wall, drv, tot, float(s["p50_total_ms"] or 0), lines + new_lines)
+    return rows
+
+
 def mib(b: int) -> str:
     return f"{b / 1048576:,.0f} MiB"
 
@@ -310,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--engines", default="spark,pandas,duckdb")
     ap.add_argument("--repeat", type=int, default=1, help="run the engines this many times, interleaved")
+    ap.add_argument("--incremental", action="store_true",
+                    help="the daily run (each size ingested, then --new lines more) vs DuckDB's full scan, "
+                         "and a full rebuild (--full) vs spark-json")
+    ap.add_argument("--new", type=int, default=100_000, help="new events of the daily run (default 100k)")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
     ap.add_argument("--events", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -334,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(n <= 0 for n in sizes) or a.repeat < 1:
         ap.error("--sizes and --repeat must be positive")
     rows = []
+    if a.incremental:
+        for n in sizes:
+            rows += incremental(a, n, env)
+        _ratios(rows)
+        return 0
     for n in sizes:
         data, info = ensure_data(Path(a.data), n, a.seed)
         lines = int(info["lines"])
@@ -400,6 +508,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n:,} events: spark-json (duckdb's query in Spark on Spark's JSON reader: no validation, "
                   f"no report) = {json_s / duck_s:.2f}x duckdb's ({json_s:.1f} s vs {duck_s:.1f} s)")
     return 0
+
+
+def _ratios(rows: list[dict[str, Any]]) -> None:
+    """The incremental bench's table and its two aims: the daily run against DuckDB's full scan,
+    the full rebuild against spark-json (medians of the interleaved runs)."""
+    print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
+    print("| events | lines | engine | wall s | lines/s | peak RSS driver (+JVM) | peak RSS all |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['events']:,} | {r['lines']:,} | {r['engine']} | {r['wall_s']:.1f} | {r['eps']:,.0f} | "
+              f"{mib(r['driver_peak'])} | {mib(r['total_peak'])} |")
+    for n in sorted({r["events"] for r in rows}):
+        w: dict[str, list[float]] = defaultdict(list)
+        for r in rows:
+            if r["events"] == n:
+                w[r["engine"]].append(r["wall_s"])
+        med = {k: statistics.median(v) for k, v in w.items()}
+        print(f"\n{n:,} events: incremental daily run = {med['incremental'] / med['duckdb']:.2f}x DuckDB's "
+              f"full scan ({med['incremental']:.1f} s vs {med['duckdb']:.1f} s; aim 1.0x); full rebuild = "
+              f"{med['full'] / med['spark-json']:.2f}x spark-json ({med['full']:.1f} s vs "
+              f"{med['spark-json']:.1f} s; aim 1.5x)")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kraftkeeper_reports.events import RecoveryEvent
+from kraftkeeper_reports.vocabulary import (
+    ADD_VOTER_COMMITTED,
+    ADD_VOTER_STARTED,
+    DISK_REPLACEMENT_DETECTED,
+    RECOVERY_COMPLETED,
+    RECOVERY_FAILED,
+    REMOVE_VOTER_COMMITTED,
+    REMOVE_VOTER_STARTED,
+)
 
 from quorum.types import KraftError
 
@@ -58,13 +67,13 @@ Persist = Callable[[list[dict[str, Any]]], Awaitable[None]]
 # restart the event log does). replica_caught_up / replica_fell_behind / recovery_resumed may recur.
 ONCE_PER_RECOVERY = frozenset(
     {
-        "disk_replacement_detected",
-        "add_voter_started",
-        "add_voter_committed",
-        "remove_voter_started",
-        "remove_voter_committed",
-        "recovery_completed",
-        "recovery_failed",
+        DISK_REPLACEMENT_DETECTED,
+        ADD_VOTER_STARTED,
+        ADD_VOTER_COMMITTED,
+        REMOVE_VOTER_STARTED,
+        REMOVE_VOTER_COMMITTED,
+        RECOVERY_COMPLETED,
+        RECOVERY_FAILED,
     }
 )
 
@@ -417,7 +426,7 @@ class RecoveryController:
                     self._logged.add(key)
             failpoints.hit(failpoints.BEFORE_EVENT + ev.type)
             detail = dict(ev.detail)
-            if ev.type == "recovery_failed":
+            if ev.type == RECOVERY_FAILED:
                 detail.setdefault("reason", r.reason or "unknown")
             self.sink.emit(
                 RecoveryEvent(
@@ -434,11 +443,11 @@ class RecoveryController:
             log.info("recovery %s replica %s: %s %s", r.recovery_id, r.replica_id, ev.type, detail or "")
             if self.metrics is None:
                 continue
-            if ev.type == "recovery_completed":
+            if ev.type == RECOVERY_COMPLETED:
                 self.metrics.recoveries.labels(self.cluster, "completed").inc()
                 if r.finished_ms is not None:
                     self.metrics.recovery_duration.labels(self.cluster).observe(
                         (r.finished_ms - r.detected_ms) / 1000
                     )
-            elif ev.type == "recovery_failed":
+            elif ev.type == RECOVERY_FAILED:
                 self.metrics.recoveries.labels(self.cluster, "failed").inc()

@@ -27,6 +27,7 @@ from typing import Any
 
 import kopf
 from kraftkeeper_reports.events import RecoveryEvent
+from kraftkeeper_reports.vocabulary import RECOVERY_FAILED, UNCLEAN_RECOVERY
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -360,9 +361,9 @@ class KubeEventSink:
 
     def _keep(self, type_: str, message: str, detail: Mapping[str, Any]) -> None:
         reason = "".join(p.capitalize() for p in type_.split("_"))  # recovery_failed -> RecoveryFailed
-        if type_ == "recovery_failed":
+        if type_ == RECOVERY_FAILED:
             self.pending.append((True, reason, f"{message}: {detail.get('reason', '')}"))
-        elif type_ == "unclean_recovery":
+        elif type_ == UNCLEAN_RECOVERY:
             text = f"UNCLEAN RECOVERY {message}: {detail.get('reason', '')}; {detail.get('warning', '')}"
             self.pending.append((True, reason, text))
         else:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kraftkeeper_reports.events import RecoveryEvent
+from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY
 
 from quorum.client import QuorumClient
 from quorum.runtime.config import load_config
@@ -314,7 +315,7 @@ class _Unclean:
         }
         uuid = meta_uuid(lay.data_dir(survivor))
         self.ctl.sink.emit(
-            RecoveryEvent("unclean_recovery", str(_uuid.uuid4()), survivor, None, uuid, detail=detail)
+            RecoveryEvent(UNCLEAN_RECOVERY, str(_uuid.uuid4()), survivor, None, uuid, detail=detail)
         )
         log.warning("unclean recovery of node %d: %s", survivor, detail["output"])
 

@@ -175,8 +175,8 @@ def _camel(name: str) -> str:
 
 @dataclass(frozen=True)
 class Event:
-    """An event-log line to emit (types from docs/reference.md; ``replica_fell_behind`` and
-    ``recovery_resumed`` are our additions, which readers skip if unknown)."""
+    """An event-log line to emit (``type``: a name of ``kraftkeeper_reports.vocabulary``, which
+    lists every type with its fields)."""
 
     type: str
     recovery: Recovery

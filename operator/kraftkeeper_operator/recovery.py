@@ -64,6 +64,19 @@ import uuid as _uuid
 from collections.abc import Iterable
 from typing import Any
 
+from kraftkeeper_reports.vocabulary import (
+    ADD_VOTER_COMMITTED,
+    ADD_VOTER_STARTED,
+    DISK_REPLACEMENT_DETECTED,
+    RECOVERY_COMPLETED,
+    RECOVERY_FAILED,
+    RECOVERY_RESUMED,
+    REMOVE_VOTER_COMMITTED,
+    REMOVE_VOTER_STARTED,
+    REPLICA_CAUGHT_UP,
+    REPLICA_FELL_BEHIND,
+)
+
 # Policy, view and records: own modules, re-exported here as part of the recovery vocabulary.
 from .guards import caught_up, guard_add, guard_remove, wake_at_ms
 from .policy import Order, PolicyError, RecoveryPolicy
@@ -212,7 +225,7 @@ class RecoveryBook:
             if self._recently_failed(rid, new_obs.uuid, now_ms):
                 return events
             rec = self._start(rid, voter_uuids[0], new_obs.uuid, Phase.STABILIZING, now_ms)
-            events.append(Event("disk_replacement_detected", rec, {"endpoint": new_obs.endpoint}))
+            events.append(Event(DISK_REPLACEMENT_DETECTED, rec, {"endpoint": new_obs.endpoint}))
             # Already caught up when first seen: the stabilisation clock starts now, not a pass later.
             events.extend(self._stabilise(view, rec, new_obs, now_ms))
         elif len(voter_uuids) == 2 and not pending_here:
@@ -225,7 +238,7 @@ class RecoveryBook:
             if self._recently_failed(rid, new, now_ms):
                 return events
             rec = self._start(rid, old, new, Phase.ADDED, now_ms)
-            events.append(Event("recovery_resumed", rec, {"phase": Phase.ADDED.value}))
+            events.append(Event(RECOVERY_RESUMED, rec, {"phase": Phase.ADDED.value}))
         return events
 
     def _voter_active(self, view: QuorumView, rid: int, obs: Replica) -> str:
@@ -247,7 +260,7 @@ class RecoveryBook:
         if new_obs is not None and new_obs.uuid != rec.new_uuid and rec.new_uuid not in voter_uuids:
             # The new disk was itself replaced before promotion: that attempt is moot.
             self._finish(rec, Phase.FAILED, now_ms, f"superseded by a newer storage UUID {new_obs.uuid}")
-            events.append(Event("recovery_failed", rec, {"reason": rec.reason}))
+            events.append(Event(RECOVERY_FAILED, rec, {"reason": rec.reason}))
             return events + self._observe_id(view, rid, now_ms)
 
         old_in = rec.old_uuid in voter_uuids
@@ -258,19 +271,19 @@ class RecoveryBook:
         # first seen in the quorum (e.g. committed by a previous operator run) is logged once.
         if new_in and rec.add_committed_ms is None:
             rec.add_committed_ms = now_ms
-            events.append(Event("add_voter_committed", rec, {"observed": True}))
+            events.append(Event(ADD_VOTER_COMMITTED, rec, {"observed": True}))
         if not old_in and rec.remove_committed_ms is None:
             if not new_in and self.policy.order is Order.ADD_THEN_REMOVE:
                 # Old removed although the new one was never added: not our doing. Give up and
                 # leave the voter count to the scaling logic (reassignment).
                 self._finish(rec, Phase.FAILED, now_ms, f"voter ({rid}, {rec.old_uuid}) removed externally")
-                events.append(Event("recovery_failed", rec, {"reason": rec.reason}))
+                events.append(Event(RECOVERY_FAILED, rec, {"reason": rec.reason}))
                 return events
             rec.remove_committed_ms = now_ms
-            events.append(Event("remove_voter_committed", rec, {"observed": True}))
+            events.append(Event(REMOVE_VOTER_COMMITTED, rec, {"observed": True}))
         if new_in and not old_in:
             self._finish(rec, Phase.COMPLETED, now_ms, None)
-            events.append(Event("recovery_completed", rec, rec.durations()))
+            events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
             return events
         if new_in and old_in:
             if rec.phase is not Phase.REMOVING:
@@ -294,7 +307,7 @@ class RecoveryBook:
                     f"{self.policy.stabilization_seconds:g}s "
                     f"within {self.policy.timeout_seconds:g}s",
                 )
-                return [*events, Event("recovery_failed", rec, {"reason": rec.reason})]
+                return [*events, Event(RECOVERY_FAILED, rec, {"reason": rec.reason})]
             events.extend(self._stabilise(view, rec, new_obs, now_ms))
         elif rec.phase is Phase.REMOVED and new_obs is not None and new_obs.uuid == rec.new_uuid:
             # RemoveThenAdd between the steps: keep tracking catch-up for the AddVoter.
@@ -314,7 +327,7 @@ class RecoveryBook:
                 rec.caught_up_since_ms = None
                 rec.phase = Phase.STABILIZING
                 detail = {"lag": obs.lag if obs else None, "phase": was.value}
-                return [Event("replica_fell_behind", rec, detail)]
+                return [Event(REPLICA_FELL_BEHIND, rec, detail)]
             return []
         if rec.caught_up_since_ms is None:
             rec.caught_up_since_ms = now_ms
@@ -326,7 +339,7 @@ class RecoveryBook:
             rec.caught_up_ms = now_ms
             # When the stabilisation clock started: the bench measures from its deadline.
             detail = {"lag": obs.lag if obs else None, "stable_since_ms": rec.caught_up_since_ms}
-            return [Event("replica_caught_up", rec, detail)]
+            return [Event(REPLICA_CAUGHT_UP, rec, detail)]
         return []
 
     def _guess_old(self, view: QuorumView, rid: int, uuids: list[str], now_ms: int) -> str | None:
@@ -442,12 +455,12 @@ class RecoveryBook:
             if rec.add_started_ms is not None:
                 return []
             rec.add_started_ms = now_ms
-            return [Event("add_voter_started", rec)]
+            return [Event(ADD_VOTER_STARTED, rec)]
         rec.phase = Phase.REMOVING
         if rec.remove_started_ms is not None:
             return []
         rec.remove_started_ms = now_ms
-        return [Event("remove_voter_started", rec)]
+        return [Event(REMOVE_VOTER_STARTED, rec)]
 
     def finished(self, action: Action, error_code: str | None, now_ms: int, message: str = "") -> list[Event]:
         """Record the outcome of an issued change. ``error_code`` None = committed. A retryable
@@ -468,16 +481,16 @@ class RecoveryBook:
                 now_ms,
                 f"{op}({action.replica_id}, {action.uuid}) refused: {error_code}: {message}".rstrip(": "),
             )
-            events.append(Event("recovery_failed", rec, {"reason": rec.reason, "error": error_code}))
+            events.append(Event(RECOVERY_FAILED, rec, {"reason": rec.reason, "error": error_code}))
             return events
         rec.attempts, rec.retry_at_ms = 0, None
         if action.kind is ActionKind.ADD_VOTER:
             if error_code is None or error_code in _DONE_ADD:
                 rec.add_committed_ms = now_ms
-                events.append(Event("add_voter_committed", rec))
+                events.append(Event(ADD_VOTER_COMMITTED, rec))
                 if self.policy.order is Order.REMOVE_THEN_ADD:
                     self._finish(rec, Phase.COMPLETED, now_ms, None)
-                    events.append(Event("recovery_completed", rec, rec.durations()))
+                    events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
                 else:
                     rec.phase = Phase.ADDED
             elif error_code == "REPLICA_NOT_CAUGHT_UP":
@@ -485,14 +498,14 @@ class RecoveryBook:
                 rec.phase, rec.caught_up_since_ms = Phase.STABILIZING, None
                 if rec.remove_committed_ms is not None:
                     rec.phase = Phase.REMOVED
-                events.append(Event("replica_fell_behind", rec, {"error": error_code}))
+                events.append(Event(REPLICA_FELL_BEHIND, rec, {"error": error_code}))
             return events
         if error_code is None or error_code in _DONE_REMOVE:
             rec.remove_committed_ms = now_ms
-            events.append(Event("remove_voter_committed", rec))
+            events.append(Event(REMOVE_VOTER_COMMITTED, rec))
             if self.policy.order is Order.REMOVE_THEN_ADD and rec.add_committed_ms is None:
                 rec.phase = Phase.REMOVED
             else:
                 self._finish(rec, Phase.COMPLETED, now_ms, None)
-                events.append(Event("recovery_completed", rec, rec.durations()))
+                events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
         return events

@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kraftkeeper_reports.events import RecoveryEvent
+from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY, UNCLEAN_RECOVERY_COMPLETED
 
 from .survivor import Probe, choose_survivor
 from .telemetry import EventSink, OperatorMetrics
@@ -357,7 +358,7 @@ class UncleanCoordinator:
             "warning": LOSS_WARNING,
         }
         self.sink.emit(
-            RecoveryEvent("unclean_recovery", req.token, req.replica_id, None, uuids[0], detail=detail)
+            RecoveryEvent(UNCLEAN_RECOVERY, req.token, req.replica_id, None, uuids[0], detail=detail)
         )
         log.warning(
             "%s: UNCLEAN RECOVERY requested: replica %d (%s), last epoch %d, log end offset %d, "
@@ -394,7 +395,7 @@ class UncleanCoordinator:
         self.request = req = done
         self.sink.emit(
             RecoveryEvent(
-                "unclean_recovery_completed",
+                UNCLEAN_RECOVERY_COMPLETED,
                 req.token,
                 req.replica_id,
                 None,

@@ -40,6 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from kraftkeeper_reports.events import DISK_REPLACEMENT_DETECTED, RecoveryEvent, parse_ts_ms
+from kraftkeeper_reports.vocabulary import (
+    ADD_VOTER_COMMITTED,
+    RECOVERY_COMPLETED,
+    RECOVERY_FAILED,
+    REMOVE_VOTER_COMMITTED,
+)
 
 from quorum.types import KraftError
 
@@ -209,9 +215,9 @@ def records_from_event_log(events: Path, cluster: str) -> list[Recovery]:
             )
         except (KeyError, TypeError, ValueError):
             continue
-        if "recovery_completed" in types:
+        if RECOVERY_COMPLETED in types:
             rec.finished_ms = end
-        elif "remove_voter_committed" in types and not types & {"add_voter_committed", "recovery_failed"}:
+        elif REMOVE_VOTER_COMMITTED in types and not types & {ADD_VOTER_COMMITTED, RECOVERY_FAILED}:
             rec.phase = Phase.REMOVED
             rec.remove_committed_ms = end
         else:

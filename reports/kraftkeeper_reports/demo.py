@@ -217,7 +217,7 @@ async def _exists(p: Path) -> bool:
 
 
 async def _all_completed(events_dir: Path, n: int) -> bool:
-    return sum(1 for e in read_events(events_dir) if e.get("type") == "recovery_completed") >= n
+    return sum(1 for e in read_events(events_dir) if e.get("type") == ev.RECOVERY_COMPLETED) >= n
 
 
 async def _described(client: QuorumClient) -> dict[str, Any] | None:

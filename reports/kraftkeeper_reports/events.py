@@ -16,7 +16,8 @@ Invariants of a valid event (also in ``schemas/recovery-event.schema.json``):
 * ``old_uuid`` / ``new_uuid`` are strings or null (null when not known yet, e.g. a recovery that
   failed before the new disk was formatted); ``leader_id`` / ``leader_epoch`` are integers >= 0
   or null (null when no leader was known, e.g. ``quorum_lost``);
-* ``detail`` is an object; for ``recovery_failed`` it carries ``reason`` (a string).
+* ``detail`` is an object; for ``recovery_failed`` and ``unclean_recovery`` it carries ``reason``
+  (a string).
 
 Unknown types and extra fields are tolerated: readers skip unknown types and ignore extra fields,
 and count both (:data:`TOLERATED`).
@@ -38,47 +39,46 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-SCHEMA_VERSION: Final = 1
-
-# Event types, in the order a successful recovery emits them (KIP-856 "Disk failure recovery":
-# the replacement replica catches up as an observer, is added with AddVoter, then the old
-# (id, UUID) is removed with RemoveVoter).
-DISK_REPLACEMENT_DETECTED: Final = "disk_replacement_detected"
-REPLICA_CAUGHT_UP: Final = "replica_caught_up"
-ADD_VOTER_STARTED: Final = "add_voter_started"
-ADD_VOTER_COMMITTED: Final = "add_voter_committed"
-REMOVE_VOTER_STARTED: Final = "remove_voter_started"
-REMOVE_VOTER_COMMITTED: Final = "remove_voter_committed"
-RECOVERY_COMPLETED: Final = "recovery_completed"
-RECOVERY_FAILED: Final = "recovery_failed"
-
-STEP_TYPES: Final = (
-    DISK_REPLACEMENT_DETECTED,
-    REPLICA_CAUGHT_UP,
-    ADD_VOTER_STARTED,
+# The vocabulary (every type, its fields, the required ones) is defined in one place and
+# re-exported here, where the writer and the readers have always found it.
+from kraftkeeper_reports.vocabulary import (
     ADD_VOTER_COMMITTED,
-    REMOVE_VOTER_STARTED,
+    ADD_VOTER_STARTED,
+    DISK_REPLACEMENT_DETECTED,
+    FAILURE_REASONS,
+    KNOWN_TYPES,
+    REASON_FELL_BEHIND,
+    REASON_QUORUM_LOST,
+    REASON_TIMEOUT,
+    RECOVERY_COMPLETED,
+    RECOVERY_FAILED,
+    RECOVERY_RESUMED,
+    RECURRING_TYPES,
     REMOVE_VOTER_COMMITTED,
+    REMOVE_VOTER_STARTED,
+    REPLICA_CAUGHT_UP,
+    REPLICA_FELL_BEHIND,
+    REQUIRED_FIELDS,
+    SCHEMA_VERSION,
+    STEP_TYPES,
+    TERMINAL_TYPES,
+    UNCLEAN_RECOVERY,
+    UNCLEAN_RECOVERY_COMPLETED,
+    UNCLEAN_TYPES,
 )
-TERMINAL_TYPES: Final = (RECOVERY_COMPLETED, RECOVERY_FAILED)
-KNOWN_TYPES: Final = (*STEP_TYPES, *TERMINAL_TYPES)
+from kraftkeeper_reports.vocabulary import BY_NAME as _BY_NAME
 
-# Reasons a recovery_failed event gives in detail.reason (open set: readers accept any string).
-FAILURE_REASONS: Final = ("timeout", "quorum_lost", "replica_fell_behind")
+# Types whose detail must carry ``reason`` (a non-empty string).
+REASON_REQUIRED: Final = tuple(n for n, t in _BY_NAME.items() if "reason" in t.required_detail)
 
-REQUIRED_FIELDS: Final = (
-    "schema_version",
-    "ts",
-    "cluster",
-    "recovery_id",
-    "type",
-    "replica_id",
-    "old_uuid",
-    "new_uuid",
-    "leader_id",
-    "leader_epoch",
-    "detail",
-)
+__all__ = [
+    "ADD_VOTER_COMMITTED", "ADD_VOTER_STARTED", "DISK_REPLACEMENT_DETECTED", "FAILURE_REASONS",
+    "KNOWN_TYPES", "REASON_FELL_BEHIND", "REASON_QUORUM_LOST", "REASON_REQUIRED", "REASON_TIMEOUT",
+    "RECOVERY_COMPLETED", "RECOVERY_FAILED", "RECOVERY_RESUMED", "RECURRING_TYPES",
+    "REMOVE_VOTER_COMMITTED", "REMOVE_VOTER_STARTED", "REPLICA_CAUGHT_UP", "REPLICA_FELL_BEHIND",
+    "REQUIRED_FIELDS", "SCHEMA_VERSION", "STEP_TYPES", "TERMINAL_TYPES", "UNCLEAN_RECOVERY",
+    "UNCLEAN_RECOVERY_COMPLETED", "UNCLEAN_TYPES",
+]
 
 # Line-level reason codes, as counted by the Spark job's bad-input table. A reason in REJECTED
 # removes the line from the analysis; one in TOLERATED keeps (extra fields) or skips (unknown
@@ -248,11 +248,11 @@ def check_event(obj: object) -> list[Problem]:
     if "detail" in obj and not isinstance(detail, dict):
         wrong("detail", "an object")
     typ = obj.get("type")
-    if typ == RECOVERY_FAILED and isinstance(detail, dict):
+    if typ in REASON_REQUIRED and isinstance(detail, dict):
         reason = detail.get("reason")
         if not isinstance(reason, str) or not reason:
             problems.append(
-                Problem(f"{INVALID_VALUE}:detail.reason", "recovery_failed needs detail.reason (a string)")
+                Problem(f"{INVALID_VALUE}:detail.reason", f"{typ} needs detail.reason (a string)")
             )
     # Tolerated ones last, so the first problem of a rejected line is the fatal one.
     if isinstance(typ, str) and not is_blank(typ) and typ not in KNOWN_TYPES:
@@ -287,7 +287,7 @@ def _fast_valid_ts(obj: object) -> int | None:
         and (old is None or type(old) is str) and (new is None or type(new) is str)
     ):
         return None
-    if typ == RECOVERY_FAILED:
+    if typ in REASON_REQUIRED:
         reason = detail.get("reason")
         if type(reason) is not str or not reason:
             return None

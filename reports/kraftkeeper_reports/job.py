@@ -24,17 +24,19 @@ last line on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import itertools
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pandas as pd
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -45,6 +47,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kraftkeeper_reports import ingest as ing
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
 from kraftkeeper_reports.session import build_session, jvm_costs, jvm_exit_code, jvm_failure
@@ -124,11 +127,11 @@ class Run:
 
 @dataclass(frozen=True)
 class Input:
-    """The Spark session and the job's input lines, for a second job over some recoveries'
+    """The Spark session and the job's parsed lines, for a second job over some recoveries'
     events (:func:`_exact_after_end`)."""
 
     spark: SparkSession
-    lines: DataFrame
+    parsed: DataFrame
 
 
 def compute(
@@ -146,8 +149,9 @@ def compute(
     except AnalysisException as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: {first}") from e
+    parsed = tf.parse_lines(lines)
     # No name holds the Arrow result here: finish() lets go of it as soon as it is split.
-    return finish(tf.one_pass(tf.parse_lines(lines)).toArrow(), run, Input(spark, lines))
+    return finish(tf.one_pass(parsed).toArrow(), run, Input(spark, parsed))
 
 
 def finish(result: pa.Table, run: Run, source: Input | None = None) -> ReportTables:
@@ -213,7 +217,7 @@ def _exact_after_end(source: Input | None, rec: pa.Table) -> pa.Table:
         raise ValueError("some events after the end need recounting, which needs the Spark session and lines")
     keys = rec.filter(pc.invert(exact)).select(["cluster", "recovery_id"])
     again = source.spark.createDataFrame(keys.to_pandas())
-    events = tf.events_of(tf.parse_lines(source.lines)).join(F.broadcast(again), ["cluster", "recovery_id"])
+    events = tf.events_of(source.parsed).join(F.broadcast(again), ["cluster", "recovery_id"])
     fixed = tf.sessionise(events).drop("all_ts").toArrow()
     return pa.concat_tables([rec.filter(exact), fixed.select(rec.column_names).cast(rec.schema)])
 
@@ -257,6 +261,10 @@ def write_tables(t: ReportTables, out: Path) -> None:
     }
     if t.compare is not None:
         frames["compare"] = t.compare
+    for name, df in (("unclean", t.unclean), ("failed_recoveries", t.failed_list),
+                     ("in_progress", t.in_progress)):
+        if df is not None:
+            frames[name] = df
     for name, df in frames.items():
         df.to_parquet(tables / f"{name}.parquet", index=False)
         csv = df.copy()
@@ -267,24 +275,80 @@ def write_tables(t: ReportTables, out: Path) -> None:
     pd.DataFrame([t.summary]).to_csv(tables / "summary.csv", index=False)
 
 
-def run_report(events: list[str], out: str, master: str | None = None, top: int = 20) -> Path:
-    """Read the event logs at ``events``, write the tables and the HTML report under ``out``,
-    return the path of ``out/report.html``. Raises :class:`ReportError` on bad arguments."""
+def compute_state(
+    spark: SparkSession, paths: list[str], lay: ing.Layout, run: Run,
+) -> tuple[ReportTables, ing.Ingested]:
+    """The incremental report: ingest what is new into the tables under ``lay`` (exactly once,
+    ``ingest``), then one Spark job over the tables (``one_pass``)."""
+    done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
+    run.timer(f"ingested {done.events + done.quarantined:,} new lines in {done.batches} batch(es)")
+    parsed = ing.read_parsed(spark, lay)
+    if parsed is None:
+        raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
+    return finish(tf.one_pass(parsed).toArrow(), run, Input(spark, parsed)), done
+
+
+@contextlib.contextmanager
+def _state(lay: ing.Layout, paths: list[str], full: bool) -> Iterator[None]:
+    """The state directory, held by this run alone (a second run is refused, not queued),
+    emptied first with ``full``, and checked to be built from ``paths``."""
+    if lay.root.exists() and not lay.root.is_dir():
+        raise ReportError("INVALID_REQUEST", f"--state {lay.root} exists and is not a directory")
+    lay.root.mkdir(parents=True, exist_ok=True)
+    with open(lay.root / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            busy = f"--state {lay.root} is in use by another report run"
+            raise ReportError("INVALID_REQUEST", busy) from None
+        if full:
+            ing.reset(lay)
+        try:
+            ing.check_inputs(lay, paths)
+        except ing.StateError as e:
+            raise ReportError("INVALID_REQUEST", str(e)) from e
+        yield
+
+
+def ingest_only(
+    events: list[str], state: str, master: str | None = None, full: bool = False,
+) -> dict[str, Any]:
+    """Bring the state under ``state`` up to date with ``events``, no report: what this run
+    ingested and the state's totals."""
+    paths = _check_inputs(events)
+    lay = ing.Layout(Path(state))
+    with _state(lay, paths, full):
+        spark = build_session(master)
+        done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
+        return {"batches": done.batches, "events": done.events, "quarantined": done.quarantined,
+                "seconds": round(done.seconds, 3), "state": ing.ledger(lay)}
+
+
+def run_report(
+    events: list[str], out: str, master: str | None = None, top: int = 20, state: str | None = None,
+    full: bool = False,
+) -> Path:
+    """Read the event logs at ``events`` (new lines through the table under ``state``, default
+    ``out``/state; ``full``: rebuilt from the raw logs), write the tables and the HTML report
+    under ``out``, return the path of ``out/report.html``. Raises :class:`ReportError` on bad
+    arguments."""
     paths = _check_inputs(events)
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError("INVALID_REQUEST", f"--out {out} exists and is not a directory")
+    lay = ing.Layout(Path(state) if state else out_dir / "state")
     out_dir.mkdir(parents=True, exist_ok=True)
     timer = _Timer()
-    spark = build_session(master)
-    timer("Spark session (JVM start)")
-    report, tmp = out_dir / "report.html", out_dir / ".report.html.tmp"
+    with _state(lay, paths, full):
+        spark = build_session(master)
+        timer("Spark session (JVM start)")
+        report, tmp = out_dir / "report.html", out_dir / ".report.html.tmp"
 
-    def emit(tables: ReportTables) -> None:  # while the per-recovery table is being written
-        write_tables(tables, out_dir)
-        tmp.write_text(render_html(tables), encoding="utf-8")
+        def emit(tables: ReportTables) -> None:  # while the per-recovery table is being written
+            write_tables(tables, out_dir)
+            tmp.write_text(render_html(tables), encoding="utf-8")
 
-    compute(spark, paths, top=top, out=out_dir.resolve(), then=emit)
+        compute_state(spark, paths, lay, Run(paths, top, out_dir.resolve(), False, emit, timer))
     costs = jvm_costs(spark) if timer.on else None
     if costs is not None:  # e.g. the JIT's share: a fixed cost of every run (README, bench/report.py)
         timer.note(costs.line())
@@ -328,11 +392,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="Spark master (default local[*] on loopback)")
     ap.add_argument("--top", type=int, default=20, metavar="N",
                     help="slowest recoveries to show (default 20)")
+    ap.add_argument("--state", default=None, metavar="DIR",
+                    help="the ingested table, its quarantine and checkpoint (default OUT/state)")
+    ap.add_argument("--full", action="store_true", help="rebuild the state from the raw logs")
+    # Tests and the bench: ingest into --state only, print what was ingested as JSON, no report.
+    ap.add_argument("--ingest-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.top < 1:
         ap.error("--top must be at least 1")
     try:
-        path = run_report(a.events, a.out, a.master, a.top)
+        if a.ingest_only:
+            print(json.dumps(ingest_only(a.events, a.state or str(Path(a.out) / "state"), a.master, a.full)))
+            return 0
+        path = run_report(a.events, a.out, a.master, a.top, a.state, a.full)
     except ReportError as e:
         print(f"{e.code}: {e.message}", file=sys.stderr)
         return EXIT_INVALID

@@ -42,7 +42,7 @@ EXAMPLE_CHARS = 300
 PARSED_COLUMNS = (
     "reason", "notes", "example", "message", "ts_ms", "cluster", "recovery_id", "type",
     "replica_id", "old_uuid", "new_uuid", "leader_id", "leader_epoch", "failure_reason",
-    "engine", "order",
+    "engine", "order", "info",
 )
 
 # events.WHITESPACE as a Java regex character class (one source for both sides).
@@ -140,9 +140,9 @@ def _checks() -> list[tuple[str, Column, Column]]:
     out += [
         wrong("detail", "an object", ~_k("detail").startswith("OBJECT")),
         (f"{ev.INVALID_VALUE}:detail.reason",
-         (F.col("s_type") == ev.RECOVERY_FAILED) & _k("detail").startswith("OBJECT")
+         F.col("s_type").isin(*ev.REASON_REQUIRED) & _k("detail").startswith("OBJECT")
          & ~F.coalesce((F.col("k_reason") == "STRING") & (F.length("s_reason") > 0), F.lit(False)),
-         F.lit("recovery_failed needs detail.reason (a string)")),
+         F.concat(F.col("s_type"), F.lit(" needs detail.reason (a string)"))),
     ]
     return out
 
@@ -176,7 +176,7 @@ _STR = r'[^"\\\x00-\x1F]*'
 _NAME = r'[^"\\\x00-\x1F' + _WS_CLASS[1:-1] + r'][^"\\\x00-\x1F]*'
 _NUM = r"(0|[1-9][0-9]{0,18})"
 _VALUE = rf'("{_STR}"|-?{_NUM}|true|false|null)'
-_FAST_TYPES = tuple(t for t in ev.KNOWN_TYPES if t != ev.RECOVERY_FAILED)
+_FAST_TYPES = tuple(t for t in ev.KNOWN_TYPES if t not in ev.REASON_REQUIRED)
 # The values of a line, joined by quotes (ts, cluster, recovery_id, old_uuid, new_uuid, then
 # detail with the line's closing brace); old/new_uuid empty when null (the comparison with the
 # line tells null from "").
@@ -268,11 +268,12 @@ def _fast_fields(lines: DataFrame, keep: list[str]) -> DataFrame:
     return s3.select(
         "*", F.when(ok_c, ts_ms).alias("q_ts_ms"),
         in_detail("engine").alias("q_engine"), in_detail("order").alias("q_order"),
+        F.when(ok_c & F.col("q_type").isin(*ev.UNCLEAN_TYPES), detail).alias("q_info"),
     )
 
 
 _EVENT_FIELDS = ("cluster", "recovery_id", "type", "old_uuid", "new_uuid", "replica_id", "leader_id",
-                 "leader_epoch", "engine", "order")
+                 "leader_epoch", "engine", "order", "info")
 
 
 def parse_lines(lines: DataFrame) -> DataFrame:
@@ -331,6 +332,9 @@ def parse_general(lines: DataFrame, guard: str | None = None) -> DataFrame:
         F.try_variant_get(reason_v, "$", "string").alias("s_reason"),
         F.try_variant_get("f_detail", "$.engine", "string").alias("engine"),
         F.try_variant_get("f_detail", "$.order", "string").alias("order"),
+        # The whole detail of the rare events the report shows in full (unclean recoveries).
+        F.when(F.try_variant_get("f_type", "$", "string").isin(*ev.UNCLEAN_TYPES),
+               F.to_json(F.col("f_detail"))).alias("info"),
     )
     # Typed values only where the JSON type is right (try_variant_get would cast "3" to 3).
     s4 = s4.select(
@@ -418,5 +422,6 @@ def _finish(
         F.when(ok & (F.col("s_type") == ev.RECOVERY_FAILED), F.col("s_reason")).alias("failure_reason"),
         F.when(ok, F.col("engine")).alias("engine"),
         F.when(ok, F.col("order")).alias("order"),
+        F.when(ok, F.col("info")).alias("info"),
         *keep,
     )

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
+from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.intervals import (
     ADD_THEN_REMOVE,
     AUTO_JOIN,
@@ -31,6 +32,7 @@ from kraftkeeper_reports.intervals import (
     fmt_ms,
     recorded_order,
 )
+from kraftkeeper_reports.tables import TS_COL
 
 ALL = "(all)"
 FEW = 30  # up to this many completed recoveries, each one is drawn and labelled
@@ -152,10 +154,7 @@ def _label(r: Any) -> str:
     return f"{r['cluster']} {r['recovery_id']} (replica {r['replica_id']})"
 
 
-_T_COL = {"disk_replacement_detected": "t_detected", "replica_caught_up": "t_caught_up",
-          "add_voter_started": "t_add_voter_started", "add_voter_committed": "t_add_voter_committed",
-          "remove_voter_started": "t_remove_voter_started",
-          "remove_voter_committed": "t_remove_voter_committed"}
+_T_COL = {t: TS_COL[t] for t in ev.STEP_TYPES}
 
 
 def row_order(r: Any) -> str:

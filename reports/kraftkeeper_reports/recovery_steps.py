@@ -50,8 +50,8 @@ def line(day_start: int, who: Who, e: Ev) -> str:
 
 # Why a recovery failed: (fewest, most ms after the step it failed in, message, leader still known).
 FAILURES: Final = {
-    "replica_fell_behind": (2_000, 30_000, "REPLICA_NOT_CAUGHT_UP after 5 retries", True),
-    "quorum_lost": (500, 20_000, "no leader for 10 s", False),  # leader_id null on the failed event
+    ev.REASON_FELL_BEHIND: (2_000, 30_000, "REPLICA_NOT_CAUGHT_UP after 5 retries", True),
+    ev.REASON_QUORUM_LOST: (500, 20_000, "no leader for 10 s", False),  # leader_id null on the failed event
 }
 
 
@@ -107,8 +107,8 @@ def voter_changes(s: Steps, order: str, voters: int, failed: str | None) -> None
         ok = s.change(ev.ADD_VOTER_STARTED, ev.ADD_VOTER_COMMITTED, voters + 1, (150, 5), 6, failed) and \
             s.change(ev.REMOVE_VOTER_STARTED, ev.REMOVE_VOTER_COMMITTED, voters, (40, 2), 5, None)
     else:
-        lost = failed if failed == "quorum_lost" else None
-        behind = failed if failed == "replica_fell_behind" else None
+        lost = failed if failed == ev.REASON_QUORUM_LOST else None
+        behind = failed if failed == ev.REASON_FELL_BEHIND else None
         ok = s.change(ev.REMOVE_VOTER_STARTED, ev.REMOVE_VOTER_COMMITTED, voters - 1, (150, 5), 8, lost) and \
             s.change(ev.ADD_VOTER_STARTED, ev.ADD_VOTER_COMMITTED, voters, (40, 2), 8, behind)
     if ok:

@@ -82,25 +82,56 @@ def _all_row(stats: pd.DataFrame, phase: str) -> pd.Series | None:
     return None if row.empty else row.iloc[0]
 
 
+def _when(ms: float | int | None) -> str:
+    if ms is None or pd.isna(ms):
+        return NO_VALUE
+    return datetime.fromtimestamp(float(ms) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _loss_sentence(t: ReportTables) -> str:
+    """Data loss first: the unclean recoveries, as the summary's opening (HTML), or ""."""
+    u = t.unclean
+    if u is None or u.empty:
+        return ""
+    n = len(u)
+    last = u.iloc[0]
+    where = (f"the latest at {html.escape(_when(last['t_unclean']))} in {html.escape(str(last['cluster']))}, "
+             f"replica {int(last['survivor'])} surviving")
+    if last["log_end_offset"] is not None and not pd.isna(last["log_end_offset"]):
+        where += f" with its log up to offset {int(last['log_end_offset']):,}"
+    return (f'<span class="loss">Data loss: {_metric("unclean", f"{n:,}")} unclean '
+            f"recover{'y' if n == 1 else 'ies'} ({where}) made a surviving replica the sole voter; records "
+            "committed only on the lost replicas are gone.</span> ")
+
+
 def summary_sentence(t: ReportTables) -> str:
-    """What happened, in one sentence (HTML): its durations come from the "(all)" rows of
-    ``phase_stats`` (the table under "Interval durations"), its counts from ``summary``."""
+    """What happened, in one sentence (HTML), data loss first: its durations come from the
+    "(all)" rows of ``phase_stats`` (the table under "Interval durations"), its counts from
+    ``summary``."""
     s = t.summary
     recs, done = int(s.get("recoveries") or 0), int(s.get("completed") or 0)
     failed = int(s.get("failed") or 0)
+    n_unclean = int(s.get("unclean") or 0)
     clusters = int(s.get("clusters") or 0)
+    loss = _loss_sentence(t)
+    recs -= n_unclean
     if recs == 0:
-        return "No recovery in this event log."
+        return loss + ("No recovery of a replaced disk in this event log." if loss
+                       else "No recovery in this event log.")
     first, last = s.get("first_day"), s.get("last_day")
     when = f"on {first}" if first == last else f"between {first} and {last}"
     parts = [
-        f"{_metric('recoveries', f'{recs:,}')} recover{'y' if recs == 1 else 'ies'} of a replaced disk "
+        loss + f"{_metric('recoveries', f'{recs:,}')} recover{'y' if recs == 1 else 'ies'} "
+        "of a replaced disk "
         f"in {clusters:,} cluster{'' if clusters == 1 else 's'} {when}: "
         f"{_metric('completed', f'{done:,}')} completed, {_metric('failed', f'{failed:,}')} failed"
     ]
-    others = recs - done - failed
-    if others:
-        parts[0] += f", {others:,} still in progress or inconsistent"
+    running = int(s.get("in_progress") or 0)
+    if running:
+        parts[0] += f", {_metric('in_progress', f'{running:,}')} still in progress"
+    invalid = int(s.get("invalid") or 0)
+    if invalid:
+        parts[0] += f", {invalid:,} inconsistent (see Bad input)"
     total, exposure = _all_row(t.phase_stats, "total"), _all_row(t.phase_stats, "exposure")
     degraded = _all_row(t.phase_stats, "degraded")
     orders = _orders(t)
@@ -166,7 +197,9 @@ def _cards(t: ReportTables) -> str:
         tolerance = _card(v(degraded, stat),
                           f"{word} one failure less tolerated (detection → second voter change committed)")
 
+    n_unclean = int(s.get("unclean") or 0)
     return "".join([
+        _card(f"{n_unclean:,}", "unclean recoveries (data lost)", "bad") if n_unclean else "",
         _card(f"{done:,}", "completed", "good"),
         _card(f"{failed:,} ({fail_rate})", "failed", "bad" if failed else ""),
         _card(v(total, "p50_ms"), "median total (detection → completed)"),
@@ -178,8 +211,65 @@ def _cards(t: ReportTables) -> str:
     ])
 
 
-def _section(ident: str, title: str, body: str) -> str:
-    return f'<section id="{ident}"><h2>{html.escape(title)}</h2>\n{body}\n</section>'
+def _section(ident: str, title: str, body: str, cls: str = "") -> str:
+    c = f' class="{cls}"' if cls else ""
+    return f'<section id="{ident}"{c}><h2>{html.escape(title)}</h2>\n{body}\n</section>'
+
+
+def _unclean_section(t: ReportTables) -> str:
+    """Data loss, the first section: every unclean recovery with its survivor and what is lost."""
+    u = t.unclean
+    if u is None or u.empty:
+        return _section("data-loss", "Data loss",
+                        _note("No unclean recovery: no committed record was given up."), "ok")
+    note = _note("An unclean recovery (KIP-704 style) is the last resort when a majority of voters is gone "
+                 "for good: the surviving replica with the most log (highest last epoch, then end offset) "
+                 "becomes the sole voter with the log it holds. Every record committed only on the lost "
+                 "replicas, past the survivor's log end offset, is lost.")
+    tbl = pd.DataFrame({
+        "when (UTC)": u["t_unclean"].map(_when),
+        "cluster": u["cluster"],
+        "survivor (sole voter)": [f"replica {int(r)} · {x}" if isinstance(x, str) else f"replica {int(r)}"
+                                  for r, x in zip(u["survivor"], u["survivor_uuid"], strict=True)],
+        "log kept": [NO_VALUE if o is None or pd.isna(o) else f"up to offset {int(o):,} (epoch {int(e)})"
+                     if e is not None and not pd.isna(e) else f"up to offset {int(o):,}"
+                     for o, e in zip(u["log_end_offset"], u["last_epoch"], strict=True)],
+        "lost": [f"records committed only on the lost replicas, past offset {int(o):,}"
+                 if o is not None and not pd.isna(o) else "records committed only on the lost replicas"
+                 for o in u["log_end_offset"]],
+        "other replicas that answered": [x or "none" for x in u["other_replicas"]],
+        "serving again": [_when(x) if x is not None and not pd.isna(x) else "NOT YET"
+                          for x in u["t_serving_again"]],
+        "why": u["reason"],
+    })
+    return _section("data-loss", f"Data loss: {len(u):,} unclean recover{'y' if len(u) == 1 else 'ies'}",
+                    note + _table(tbl), "loss")
+
+
+def _attention_section(t: ReportTables) -> str:
+    """Failed recoveries and recoveries still running, by name (the failures-by-reason section
+    below counts them)."""
+    f, p = t.failed_list, t.in_progress
+    n_failed, n_running = int(t.summary.get("failed") or 0), int(t.summary.get("in_progress") or 0)
+    if (f is None or f.empty) and (p is None or p.empty):
+        return ""
+    body = ""
+    if f is not None and not f.empty:
+        shown = "" if len(f) == n_failed else f" (the latest {len(f):,} of {n_failed:,})"
+        body += f"<h3>Failed{shown}</h3>" + _note(
+            "The dead voter stays in the voter set until a new recovery succeeds.") + _table(pd.DataFrame({
+                "cluster": f["cluster"], "recovery": f["recovery_id"], "replica": f["replica_id"],
+                "detected (UTC)": f["t_detected"].map(_when), "gave up (UTC)": f["t_failed"].map(_when),
+                "after": f["give_up_ms"].map(fmt_ms), "reason": f["failure_reason"],
+                "last step reached": f["last_step"]}))
+    if p is not None and not p.empty:
+        shown = "" if len(p) == n_running else f" (the latest {len(p):,} of {n_running:,})"
+        body += f"<h3>Still in progress{shown}</h3>" + _note(
+            "No end logged yet: the operator is still working on these (or stopped logging).") + _table(
+            pd.DataFrame({"cluster": p["cluster"], "recovery": p["recovery_id"], "replica": p["replica_id"],
+                          "detected (UTC)": p["t_detected"].map(_when), "last step": p["last_step"],
+                          "at (UTC)": p["t_last_step"].map(_when)}))
+    return _section("attention", "Failed and unfinished recoveries", body, "warn")
 
 
 def _intervals_section(t: ReportTables) -> str:
@@ -339,6 +429,10 @@ th,td{padding:4px 9px;border-bottom:1px solid #e3e6ea;text-align:left}
 th{background:#eef1f5} td.nw{white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .ex{font-family:monospace;font-size:11px;word-break:break-all;color:#444}
+section.loss{border-left:6px solid #c0392b} section.loss h2{color:#c0392b}
+section.warn{border-left:6px solid #e67e22} section.ok{border-left:6px solid #2e7d32}
+section h3{font-size:15px;margin:12px 0 4px}
+span.loss{color:#c0392b;font-weight:bold} p.summary.loss{border-left-color:#c0392b}
 """
 
 
@@ -349,6 +443,7 @@ def render_html(t: ReportTables) -> str:
     days = f"{s.get('first_day')} → {s.get('last_day')}" if s.get("first_day") else "no finished recovery"
     e = html.escape
     body = "\n".join([
+        _unclean_section(t), _attention_section(t),
         _intervals_section(t), _compare_section(t), _timeline_section(t), _clusters_section(t),
         _daily_section(t), _failures_section(t), _bad_section(t),
     ])
@@ -362,7 +457,7 @@ def render_html(t: ReportTables) -> str:
 <p>{e(days)} · {int(s.get('events') or 0):,} events in {int(s.get('lines') or 0):,} lines from
 {e(str(s.get('inputs')))} · generated {gen}</p></header>
 <main>
-<p class="summary" id="summary">{summary_sentence(t)}</p>
+<p class="summary{' loss' if s.get('unclean') else ''}" id="summary">{summary_sentence(t)}</p>
 <div class="cards" id="headline">{_cards(t)}</div>
 {body}
 </main></body></html>

@@ -13,6 +13,7 @@ renderer uses this module without Spark.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.intervals import PHASES
 
 ALL_CLUSTERS = "(all)"
+UNCLEAN = "unclean"  # the outcome of an unclean recovery (committed records may be lost)
+LIST_ROWS = 50  # at most this many failed / in-progress recoveries listed by name
 PERCENTILES = (0.5, 0.9, 0.99)
 UNSPECIFIED = "(not logged)"
 EXAMPLES_PER_REASON = 3
@@ -39,7 +42,12 @@ TS_COL = {
     ev.REMOVE_VOTER_COMMITTED: "t_remove_voter_committed",
     ev.RECOVERY_COMPLETED: "t_completed",
     ev.RECOVERY_FAILED: "t_failed",
+    ev.REPLICA_FELL_BEHIND: "t_fell_behind",
+    ev.RECOVERY_RESUMED: "t_resumed",
+    ev.UNCLEAN_RECOVERY: "t_unclean",
+    ev.UNCLEAN_RECOVERY_COMPLETED: "t_unclean_completed",
 }
+assert set(TS_COL) == set(ev.KNOWN_TYPES), "every known type has its first-timestamp column"
 
 LINE_ACTION = {
     **{r: "rejected" for r in ev.REJECTED},
@@ -77,6 +85,9 @@ class ReportTables:
     bad_input: pd.DataFrame
     compare: pd.DataFrame | None = None
     recoveries: pd.DataFrame | None = None  # only with compute(..., collect_recoveries=True)
+    unclean: pd.DataFrame | None = None  # every unclean recovery (:func:`unclean`)
+    failed_list: pd.DataFrame | None = None  # the latest failed recoveries, by name
+    in_progress: pd.DataFrame | None = None  # the recoveries still running, by name
 
 
 def _pct(s: Any, name: str, q: float) -> pd.Series:
@@ -357,6 +368,102 @@ def compare(cols: Columns) -> pd.DataFrame:
     return out_df.reset_index(drop=True)
 
 
+UNCLEAN_COLUMNS = ["cluster", "recovery_id", "survivor", "survivor_uuid", "t_unclean", "t_serving_again",
+                   "log_end_offset", "last_epoch", "other_replicas", "reason", "warning"]
+
+
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def unclean(cols: Columns) -> pd.DataFrame:
+    """Every unclean recovery, latest first: which replica survived (made the sole voter, with
+    the log it holds: its last epoch and log end offset), when, when the quorum served again
+    (null while it does not), the other replicas that answered, and why. What is lost is every
+    record committed only on the replicas that did not survive: past the survivor's log end
+    offset (KIP-704's trade of durability for availability)."""
+    outcome, names = cols.codes("outcome")
+    mask = _is(outcome, names, UNCLEAN)
+    if not mask.any():
+        return pd.DataFrame(columns=UNCLEAN_COLUMNS)
+    t_un, t_done = TS_COL[ev.UNCLEAN_RECOVERY], TS_COL[ev.UNCLEAN_RECOVERY_COMPLETED]
+    df = _frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", "new_uuid", t_un, t_done,
+                                 "unclean_detail"])
+    rows = []
+    for r in df.to_dict("records"):
+        try:
+            d = json.loads(r["unclean_detail"]) if isinstance(r["unclean_detail"], str) else {}
+        except ValueError:
+            d = {}
+        d = d if isinstance(d, dict) else {}
+        given = d.get("candidates")
+        cands: dict[str, Any] = given if isinstance(given, dict) else {}
+        others = []
+        for rid, v in sorted(cands.items()):
+            if str(rid) == str(int(r["replica_id"])):
+                continue
+            epoch, end = [*v, None, None][:2] if isinstance(v, list) else (None, None)
+            end_s = f"{end:,}" if isinstance(end, int) else str(end)
+            others.append(f"{rid} (epoch {epoch}, end offset {end_s})")
+        rows.append({
+            "cluster": r["cluster"], "recovery_id": r["recovery_id"], "survivor": int(r["replica_id"]),
+            "survivor_uuid": r["new_uuid"], "t_unclean": _int_or_none(r[t_un]),
+            "t_serving_again": _int_or_none(r[t_done]) if pd.notna(r[t_done]) else None,
+            "log_end_offset": _int_or_none(d.get("log_end_offset")),
+            "last_epoch": _int_or_none(d.get("last_epoch")),
+            "other_replicas": ", ".join(others), "reason": str(d.get("reason") or ""),
+            "warning": str(d.get("warning") or ""),
+        })
+    out = pd.DataFrame(rows, columns=UNCLEAN_COLUMNS)
+    out = out.sort_values(["t_unclean", "cluster"], ascending=[False, True], kind="stable")
+    return out.reset_index(drop=True)
+
+
+# The disk-failure steps and the time each was first logged, to name where a recovery stopped.
+_STEPS = [(t, TS_COL[t]) for t in (*ev.STEP_TYPES, ev.REPLICA_FELL_BEHIND, ev.RECOVERY_RESUMED)]
+
+
+def _last_step(df: pd.DataFrame) -> tuple[list[str], list[float]]:
+    """For each row, the step logged last (before the end) and its time."""
+    ts = df[[c for _, c in _STEPS]].astype("float64").to_numpy()
+    has = ~np.isnan(ts).all(axis=1)
+    idx = np.where(has, np.nanargmax(np.where(np.isnan(ts), -np.inf, ts), axis=1), 0)
+    steps = [_STEPS[i][0] if h else "" for i, h in zip(idx, has, strict=True)]
+    when = [float(ts[k, i]) if h else float("nan") for k, (i, h) in enumerate(zip(idx, has, strict=True))]
+    return steps, when
+
+
+FAILED_COLUMNS = ["cluster", "recovery_id", "replica_id", "t_detected", "t_failed", "give_up_ms",
+                  "failure_reason", "last_step"]
+IN_PROGRESS_COLUMNS = ["cluster", "recovery_id", "replica_id", "t_detected", "last_step", "t_last_step"]
+
+
+def failed_list(cols: Columns, n: int = LIST_ROWS) -> pd.DataFrame:
+    """The n latest failed recoveries by name: which replica, when detected and given up, why,
+    and the last step reached (before the failure)."""
+    if not cols.failed.any():
+        return pd.DataFrame(columns=FAILED_COLUMNS)
+    df = _frame(cols.rec, cols.failed, ["cluster", "recovery_id", "replica_id", "t_failed", "give_up_ms",
+                                        "failure_reason", *[c for _, c in _STEPS]])
+    df["last_step"] = _last_step(df)[0]
+    df = df.sort_values(["t_failed", "cluster", "recovery_id"], ascending=[False, True, True], kind="stable")
+    return df[FAILED_COLUMNS].head(n).reset_index(drop=True)
+
+
+def in_progress(cols: Columns, n: int = LIST_ROWS) -> pd.DataFrame:
+    """The recoveries still running (no end logged), latest detection first (n of them): which
+    replica, since when, and the last step logged so far."""
+    outcome, names = cols.codes("outcome")
+    mask = _is(outcome, names, "in_progress")
+    if not mask.any():
+        return pd.DataFrame(columns=IN_PROGRESS_COLUMNS)
+    df = _frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", *[c for _, c in _STEPS]])
+    df["last_step"], df["t_last_step"] = _last_step(df)
+    df = df.sort_values(["t_detected", "cluster", "recovery_id"], ascending=[False, True, True],
+                        kind="stable")
+    return df[IN_PROGRESS_COLUMNS].head(n).reset_index(drop=True)
+
+
 def _action(reason: str) -> str:
     return {**LINE_ACTION, **RECOVERY_ACTION}.get(reason, "counted")
 
@@ -426,6 +533,7 @@ def summarise(
         "failed": int(by_outcome.get("failed", 0)),
         "in_progress": int(by_outcome.get("in_progress", 0)),
         "invalid": int(by_outcome.get("invalid", 0)),
+        "unclean": int(by_outcome.get(UNCLEAN, 0)),
         "clusters": int(outc["cluster"].nunique()),
         "p50_total_ms": pick("total", "p50_ms"),
         "p90_total_ms": pick("total", "p90_ms"),
@@ -455,4 +563,5 @@ def small_tables(
     n_events = int(pc.sum(rec.column("n_events")).as_py() or 0)
     summary = summarise(paths, n_lines, n_events, stats, outc, day, line_counts(line_groups))
     return ReportTables(summary, stats, phase_histogram(cols), outc, failures(cols), day, slowest(cols, top),
-                        bad, compare(cols), rec.to_pandas() if keep_recoveries else None)
+                        bad, compare(cols), rec.to_pandas() if keep_recoveries else None,
+                        unclean(cols), failed_list(cols), in_progress(cols))

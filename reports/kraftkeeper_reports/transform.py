@@ -77,6 +77,7 @@ from kraftkeeper_reports.tables import (
     PERCENTILES,
     RECOVERY_ACTION,
     TS_COL,
+    UNCLEAN,
     UNSPECIFIED,
 )
 
@@ -102,7 +103,7 @@ def events_of(parsed: DataFrame) -> DataFrame:
     """The usable events: clean lines and lines with only tolerated notes (extra fields)."""
     return parsed.where(F.col("reason").isNull()).select(
         "ts_ms", "cluster", "recovery_id", "type", "replica_id", "old_uuid", "new_uuid",
-        "leader_id", "leader_epoch", "failure_reason", "engine", "order",
+        "leader_id", "leader_epoch", "failure_reason", "engine", "order", "info",
     )
 
 
@@ -135,6 +136,7 @@ def _recovery_aggs() -> list[Column]:
         # detail.engine / detail.order where the operator says them (any event of the recovery).
         F.min("engine").alias("engine"),
         F.min("order").alias("order"),
+        F.max(F.when(F.col("type") == ev.UNCLEAN_RECOVERY, F.col("info"))).alias("info"),
         F.min("ts_ms").alias("min_ts"),
         F.max("ts_ms").alias("max_ts"),
         F.collect_list("ts_ms").alias("all_ts"),
@@ -209,16 +211,20 @@ _EXCLUDING = ("missing_detection", "impossible_order", "conflicting_outcome", "i
 
 def _problems() -> list[tuple[str, Column, Column]]:
     """The recovery-level problems as (code, condition, message), in the table's order."""
-    dup = F.greatest(*[F.col(f"n_{t}") for t in ev.KNOWN_TYPES]) > 1
+    # A milestone logged twice: its first one is used (a replica that caught up again is one of
+    # those); the notes in between (fell behind, resumed) may recur freely.
+    dup = F.greatest(*[F.col(f"n_{t}") for t in (*ev.STEP_TYPES, *ev.TERMINAL_TYPES, *ev.UNCLEAN_TYPES)]) > 1
     return [
-        ("missing_detection", F.col("t_detected").isNull(), F.lit("no disk_replacement_detected event")),
+        # An unclean recovery (KIP-704 style) has no replaced disk, so no detection event.
+        ("missing_detection", F.col("t_detected").isNull() & F.col(TS_COL[ev.UNCLEAN_RECOVERY]).isNull(),
+         F.lit(f"no {ev.DISK_REPLACEMENT_DETECTED} event")),
         ("impossible_order", F.col("order_violation").isNotNull(), F.col("order_violation")),
         ("conflicting_outcome", F.col("t_completed").isNotNull() & F.col("t_failed").isNotNull(),
-         F.lit("both recovery_completed and recovery_failed")),
+         F.lit(f"both {ev.RECOVERY_COMPLETED} and {ev.RECOVERY_FAILED}")),
         ("incomplete_steps",
          F.col("t_completed").isNotNull()
          & (F.col("t_add_voter_committed").isNull() | F.col("t_remove_voter_committed").isNull()),
-         F.lit("recovery_completed without add_voter_committed and remove_voter_committed")),
+         F.lit(f"{ev.RECOVERY_COMPLETED} without {ev.ADD_VOTER_COMMITTED} and {ev.REMOVE_VOTER_COMMITTED}")),
         ("inconsistent_replica", F.col("replica_id") != F.col("replica_id_max"),
          F.format_string("replica_id varies from %d to %d", F.col("replica_id"), F.col("replica_id_max"))),
         ("event_after_end", F.col("n_after_end") > 0,
@@ -256,6 +262,7 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         invalid = invalid | F.col(f"f_{code}")
     outcome = (
         F.when(invalid, "invalid")
+        .when(F.col(TS_COL[ev.UNCLEAN_RECOVERY]).isNotNull(), UNCLEAN)
         .when(F.col("t_completed").isNotNull(), "completed")
         .when(F.col("t_failed").isNotNull(), "failed")
         .otherwise("in_progress")
@@ -269,7 +276,7 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         .alias("failure_reason"),
         F.to_date(F.timestamp_millis(F.coalesce("t_detected", "min_ts"))).alias("date"),
         *TS_COL.values(),
-        "n_events", "n_after_end",
+        "n_events", "n_after_end", F.col("info").alias("unclean_detail"),
         *[_span_dur(i, recorded).alias(f"{i.name}_ms") for i in INTERVALS],
         F.when(F.col("outcome") == "failed", F.col("t_failed") - F.col("t_detected")).cast("long")
         .alias("give_up_ms"),
@@ -349,6 +356,7 @@ def _line_rows(parsed: DataFrame) -> DataFrame:
         F.when(event, tix).alias("tix"),
         *[F.when(event, F.col(c)).alias(c)
           for c in ("ts_ms", "replica_id", "old_uuid", "new_uuid", "failure_reason", "engine", "order")],
+        F.when(event & (F.col("type") == ev.UNCLEAN_RECOVERY), F.col("info")).alias("info"),
         F.when(prob, F.col("example")).alias("example"),
         F.when(prob, F.col("message")).alias("message"),
     )
@@ -371,7 +379,7 @@ def one_pass(parsed: DataFrame) -> DataFrame:
     line: measured as most of the job's time."""
     rows = _line_rows(parsed)
     key = ["cluster", "recovery_id", "pcode", "pnote"]
-    strings = ["old_uuid", "new_uuid", "failure_reason", "engine", "order", "example", "message"]
+    strings = ["old_uuid", "new_uuid", "failure_reason", "engine", "order", "info", "example", "message"]
     per_type: list[Column] = []
     merged: list[Column] = []
     for i, t in enumerate(ev.KNOWN_TYPES):
@@ -403,6 +411,7 @@ def one_pass(parsed: DataFrame) -> DataFrame:
         F.max("failure_reason").alias("failure_reason"),
         F.min("engine").alias("engine"),
         F.min("order").alias("order"),
+        F.max("info").alias("info"),
         F.min("min_ts").alias("min_ts"),
         F.max("max_ts").alias("max_ts"),
         F.sum("n_problem").alias("n_problem"),

@@ -1,0 +1,466 @@
+"""Incremental, exactly-once ingestion of the event log into a columnar table (``--state DIR``).
+
+    DIR/events/date=YYYY-MM-DD/b<N>-part-*.parquet   every usable line (clean, or with only
+                                                     tolerated notes), by the event's UTC day
+    DIR/quarantine/b<N>-part-*.parquet               every other line: its reason, message, the
+                                                     line itself and the file it came from
+    DIR/checkpoint/                                  Structured Streaming's checkpoint
+    DIR/batches/<N>.json                             what batch N added (files, line counts)
+    DIR/landing/                                     the stream's input: the input files, linked
+                                                     whole or in segments (below)
+    DIR/landed.json                                  how far each input file was landed
+    DIR/inputs.json                                  the inputs this state was built from
+
+How: a Structured Streaming query over Spark's file source (``landing/``) with a checkpoint,
+run with ``trigger(availableNow=True)``: each run takes the files no earlier run took, parses
+each line once (``parse``, in the JVM) and ends. The file source records the files of batch N
+in the checkpoint before running it, and replays exactly those files if the batch did not
+commit; the batch's output is made idempotent here (:func:`_commit_batch`): it is written to a
+staging directory, the planned moves are recorded (``batches/<N>.pending``), the files are
+renamed into the tables (atomic renames, to names that carry N), and ``batches/<N>.json``
+records the batch as done. A batch replayed after a kill at any point either finds its record
+(and does nothing), finds its plan (and finishes the renames), or starts over from an empty
+staging directory: every line lands in exactly one table, once.
+
+Files still being written. Spark's file source takes a file once, when it first sees it, so
+what it sees must be complete. The input files are therefore not its input: ``landing/`` is
+(:func:`land`). A file no writer appends to any more (the operator writes each event to
+``date=<its UTC day>/...``, so a past day's files, :data:`CLOSE_GRACE_S` after the day ended) is
+linked there whole; a file still being appended to (today's, or the operator's single log file)
+is copied there in segments of complete lines, each new segment named by its byte offset, so its
+lines are ingested once, by the run after they were written. Hadoop URLs (``hdfs://...``) are
+streamed from directly: every file there is taken as complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kraftkeeper_reports import parse
+
+# A day's partition is closed this long after the day ended (an event stamped just before
+# midnight may be written a moment after it).
+CLOSE_GRACE_S = float(os.environ.get("KK_REPORT_CLOSE_GRACE_S", "3600"))
+_DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
+_TABLE = "kk_table"  # the staging partition column: which table a row belongs to
+EVENTS, QUARANTINE = "events", "quarantine"
+
+# The columns of the events table (a usable line) and of the quarantine table (any other line).
+EVENT_COLUMNS = ("ts_ms", "cluster", "recovery_id", "type", "replica_id", "old_uuid", "new_uuid",
+                 "leader_id", "leader_epoch", "failure_reason", "engine", "order", "info", "notes",
+                 "example", "message")
+QUARANTINE_COLUMNS = ("reason", "notes", "message", "example", "value", "source")
+
+
+class StateError(Exception):
+    """The state directory cannot be used as asked (e.g. built from other inputs)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @property
+    def events(self) -> Path:
+        return self.root / EVENTS
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / QUARANTINE
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
+
+    @property
+    def batches(self) -> Path:
+        return self.root / "batches"
+
+    @property
+    def landing(self) -> Path:
+        return self.root / "landing"
+
+    @property
+    def staging(self) -> Path:
+        return self.root / "staging"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs.json"
+
+    @property
+    def landed(self) -> Path:
+        return self.root / "landed.json"
+
+
+def _is_url(p: str) -> bool:
+    return "://" in p
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _day_closed(day: str, now_s: float) -> bool:
+    try:
+        start = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return True  # not a day: no writer appends there by its clock
+    return now_s >= start + 86_400 + CLOSE_GRACE_S
+
+
+def data_files(root: Path) -> list[Path]:
+    """The data files under ``root`` (a file or a directory); hidden and ``_``-prefixed names
+    are not data."""
+    if root.is_file():
+        return [root]
+    return sorted(
+        f for f in root.rglob("*")
+        if f.is_file() and not any(p.startswith((".", "_")) for p in f.relative_to(root).parts)
+    )
+
+
+def is_closed(f: Path, now_s: float) -> bool:
+    """Whether no writer appends to ``f`` any more: under a ``date=D`` directory, once that day
+    is over; elsewhere, once it has not changed for :data:`CLOSE_GRACE_S`."""
+    days = [m.group(1) for p in f.parent.parts if (m := _DATE_DIR.match(p))]
+    if days:
+        return _day_closed(days[-1], now_s)
+    return f.stat().st_mtime <= now_s - CLOSE_GRACE_S
+
+
+def _publish(dst: Path, fill: Callable[[Path], None]) -> None:
+    """Make ``dst`` appear whole (``fill`` writes a temporary name, then a rename), once: a
+    landing name is never written twice, so a run killed after this and before its record
+    does the same again harmlessly."""
+    if dst.exists():
+        return
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fill(tmp)
+    os.replace(tmp, dst)
+
+
+def _link_or_copy(src: Path) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        try:
+            os.link(src, tmp)
+        except OSError:  # another filesystem: a copy
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+    return fill
+
+
+def _segment(src: Path, start: int, end: int) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        with open(src, "rb") as r, open(tmp, "wb") as w:
+            r.seek(start)
+            left = end - start
+            while left > 0:
+                buf = r.read(min(left, 1 << 22))
+                if not buf:
+                    break
+                w.write(buf)
+                left -= len(buf)
+            w.flush()
+            os.fsync(w.fileno())
+    return fill
+
+
+def _complete_end(src: Path, start: int, size: int) -> int:
+    """The end of the last complete line (one ending in a newline) in ``src[start:size]``;
+    ``start`` when there is none. A line still being written waits for the next run."""
+    with open(src, "rb") as f:
+        pos = size
+        while pos > start:
+            n = min(1 << 16, pos - start)
+            f.seek(pos - n)
+            buf = f.read(n)
+            i = buf.rfind(b"\n")
+            if i >= 0:
+                return pos - n + i + 1
+            pos -= n
+    return start
+
+
+def land(lay: Layout, roots: list[Path], now_s: float) -> None:
+    """Put what is new in the input files into ``landing/``, the ingestion query's input, each
+    byte once (``landed.json`` records how far each file was taken).
+
+    A file that no writer appends to any more (:func:`is_closed`) and was never taken is linked
+    whole (a hard link: no copy). A file still being appended to (the current day's, the
+    operator's single log file) is taken in segments: each run copies its complete lines since
+    the last run into a new landing file named by its byte offset, so every line is ingested
+    once, the run after it was written. Landing names keep the path below the root (``~`` for
+    ``/``, the root's index first), so a quarantined line names its file."""
+    lay.landing.mkdir(parents=True, exist_ok=True)
+    landed: dict[str, dict[str, Any]] = json.loads(lay.landed.read_text()) if lay.landed.exists() else {}
+    changed = False
+    for i, root in enumerate(roots):
+        for f in data_files(root):
+            key = f"{i}~" + (f.name if root.is_file() else str(f.relative_to(root)).replace(os.sep, "~"))
+            size = f.stat().st_size
+            was = landed.get(key)
+            if was is None and is_closed(f, now_s):
+                _publish(lay.landing / key, _link_or_copy(f))
+                landed[key] = {"size": size, "whole": True}
+                changed = True
+                continue
+            start = 0 if was is None else int(was["size"])
+            if size < start:
+                raise StateError(f"{f} is shorter than when it was ingested ({size} < {start} bytes): "
+                                 "a log must only be appended to; --full rebuilds the state")
+            if size == start or (was is not None and was.get("whole")):
+                continue  # nothing new (a closed file taken whole is not appended to)
+            seg = lay.landing / f"{key}~at{start}"
+            if seg.exists():  # landed by a run killed before its record: that run's extent
+                end = start + seg.stat().st_size
+            else:  # a closed file's last line is complete even without its newline
+                end = size if is_closed(f, now_s) else _complete_end(f, start, size)
+            if end == start:
+                continue
+            _publish(seg, _segment(f, start, end))
+            landed[key] = {"size": end, "whole": False}
+            changed = True
+    _fsync_dir(lay.landing)
+    if changed:
+        _write_atomic(lay.landed, json.dumps(landed, indent=0, sort_keys=True) + "\n")
+
+
+def check_inputs(lay: Layout, inputs: list[str]) -> None:
+    """Record the inputs of a new state; refuse other inputs for an existing one (its checkpoint
+    and landing names are those inputs')."""
+    if lay.inputs.exists():
+        was = json.loads(lay.inputs.read_text())
+        if was != inputs:
+            raise StateError(
+                f"--state {lay.root} was built from other inputs ({', '.join(was)}); "
+                "give the same --events, or --full to rebuild it from these"
+            )
+        return
+    lay.root.mkdir(parents=True, exist_ok=True)
+    _write_atomic(lay.inputs, json.dumps(inputs) + "\n")
+
+
+def _rows(batch: DataFrame) -> DataFrame:
+    """The staged rows of one batch: every line once, in the table it belongs to."""
+    parsed = parse.parse_lines(batch.select("value", "value_raw"))
+    ok = F.col("reason").isNull()
+    source: Column = F.when(~ok, F.input_file_name())
+    return parsed.select(
+        *[F.col(c) for c in EVENT_COLUMNS if c not in ("notes", "example", "message")],
+        "reason", "notes", "example", "message",
+        F.when(~ok, F.col("value_raw")).alias("value"), source.alias("source"),
+        F.when(ok, F.to_date(F.timestamp_millis("ts_ms"))).alias("date"),
+        F.when(ok, F.lit(EVENTS)).otherwise(F.lit(QUARANTINE)).alias(_TABLE),
+    )
+
+
+def _plan(lay: Layout, n: int) -> list[tuple[str, str]]:
+    """The renames that put batch ``n``'s staged files into the tables: (from, to) relative to
+    the state root; each target name carries the batch number, so a replay makes the same ones."""
+    stage = lay.staging / str(n)
+    moves = []
+    for f in sorted(stage.rglob("*.parquet")):
+        parts = f.relative_to(stage).parts
+        table = parts[0].split("=", 1)[1]
+        if table == EVENTS:
+            to = Path(EVENTS, *parts[1:-1], f"b{n}-{parts[-1]}")
+        else:  # the quarantine is one small table, not partitioned
+            to = Path(QUARANTINE, f"b{n}-{parts[-1]}")
+        moves.append((str(f.relative_to(lay.root)), str(to)))
+    return moves
+
+
+def _counts(lay: Layout, moves: list[tuple[str, str]]) -> dict[str, int]:
+    """Rows per table of a batch, from the Parquet footers (no data read)."""
+    out = {EVENTS: 0, QUARANTINE: 0}
+    for _src, dst in moves:
+        out[Path(dst).parts[0]] += pq.ParquetFile(lay.root / dst).metadata.num_rows
+    return out
+
+
+def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], None]) -> None:
+    """Write batch ``n`` into the tables exactly once (see the module docstring)."""
+    done, pending = lay.batches / f"{n}.json", lay.batches / f"{n}.pending"
+    stage = lay.staging / str(n)
+    if done.exists():  # committed before a kill that came before Spark recorded it
+        pending.unlink(missing_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    lay.batches.mkdir(parents=True, exist_ok=True)
+    if not pending.exists():
+        shutil.rmtree(stage, ignore_errors=True)
+        (_rows(batch).write.partitionBy(_TABLE, "date").option("compression", "snappy")
+         .mode("overwrite").parquet(str(stage)))
+        hook("staged")
+        _write_atomic(pending, json.dumps(_plan(lay, n)) + "\n")
+        hook("planned")
+    moves = [tuple(m) for m in json.loads(pending.read_text())]
+    for i, (src, dst) in enumerate(moves):
+        s, d = lay.root / src, lay.root / dst
+        if s.exists():
+            d.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(s, d)
+        if i == 0:
+            hook("moving")
+    for d in {(lay.root / dst).parent for _, dst in moves}:
+        _fsync_dir(d)
+    record = {"batch": n, "files": len(moves), "rows": _counts(lay, moves), "at": time.time()}
+    _write_atomic(done, json.dumps(record) + "\n")
+    hook("committed")
+    pending.unlink(missing_ok=True)
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def _no_hook(_point: str) -> None:
+    pass
+
+
+def _kill_hook() -> Callable[[str], None]:
+    """Tests: KK_INGEST_DIE_AT=<point>[:<batch count>] makes the process SIGKILL itself at that
+    point of a batch's commit (after that many batches reached it), to prove a restart counts
+    every line once. Points: staged, planned, moving, committed."""
+    spec = os.environ.get("KK_INGEST_DIE_AT", "")
+    if not spec:
+        return _no_hook
+    point, _, nth = spec.partition(":")
+    seen = {"n": 0}
+
+    def hook(at: str) -> None:
+        if at == point:
+            seen["n"] += 1
+            if seen["n"] >= int(nth or "1"):
+                # The driver and its JVM together, as a crash or an OOM kill of the pod would,
+                # when this process leads its own group (the tests start it so).
+                if os.getpgid(0) == os.getpid():
+                    os.killpg(0, signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """What one ingestion run did: batches committed by it, rows they added per table."""
+
+    batches: int
+    events: int
+    quarantined: int
+    seconds: float
+
+
+def ingest(spark: SparkSession, lay: Layout, sources: list[str]) -> Ingested:
+    """Run the ingestion query until every file present now is in the tables, then stop.
+    ``sources``: directories for the file source (``landing/`` and any Hadoop URL)."""
+    t0 = time.monotonic()
+    before = {p.name for p in lay.batches.glob("*.json")} if lay.batches.exists() else set()
+    hook = _kill_hook()
+    streams = []
+    for src in sources:
+        streams.append(
+            spark.readStream.format("text")
+            .option("recursiveFileLookup", "true")
+            # Every file is taken however old (the default forgets files a week older than the
+            # newest, and an archive may be ingested in any order).
+            .option("maxFileAge", "36500d")
+            .option("maxFilesPerTrigger", os.environ.get("KK_INGEST_MAX_FILES", "100000"))
+            .load(src)
+            .select(F.col("value").alias("value_raw"), F.col("value"))
+        )
+    stream = streams[0]
+    for s in streams[1:]:
+        stream = stream.unionByName(s)
+
+    def each(batch: DataFrame, n: int) -> None:
+        _commit_batch(lay, batch, n, hook)
+
+    q = (stream.writeStream.foreachBatch(each)
+         .option("checkpointLocation", str(lay.checkpoint))
+         .trigger(availableNow=True)
+         .queryName("kraftkeeper-ingest")
+         .start())
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+    new = [lay.batches / p for p in sorted({p.name for p in lay.batches.glob("*.json")} - before)] \
+        if lay.batches.exists() else []
+    events = quarantined = 0
+    for p in new:
+        rows = json.loads(p.read_text())["rows"]
+        events += rows[EVENTS]
+        quarantined += rows[QUARANTINE]
+    return Ingested(len(new), events, quarantined, time.monotonic() - t0)
+
+
+def ledger(lay: Layout) -> dict[str, int]:
+    """Rows per table over every committed batch (the state's own count of its lines)."""
+    out = {"batches": 0, EVENTS: 0, QUARANTINE: 0}
+    if lay.batches.exists():
+        for p in lay.batches.glob("*.json"):
+            rows = json.loads(p.read_text())["rows"]
+            out["batches"] += 1
+            out[EVENTS] += rows[EVENTS]
+            out[QUARANTINE] += rows[QUARANTINE]
+    return out
+
+
+def read_parsed(spark: SparkSession, lay: Layout) -> DataFrame | None:
+    """Both tables as parsed rows (``parse.PARSED_COLUMNS``), or None while both are empty."""
+    parts = []
+    if any(lay.events.rglob("*.parquet")):
+        parts.append(spark.read.parquet(str(lay.events)).select(*parse.PARSED_COLUMNS))
+    if any(lay.quarantine.glob("*.parquet")):
+        parts.append(spark.read.parquet(str(lay.quarantine)).select(*parse.PARSED_COLUMNS))
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def reset(lay: Layout) -> None:
+    """``--full``: forget everything ingested (the tables, checkpoint, landing links)."""
+    for d in (lay.events, lay.quarantine, lay.checkpoint, lay.batches, lay.landing, lay.staging):
+        shutil.rmtree(d, ignore_errors=True)
+    lay.inputs.unlink(missing_ok=True)
+    lay.landed.unlink(missing_ok=True)
+
+
+def sources_for(lay: Layout, inputs: list[str], now_s: float | None = None) -> list[str]:
+    """The file-source directories for ``inputs``: local inputs are landed (:func:`land`) into
+    ``landing/``, URLs are streamed from directly (every file there taken as complete)."""
+    local = [Path(p) for p in inputs if not _is_url(p)]
+    if local:
+        land(lay, local, time.time() if now_s is None else now_s)
+    return ([str(lay.landing)] if local else []) + [p for p in inputs if _is_url(p)]
