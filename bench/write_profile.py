@@ -7,7 +7,7 @@ storage, the event loop itself, other. Prints each bucket's share of the node's 
 (shares, not times: the machine is shared and absolute numbers move with its load), and keeps
 the raw collapsed stacks (flame graphs: any collapsed-stack viewer) in ``--out``.
 
-    .venv/bin/python -m bench.profile --clients 1,128 --duration 15 --out /tmp/kk-profile
+    .venv/bin/python -m bench.write_profile --clients 1,128 --duration 15 --out /tmp/kk-profile
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def record(pid: int, out: Path, duration: float) -> subprocess.Popen[bytes]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.write_profile", description=__doc__.split("\n")[0])
     ap.add_argument("--clients", default="1,128")
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "kk-profile")
