@@ -35,14 +35,14 @@ CATCHUP_DROP_MIN_BYTES = 1024 * 1024
 
 def drop_synced(fd: int, start: int, length: int) -> None:
     """Free the page cache of ``[start, start + length)`` of ``fd``, already fsynced (Linux
-    ``posix_fadvise(POSIX_FADV_DONTNEED)``; nothing elsewhere). For bulk catch-up writes (issue
-    10): a replica that received a 1 GB log holds it in memory until applied anyway, and reads
-    none of it back; keeping it cached made every written page a newly allocated one. Freed at
-    once after each fsync, the same pages take the next writes: on this project's VMs (free
-    guest pages go back to the host) writing 1 GiB in 32 MiB pieces with an fdatasync per 64 MiB
-    took 1.6-2.3 CPU s and 4-5.8 s that way, 0.3 CPU s and 0.8-1.5 s with the drop. Dirty
-    pages are never dropped by this call, so it cannot lose data; a range not yet synced would
-    only start its writeback."""
+    ``posix_fadvise(POSIX_FADV_DONTNEED)``; nothing elsewhere). For bulk catch-up writes: a
+    replica that received a 1 GB log holds it in memory until applied anyway, and reads none of
+    it back; keeping it cached made every written page a newly allocated one. Freed at once
+    after each fsync, the same pages take the next writes: on this project's VMs (free guest
+    pages go back to the host) writing 1 GiB in 32 MiB pieces with an fdatasync per 64 MiB took
+    1.6-2.3 CPU s and 4-5.8 s that way, 0.3 CPU s and 0.8-1.5 s with the drop. Dirty pages are
+    never dropped by this call, so it cannot lose data; a range not yet synced would only start
+    its writeback."""
     if length <= 0 or fd < 0 or not hasattr(os, "posix_fadvise"):
         return
     try:

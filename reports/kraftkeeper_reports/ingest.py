@@ -51,6 +51,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kraftkeeper_reports import parse
+from quorum.storage.atomic import atomic_write, fsync_dir
 
 # A day's partition is closed this long after the day ended (an event stamped just before
 # midnight may be written a moment after it).
@@ -109,24 +110,6 @@ class Layout:
 
 def _is_url(p: str) -> bool:
     return "://" in p
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _day_closed(day: str, now_s: float) -> bool:
@@ -251,9 +234,9 @@ def land(lay: Layout, roots: list[Path], now_s: float) -> None:
             _publish(seg, _segment(f, start, end))
             landed[key] = {"size": end, "whole": False}
             changed = True
-    _fsync_dir(lay.landing)
+    fsync_dir(lay.landing)
     if changed:
-        _write_atomic(lay.landed, json.dumps(landed, indent=0, sort_keys=True) + "\n")
+        atomic_write(lay.landed, (json.dumps(landed, indent=0, sort_keys=True) + "\n").encode())
 
 
 def check_inputs(lay: Layout, inputs: list[str]) -> None:
@@ -268,7 +251,7 @@ def check_inputs(lay: Layout, inputs: list[str]) -> None:
             )
         return
     lay.root.mkdir(parents=True, exist_ok=True)
-    _write_atomic(lay.inputs, json.dumps(inputs) + "\n")
+    atomic_write(lay.inputs, (json.dumps(inputs) + "\n").encode())
 
 
 def _rows(batch: DataFrame) -> DataFrame:
@@ -323,7 +306,7 @@ def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], N
         (_rows(batch).write.partitionBy(_TABLE, "date").option("compression", "snappy")
          .mode("overwrite").parquet(str(stage)))
         hook("staged")
-        _write_atomic(pending, json.dumps(_plan(lay, n)) + "\n")
+        atomic_write(pending, (json.dumps(_plan(lay, n)) + "\n").encode())
         hook("planned")
     moves = [tuple(m) for m in json.loads(pending.read_text())]
     for i, (src, dst) in enumerate(moves):
@@ -334,9 +317,9 @@ def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], N
         if i == 0:
             hook("moving")
     for d in {(lay.root / dst).parent for _, dst in moves}:
-        _fsync_dir(d)
+        fsync_dir(d)
     record = {"batch": n, "files": len(moves), "rows": _counts(lay, moves), "at": time.time()}
-    _write_atomic(done, json.dumps(record) + "\n")
+    atomic_write(done, (json.dumps(record) + "\n").encode())
     hook("committed")
     pending.unlink(missing_ok=True)
     shutil.rmtree(stage, ignore_errors=True)
