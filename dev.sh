@@ -71,21 +71,16 @@ case "$cmd" in
     "$venv/bin/mypy" --cache-dir "$KK_CACHE/mypy/$(printf %s "$here" | sha256sum | cut -c1-12)"
     log "pytest"
     rc=0
+    # Two workers, one per core (tests/conftest.py says what may run side by side, and why).
+    xdist=(-n 2 --dist loadgroup --no-loadscope-reorder)
     if [ "$fast" = 1 ]; then
       # The pure and in-process tests: the core, storage, simulations, scenarios, decoders,
       # security, the client, the operator's decisions over its in-memory model, the documents.
       # Anything marked slow (real processes), k8s, spark, browser or docker is left to the
-      # whole suite. Two groups of about equal CPU side by side, one per core; each one's
-      # output is printed when both are done.
-      out="$(mktemp -d)"
-      select=(-m "not slow and not k8s and not spark and not browser and not docker" --durations=5)
-      "$venv/bin/pytest" "${select[@]}" tests/sim tests/docs tests/ports "$@" >"$out/a" 2>&1 &
-      a=$!
-      "$venv/bin/pytest" "${select[@]}" tests/core tests/storage tests/security tests/operator \
-        tests/fuzz tests/scenarios tests/client "$@" >"$out/b" 2>&1 || rc=$?
-      wait "$a" || rc=$?
-      cat "$out/a" "$out/b"
-      rm -rf "$out"
+      # whole suite.
+      "$venv/bin/pytest" "${xdist[@]}" -m "not slow and not k8s and not spark and not browser and not docker" \
+        --durations=5 tests/sim tests/docs tests/ports tests/core tests/storage tests/security \
+        tests/operator tests/fuzz tests/scenarios tests/client "$@" || rc=$?
     else
       # The image tests install Debian's docker.io and build the debootstrap base image when they
       # are missing (cached afterwards): CI runs them too, not only machines that have the cache.
@@ -94,7 +89,7 @@ case "$cmd" in
       # when something they need is missing: everything was installed just above.
       export KK_NODE_TESTS="${KK_NODE_TESTS:-1}"
       # The 25 slowest tests are listed at the end, to keep the suite's time in view.
-      "$venv/bin/pytest" --durations=25 "$@" || rc=$?
+      "$venv/bin/pytest" "${xdist[@]}" --durations=25 "$@" || rc=$?
     fi
     elapsed=$((SECONDS - started))
     lane=$([ "$fast" = 1 ] && echo "fast lane" || echo "whole run")

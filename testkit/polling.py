@@ -15,6 +15,24 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class _Poll:
+    """The state both loops share: the deadline, the last value seen, and the failure message."""
+
+    def __init__(self, what: str, timeout: float, errors: tuple[type[BaseException], ...],
+                 context: Callable[[], str] | None) -> None:
+        self.what, self.timeout, self.errors, self.context = what, timeout, errors, context
+        self.deadline = time.monotonic() + timeout
+        self.last: Any = None
+
+    def over(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def failure(self) -> AssertionError:
+        extra = f"\n{self.context()}" if self.context else ""
+        return AssertionError(
+            f"timed out after {self.timeout:.0f} s waiting for {self.what} (last: {self.last!r}){extra}")
+
+
 def wait_until(
     what: str,
     cond: Callable[[], T | None],
@@ -27,22 +45,18 @@ def wait_until(
     """Call ``cond()`` until it returns something truthy and return that. Exceptions of the
     ``errors`` types count as "not yet" (kept as the last value); any other propagates. On the
     deadline, fail naming ``what``, the last value, and ``context()`` if given."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
+    p = _Poll(what, timeout, errors, context)
     while True:
         try:
-            value = cond()
+            p.last = value = cond()
         except errors as e:
-            last = e
+            p.last = e
         else:
-            last = value
             if value:
                 return value
-        if time.monotonic() >= deadline:
-            break
+        if p.over():
+            raise p.failure()
         time.sleep(interval)
-    extra = f"\n{context()}" if context else ""
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r}){extra}")
 
 
 async def async_wait_until(
@@ -56,22 +70,18 @@ async def async_wait_until(
 ) -> T:
     """:func:`wait_until` for a coroutine condition, inside a running event loop (the loop keeps
     serving while it waits): the same rules and failure message; ``within`` is the deadline (s)."""
-    deadline = time.monotonic() + within
-    last: Any = None
+    p = _Poll(what, within, errors, context)
     while True:
         try:
-            value = await cond()
+            p.last = value = await cond()
         except errors as e:
-            last = e
+            p.last = e
         else:
-            last = value
             if value:
                 return value
-        if time.monotonic() >= deadline:
-            break
+        if p.over():
+            raise p.failure()
         await asyncio.sleep(interval)
-    extra = f"\n{context()}" if context else ""
-    raise AssertionError(f"timed out after {within:.0f} s waiting for {what} (last: {last!r}){extra}")
 
 
 def now(cond: Callable[[], T | None]) -> Callable[[], Awaitable[T | None]]:

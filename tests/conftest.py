@@ -5,6 +5,13 @@
   wheel build and ``docker build`` (20-40 s on the 2-core CI machine) for the same sources. Each
   user still decides what a failed build means (a skip there, a failure here) and still stops
   a Docker engine it had to start; :meth:`ImageBuild.engine` starts it again for a later user.
+
+The whole suite runs on two pytest-xdist workers (``./dev.sh test``: ``-n 2 --dist loadgroup``).
+:func:`pytest_collection_modifyitems` decides what may run side by side: each test file is one
+unit of work (its module fixtures are set up once), except that everything needing the Docker
+engine or the single-node cluster (tests/kubelet, the image tests) is one unit, since there is
+one engine and one kubelet per machine and users stop the engine they started. Units are handed
+out longest first (a fixed estimate per directory, below), so the last ones are short.
 """
 
 from __future__ import annotations
@@ -42,3 +49,35 @@ def image_build() -> ImageBuild:
     proc = subprocess.run(["bash", str(BUILD_IMAGE_SH), "build"], capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "KK_IMAGE": IMAGE})
     return ImageBuild(IMAGE, proc.returncode, proc.stderr)
+
+
+# Where the whole run's time goes, longest first (minutes of the last whole run, rounded):
+# the worker that takes the single-node cluster is busy for a long stretch, so it starts at
+# once, and the small files at the end even the two workers out.
+_NODE_UNIT = "kubelet-and-docker"
+_ORDER = ["kubelet", "reports", "k8s", "kafka", "powerloss", "demo", "operator", "bench", "engine",
+          "hostile", "alerts", "security", "sim"]
+
+
+def _unit(item: pytest.Item) -> str:
+    rel = Path(str(item.path)).resolve().relative_to(REPO).as_posix()
+    if rel.startswith("tests/kubelet/") or rel == "tests/k8s/test_image.py":
+        return _NODE_UNIT
+    return rel
+
+
+def _rank(item: pytest.Item) -> int:
+    parts = Path(str(item.path)).resolve().relative_to(REPO / "tests").parts
+    if _unit(item) == _NODE_UNIT:
+        return -1
+    return _ORDER.index(parts[0]) if parts[0] in _ORDER else len(_ORDER)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for ``--dist loadgroup`` (module docstring); a no-op ordering without xdist."""
+    if config.getoption("dist", default="no") != "loadgroup":
+        return
+    items.sort(key=_rank)  # stable: the file order within a directory stays
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_unit(item)))
