@@ -159,7 +159,7 @@ def ts_ms(e: dict[str, Any]) -> int:
 
 
 def bench_recovery(k: int, stabilization: float, workdir: Path) -> dict[str, list[float]]:
-    from kraftkeeper_operator.localcluster import ClusterLayout, replace_disk
+    from kraftkeeper_operator.local.cluster import ClusterLayout, replace_disk
 
     d = workdir / "bench-local"
     names = ("detection", "stabilisation", "deadline->add", "add", "commit->remove", "remove", "total")

@@ -392,10 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _DELEGATES: dict[tuple[str, str | None], tuple[str, str, str]] = {
-    ("operator", "run"): ("kraftkeeper_operator.kopf_main", "main", "operator"),
-    ("operator", "local"): ("kraftkeeper_operator.local", "local_main", "operator"),
-    ("operator", "watch"): ("kraftkeeper_operator.watch", "watch_main", "operator"),
-    ("cluster", "replace-disk"): ("kraftkeeper_operator.local", "replace_disk_main", "operator"),
+    ("operator", "run"): ("kraftkeeper_operator.k8s.kopf_main", "main", "operator"),
+    ("operator", "local"): ("kraftkeeper_operator.local.operator", "local_main", "operator"),
+    ("operator", "watch"): ("kraftkeeper_operator.kafka.watch", "watch_main", "operator"),
+    ("cluster", "replace-disk"): ("kraftkeeper_operator.local.operator", "replace_disk_main", "operator"),
     ("report", None): ("kraftkeeper_reports.job", "main", "spark"),
     ("demo", None): ("kraftkeeper_reports.demo", "main", "spark"),
 }

@@ -43,7 +43,7 @@ from quorum.types import KraftError
 
 from . import failpoints
 from .api import QuorumApi
-from .recovery import (
+from .core.recovery import (
     Action,
     ActionKind,
     DescribeError,
@@ -54,7 +54,7 @@ from .recovery import (
     RecoveryPolicy,
     majority,
 )
-from .status import Condition, ControllerStatus, Health, grace_s, quorum_health
+from .core.status import Condition, ControllerStatus, Health, grace_s, quorum_health
 from .telemetry import EventSink, OperatorMetrics, flush_sink, has_history, logged_steps
 
 __all__ = ["ONCE_PER_RECOVERY", "Condition", "ControllerStatus", "RecoveryController"]

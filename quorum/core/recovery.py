@@ -2,7 +2,7 @@
 
 When a majority of voters lost their disks, no leader can be elected cleanly. The operator
 picks the survivor a Raft election would have preferred (the highest last epoch, then the longest
-log: ``kraftkeeper_operator.survivor``; the longest log alone could be a stale leader's uncommitted
+log: ``kraftkeeper_operator.core.survivor``; the longest log alone could be a stale leader's uncommitted
 tail) and runs this plan on it while it is stopped:
 one control batch at a new epoch that makes the local replica the sole voter and marks the log
 RECOVERING, plus the quorum state to write. On restart the replica elects itself (it is the

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator.controller import Condition, ControllerStatus
-from kraftkeeper_operator.kube import BOOTSTRAP_FIELD_MANAGER, FIELD_MANAGER
-from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, bootstrap_configmap, parse_spec
-from kraftkeeper_operator.view import QuorumView
+from kraftkeeper_operator.core.view import QuorumView
+from kraftkeeper_operator.k8s.kube import BOOTSTRAP_FIELD_MANAGER, FIELD_MANAGER
+from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_MOUNT, bootstrap_configmap, parse_spec
 
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import KQ, Operator, create, get, kq, operator  # noqa: F401 (operator: a fixture)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-from kraftkeeper_operator.manifests import parse_spec
+from kraftkeeper_operator.k8s.manifests import parse_spec
 
 from quorum.localports import free_port_range
 from quorum.security.clientconfig import parse_client_config

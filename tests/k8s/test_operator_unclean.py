@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.manifests import parse_spec
+from kraftkeeper_operator.k8s.manifests import parse_spec
 
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import (

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator.controller import Condition, ControllerStatus
-from kraftkeeper_operator.kafka.kube import (
+from kraftkeeper_operator.core.policy import Order
+from kraftkeeper_operator.k8s.kafkaquorums import (
     is_kafka,
     note_schemas_missing,
     parse_kafka_spec,
     schemas_problem,
     settings_from_secret,
 )
+from kraftkeeper_operator.k8s.manifests import SpecError
 from kraftkeeper_operator.kafka.wire import ClientConfigError
-from kraftkeeper_operator.manifests import SpecError
-from kraftkeeper_operator.policy import Order
 
 from tests.kafka.test_kafka_security import make_pki
 

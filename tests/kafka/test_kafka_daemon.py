@@ -16,8 +16,9 @@ from typing import Any
 
 import kopf
 import pytest
+from kraftkeeper_operator.k8s.kafkaquorums import MEMO_KEY, KafkaDaemon, kafka_daemon, parse_kafka_spec
+from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
-from kraftkeeper_operator.kafka.kube import MEMO_KEY, KafkaDaemon, kafka_daemon, parse_kafka_spec
 from kraftkeeper_operator.kafka.watchdog import CallTimedOut, stale_conditions, within
 from kraftkeeper_operator.kafka.wire import (
     DEFAULT_API_TIMEOUT_MS,
@@ -25,7 +26,6 @@ from kraftkeeper_operator.kafka.wire import (
     ClientConfigError,
     ClientSettings,
 )
-from kraftkeeper_operator.quorums import OperatorContext
 
 from quorum.types import ErrorCode, KraftError
 from tests.operator.helpers import Stopped

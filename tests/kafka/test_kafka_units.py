@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kraftkeeper_operator.core.recovery import Phase
 from kraftkeeper_operator.kafka.backend import (
     base64_to_uuid,
     dir_id_to_uuid,
@@ -20,9 +21,8 @@ from kraftkeeper_operator.kafka.backend import (
     parse_bootstrap,
     uuid_to_base64,
 )
+from kraftkeeper_operator.kafka.watch import records_from_event_log
 from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_properties
-from kraftkeeper_operator.recovery import Phase
-from kraftkeeper_operator.watch import records_from_event_log
 
 from quorum.kafka.schemas import membership_messages
 from quorum.kafka.server import is_loopback, parse_listen

@@ -10,8 +10,9 @@ from typing import Any
 
 import kopf
 import pytest
-from kraftkeeper_operator.kafka.backend import KafkaQuorum
-from kraftkeeper_operator.kafka.ownership import (
+from kraftkeeper_operator.core.policy import RecoveryPolicy
+from kraftkeeper_operator.core.status import Condition, ControllerStatus
+from kraftkeeper_operator.k8s.kafkaownership import (
     LIST_SHARE_S,
     REASON,
     Claim,
@@ -23,9 +24,8 @@ from kraftkeeper_operator.kafka.ownership import (
     same_quorum,
     shared_lists,
 )
-from kraftkeeper_operator.policy import RecoveryPolicy
-from kraftkeeper_operator.quorums import OperatorContext
-from kraftkeeper_operator.status import Condition, ControllerStatus
+from kraftkeeper_operator.k8s.quorums import OperatorContext
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kubernetes_asyncio.client.exceptions import ApiException
 
 

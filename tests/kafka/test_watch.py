@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
-from kraftkeeper_operator.watch import FAILPOINT_ENV, FAILPOINT_EXIT
+from kraftkeeper_operator.kafka.watch import FAILPOINT_ENV, FAILPOINT_EXIT
 
 from tests.kafka.watcher import Watcher, context_of, poll
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from kraftkeeper_operator.manifests import parse_spec
+from kraftkeeper_operator.k8s.manifests import parse_spec
 
 from quorum.security.pki import identity_from_cert, init_ca
 from testkit.kubeapi import stop_child

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kraftkeeper_operator.manifests import BOOTSTRAP_MOUNT, DATA_DIR
+from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_MOUNT, DATA_DIR
 
 from quorum.localports import free_port_range
 from tests.polling import wait_until

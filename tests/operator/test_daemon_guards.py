@@ -15,9 +15,9 @@ from typing import Any
 
 import kopf
 import pytest
-from kraftkeeper_operator import handlers, kube
-from kraftkeeper_operator.kube import KubeApi
-from kraftkeeper_operator.quorums import OperatorContext
+from kraftkeeper_operator.k8s import handlers, kube
+from kraftkeeper_operator.k8s.kube import KubeApi
+from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kubernetes_asyncio import client as k8s
 
 from tests.operator.helpers import Stopped

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator import failpoints
-from kraftkeeper_operator.api import InMemoryQuorum
 from kraftkeeper_operator.controller import RecoveryController
-from kraftkeeper_operator.local import local_main
-from kraftkeeper_operator.recovery import Phase, Recovery, RecoveryPolicy
+from kraftkeeper_operator.core.recovery import Phase, Recovery, RecoveryPolicy
+from kraftkeeper_operator.local.operator import local_main
 from kraftkeeper_operator.telemetry import EventLogSink, FanOut, MemorySink
+from kraftkeeper_operator.testing.memory import InMemoryQuorum
 
 from tests.operator.helpers import FULL, Clock, OperatorCrash
 from tests.operator.operator_nodes import LocalCluster, engine_missing, poll

@@ -8,8 +8,8 @@ from __future__ import annotations
 from itertools import product
 
 import pytest
-from kraftkeeper_operator.guards import guard_add, guard_remove
-from kraftkeeper_operator.recovery import (
+from kraftkeeper_operator.core.guards import guard_add, guard_remove
+from kraftkeeper_operator.core.recovery import (
     Order,
     Phase,
     QuorumView,
@@ -18,7 +18,7 @@ from kraftkeeper_operator.recovery import (
     RecoveryPolicy,
     Replica,
 )
-from kraftkeeper_operator.view import CHANGE_FETCH_SILENCE_MS, live_for_change
+from kraftkeeper_operator.core.view import CHANGE_FETCH_SILENCE_MS, live_for_change
 
 NOW = 1_700_000_000_000
 WINDOW = 5_000

@@ -10,8 +10,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from kraftkeeper_operator.local import local_main, replace_disk_main
-from kraftkeeper_operator.localcluster import ClusterLayout
+from kraftkeeper_operator.local.cluster import ClusterLayout
+from kraftkeeper_operator.local.operator import local_main, replace_disk_main
 
 from quorum.storage.meta import load_meta
 from tests.operator.helpers import FULL

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from kraftkeeper_operator.local import local_main
-from kraftkeeper_operator.localtls import LocalTls, parse_duration, tls_from_args
+from kraftkeeper_operator.local.operator import local_main
+from kraftkeeper_operator.local.tls import LocalTls, parse_duration, tls_from_args
 
 from quorum.client import QuorumClient
 from quorum.security.clientconfig import load_client_config
@@ -193,7 +193,7 @@ def test_tls_by_default_and_insecure_turns_it_off(tmp_path: Path) -> None:
 
 
 def test_replace_disk_refuses_a_bad_client_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kraftkeeper_operator.local import replace_disk_main
+    from kraftkeeper_operator.local.operator import replace_disk_main
 
     bad = tmp_path / "client.json"
     bad.write_text('{"ca_file": "ca.crt", "colour": "blue"}')

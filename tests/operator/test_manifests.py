@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.manifests import (
+from kraftkeeper_operator.core.view import QuorumView, Replica
+from kraftkeeper_operator.k8s.manifests import (
     BOOTSTRAP_KEY,
     BOOTSTRAP_MOUNT,
     SpecError,
@@ -19,8 +20,7 @@ from kraftkeeper_operator.manifests import (
     pod_disruption_budget,
     statefulset,
 )
-from kraftkeeper_operator.quorums import quorum_bootstrapped
-from kraftkeeper_operator.view import QuorumView, Replica
+from kraftkeeper_operator.k8s.quorums import quorum_bootstrapped
 
 from quorum.storage.meta import load_meta
 from tests.operator.operator_nodes import run_format_container

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import kopf
 import pytest
-from kraftkeeper_operator.ownership import check_owned, name_conflict, older_quorums, owned_by
+from kraftkeeper_operator.k8s.ownership import check_owned, name_conflict, older_quorums, owned_by
 
 
 def test_a_name_that_makes_another_quorums_object_is_refused() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kraftkeeper_operator.api import InMemoryQuorum
 from kraftkeeper_operator.controller import RecoveryController
-from kraftkeeper_operator.podhealth import CrashLoops, pod_trouble, replica_of
-from kraftkeeper_operator.recovery import RecoveryPolicy
+from kraftkeeper_operator.core.recovery import RecoveryPolicy
+from kraftkeeper_operator.k8s.podhealth import CrashLoops, pod_trouble, replica_of
 from kraftkeeper_operator.telemetry import MemorySink
+from kraftkeeper_operator.testing.memory import InMemoryQuorum
 
 from tests.operator.helpers import Clock
 

@@ -8,9 +8,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.api import InMemoryQuorum
 from kraftkeeper_operator.controller import ControllerStatus, RecoveryController
-from kraftkeeper_operator.recovery import (
+from kraftkeeper_operator.core.recovery import (
     DescribeError,
     Order,
     Phase,
@@ -20,6 +19,7 @@ from kraftkeeper_operator.recovery import (
     RecoveryPolicy,
 )
 from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
+from kraftkeeper_operator.testing.memory import InMemoryQuorum
 from prometheus_client import generate_latest
 
 from quorum.types import ErrorCode

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kraftkeeper_operator.recovery import Order, Phase, QuorumView, RecoveryBook, RecoveryPolicy
+from kraftkeeper_operator.core.recovery import Order, Phase, QuorumView, RecoveryBook, RecoveryPolicy
 
 POLICY = RecoveryPolicy(stabilization_seconds=0, order=Order.REMOVE_THEN_ADD)  # window 5 s
 

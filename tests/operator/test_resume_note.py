@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.api import InMemoryQuorum
 from kraftkeeper_operator.controller import BLIND_RESUME, RecoveryController
-from kraftkeeper_operator.recovery import Recovery, RecoveryPolicy
+from kraftkeeper_operator.core.recovery import Recovery, RecoveryPolicy
 from kraftkeeper_operator.telemetry import EventLogSink, EventSink, FanOut, MemorySink, StdoutEventSink
+from kraftkeeper_operator.testing.memory import InMemoryQuorum
 
 from tests.operator.helpers import Clock, OperatorCrash
 

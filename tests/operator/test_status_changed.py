@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kraftkeeper_operator.status import status_changed
+from kraftkeeper_operator.core.status import status_changed
 
 
 def cond(status: str, t: str) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator.controller import RecoveryController
-from kraftkeeper_operator.recovery import QuorumView, RecoveryPolicy
-from kraftkeeper_operator.status import ELECTION_GRACE_MS, Health, quorum_health
+from kraftkeeper_operator.core.recovery import QuorumView, RecoveryPolicy
+from kraftkeeper_operator.core.status import ELECTION_GRACE_MS, Health, quorum_health
 from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
 from prometheus_client import generate_latest
 

@@ -1,4 +1,4 @@
-"""The one unclean-recovery survivor rule (kraftkeeper_operator/survivor.py): Raft's election
+"""The one unclean-recovery survivor rule (kraftkeeper_operator/core/survivor.py): Raft's election
 order over (last epoch, end offset), the log-state answer's validation, and the probe that asks
 a node for it. The process-level tests (local mode and against a kube-apiserver) are in
 test_local.py and tests/k8s/test_operator_unclean.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from kraftkeeper_operator.survivor import (
+from kraftkeeper_operator.core.survivor import (
     LOG_STATE_PATH,
     LogState,
     LogStateError,

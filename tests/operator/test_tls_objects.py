@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from kraftkeeper_operator import rotation
-from kraftkeeper_operator.kubetls import OperatorCa, cert_due, certificates, network_policy
-from kraftkeeper_operator.manifests import SpecError, parse_spec, statefulset
-from kraftkeeper_operator.rotation import CertRotator
-from kraftkeeper_operator.tlsspec import SECRETS_MOUNT, TLS_MOUNT, parse_tls
-from kraftkeeper_operator.view import QuorumView, Replica
+from kraftkeeper_operator.core import rotation
+from kraftkeeper_operator.core.rotation import CertRotator
+from kraftkeeper_operator.core.view import QuorumView, Replica
+from kraftkeeper_operator.k8s.manifests import SpecError, parse_spec, statefulset
+from kraftkeeper_operator.k8s.tlsobjects import OperatorCa, cert_due, certificates, network_policy
+from kraftkeeper_operator.k8s.tlsspec import SECRETS_MOUNT, TLS_MOUNT, parse_tls
 
 from quorum.security.pki import Identity, identity_from_cert, peer_hostname
 

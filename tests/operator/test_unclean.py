@@ -1,4 +1,4 @@
-"""KIP-704 style unclean recovery in Kubernetes mode (kraftkeeper_operator/unclean.py): choosing
+"""KIP-704 style unclean recovery in Kubernetes mode (kraftkeeper_operator/k8s/unclean.py): choosing
 the survivor, the "exactly once per outage" bookkeeping over the in-memory quorum model and the
 in-memory request store, and the real init-container script running the real
 ``kraftkeeper quorum recover-unclean`` on a real data directory (the kubelet's part, played
@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.api import InMemoryQuorum
 from kraftkeeper_operator.controller import RecoveryController
-from kraftkeeper_operator.manifests import BOOTSTRAP_KEY, parse_spec, statefulset
-from kraftkeeper_operator.recovery import RecoveryPolicy
-from kraftkeeper_operator.survivor import LogState, Probe
-from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
-from kraftkeeper_operator.unclean import (
+from kraftkeeper_operator.core.recovery import RecoveryPolicy
+from kraftkeeper_operator.core.survivor import LogState, Probe
+from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_KEY, parse_spec, statefulset
+from kraftkeeper_operator.k8s.unclean import (
     UNCLEAN_DETAIL_KEY,
     UNCLEAN_KEY,
     MemoryRequestStore,
@@ -26,6 +24,8 @@ from kraftkeeper_operator.unclean import (
     pick_survivor,
     request_from_configmap,
 )
+from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
+from kraftkeeper_operator.testing.memory import InMemoryQuorum
 from prometheus_client import generate_latest
 
 from quorum.storage.meta import load_meta

@@ -2,7 +2,7 @@
 
 Every option is kopf's own ``kopf run`` option (``--standalone``, ``--namespace NS`` /
 ``--all-namespaces``, ``--liveness URL``, ``--verbose`` / ``--debug`` / ``--quiet``, ...); the handler
-module (``kraftkeeper_operator.handlers``) is added here. Without ``--namespace`` or
+module (``kraftkeeper_operator.k8s.handlers``) is added here. Without ``--namespace`` or
 ``--all-namespaces`` the operator watches all namespaces. Environment:
 
 * ``KUBECONFIG`` / in-cluster service account: how to reach the API server;
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-A" not in args and "--all-namespaces" not in args:
         kopf.on.startup()(_no_cluster_scanning)
     try:
-        kopf.cli.main(["run", "-m", "kraftkeeper_operator.handlers", *args], standalone_mode=False)
+        kopf.cli.main(["run", "-m", "kraftkeeper_operator.k8s.handlers", *args], standalone_mode=False)
     except SystemExit as e:  # click exits for --help and usage errors
         return int(e.code or 0)
     except KeyboardInterrupt:

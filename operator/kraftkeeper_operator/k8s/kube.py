@@ -32,9 +32,9 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from ..telemetry import CallbackSink
 from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, owner_reference_of, unclean_configmap
 from .ownership import check_owned, owned_by
-from .telemetry import CallbackSink
 from .unclean import UNCLEAN_DETAIL_KEY, UNCLEAN_KEY, UncleanRequest, request_from_configmap
 
 log = logging.getLogger("kraftkeeper.operator")

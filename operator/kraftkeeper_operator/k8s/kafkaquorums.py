@@ -47,16 +47,16 @@ import kopf
 from quorum.kafka.schemas import SchemaJarMissing, find_clients_jar
 
 from ..controller import ControllerStatus, RecoveryController
-from ..manifests import GROUP, PLURAL, VERSION, QuorumSpec, SpecError, parse_spec
-from ..policy import Order, PolicyError, RecoveryPolicy
-from ..quorums import OperatorContext, event_sink, known_voters
-from ..records import Recovery
-from ..status import status_changed
-from .backend import KafkaQuorum, parse_bootstrap
-from .clientconf import fingerprint, settings_from_secret
-from .ownership import Ownership, policy_for
-from .watchdog import stale_conditions, watched, within
-from .wire import ClientConfigError, ClientSettings
+from ..core.policy import Order, PolicyError, RecoveryPolicy
+from ..core.records import Recovery
+from ..core.status import status_changed
+from ..kafka.backend import KafkaQuorum, parse_bootstrap
+from ..kafka.clientconf import fingerprint, settings_from_secret
+from ..kafka.watchdog import stale_conditions, watched, within
+from ..kafka.wire import ClientConfigError, ClientSettings
+from .kafkaownership import Ownership, policy_for
+from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, SpecError, parse_spec
+from .quorums import OperatorContext, event_sink, known_voters
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 

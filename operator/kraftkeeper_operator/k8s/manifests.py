@@ -60,7 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .recovery import PolicyError, RecoveryPolicy
+from ..core.recovery import PolicyError, RecoveryPolicy
 from .tlsspec import TlsSpec, TlsSpecError, apply_to_pod, parse_client_selector, parse_tls, start_args
 from .unclean import MARKER_PREFIX, UNCLEAN_KEY
 

@@ -53,7 +53,7 @@ from quorum.security.pki import (
 )
 from quorum.types import ErrorCode, KraftError
 
-from .localcluster import meta_uuid
+from .cluster import meta_uuid
 
 log = logging.getLogger("kraftkeeper.operator.local")
 

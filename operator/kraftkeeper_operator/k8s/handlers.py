@@ -35,11 +35,10 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import failpoints
-from .kafka.kube import is_kafka, reconcile_kafka
-from .kafka.watchdog import watched
+from .. import failpoints
+from ..kafka.watchdog import watched
+from .kafkaquorums import is_kafka, reconcile_kafka
 from .kube import KubeApi
-from .kubetls import network_policy
 from .manifests import (
     BOOTSTRAP_ANNOTATION,
     GROUP,
@@ -57,6 +56,7 @@ from .manifests import (
 )
 from .ownership import name_conflict, older_quorums
 from .quorums import OperatorContext, configure, daemon_pass, next_pass_in
+from .tlsobjects import network_policy
 
 log = logging.getLogger("kraftkeeper.operator")
 MEMO_KEY = "kraftkeeper"

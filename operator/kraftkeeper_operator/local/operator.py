@@ -43,17 +43,17 @@ from quorum.security.clientconfig import ENV_VAR as CLIENT_CONFIG_ENV
 from quorum.security.clientconfig import ClientConfig, load_client_config
 from quorum.types import KraftError
 
-from . import failpoints
-from .controller import ControllerStatus, RecoveryController
-from .localcluster import DEFAULT_BASE_PORT, ClusterLayout, meta_uuid, pid_alive, replace_disk, write_atomic
-from .localtls import LocalTls, add_tls_args, remove_client_json, tls_from_args
-from .recovery import Order, PolicyError, Recovery, RecoveryPolicy
-from .rotation import CertRotator
-from .statusserver import StatusServer
+from .. import failpoints
+from ..controller import ControllerStatus, RecoveryController
+from ..core.recovery import Order, PolicyError, Recovery, RecoveryPolicy
+from ..core.rotation import CertRotator
+from ..core.survivor import LogState, choose_survivor, probe_log_state
+from ..core.view import QuorumView
+from ..statusserver import StatusServer
+from ..telemetry import EventLogSink, OperatorMetrics
+from .cluster import DEFAULT_BASE_PORT, ClusterLayout, meta_uuid, pid_alive, replace_disk, write_atomic
 from .supervisor import Supervisor
-from .survivor import LogState, choose_survivor, probe_log_state
-from .telemetry import EventLogSink, OperatorMetrics
-from .view import QuorumView
+from .tls import LocalTls, add_tls_args, remove_client_json, tls_from_args
 
 log = logging.getLogger("kraftkeeper.operator.local")
 

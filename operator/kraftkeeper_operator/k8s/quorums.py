@@ -30,7 +30,12 @@ import kopf
 from quorum.client import QuorumClient
 from quorum.security.clientconfig import ClientConfig
 
-from .controller import ControllerStatus, RecoveryController
+from ..controller import ControllerStatus, RecoveryController
+from ..core.recovery import QuorumView, Recovery
+from ..core.rotation import CertRotator
+from ..core.status import crd_voters, status_changed
+from ..core.survivor import Probe, probe_log_state
+from ..telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink, flush_sink
 from .kube import (
     BOOTSTRAP_FIELD_MANAGER,
     ConfigMapRequestStore,
@@ -42,11 +47,6 @@ from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints
 from .podhealth import CrashLoops
 from .podwatch import PodWatch
 from .quorumtls import QuorumTls
-from .recovery import QuorumView, Recovery
-from .rotation import CertRotator
-from .status import crd_voters, status_changed
-from .survivor import Probe, probe_log_state
-from .telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink, flush_sink
 from .unclean import STATUS_PREFIX, UncleanCoordinator
 
 log = logging.getLogger("kraftkeeper.operator")

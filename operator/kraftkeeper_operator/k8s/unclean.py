@@ -57,8 +57,8 @@ from typing import Any, Protocol
 from kraftkeeper_reports.events import RecoveryEvent
 from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY, UNCLEAN_RECOVERY_COMPLETED
 
-from .survivor import Probe, choose_survivor
-from .telemetry import EventSink, OperatorMetrics
+from ..core.survivor import Probe, choose_survivor
+from ..telemetry import EventSink, OperatorMetrics
 
 log = logging.getLogger(__name__)
 

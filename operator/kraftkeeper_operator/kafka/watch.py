@@ -49,13 +49,13 @@ from kraftkeeper_reports.vocabulary import (
 
 from quorum.types import KraftError
 
-from . import failpoints
-from .controller import RecoveryController
-from .kafka.backend import KafkaQuorum, parse_bootstrap
-from .kafka.wire import ClientConfigError, ClientSettings
-from .recovery import Order, Phase, PolicyError, Recovery, RecoveryPolicy
-from .statusserver import StatusServer
-from .telemetry import EventLogSink, EventSink, OperatorMetrics
+from .. import failpoints
+from ..controller import RecoveryController
+from ..core.recovery import Order, Phase, PolicyError, Recovery, RecoveryPolicy
+from ..statusserver import StatusServer
+from ..telemetry import EventLogSink, EventSink, OperatorMetrics
+from .backend import KafkaQuorum, parse_bootstrap
+from .wire import ClientConfigError, ClientSettings
 
 log = logging.getLogger("kraftkeeper.operator.watch")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .localcluster import ClusterLayout, kraftkeeper_cmd, pid_alive, write_atomic
+from .cluster import ClusterLayout, kraftkeeper_cmd, pid_alive, write_atomic
 
 log = logging.getLogger("kraftkeeper.operator.local")
 

@@ -26,8 +26,10 @@ from quorum.security.clientconfig import ClientConfig
 from quorum.security.pki import Identity
 from quorum.types import KraftError
 
+from ..core.rotation import CertRotator
 from .kube import KubeApi, post_quorum_event
-from .kubetls import (
+from .manifests import QuorumSpec
+from .tlsobjects import (
     OperatorCa,
     cert_due,
     certificates,
@@ -38,8 +40,6 @@ from .kubetls import (
     tls_days,
     unb64,
 )
-from .manifests import QuorumSpec
-from .rotation import CertRotator
 
 RESTART_GONE_S = 120.0  # longest wait for a deleted pod to go (its grace period is 30 s)
 

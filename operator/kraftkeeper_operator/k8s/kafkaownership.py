@@ -51,12 +51,12 @@ from typing import Any
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from ..manifests import GROUP, PLURAL, VERSION
-from ..policy import RecoveryPolicy
-from ..quorums import OperatorContext
-from ..status import ControllerStatus
-from .backend import KafkaQuorum, parse_bootstrap
-from .watchdog import within
+from ..core.policy import RecoveryPolicy
+from ..core.status import ControllerStatus
+from ..kafka.backend import KafkaQuorum, parse_bootstrap
+from ..kafka.watchdog import within
+from .manifests import GROUP, PLURAL, VERSION
+from .quorums import OperatorContext
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
