@@ -64,11 +64,17 @@ def _client(args: argparse.Namespace) -> Any:
 def cmd_format(args: argparse.Namespace) -> int:
     from quorum.storage.meta import format_dir
 
+    storage_uuid = args.storage_uuid
+    if args.storage_uuid_from_cert:
+        from quorum.security.nodetls import storage_uuid_of_cert
+
+        storage_uuid = storage_uuid_of_cert(args.storage_uuid_from_cert, args.cluster_id, args.node_id)
     meta = format_dir(
         args.dir,
         args.cluster_id,
         args.node_id,
         ignore_formatted=args.ignore_formatted,
+        storage_uuid=storage_uuid,
         initial_bootstrap=not args.no_initial_controllers,
     )
     print(f"Formatted {args.dir} for cluster {meta.cluster_id} node {meta.node_id}")
@@ -322,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--cluster-id", required=True)
     f.add_argument("--node-id", required=True, type=int)
     f.add_argument("--ignore-formatted", action="store_true")
+    uu = f.add_mutually_exclusive_group()
+    uu.add_argument("--storage-uuid", help="the new disk's storage UUID (default: a random one)")
+    uu.add_argument(
+        "--storage-uuid-from-cert",
+        metavar="CERT",
+        help="take the new disk's storage UUID from the node certificate CERT when it is bound to "
+        "one (kraftkeeper://CLUSTER/replica/N?storage=UUID); an unbound certificate leaves it random",
+    )
     f.add_argument(
         "--no-initial-controllers",
         "--replacement",
