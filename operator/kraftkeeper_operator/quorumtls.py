@@ -174,8 +174,10 @@ class QuorumTls:
             pem = data.get(f"node-{i}.crt")
             ident = Identity(q.cluster_id, replica_id=i)
             current = cert_identity(pem)
+            ours = current is not None and (current.cluster_id, current.replica_id) == (q.cluster_id, i)
+            # An expired certificate keeps its disk: only a missing or foreign one gets a new UUID.
+            disk = self.disk_for(i, current.storage_uuid if current is not None and ours else None, not ours)
             missing = cert_due(pem, dt.timedelta(0), ident)
-            disk = self.disk_for(i, None if missing or current is None else current.storage_uuid, missing)
             if i in renew or missing or (current is not None and disk != current.storage_uuid):
                 data[f"node-{i}.crt"], data[f"node-{i}.key"] = await asyncio.to_thread(ca.node, i, disk)
                 changed = True
