@@ -107,6 +107,20 @@ def disk_of_pod(pod: Mapping[str, Any], quorum: str) -> tuple[int, str] | None:
     return None
 
 
+def corrupt_log_of_pod(pod: Mapping[str, Any]) -> str | None:
+    """The node's ``CORRUPT_LOG: FILE: ... at position P (offset O)`` line when its last run
+    stopped on a damaged log (its termination message, ``FallbackToLogsOnError``)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != NODE_CONTAINER:
+            continue
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            text = str((state.get("terminated") or {}).get("message") or "")
+            lines = [ln.strip() for ln in text.splitlines() if "CORRUPT_LOG" in ln]
+            if lines:
+                return lines[-1][:500]
+    return None
+
+
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)

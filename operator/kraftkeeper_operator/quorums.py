@@ -31,6 +31,7 @@ from quorum.client import QuorumClient
 from quorum.security.clientconfig import ClientConfig
 
 from .controller import ControllerStatus, RecoveryController
+from .damage import handle_damaged_logs
 from .kube import (
     BOOTSTRAP_FIELD_MANAGER,
     ConfigMapRequestStore,
@@ -83,6 +84,7 @@ class Managed:
     rotator: CertRotator | None = None  # node certificate renewal, one pod at a time
     crash_loops: CrashLoops | None = None  # the quorum pods' crash-loop episodes (podhealth.py)
     pods: list[dict[str, Any]] = field(default_factory=list)  # as last listed (_check_pods)
+    damaged_done: set[str] = field(default_factory=set)  # pod uids stopped on a damaged log, handled
     pods_unreadable: str | None = None  # why the pods could not be listed (logged once)
     pods_running: bool | None = None  # a quorum pod is Running (None: not known)
     idle_backoff: float = 0.0  # seconds to the next pass of a quorum that never came up (0: none)
@@ -318,6 +320,10 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
         st.annotate_lost("UncleanRecoveryRequested" if m.unclean.outstanding() else None, note)
     await _flag_bootstrapped(ctx, m, st.view)
     await _bind_disks(ctx, m, st.view)
+    try:
+        await handle_damaged_logs(ctx.kube, m.spec, m.pods, st.view, m.replicas, m.damaged_done)
+    except (kopf.TemporaryError, kopf.PermanentError) as e:  # retried with the next pod change
+        log.warning("%s: handling a damaged log: %s", m.spec.cluster, e)
     if m.rotator is not None and not lost:
         await m.rotator.step(st.view)
     await _finish_scale_down(ctx, m, st.view)

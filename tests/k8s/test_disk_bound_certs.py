@@ -107,3 +107,62 @@ def test_a_new_disk_gets_its_own_certificate(kube: KubeEnv, namespace: str, oper
     told = kube.wait_for("a CertificateForNewDisk Event", lambda: _events(kube, ns, "CertificateForNewDisk"))
     assert NEW_DISK in told[0]["message"] and "replica 2" in told[0]["message"]
     assert operator.proc.poll() is None, operator.tail()
+
+
+CORRUPT = (
+    "CORRUPT_LOG: /data/kraft/__cluster_metadata-0/00000000000000000000.log: damaged batch, not a torn "
+    "write: CRC mismatch in batch at offset 14 (position 1001) at position 1001 (offset 14)"
+)
+
+
+def test_a_damaged_log_without_a_healthy_majority_deletes_nothing(
+    kube: KubeEnv,
+    namespace: str,
+    operator: Operator,  # noqa: F811
+) -> None:
+    """No leader answers here (no pods run): the operator may not take the damaged disk for lost;
+    it says so in a Warning Event naming the file and offset, and the claim and pod stay."""
+    ns = namespace
+    create(kube, ns, kq("dl", 3))
+    sts = kube.wait_for(
+        "StatefulSet dl", lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/dl"), timeout=60
+    )
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data-dl-0", "namespace": ns, "labels": labels},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/persistentvolumeclaims", claim)
+    assert st == 201, body
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "dl-0", "namespace": ns, "labels": labels},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "node", "image": "kraftkeeper:test"}],
+        },
+    }
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    assert st == 201, body
+    uid = body["metadata"]["uid"]
+    status = _refused("00000000-0000-4000-8000-000000000000")
+    node = status["status"]["containerStatuses"][0]
+    node["lastState"]["terminated"]["message"] = "kraftkeeper: preparing dl-0\n" + CORRUPT
+    st, body = kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/dl-0/status",
+        status,
+        content_type="application/merge-patch+json",
+    )
+    assert st == 200, body
+    told = kube.wait_for("a DamagedLogNeedsAction Event", lambda: _events(kube, ns, "DamagedLogNeedsAction"))
+    msg = told[0]["message"]
+    assert told[0]["type"] == "Warning" and "replica 1" in msg and "position 1001 (offset 14)" in msg
+    assert "nothing deleted" in msg and "replica(s) [2, 3]" in msg and "uncleanRecovery" in msg
+    assert (get(kube, f"/api/v1/namespaces/{ns}/pods/dl-0") or {})["metadata"]["uid"] == uid
+    assert get(kube, f"/api/v1/namespaces/{ns}/persistentvolumeclaims/data-dl-0") is not None
+    assert not _events(kube, ns, "DamagedDiskReplaced")
+    assert operator.proc.poll() is None, operator.tail()
