@@ -15,7 +15,7 @@ from cryptography import x509
 
 from quorum.security.pki import identity_from_cert
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import Operator, create, get, kq, operator  # noqa: F401
+from tests.k8s.operator_support import Operator, create, create_quorum_pod, get, kq, operator  # noqa: F401
 
 pytestmark = pytest.mark.k8s
 
@@ -67,25 +67,7 @@ def test_a_new_disk_gets_its_own_certificate(kube: KubeEnv, namespace: str, oper
     assert all(uuids) and len(set(uuids)) == 3, uuids  # each bound to a disk of its own
     old = uuids[1]
     assert old is not None
-    sts = kube.wait_for(
-        "StatefulSet db", lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/db"), timeout=60
-    )
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "db-1",
-            "namespace": ns,
-            "labels": sts["spec"]["template"]["metadata"]["labels"],
-        },
-        "spec": {
-            "automountServiceAccountToken": False,
-            "containers": [{"name": "node", "image": "kraftkeeper:test"}],
-        },
-    }
-    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-    assert st == 201, body
-    uid = body["metadata"]["uid"]
+    uid = create_quorum_pod(kube, ns, "db", 1, ["node"])["metadata"]["uid"]
     path = f"/api/v1/namespaces/{ns}/pods/db-1/status"
     st, body = kube.request("PATCH", path, _refused(old), content_type="application/merge-patch+json")
     assert st == 200, body
@@ -124,10 +106,7 @@ def test_a_damaged_log_without_a_healthy_majority_deletes_nothing(
     it says so in a Warning Event naming the file and offset, and the claim and pod stay."""
     ns = namespace
     create(kube, ns, kq("dl", 3))
-    sts = kube.wait_for(
-        "StatefulSet dl", lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/dl"), timeout=60
-    )
-    labels = sts["spec"]["template"]["metadata"]["labels"]
+    labels = create_quorum_pod(kube, ns, "dl", 0, ["node"])["metadata"]["labels"]
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -136,18 +115,7 @@ def test_a_damaged_log_without_a_healthy_majority_deletes_nothing(
     }
     st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/persistentvolumeclaims", claim)
     assert st == 201, body
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "dl-0", "namespace": ns, "labels": labels},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "containers": [{"name": "node", "image": "kraftkeeper:test"}],
-        },
-    }
-    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-    assert st == 201, body
-    uid = body["metadata"]["uid"]
+    uid = (get(kube, f"/api/v1/namespaces/{ns}/pods/dl-0") or {})["metadata"]["uid"]
     status = _refused("00000000-0000-4000-8000-000000000000")
     node = status["status"]["containerStatuses"][0]
     node["lastState"]["terminated"]["message"] = "kraftkeeper: preparing dl-0\n" + CORRUPT

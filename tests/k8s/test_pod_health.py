@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import KQ, Operator, create, get, kq, operator  # noqa: F401
+from tests.k8s.operator_support import KQ, Operator, create, create_quorum_pod, get, kq, operator  # noqa: F401
 
 pytestmark = pytest.mark.k8s
 
@@ -71,22 +71,7 @@ def test_a_crash_looping_pod_is_reported_once_per_episode(
 ) -> None:
     ns = namespace
     uid = create(kube, ns, kq("cl", 3))["metadata"]["uid"]
-    sts = kube.wait_for(
-        "StatefulSet cl", lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/cl"), timeout=60
-    )
-    labels = sts["spec"]["template"]["metadata"]["labels"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "cl-1", "namespace": ns, "labels": labels},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "initContainers": [{"name": "format", "image": "kraftkeeper:test"}],
-            "containers": [{"name": "kraftkeeper", "image": "kraftkeeper:test"}],
-        },
-    }
-    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-    assert st == 201, body
+    create_quorum_pod(kube, ns, "cl", 1, ["kraftkeeper"], init=("format",))
     path = f"/api/v1/namespaces/{ns}/pods/cl-1/status"
     st, body = kube.request("PATCH", path, _pod_status(True, 3), content_type="application/merge-patch+json")
     assert st == 200, body
