@@ -45,6 +45,11 @@ def test_format_takes_the_storage_uuid_of_a_bound_certificate(tmp_path: Path) ->
     unbound.write_bytes(issue_node(ca, 2)[0].read_bytes())
     run_cli(*fmt, "--dir", str(tmp_path / "b"), "--storage-uuid-from-cert", str(unbound))
     assert load_meta(tmp_path / "b").storage_uuid not in (DISK, None)
+    # A UUID given as such; a bad one is refused, naming it.
+    run_cli(*fmt, "--dir", str(tmp_path / "d"), "--storage-uuid", DISK.upper())
+    assert load_meta(tmp_path / "d").storage_uuid == DISK
+    p = run_cli(*fmt, "--dir", str(tmp_path / "e"), "--storage-uuid", "nope", check=False)
+    assert p.returncode != 0 and "nope" in p.stderr and not (tmp_path / "e" / "meta.properties").exists()
     # Another replica's certificate is refused, naming it; nothing is formatted.
     p = run_cli(
         *fmt,
