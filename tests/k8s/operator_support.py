@@ -111,6 +111,12 @@ def create_quorum_pod(
     return dict(body)
 
 
+def events_of(kube: KubeEnv, ns: str, uid: str, reason: str) -> list[dict[str, Any]]:
+    """The Events of reason ``reason`` about the object with ``uid``."""
+    items = (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
+    return [e for e in items if e["involvedObject"].get("uid") == uid and e.get("reason") == reason]
+
+
 def get(kube: KubeEnv, path: str) -> dict[str, Any] | None:
     st, body = kube.request("GET", path)
     return body if st == 200 else None  # type: ignore[no-any-return]

@@ -5,33 +5,24 @@ are untouched; a ConfigMap of a quorum's name that another resource owns is neve
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import KQ, Operator, create, get, kq, operator  # noqa: F401
+from tests.k8s.operator_support import KQ, Operator, create, events_of, get, kq, operator  # noqa: F401
 
 pytestmark = pytest.mark.k8s
 
 
-def _events(kube: KubeEnv, ns: str, uid: str, reason: str) -> list[dict[str, Any]]:
-    items = (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
-    return [e for e in items if e["involvedObject"].get("uid") == uid and e.get("reason") == reason]
-
-
 def test_a_colliding_name_is_refused_and_foreign_objects_are_left_alone(
-    kube: KubeEnv,
-    namespace: str,
-    operator: Operator,  # noqa: F811
+    kube: KubeEnv, namespace: str, operator: Operator  # noqa: F811
 ) -> None:
+    x = create(kube, namespace, kq("x", 3))["metadata"]["uid"]
     ns = namespace
-    x = create(kube, ns, kq("x", 3))["metadata"]["uid"]
     svc_path = f"/api/v1/namespaces/{ns}/services/x-headless"
     headless = kube.wait_for("Service x-headless", lambda: get(kube, svc_path), timeout=60)
     assert headless["metadata"]["ownerReferences"][0]["uid"] == x
     bad = create(kube, ns, kq("x-headless", 3))["metadata"]["uid"]
-    told = kube.wait_for("a NameConflict Event", lambda: _events(kube, ns, bad, "NameConflict"), timeout=60)
+    told = kube.wait_for("a NameConflict Event", lambda: events_of(kube, ns, bad, "NameConflict"), timeout=60)
     assert "x-headless" in told[0]["message"] and told[0]["type"] == "Warning"
     kube.wait_for(
         "x-headless Failed",
