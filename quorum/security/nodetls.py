@@ -22,13 +22,20 @@ from aiohttp.typedefs import Middleware
 from cryptography import x509
 
 from quorum.security.middleware import auth_middleware
-from quorum.security.pki import CA_CERT, identity_from_cert, peer_hostname
+from quorum.security.pki import CA_CERT, Identity, identity_from_cert, peer_hostname
 from quorum.security.tlsctx import peer_client_context, server_context
 from quorum.security.tokens import TOKENS_FILE, TokenStore
 from quorum.storage.meta import load_meta
 from quorum.types import ErrorCode, KraftError
 
-__all__ = ["NodeTls", "check_plaintext_listen", "is_loopback_host", "load_node_tls"]
+__all__ = [
+    "NodeTls",
+    "check_plaintext_listen",
+    "is_loopback_host",
+    "load_node_tls",
+    "node_identity",
+    "storage_uuid_of_cert",
+]
 
 
 def is_loopback_host(host: str) -> bool:
@@ -39,6 +46,34 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(h).is_loopback
     except ValueError:
         return False
+
+
+def node_identity(cert_file: str | Path, cluster_id: str, node_id: int) -> Identity:
+    """The identity of the node certificate ``cert_file``, which must name replica ``node_id``
+    of ``cluster_id`` (INVALID_REQUEST naming the file otherwise)."""
+    try:
+        cert = x509.load_pem_x509_certificate(Path(cert_file).read_bytes())
+    except (OSError, ValueError) as e:
+        msg = f"{cert_file}: not a readable PEM certificate ({e})"
+        raise KraftError(ErrorCode.INVALID_REQUEST, msg) from None
+    try:
+        ident = identity_from_cert(cert)
+    except KraftError as e:
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"{cert_file}: {e.message}") from None
+    if ident.cluster_id != cluster_id or ident.replica_id != node_id:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"{cert_file} names {ident.uri()}, but this node is replica {node_id} of cluster {cluster_id!r}",
+        )
+    return ident
+
+
+def storage_uuid_of_cert(cert_file: str | Path, cluster_id: str, node_id: int) -> str | None:
+    """The storage UUID a node certificate binds (``format --storage-uuid-from-cert``): on
+    Kubernetes the operator chooses a new disk's UUID and issues the certificate naming it before
+    the pod formats the volume, so the node starts with a credential for exactly its disk. None
+    for a certificate not bound to a disk."""
+    return node_identity(cert_file, cluster_id, node_id).storage_uuid
 
 
 def check_plaintext_listen(listen: str, insecure: bool) -> None:
@@ -103,22 +138,7 @@ class NodeTls:
         """The node certificate must name (cluster_id, node_id) and, when it is bound to a disk,
         this one (``storage_uuid``, from meta.properties): a credential issued for a replaced
         disk would have the peers refuse every request the node sends."""
-        try:
-            cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
-        except ValueError as e:
-            raise KraftError(
-                ErrorCode.INVALID_REQUEST, f"{self.cert_file}: not a PEM certificate ({e})"
-            ) from None
-        try:
-            ident = identity_from_cert(cert)
-        except KraftError as e:
-            raise KraftError(ErrorCode.INVALID_REQUEST, f"{self.cert_file}: {e.message}") from None
-        if ident.cluster_id != cluster_id or ident.replica_id != node_id:
-            raise KraftError(
-                ErrorCode.INVALID_REQUEST,
-                f"{self.cert_file} names {ident.uri()}, but this node is replica {node_id} of cluster "
-                f"{cluster_id!r}",
-            )
+        ident = node_identity(self.cert_file, cluster_id, node_id)
         if storage_uuid is not None and ident.storage_uuid not in (None, storage_uuid):
             raise KraftError(
                 ErrorCode.INVALID_REQUEST,

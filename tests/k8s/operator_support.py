@@ -83,6 +83,40 @@ def create(kube: KubeEnv, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
     return body  # type: ignore[no-any-return]
 
 
+def create_quorum_pod(
+    kube: KubeEnv, ns: str, quorum: str, ordinal: int, containers: list[str], init: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A pod standing for the StatefulSet's pod ``quorum-ordinal`` (its template's labels; no
+    kubelet runs it: tests write its status through ``pods/status``). Returns the created pod."""
+    sts = kube.wait_for(
+        f"StatefulSet {quorum}",
+        lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/{quorum}"),
+        timeout=60,
+    )
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "containers": [{"name": c, "image": "kraftkeeper:test"} for c in containers],
+    }
+    if init:
+        spec["initContainers"] = [{"name": c, "image": "kraftkeeper:test"} for c in init]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{quorum}-{ordinal}", "namespace": ns, "labels": labels},
+        "spec": spec,
+    }
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    assert st == 201, body
+    return dict(body)
+
+
+def events_of(kube: KubeEnv, ns: str, uid: str, reason: str) -> list[dict[str, Any]]:
+    """The Events of reason ``reason`` about the object with ``uid``."""
+    items = (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
+    return [e for e in items if e["involvedObject"].get("uid") == uid and e.get("reason") == reason]
+
+
 def get(kube: KubeEnv, path: str) -> dict[str, Any] | None:
     st, body = kube.request("GET", path)
     return body if st == 200 else None  # type: ignore[no-any-return]

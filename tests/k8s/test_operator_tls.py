@@ -25,7 +25,7 @@ from kraftkeeper_operator.k8s.manifests import parse_spec
 
 from quorum.localports import free_port_range
 from quorum.security.clientconfig import parse_client_config
-from quorum.security.pki import identity_from_cert, init_ca, issue_client, peer_hostname
+from quorum.security.pki import identity_from_cert, init_ca, issue_client, parse_identity_uri, peer_hostname
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import KQ, Operator, create, get, kq
 from tests.operator.operator_nodes import LocalCluster, engine_missing
@@ -180,7 +180,9 @@ def test_cert_manager_issuer_gets_certificates_and_no_ca(
     assert sorted(got) == ["cm-client", "cm-node-1", "cm-node-2", "cm-node-3", "cm-operator"]
     for i in (1, 2, 3):
         c = got[f"cm-node-{i}"]
-        assert c["uris"] == [f"kraftkeeper://{cid}/replica/{i}"]
+        # Bound to a disk the operator chose (the pod formats its empty volume with it).
+        assert len(c["uris"]) == 1 and c["uris"][0].startswith(f"kraftkeeper://{cid}/replica/{i}?storage=")
+        assert parse_identity_uri(c["uris"][0]).storage_uuid is not None
         assert f"cm-{i - 1}.cm-headless.{ns}.svc" in c["dnsNames"] and peer_hostname(cid, i) in c["dnsNames"]
         assert c["issuerRef"] == {"name": "quorum-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
         assert c["secretName"] == f"cm-node-{i}-tls" and "server auth" in c["usages"]

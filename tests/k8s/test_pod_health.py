@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import KQ, Operator, create, get, kq, operator  # noqa: F401
+from tests.k8s.operator_support import KQ, Operator, create, create_quorum_pod, events_of, get, kq, operator  # noqa: F401
 
 pytestmark = pytest.mark.k8s
 
@@ -54,11 +54,6 @@ def _pod_status(crash: bool, restarts: int) -> dict[str, Any]:
     }
 
 
-def _events(kube: KubeEnv, ns: str, uid: str, reason: str) -> list[dict[str, Any]]:
-    items = (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
-    return [e for e in items if e["involvedObject"].get("uid") == uid and e.get("reason") == reason]
-
-
 def _degraded(kube: KubeEnv, ns: str) -> dict[str, Any] | None:
     st = ((get(kube, KQ.format(ns=ns) + "/cl") or {}).get("status")) or {}
     return next((c for c in st.get("conditions") or [] if c.get("type") == "Degraded"), None)
@@ -71,22 +66,7 @@ def test_a_crash_looping_pod_is_reported_once_per_episode(
 ) -> None:
     ns = namespace
     uid = create(kube, ns, kq("cl", 3))["metadata"]["uid"]
-    sts = kube.wait_for(
-        "StatefulSet cl", lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/cl"), timeout=60
-    )
-    labels = sts["spec"]["template"]["metadata"]["labels"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "cl-1", "namespace": ns, "labels": labels},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "initContainers": [{"name": "format", "image": "kraftkeeper:test"}],
-            "containers": [{"name": "kraftkeeper", "image": "kraftkeeper:test"}],
-        },
-    }
-    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-    assert st == 201, body
+    create_quorum_pod(kube, ns, "cl", 1, ["kraftkeeper"], init=("format",))
     path = f"/api/v1/namespaces/{ns}/pods/cl-1/status"
     st, body = kube.request("PATCH", path, _pod_status(True, 3), content_type="application/merge-patch+json")
     assert st == 200, body
@@ -99,7 +79,7 @@ def test_a_crash_looping_pod_is_reported_once_per_episode(
     assert cond["status"] == "True"
     assert "container format CrashLoopBackOff, exit code 2, restarts 3" in cond["message"]
     assert WRONG_CLUSTER in cond["message"]
-    warned = kube.wait_for("a PodCrashLooping Warning", lambda: _events(kube, ns, uid, "PodCrashLooping"))
+    warned = kube.wait_for("a PodCrashLooping Warning", lambda: events_of(kube, ns, uid, "PodCrashLooping"))
     assert warned[0]["type"] == "Warning" and "pod cl-1" in warned[0]["message"]
 
     # More crashes of the same episode: the status follows, no second Warning.
@@ -108,7 +88,7 @@ def test_a_crash_looping_pod_is_reported_once_per_episode(
     kube.wait_for(
         "restarts 5 in Degraded", lambda: "restarts 5" in ((_degraded(kube, ns) or {}).get("message", ""))
     )
-    events = _events(kube, ns, uid, "PodCrashLooping")
+    events = events_of(kube, ns, uid, "PodCrashLooping")
     assert len(events) == 1 and int(events[0].get("count") or 1) == 1, events
     # Nothing was taken as a disk replacement.
     status = (get(kube, KQ.format(ns=ns) + "/cl") or {}).get("status") or {}
@@ -117,12 +97,12 @@ def test_a_crash_looping_pod_is_reported_once_per_episode(
     # Ready again: the episode is over.
     st, body = kube.request("PATCH", path, _pod_status(False, 5), content_type="application/merge-patch+json")
     assert st == 200, body
-    kube.wait_for("a PodRecovered Event", lambda: _events(kube, ns, uid, "PodRecovered"), timeout=60)
+    kube.wait_for("a PodRecovered Event", lambda: events_of(kube, ns, uid, "PodRecovered"), timeout=60)
     kube.wait_for(
         "Degraded no longer naming the pod",
         # "pod cl-1": the unreachable quorum's message names every address, cl-1's among them
         lambda: "pod cl-1" not in ((_degraded(kube, ns) or {}).get("message", "")),
         timeout=60,
     )
-    assert len(_events(kube, ns, uid, "PodCrashLooping")) == 1
+    assert len(events_of(kube, ns, uid, "PodCrashLooping")) == 1
     assert operator.proc.poll() is None, operator.tail()

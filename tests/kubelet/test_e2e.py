@@ -12,6 +12,7 @@ conftest.py); the tests run in file order and each leaves the quorum Available w
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -19,7 +20,9 @@ import threading
 from typing import Any
 
 import pytest
+from cryptography import x509
 
+from quorum.security.pki import identity_from_cert
 from tests.kubelet.conftest import (
     CLIENT_CONFIG,
     OPERATOR_NS,
@@ -195,12 +198,66 @@ def test_writes_through_the_client_service(node_cluster: NodeCluster, quorum_ns:
     assert kv(node_cluster, "get", "e2e-key").strip() == "hello"
 
 
+# Runs inside the client pod: the retired disk's certificate (JSON on stdin: ca, crt, key) sends
+# a Fetch to the leader claiming the new disk's UUID, then its own; prints both answers.
+RETIRED = """
+import http.client, json, sys, tempfile, os
+from quorum.core import messages as m
+from quorum.runtime import wire
+from quorum.security.tlsctx import client_context
+d = json.loads(sys.stdin.read())
+tmp = tempfile.mkdtemp()
+for k in ("ca", "crt", "key"):
+    with open(os.path.join(tmp, k), "w") as f:
+        f.write(d[k])
+ctx = client_context(os.path.join(tmp, "ca"), os.path.join(tmp, "crt"), os.path.join(tmp, "key"))
+for uuid in (d["new"], d["old"]):
+    msg = m.FetchRequest(1, d["cluster"], d["id"], uuid, d["epoch"], 0, 0, 0, 1024, None)
+    conn = http.client.HTTPSConnection(d["host"], 9093, timeout=30, context=ctx)
+    conn.request("POST", "/raft/v1/" + m.RPC_PATHS[m.FetchRequest], body=wire.encode(msg))
+    r = conn.getresponse()
+    raw = r.read()
+    code = wire.decode(m.FetchResponse, raw).error_code.value if r.status == 200 else raw.decode()[:200]
+    print("ANSWER", uuid, r.status, code, flush=True)
+"""
+
+
+def _node_credential(c: NodeCluster, replica_id: int) -> dict[str, str]:
+    data = c.get_json("secret", f"{QUORUM}-tls", "-n", QUORUM_NS)["data"]
+    out = {k: base64.b64decode(data[f"node-{replica_id}.{k}"]).decode() for k in ("crt", "key")}
+    out["ca"] = base64.b64decode(data["ca.crt"]).decode()
+    return out
+
+
+def _disk_of(credential: dict[str, str]) -> str | None:
+    return identity_from_cert(x509.load_pem_x509_certificate(credential["crt"].encode())).storage_uuid
+
+
+def _retired_certificate_refused(c: NodeCluster, stolen: dict[str, str], replica_id: int, old: str,
+                                 new: str, st: dict[str, Any]) -> None:
+    """The replaced disk's certificate, kept by whoever kept the disk, claiming the new disk is
+    refused (403); as itself, the retired (id, old UUID), it gets NOT_VOTER."""
+    leader = int(st["leaderId"])
+    host = f"{QUORUM}-{leader - 1}.{QUORUM}-headless.{QUORUM_NS}.svc"
+    cluster = identity_from_cert(x509.load_pem_x509_certificate(stolen["crt"].encode())).cluster_id
+    ask = {**stolen, "cluster": cluster, "id": replica_id, "old": old, "new": new, "host": host,
+           "epoch": int(st["leaderEpoch"])}
+    out = c.kubectl("exec", "-i", "-n", QUORUM_NS, "client", "--", "python", "-c", RETIRED,
+                    stdin=json.dumps(ask), timeout=120).stdout
+    assert f"ANSWER {new} 403 " in out and "PERMISSION_DENIED" in out, out
+    assert f"ANSWER {old} 200 NOT_VOTER" in out, out
+
+
 def _replace_disk(c: NodeCluster, ordinal: int, prefix: str) -> dict[str, Any]:
     """Deletes pod demo-ORDINAL together with its PVC under continuous writes, waits for the
-    operator's recovery, checks the new voter and that every acknowledged write reads back."""
+    operator's recovery, checks the new voter and that every acknowledged write reads back. The
+    node certificates name their disk: the new pod's certificate names the new disk, and the old
+    one is refused by the quorum."""
     st = wait_available(c)
     replica_id = ordinal + 1
     old_uuid = voter_uuids(st)[replica_id]
+    stolen = _node_credential(c, replica_id)
+    assert _disk_of(stolen) == old_uuid, "a node certificate names its disk"
     recoveries_before = len(st.get("recoveries") or [])
     pod = f"{QUORUM}-{ordinal}"
     volumes = c.get_json("pod", pod, "-n", QUORUM_NS)["spec"]["volumes"]
@@ -238,6 +295,8 @@ def _replace_disk(c: NodeCluster, ordinal: int, prefix: str) -> dict[str, Any]:
     assert new_uuid != old_uuid and UUID.match(new_uuid), (old_uuid, final["voters"])
     assert old_uuid not in voter_uuids(final).values()
     assert rec["replicaId"] == replica_id and rec.get("newUuid") == new_uuid, rec
+    assert _disk_of(_node_credential(c, replica_id)) == new_uuid, "the new disk has its own certificate"
+    _retired_certificate_refused(c, stolen, replica_id, old_uuid, new_uuid, final)
     new_pv = c.get_json("pvc", pvc, "-n", QUORUM_NS)["spec"]["volumeName"]
     assert new_pv != old_pv, "the StatefulSet's new claim must be bound to a fresh volume"
     _assert_story_told(c, str(rec["recoveryId"]))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_MOUNT, DATA_DIR
+from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT
 
 from quorum.localports import free_port_range
 from tests.polling import wait_until
@@ -184,16 +185,17 @@ def hold(d: Path, node: int) -> Path:
 
 
 def run_format_container(
-    sts: dict[str, Any], ordinal: int, data: Path, flag_dir: Path
+    sts: dict[str, Any], ordinal: int, data: Path, flag_dir: Path, tls_dir: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the volume preparation of the StatefulSet's node container for pod ``ordinal`` (its
     command up to the ``exec`` of the node) the way the kubelet would (the one part that cannot run
     here), with its volumes at local paths. The same command performs a requested unclean recovery
-    (manifests.format_command)."""
+    (manifests.format_command). ``tls_dir`` stands for the node's TLS volume (default: none)."""
     node = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "node")
     assert node["command"][:2] == ["sh", "-c"]
     prepare, _, _ = node["command"][2].partition("\nexec kraftkeeper start ")
     script = prepare.replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
+    script = script.replace(TLS_MOUNT, str(tls_dir or data.parent / "no-tls-volume"))
     env = {
         **os.environ,
         "POD_NAME": f"{sts['metadata']['name']}-{ordinal}",

@@ -18,7 +18,13 @@ from kraftkeeper_operator.core import rotation
 from kraftkeeper_operator.core.rotation import CertRotator
 from kraftkeeper_operator.core.view import QuorumView, Replica
 from kraftkeeper_operator.k8s.manifests import SpecError, parse_spec, statefulset
-from kraftkeeper_operator.k8s.tlsobjects import OperatorCa, cert_due, certificates, network_policy
+from kraftkeeper_operator.k8s.tlsobjects import (
+    OperatorCa,
+    cert_due,
+    cert_identity,
+    certificates,
+    network_policy,
+)
 from kraftkeeper_operator.k8s.tlsspec import SECRETS_MOUNT, TLS_MOUNT, parse_tls
 
 from quorum.security.pki import Identity, identity_from_cert, peer_hostname
@@ -133,9 +139,13 @@ def test_network_policy_admits_peers_the_operator_and_the_selected_clients(
 
 def test_cert_manager_certificates_bind_each_replica() -> None:
     q = parse_spec(spec(tls={"certManager": {"issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}))
-    certs = {c["metadata"]["name"]: c["spec"] for c in certificates(q, OWNER, 3)}
+    disk = "5f0c6a3e-2b1d-4c8e-9a7f-0d3b2e1c4a55"
+    certs = {c["metadata"]["name"]: c["spec"] for c in certificates(q, OWNER, 3, {2: disk})}
     assert set(certs) == {"q-node-1", "q-node-2", "q-node-3", "q-operator", "q-client"}
-    assert certs["q-node-2"]["uris"] == [Identity(q.cluster_id, replica_id=2).uri()]
+    # Replica 2's certificate names its disk; one without a known disk stays unbound.
+    assert certs["q-node-2"]["uris"] == [Identity(q.cluster_id, replica_id=2, storage_uuid=disk).uri()]
+    assert certs["q-node-2"]["uris"][0].endswith(f"/replica/2?storage={disk}")
+    assert certs["q-node-1"]["uris"] == [Identity(q.cluster_id, replica_id=1).uri()]
     assert "q-1.q-headless.ns.svc" in certs["q-node-2"]["dnsNames"]
     assert peer_hostname(q.cluster_id, 2) in certs["q-node-2"]["dnsNames"]
     assert certs["q-operator"]["uris"][0].endswith("/client/operator?role=admin")
@@ -152,6 +162,12 @@ def test_operator_ca_issues_node_certificates_and_refuses_another_clusters_ca() 
         assert cert_due(crt, dt.timedelta(days=100))  # valid 90 days by default
         assert cert_due(crt, dt.timedelta(0), Identity(q.cluster_id, replica_id=3))  # another replica
         assert cert_due(b"garbage", dt.timedelta(0))
+        disk = "5f0c6a3e-2b1d-4c8e-9a7f-0d3b2e1c4a55"
+        bound, _ = ca.node(2, disk)
+        assert cert_identity(bound) == Identity(q.cluster_id, replica_id=2, storage_uuid=disk)
+        # Bound to a disk is no reason to re-issue: the callers compare the binding.
+        assert not cert_due(bound, dt.timedelta(0), Identity(q.cluster_id, replica_id=2))
+        assert cert_identity(b"garbage") is None
         cfg = ca.admin_config()
         assert cfg.cert_file is not None and identity_from_cert(
             x509.load_pem_x509_certificate(cfg.cert_file.read_bytes())

@@ -42,6 +42,23 @@ def healthy(view: QuorumView | None, ids: list[int], max_lag: int, now_ms: int, 
     return True
 
 
+def healthy_majority_without(
+    view: QuorumView | None, node: int, max_lag: int, now_ms: int, fresh_ms: int
+) -> bool:
+    """A leader other than ``node``, and a majority of the voter set healthy without ``node``
+    (the leader, and voters caught up and fetching): the quorum commits without it, so its disk
+    may be treated as lost (supervisor.py, a damaged log)."""
+    if view is None or view.leader_id <= 0 or view.leader_id == node:
+        return False
+    ok = sum(
+        1
+        for v in view.voters
+        if v.id != node
+        and (v.id == view.leader_id or (0 <= v.lag <= max_lag and v.last_fetch_ms >= now_ms - fresh_ms))
+    )
+    return ok >= len(view.voters) // 2 + 1
+
+
 class CertRotator:
     """Renews node certificates one node at a time (module docstring).
 
@@ -89,8 +106,9 @@ class CertRotator:
             node, since = self.in_flight
             if not self._back(view, node, since):
                 return None
-            self._tell("CertificateRenewed", f"node {node} is back in the quorum with its renewed "
-                       "certificate")
+            self._tell(
+                "CertificateRenewed", f"node {node} is back in the quorum with its renewed certificate"
+            )
             self.in_flight = None
         due = await self.due()
         if not due:

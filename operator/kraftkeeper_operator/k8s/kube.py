@@ -147,6 +147,7 @@ class KubeApi:
             "ConfigMap": self.core.read_namespaced_config_map,
             "Secret": self.core.read_namespaced_secret,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
+            "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
         }
         if kind == "Certificate":
             group, version = (api_version or "cert-manager.io/v1").split("/")
@@ -246,6 +247,20 @@ class KubeApi:
     async def delete_pod(self, ns: str, name: str) -> None:
         """Delete a pod (no pod: nothing to do; its StatefulSet creates it again)."""
         await _call(f"deleting Pod {ns}/{name}", self.core.delete_namespaced_pod(name, ns), missing_ok=True)
+
+    async def delete_claim(self, ns: str, name: str, selector: Mapping[str, str]) -> bool:
+        """Delete PVC ``name`` if it carries ``selector``'s labels (a claim of the quorum's
+        StatefulSet, whose template sets them); False if it is gone or not the quorum's."""
+        meta = await self.read_meta("PersistentVolumeClaim", ns, name)
+        labels = (meta or {}).get("labels") or {}
+        if meta is None or any(labels.get(k) != v for k, v in selector.items()):
+            return False
+        await _call(
+            f"deleting PersistentVolumeClaim {ns}/{name}",
+            self.core.delete_namespaced_persistent_volume_claim(name, ns),
+            missing_ok=True,
+        )
+        return True
 
     async def delete_owned(self, ns: str, name: str, uid: str) -> None:
         """Delete the objects KRaftQuorum ``name`` (``uid``) owns, explicitly (no reliance on a

@@ -61,7 +61,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.recovery import PolicyError, RecoveryPolicy
-from .tlsspec import TlsSpec, TlsSpecError, apply_to_pod, parse_client_selector, parse_tls, start_args
+from .tlsspec import (
+    TLS_MOUNT,
+    TlsSpec,
+    TlsSpecError,
+    apply_to_pod,
+    parse_client_selector,
+    parse_tls,
+    start_args,
+)
 from .unclean import MARKER_PREFIX, UNCLEAN_KEY
 
 GROUP = "kraftkeeper.io"
@@ -257,10 +265,18 @@ def format_command(q: QuorumSpec) -> str:
     another id or another UUID (e.g. this volume was replaced since) changes nothing."""
     d, b = DATA_DIR, BOOTSTRAP_MOUNT
     done = f'"{d}/{MARKER_PREFIX}$RTOKEN.done"'
+    # Before the bootstrap an empty volume takes the storage UUID its certificate names (the
+    # operator chose it: kubetls.py), so the node starts with a credential bound to its disk.
+    # After it, never: a certificate may be stale (issued for the volume this one replaces), and
+    # an empty disk under a current voter's UUID would be counted with a log it never had. The
+    # disk then gets a random UUID, the node refuses its old certificate (exit, message naming
+    # both UUIDs), and the operator issues one for the new disk (quorumtls.py).
+    crt = f"{TLS_MOUNT}/node.crt"  # copied by the tls init container before this runs
+    initial = f"if [ -s {crt} ]; then set -- --storage-uuid-from-cert {crt}; fi; " if q.tls.enabled else ""
     return (
         "ID=$(( ${POD_NAME##*-} + 1 )) && set -- && "
         f'if [ "$(cat {b}/{BOOTSTRAP_KEY} 2>/dev/null)" = true ]; '
-        "then set -- --no-initial-controllers; fi && "
+        f"then set -- --no-initial-controllers; else {initial}: ; fi && "
         f"kraftkeeper format --dir {d} --cluster-id {q.cluster_id} "
         '--node-id "$ID" --ignore-formatted "$@" || exit 1; '
         f"if [ -s {b}/{UNCLEAN_KEY} ]; then "
@@ -325,6 +341,9 @@ def _node_container(
         },
         "volumeMounts": mounts,
         "securityContext": _container_security(),
+        # A node that refuses to start (its certificate names another disk, CORRUPT_LOG) says why
+        # in its last lines, which the operator reads from the pod's status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if q.resources:
         container["resources"] = dict(q.resources)

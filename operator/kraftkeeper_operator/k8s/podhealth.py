@@ -15,11 +15,18 @@ promote, and a volume of another cluster must never join this quorum.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 CRASH_LOOP = "CrashLoopBackOff"
+NODE_CONTAINER = "node"
+# What a node prints when it refuses a certificate bound to another disk (nodetls.py).
+_DISK_MISMATCH = re.compile(
+    r"is bound to storage [0-9a-f-]{36}, but this node's disk is "
+    r"([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})"
+)
 MESSAGE_CHARS = 200  # of a container's last termination message, in status and Events
 
 
@@ -80,6 +87,37 @@ def pod_trouble(pod: Mapping[str, Any], quorum: str) -> PodTrouble | None:
             restarts=int(cs.get("restartCount") or 0),
             message=" ".join(msg.split())[:MESSAGE_CHARS],
         )
+    return None
+
+
+def disk_of_pod(pod: Mapping[str, Any], quorum: str) -> tuple[int, str] | None:
+    """(replica id, storage UUID of its volume) when the pod's node refused to start because its
+    certificate names another disk (its termination message, ``FallbackToLogsOnError``): the
+    volume is new (a replaced disk, a scale-up) and needs its own certificate (kubetls.py)."""
+    rid = replica_of(str((pod.get("metadata") or {}).get("name") or ""), quorum)
+    if rid is None:
+        return None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != NODE_CONTAINER:
+            continue
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            found = _DISK_MISMATCH.search(str((state.get("terminated") or {}).get("message") or ""))
+            if found:
+                return rid, found.group(1)
+    return None
+
+
+def corrupt_log_of_pod(pod: Mapping[str, Any]) -> str | None:
+    """The node's ``CORRUPT_LOG: FILE: ... at position P (offset O)`` line when its last run
+    stopped on a damaged log (its termination message, ``FallbackToLogsOnError``)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != NODE_CONTAINER:
+            continue
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            text = str((state.get("terminated") or {}).get("message") or "")
+            lines = [ln.strip() for ln in text.splitlines() if "CORRUPT_LOG" in ln]
+            if lines:
+                return lines[-1][:500]
     return None
 
 

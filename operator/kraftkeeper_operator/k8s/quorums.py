@@ -36,6 +36,7 @@ from ..core.rotation import CertRotator
 from ..core.status import crd_voters, status_changed
 from ..core.survivor import Probe, probe_log_state
 from ..telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink, flush_sink
+from .damage import handle_damaged_logs
 from .kube import (
     BOOTSTRAP_FIELD_MANAGER,
     ConfigMapRequestStore,
@@ -82,6 +83,8 @@ class Managed:
     client_config: ClientConfig | None = None  # the operator's admin credential (quorumtls.py)
     rotator: CertRotator | None = None  # node certificate renewal, one pod at a time
     crash_loops: CrashLoops | None = None  # the quorum pods' crash-loop episodes (podhealth.py)
+    pods: list[dict[str, Any]] = field(default_factory=list)  # as last listed (_check_pods)
+    damaged_done: set[str] = field(default_factory=set)  # pod uids stopped on a damaged log, handled
     pods_unreadable: str | None = None  # why the pods could not be listed (logged once)
     pods_running: bool | None = None  # a quorum pod is Running (None: not known)
     idle_backoff: float = 0.0  # seconds to the next pass of a quorum that never came up (0: none)
@@ -316,6 +319,11 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
     if note:
         st.annotate_lost("UncleanRecoveryRequested" if m.unclean.outstanding() else None, note)
     await _flag_bootstrapped(ctx, m, st.view)
+    await _bind_disks(ctx, m, st.view)
+    try:
+        await handle_damaged_logs(ctx.kube, m.spec, m.pods, st.view, m.replicas, m.damaged_done)
+    except (kopf.TemporaryError, kopf.PermanentError) as e:  # retried with the next pod change
+        log.warning("%s: handling a damaged log: %s", m.spec.cluster, e)
     if m.rotator is not None and not lost:
         await m.rotator.step(st.view)
     await _finish_scale_down(ctx, m, st.view)
@@ -363,6 +371,7 @@ async def _check_pods(ctx: OperatorContext, m: Managed) -> CrashLoops:
         m.pods_running = None
         return m.crash_loops
     m.pods_unreadable = None
+    m.pods = pods
     m.pods_running = any((p.get("status") or {}).get("phase") == "Running" for p in pods)
     started, ended = m.crash_loops.update(pods)
     for t in started:
@@ -372,6 +381,18 @@ async def _check_pods(ctx: OperatorContext, m: Managed) -> CrashLoops:
         log.info("%s: pod %s no longer crash-looping", q.cluster, t.pod)
         post_quorum_event(q, warning=False, reason="PodRecovered", message=f"pod {t.pod}: crash loop over")
     return m.crash_loops
+
+
+async def _bind_disks(ctx: OperatorContext, m: Managed, view: QuorumView | None) -> None:
+    """Node certificates follow the disks (quorumtls.py ``bind_disks``)."""
+    t = ctx.tls.get(m.spec.cluster)
+    if t is None:
+        return
+    t.observe(view)
+    try:
+        await t.bind_disks(ctx.kube, m.spec, owner_reference_of(m.spec), m.pods, m.replicas)
+    except (kopf.TemporaryError, kopf.PermanentError) as e:  # retried on the next pass
+        log.warning("%s: binding certificates to disks: %s", m.spec.cluster, e)
 
 
 async def _refresh_credential(ctx: OperatorContext, m: Managed) -> None:

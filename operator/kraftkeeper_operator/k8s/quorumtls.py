@@ -7,6 +7,15 @@ at a time by :meth:`QuorumTls.rotator`), the applications' client Secret, and re
 operator's admin client config; CertManager mode applies the Certificates and returns the
 operator's admin config from cert-manager's Secret (a TemporaryError while it is not issued yet);
 Disabled returns None (plaintext).
+
+Disk binding (kubetls.py module docstring): :meth:`QuorumTls.bind_disks` runs on every daemon
+pass. A pod whose node refused its certificate because it names another disk reported its
+volume's storage UUID (podhealth.py ``disk_of_pod``): the operator issues (or has cert-manager
+issue) the certificate of that disk and then deletes the pod once, so that its ``tls`` init
+container copies the new one; it does not wait for a healthy quorum as a renewal does (the node
+is down anyway, and a certificate adds no voter: the recovery's AddVoter does). The quorum's view
+names the disk of each voter; a certificate without a disk binding (issued by an older operator)
+is bound to it by the rotation, one pod at a time.
 """
 
 from __future__ import annotations
@@ -24,14 +33,16 @@ import kopf
 
 from quorum.security.clientconfig import ClientConfig
 from quorum.security.pki import Identity
-from quorum.types import KraftError
+from quorum.types import KraftError, new_storage_uuid
 
 from ..core.rotation import CertRotator
 from .kube import KubeApi, post_quorum_event
 from .manifests import QuorumSpec
+from .podhealth import disk_of_pod
 from .tlsobjects import (
     OperatorCa,
     cert_due,
+    cert_identity,
     certificates,
     client_config_from_secret,
     client_json,
@@ -58,6 +69,7 @@ async def pods_ready(kube: KubeApi, q: QuorumSpec, replicas: int) -> bool:
         return True
     return int(st.get("readyReplicas") or 0) >= replicas
 
+
 WAIT_S = 5
 
 
@@ -69,6 +81,11 @@ class QuorumTls:
         self.cm_dir: Path | None = None
         self.config: ClientConfig | None = None
         self.cm_data: dict[str, str] | None = None  # cert-manager's Secret as last loaded
+        self.reported: dict[int, str] = {}  # replica id -> storage UUID its pod's volume reported
+        self.voter_disks: dict[int, str] = {}  # replica id -> its one voter's UUID (quorum view)
+        self.chosen: dict[int, str] = {}  # cert-manager: UUIDs chosen for not yet issued Secrets
+        self.restarted: set[str] = set()  # uids of pods deleted to take their disk's certificate
+        self.cm_unbound: set[int] = set()  # cert-manager: replica ids whose Certificate names no disk
 
     def close(self) -> None:
         if self.ca is not None:
@@ -90,7 +107,9 @@ class QuorumTls:
             if self.ca is not None:  # switched from Operator mode: forget that CA
                 self.ca.close()
                 self.ca = None
-            for obj in certificates(q, owner, replicas):
+            disks = {i: await self._cm_disk(kube, q, i) for i in range(1, replicas + 1)}
+            self.cm_unbound = {i for i, d in disks.items() if d is None}
+            for obj in certificates(q, owner, replicas, disks):
                 await kube.apply(obj)
             data = await kube.secret_data(q.namespace, f"{q.name}-operator-tls")
             if not data:
@@ -152,13 +171,103 @@ class QuorumTls:
         changed = data.get("ca.crt") != ca.ca_pems()[0]
         data["ca.crt"] = ca.ca_pems()[0]
         for i in range(1, replicas + 1):
+            pem = data.get(f"node-{i}.crt")
             ident = Identity(q.cluster_id, replica_id=i)
-            if i in renew or cert_due(data.get(f"node-{i}.crt"), dt.timedelta(0), ident):
-                data[f"node-{i}.crt"], data[f"node-{i}.key"] = await asyncio.to_thread(ca.node, i)
+            current = cert_identity(pem)
+            ours = current is not None and (current.cluster_id, current.replica_id) == (q.cluster_id, i)
+            # An expired certificate keeps its disk: only a missing or foreign one gets a new UUID.
+            disk = self.disk_for(i, current.storage_uuid if current is not None and ours else None, not ours)
+            missing = cert_due(pem, dt.timedelta(0), ident)
+            if i in renew or missing or (current is not None and disk != current.storage_uuid):
+                data[f"node-{i}.crt"], data[f"node-{i}.key"] = await asyncio.to_thread(ca.node, i, disk)
                 changed = True
-                log.info("%s: issued the certificate of replica %d", q.cluster, i)
+                log.info("%s: issued the certificate of replica %d (storage %s)", q.cluster, i, disk)
         if changed:
             await kube.apply(secret(q, owner, name, data))
+
+    def disk_for(self, i: int, current: str | None, new: bool) -> str | None:
+        """The storage UUID replica ``i``'s certificate should name: the one its pod's volume
+        reported, else the one it names, else its voter's (binding an old, unbound certificate),
+        else for a certificate issued anew a fresh one (the pod formats an empty volume with it
+        before the quorum bootstrapped), else none (an unbound certificate stays as it is)."""
+        if i in self.reported:
+            return self.reported[i]
+        if current is not None:
+            return current
+        if i in self.voter_disks:
+            return self.voter_disks[i]
+        return new_storage_uuid() if new else None
+
+    async def _cm_disk(self, kube: KubeApi, q: QuorumSpec, i: int) -> str | None:
+        """CertManager mode: :meth:`disk_for` from the certificate in the Secret cert-manager
+        issued (a fresh UUID remembered until the Secret exists)."""
+        data = await kube.secret_data(q.namespace, f"{q.name}-node-{i}-tls")
+        current = cert_identity(unb64(data, "tls.crt"))
+        if current is None:
+            return self.chosen.setdefault(i, self.disk_for(i, None, True) or new_storage_uuid())
+        self.chosen.pop(i, None)
+        return self.disk_for(i, current.storage_uuid, False)
+
+    def observe(self, view: Any) -> None:
+        """Remember each voter's storage UUID from the quorum's view (a ``QuorumView``; an id
+        with two UUIDs, a disk replacement under way, names none)."""
+        if view is None:
+            return
+        seen: dict[int, set[str]] = {}
+        for v in view.voters:
+            if v.uuid:
+                seen.setdefault(v.id, set()).add(v.uuid)
+        self.voter_disks = {i: next(iter(u)) for i, u in seen.items() if len(u) == 1}
+
+    async def bind_disks(
+        self,
+        kube: KubeApi,
+        q: QuorumSpec,
+        owner: Mapping[str, Any],
+        pods: list[dict[str, Any]],
+        replicas: int,
+    ) -> list[int]:
+        """Give each pod that reported a new disk the certificate of that disk, and delete the pod
+        once that certificate is in its Secret (module docstring). Returns the replica ids whose
+        pod was deleted."""
+        if not q.tls.enabled:
+            return []
+        if q.tls.cert_manager and self.cm_unbound & set(self.voter_disks):
+            await self.ensure(kube, q, owner, replicas)  # bind them; the rotation restarts the pods
+        reports: dict[int, tuple[str, dict[str, Any]]] = {}
+        for pod in pods:
+            found = disk_of_pod(pod, q.name)
+            if found is not None and str((pod.get("metadata") or {}).get("uid")) not in self.restarted:
+                reports[found[0]] = (found[1], pod)
+        out = []
+        for i, (disk, pod) in sorted(reports.items()):
+            if self.reported.get(i) != disk:
+                self.reported[i] = disk
+                post_quorum_event(
+                    q,
+                    warning=False,
+                    reason="CertificateForNewDisk",
+                    message=f"replica {i} runs on a new disk (storage {disk}): issuing its certificate",
+                )
+            if q.tls.cert_manager:
+                issued = cert_identity(
+                    unb64(await kube.secret_data(q.namespace, f"{q.name}-node-{i}-tls"), "tls.crt")
+                )
+                if issued is None or issued.storage_uuid != disk:
+                    await self.ensure(kube, q, owner, replicas)  # applies the Certificate naming it
+                    continue
+            elif self.ca is not None:
+                await self._node_secret(kube, q, owner, self.ca, replicas, renew=())
+            else:
+                continue
+            meta = pod.get("metadata") or {}
+            self.restarted.add(str(meta.get("uid")))
+            await kube.delete_pod(q.namespace, str(meta.get("name")))
+            log.info(
+                "%s: restarted pod %s with the certificate of its disk %s", q.cluster, meta.get("name"), disk
+            )
+            out.append(i)
+        return out
 
     async def _client_secret(
         self, kube: KubeApi, q: QuorumSpec, owner: Mapping[str, Any], ca: OperatorCa
@@ -214,7 +323,15 @@ class QuorumTls:
             return []
         data = await kube.secret_data(q.namespace, f"{q.name}-tls") or {}
         renew = tls_days(q.tls.renew_before_days)
-        return [i for i in range(1, replicas + 1) if cert_due(unb64(data, f"node-{i}.crt"), renew)]
+        out = []
+        for i in range(1, replicas + 1):
+            pem = unb64(data, f"node-{i}.crt")
+            current = cert_identity(pem)
+            # An unbound certificate (an older operator's) is replaced by one naming the disk.
+            unbound = current is not None and current.storage_uuid is None and i in self.voter_disks
+            if unbound or cert_due(pem, renew):
+                out.append(i)
+        return out
 
     def rotator(self, kube: KubeApi, get: Any, owner: Mapping[str, Any]) -> CertRotator:
         """The one-pod-at-a-time renewal of this quorum; ``get()`` gives the current

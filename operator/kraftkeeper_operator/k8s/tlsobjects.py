@@ -5,7 +5,8 @@ Objects (``spec.tls``, tlsspec.py):
 * mode ``Operator``: Secret ``NAME-ca`` (``ca.crt``, ``ca.key``: the quorum's CA, created once,
   never replaced: every certificate it issued would stop verifying); Secret ``NAME-tls`` (``ca.crt``
   and ``node-<id>.crt`` / ``node-<id>.key`` per replica id: URI SAN
-  ``kraftkeeper://CLUSTER_ID/replica/<id>``, the pod's DNS names, the client Service's names and
+  ``kraftkeeper://CLUSTER_ID/replica/<id>?storage=UUID`` (bound to the replica's disk, below),
+  the pod's DNS names, the client Service's names and
   the per-replica peer name of pki.py); Secret ``NAME-client`` (a ``readwrite`` client
   certificate for applications, with ``client.json``, docs/reference.md's client config, relative
   paths: mount the Secret and point ``KRAFTKEEPER_CLIENT_CONFIG`` at ``client.json``). The
@@ -16,6 +17,16 @@ Objects (``spec.tls``, tlsspec.py):
   SANs as above), ``NAME-operator`` (the operator's admin credential, Secret
   ``NAME-operator-tls``) and ``NAME-client`` (Secret ``NAME-client-tls``, readwrite). The
   operator never sees a CA key; it reads only its own Secret.
+
+Disk binding (KIP-856 storage UUIDs; docs/operator.md "Certificates bound to the disk"): every
+node certificate names the storage UUID of the volume its pod runs on. Before the quorum
+bootstrapped the operator chooses it (a random UUID) and the pod formats its empty volume with
+the UUID its certificate names (manifests.py ``format_command``). A volume formatted later (a
+replaced disk, a scale-up) gets a random UUID; the node refuses its old certificate and exits
+naming its disk (:func:`disk_of_pod`), and the operator issues the certificate of that disk
+(quorumtls.py). A replaced disk's old certificate thus speaks only for the old (id, UUID),
+which the quorum retires. Certificates issued before disks were bound (no ``storage``) keep
+working; the rotation replaces them with bound ones, one pod at a time.
 
 The NetworkPolicy ``NAME`` (every mode) lets into the quorum's pods, on the client port, only
 its own pods (peer traffic), the operator's pods (admin), and the peers of
@@ -38,6 +49,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -194,15 +206,18 @@ def _certificate(
     }
 
 
-def certificates(q: QuorumSpec, owner: Mapping[str, Any], replicas: int) -> list[dict[str, Any]]:
-    """The cert-manager Certificates of a CertManager-mode quorum (module docstring)."""
+def certificates(
+    q: QuorumSpec, owner: Mapping[str, Any], replicas: int, disks: Mapping[int, str | None]
+) -> list[dict[str, Any]]:
+    """The cert-manager Certificates of a CertManager-mode quorum (module docstring); ``disks``
+    maps a replica id to the storage UUID its certificate names (missing or None: unbound)."""
     cid = q.cluster_id
     out = [
         _certificate(
             q,
             owner,
             f"{q.name}-node-{i}",
-            Identity(cid, replica_id=i).uri(),
+            Identity(cid, replica_id=i, storage_uuid=disks.get(i)).uri(),
             [*node_hosts(q, i), peer_hostname(cid, i)],
             True,
         )
@@ -219,13 +234,24 @@ def certificates(q: QuorumSpec, owner: Mapping[str, Any], replicas: int) -> list
 # The operator's CA (Operator mode)
 
 
+def cert_identity(pem: bytes | None) -> Identity | None:
+    """Who a PEM certificate names; None if missing or unreadable."""
+    try:
+        return identity_from_cert(x509.load_pem_x509_certificate(pem)) if pem else None
+    except (ValueError, KraftError):
+        return None
+
+
 def cert_due(pem: bytes | None, renew_before: dt.timedelta, identity: Identity | None = None) -> bool:
     """Missing, unreadable, naming another identity, or expiring within ``renew_before``."""
     if not pem:
         return True
     try:
         cert = x509.load_pem_x509_certificate(pem)
-        if identity is not None and identity_from_cert(cert) != identity:
+        named = identity_from_cert(cert)
+        # The disk binding is compared by the callers: a certificate is due for another replica
+        # or cluster, not because it names a disk.
+        if identity is not None and replace(named, storage_uuid=identity.storage_uuid) != identity:
             return True
     except (ValueError, KraftError):  # unreadable or not ours: simply re-issued
         return True
@@ -274,8 +300,9 @@ class OperatorCa:
             key.unlink()
         return out
 
-    def node(self, replica_id: int) -> tuple[bytes, bytes]:
-        crt, key = issue_node(self.ca, replica_id, node_hosts(self.q, replica_id), days=self.days)
+    def node(self, replica_id: int, storage_uuid: str | None = None) -> tuple[bytes, bytes]:
+        hosts = node_hosts(self.q, replica_id)
+        crt, key = issue_node(self.ca, replica_id, hosts, days=self.days, storage_uuid=storage_uuid)
         return self._take(crt, key)
 
     def client(self) -> tuple[bytes, bytes]:

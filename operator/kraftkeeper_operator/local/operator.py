@@ -46,7 +46,7 @@ from quorum.types import KraftError
 from .. import failpoints
 from ..controller import ControllerStatus, RecoveryController
 from ..core.recovery import Order, PolicyError, Recovery, RecoveryPolicy
-from ..core.rotation import CertRotator
+from ..core.rotation import CertRotator, healthy_majority_without
 from ..core.survivor import LogState, choose_survivor, probe_log_state
 from ..core.view import QuorumView
 from ..statusserver import StatusServer
@@ -163,11 +163,39 @@ async def run_local(
     ctl.persist = persist
     server = StatusServer(metrics, redact=tls is not None)
     await server.start("127.0.0.1", layout.base_port)
+    seen: dict[str, QuorumView | None] = {"view": None}
+
+    def on_damage(i: int, message: str) -> bool:
+        """A node stopped on a damaged log: a lost disk, replaced when the others commit without
+        it; otherwise nothing automatic, and the log says which logs are undamaged and what to do
+        (docs/operator.md "A damaged log")."""
+        now_ms = int(time.time() * 1000)
+        if policy.enabled and healthy_majority_without(seen["view"], i, policy.max_lag, now_ms, 5000):
+            return True
+        if sup.damage.get(i, {}).get("message") == message:
+            return False  # said once per damage, not on every restart
+        damaged = {*sup.damage, i}
+        intact = [k for k in range(1, layout.nodes + 1) if k not in damaged]
+        log.error(
+            "node %d stopped on a damaged log (%s) and no healthy majority of the other voters is "
+            "seen: nothing is moved automatically. Undamaged logs: node(s) %s. If a majority is "
+            "damaged: stop the operator, run `kraftkeeper quorum recover-unclean --dir %s` on the "
+            "undamaged node with the highest last epoch and end offset (its GET /v1/node/log-state), "
+            "start the operator again, then `kraftkeeper cluster replace-disk` each "
+            "damaged node",
+            i,
+            message,
+            intact or "none",
+            layout.data_dir(intact[0]) if intact else "DIR",
+        )
+        return False
+
     sup = Supervisor(
         layout,
         node_config,
         tls.node_args() if tls is not None else None,
         before_start=tls.ensure_node if tls is not None else None,
+        on_damage=on_damage,
     )
     unclean = _Unclean(layout, sup, ctl, client)
     rotator = None
@@ -178,7 +206,7 @@ async def run_local(
         while not stop.is_set():
             await sup.supervise_once()
             await unclean.maybe_run()
-            view = await _controller_pass(ctl, sup, server, interval)
+            view = seen["view"] = await _controller_pass(ctl, sup, server, interval)
             if tls is not None and rotator is not None:
                 await _rotate(tls, rotator, view, ctl, unclean, bootstrap)
                 server.last["certificateRotations"] = {str(k): v for k, v in rotator.rotations.items()}
@@ -229,6 +257,8 @@ async def _controller_pass(
         str(n.index): {"pid": n.proc.pid if n.proc else None, "restarts": n.restarts}
         for n in sup.nodes.values()
     }
+    if sup.damage:  # node -> its CORRUPT_LOG stop and what was done (supervisor.py)
+        last["damagedLogs"] = {str(k): dict(v) for k, v in sup.damage.items()}
     server.last = last
     return st.view
 
@@ -422,7 +452,6 @@ def local_main(argv: list[str]) -> int:
         sys.stderr.write(f"UNAVAILABLE: {e}\n")
         return 1
     return 0
-
 
 
 def replace_disk_main(argv: list[str]) -> int:

@@ -7,6 +7,16 @@ replacement disk, with a new storage UUID (KIP-856 says a node must never invent
 itself; here the supervisor plays the human who formats a replaced volume). A held node (the
 replace-disk handshake, localcluster.py) is stopped and kept stopped while its hold exists.
 
+A damaged disk (docs/design.md "Torn writes and damage"): a node that exits with
+``CORRUPT_LOG: FILE: ... at position P (offset O)`` in its log since its last start is a lost
+disk. ``on_damage(i, message)`` (local.py) decides: True when a majority of the voters without
+node i is healthy, and the supervisor then moves the data directory aside (renamed
+``node-<i>.damaged-<UTC time>``, never deleted: the damaged log may still be the best copy
+someone needs) so that the node restarts on a fresh directory under a new storage UUID, which the
+recovery controller adds in place of the old (id, UUID) (KIP-856). False: nothing is moved; the
+node keeps being restarted (and keeps refusing its log) until a person acts (``damage`` says
+what).
+
 Node processes get PR_SET_PDEATHSIG (Linux), so a supervisor killed with SIGKILL does not leave
 orphaned nodes behind.
 """
@@ -47,6 +57,7 @@ class NodeProc:
     started_at: float = 0.0
     restarts: int = 0
     log_fh: Any = field(default=None, repr=False)
+    log_start: int = 0  # size of its log file when it last started: what it wrote since
 
 
 class Supervisor:
@@ -58,6 +69,7 @@ class Supervisor:
         node_config: Path | None = None,
         node_args: list[str] | None = None,
         before_start: Callable[[int], None] | None = None,
+        on_damage: Callable[[int, str], bool] | None = None,
     ) -> None:
         self.layout = layout
         # run (in a thread) after node i's directory is formatted and before it starts: the
@@ -68,6 +80,9 @@ class Supervisor:
         self.nodes = {i: NodeProc(i) for i in range(1, layout.nodes + 1)}
         self.stopping = False
         self.internal_hold: set[int] = set()  # nodes the supervisor itself keeps stopped
+        self.on_damage = on_damage
+        # node -> its last CORRUPT_LOG stop: message, and what was done ("moved_to") or not
+        self.damage: dict[int, dict[str, str]] = {}
 
     async def run_offline(self, i: int, *cli_args: str) -> subprocess.CompletedProcess[str]:
         """Stop node i, run ``kraftkeeper CLI_ARGS`` against its stopped directory, restart it."""
@@ -95,6 +110,7 @@ class Supervisor:
         if n.log_fh is None:
             # Kept open across restarts; opening a local file does not block the loop noticeably.
             n.log_fh = open(lay.dir / f"node-{n.index}.log", "ab")  # noqa: ASYNC230
+        n.log_start = os.fstat(n.log_fh.fileno()).st_size
         n.proc = await asyncio.create_subprocess_exec(
             *kraftkeeper_cmd(),
             "start",
@@ -178,6 +194,8 @@ class Supervisor:
                 n.next_start = now + min(5.0, 0.5 * (2 ** max(0, n.failures - 1))) if n.failures else now
                 n.restarts += 1
                 log.warning("node %d exited with %s; restarting", n.index, rc)
+                if rc != 0 and self._damaged(n):
+                    n.failures, n.next_start = 0, now  # a fresh directory: start it at once
             if n.proc is None and now >= n.next_start and not self.stopping:
                 try:
                     await self._start(n)
@@ -185,6 +203,44 @@ class Supervisor:
                     n.failures += 1
                     n.next_start = now + 5.0
                     log.error("cannot start node %d: %s", n.index, e)
+
+    def corrupt_message(self, n: NodeProc) -> str | None:
+        """The node's last ``CORRUPT_LOG`` line since its last start, if any."""
+        path = self.layout.dir / f"node-{n.index}.log"
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(n.log_start, os.path.getsize(path) - 64 * 1024))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        lines = [ln.strip() for ln in text.splitlines() if "CORRUPT_LOG" in ln]
+        return lines[-1][:500] if lines else None
+
+    def _damaged(self, n: NodeProc) -> bool:
+        """Node n stopped on a damaged log: move its directory aside if ``on_damage`` allows
+        (module docstring). True if it was moved."""
+        message = self.corrupt_message(n)
+        if message is None or self.on_damage is None:
+            return False
+        note = {"message": message, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if not self.on_damage(n.index, message):
+            self.damage[n.index] = {**note, "action": "none: no healthy majority without this node"}
+            return False
+        src = self.layout.data_dir(n.index)
+        dst = src.with_name(f"{src.name}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        try:
+            os.rename(src, dst)
+        except OSError as e:
+            log.error("node %d: cannot move its damaged directory %s aside: %s", n.index, src, e)
+            return False
+        self.damage[n.index] = {**note, "action": "moved aside", "moved_to": str(dst)}
+        log.warning(
+            "node %d stopped on a damaged log (%s): its directory moved to %s; it restarts on a new disk",
+            n.index,
+            message,
+            dst,
+        )
+        return True
 
     async def stop_all(self) -> None:
         self.stopping = True
