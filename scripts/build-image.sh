@@ -5,6 +5,7 @@
 #   scripts/build-image.sh engine    install Debian's docker.io and start dockerd if not running
 #   scripts/build-image.sh base      only the base image
 #   scripts/build-image.sh check     exit 0 when the engine runs and the base image exists
+#   scripts/build-image.sh jre-base  only the JRE base image (bookworm + openjdk-17-jre-headless)
 #
 # Steps (each cached):
 #   1. Debian's docker.io; dockerd is started in the background if `docker info` fails
@@ -106,6 +107,39 @@ ensure_base() {
   docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$base_image" >/dev/null
 }
 
+# The JRE base image $KK_JRE_BASE_IMAGE (default kraftkeeper-jre:bookworm): Debian bookworm from
+# `debootstrap --variant=minbase` with openjdk-17-jre-headless, for images that run a JVM (the
+# Kafka controller image; a Spark image could start from it too). Cached like the base image, as
+# $KK_CACHE/images/jre-bookworm.tar.
+jre_base_image="${KK_JRE_BASE_IMAGE:-kraftkeeper-jre:bookworm}"
+
+ensure_jre_base() {
+  if docker image inspect "$jre_base_image" >/dev/null 2>&1; then return 0; fi
+  local tarball="$cache/images/jre-bookworm.tar"
+  if [ ! -f "$tarball" ]; then
+    command -v debootstrap >/dev/null 2>&1 || {
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq
+      apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+    }
+    local root mirror
+    root="$(mktemp -d)"
+    mirror="$(debian_mirror)"
+    mkdir -p "$cache/logs"
+    log "debootstrap bookworm (minbase + openjdk-17-jre-headless) into $root"
+    debootstrap --variant=minbase --include=openjdk-17-jre-headless,ca-certificates-java bookworm "$root" "$mirror" \
+      >"$cache/logs/debootstrap-jre.log" 2>&1 || { tail -n 20 "$cache/logs/debootstrap-jre.log" >&2; return 1; }
+    rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/usr/share/doc/* \
+      "$root"/usr/share/man/* "$root"/usr/share/locale/*
+    mkdir -p "$cache/images"
+    tar -C "$root" -cf "$tarball.tmp" .
+    mv "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+  fi
+  log "docker import $tarball as $jre_base_image"
+  docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$jre_base_image" >/dev/null
+}
+
 build_wheels() {
   log "building wheels into dist/wheels"
   mkdir -p "$here/dist/wheels"
@@ -146,5 +180,6 @@ case "${1:-build}" in
     echo "ok: engine running, $base_image present"
     ;;
   build) ensure_engine; ensure_base; build_wheels; kafka_schemas; build_image ;;
-  *) echo "usage: $0 [build|engine|base|check]" >&2; exit 2 ;;
+  jre-base) ensure_engine; ensure_jre_base ;;
+  *) echo "usage: $0 [build|engine|base|jre-base|check]" >&2; exit 2 ;;
 esac
