@@ -6,6 +6,9 @@
 #   scripts/build-image.sh base      only the base image
 #   scripts/build-image.sh check     exit 0 when the engine runs and the base image exists
 #   scripts/build-image.sh jre-base  only the JRE base image (bookworm + openjdk-17-jre-headless)
+#   scripts/build-image.sh kafka     the Kafka controller image $KK_KAFKA_IMAGE (default
+#                                    kraftkeeper-kafka:4.4.0): JRE base + the cached Kafka jars +
+#                                    images/kafka-controller (entrypoint that formats on first start)
 #
 # Steps (each cached):
 #   1. Debian's docker.io; dockerd is started in the background if `docker info` fails
@@ -171,6 +174,26 @@ build_image() {
   log "built $image"
 }
 
+kafka_image="${KK_KAFKA_IMAGE:-kraftkeeper-kafka:4.4.0}"
+
+build_kafka_image() {
+  local libs="$cache/kafka-${KAFKA_VERSION:-4.4.0}/libs"
+  if [ ! -f "$libs/.complete" ]; then
+    log "fetching the Kafka jars (scripts/kafka.sh install)"
+    "$here/scripts/kafka.sh" install >/dev/null
+  fi
+  # The build context: the image's own files plus the jars (hard links where the cache shares
+  # the file system, so the context costs no copy).
+  local ctx="$here/dist/kafka-controller"
+  rm -rf "$ctx"
+  mkdir -p "$ctx/libs"
+  cp "$here"/images/kafka-controller/{Dockerfile,entrypoint.sh,log4j2.properties} "$ctx/"
+  cp -l "$libs"/*.jar "$ctx/libs/" 2>/dev/null || cp "$libs"/*.jar "$ctx/libs/"
+  log "docker build $kafka_image (base $jre_base_image)"
+  DOCKER_BUILDKIT=1 docker build -q --build-arg "BASE_IMAGE=$jre_base_image" -t "$kafka_image" "$ctx" >/dev/null
+  log "built $kafka_image"
+}
+
 case "${1:-build}" in
   engine) ensure_engine ;;
   base) ensure_engine; ensure_base ;;
@@ -181,5 +204,6 @@ case "${1:-build}" in
     ;;
   build) ensure_engine; ensure_base; build_wheels; kafka_schemas; build_image ;;
   jre-base) ensure_engine; ensure_jre_base ;;
-  *) echo "usage: $0 [build|engine|base|jre-base|check]" >&2; exit 2 ;;
+  kafka) ensure_engine; ensure_jre_base; build_kafka_image ;;
+  *) echo "usage: $0 [build|engine|base|jre-base|kafka|check]" >&2; exit 2 ;;
 esac
