@@ -83,21 +83,26 @@ debian_mirror() {
   echo "$m"
 }
 
-ensure_base() {
-  if docker image inspect "$base_image" >/dev/null 2>&1; then return 0; fi
-  local tarball="$cache/images/base-bookworm.tar"
+# debootstrap_image IMAGE TARBALL PACKAGES: Debian bookworm from `debootstrap --variant=minbase`
+# with the comma-separated PACKAGES, its root filesystem cached as TARBALL (a wiped engine
+# re-imports it in seconds), imported as IMAGE; nothing done when IMAGE exists.
+debootstrap_image() {
+  local image="$1" tarball="$2" packages="$3"
+  if docker image inspect "$image" >/dev/null 2>&1; then return 0; fi
   if [ ! -f "$tarball" ]; then
     command -v debootstrap >/dev/null 2>&1 || {
       export DEBIAN_FRONTEND=noninteractive
       apt-get update -qq
       apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
     }
-    local root mirror
+    local root mirror logfile
     root="$(mktemp -d)"
     mirror="$(debian_mirror)"
-    log "debootstrap bookworm (minbase + python3, python3-venv) into $root"
-    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$root" "$mirror" \
-      >"$cache/logs/debootstrap.log" 2>&1 || { tail -n 20 "$cache/logs/debootstrap.log" >&2; return 1; }
+    logfile="$cache/logs/debootstrap-$(basename "$tarball" .tar).log"
+    mkdir -p "$cache/logs"
+    log "debootstrap bookworm (minbase + $packages) into $root"
+    debootstrap --variant=minbase --include="$packages" bookworm "$root" "$mirror" \
+      >"$logfile" 2>&1 || { tail -n 20 "$logfile" >&2; return 1; }
     # Nothing installs packages at run time: drop apt's lists, caches and docs to keep it small.
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/usr/share/doc/* \
       "$root"/usr/share/man/* "$root"/usr/share/locale/*
@@ -106,41 +111,21 @@ ensure_base() {
     mv "$tarball.tmp" "$tarball"
     rm -rf "$root"
   fi
-  log "docker import $tarball as $base_image"
-  docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$base_image" >/dev/null
+  log "docker import $tarball as $image"
+  docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$image" >/dev/null
 }
 
-# The JRE base image $KK_JRE_BASE_IMAGE (default kraftkeeper-jre:bookworm): Debian bookworm from
-# `debootstrap --variant=minbase` with openjdk-17-jre-headless, for images that run a JVM (the
-# Kafka controller image; a Spark image could start from it too). Cached like the base image, as
-# $KK_CACHE/images/jre-bookworm.tar.
+ensure_base() {
+  debootstrap_image "$base_image" "$cache/images/base-bookworm.tar" python3,python3-venv
+}
+
+# The JRE base image $KK_JRE_BASE_IMAGE (default kraftkeeper-jre:bookworm): Debian bookworm with
+# openjdk-17-jre-headless, for images that run a JVM (the Kafka controller image; a Spark image
+# could start from it too), cached as $KK_CACHE/images/jre-bookworm.tar.
 jre_base_image="${KK_JRE_BASE_IMAGE:-kraftkeeper-jre:bookworm}"
 
 ensure_jre_base() {
-  if docker image inspect "$jre_base_image" >/dev/null 2>&1; then return 0; fi
-  local tarball="$cache/images/jre-bookworm.tar"
-  if [ ! -f "$tarball" ]; then
-    command -v debootstrap >/dev/null 2>&1 || {
-      export DEBIAN_FRONTEND=noninteractive
-      apt-get update -qq
-      apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
-    }
-    local root mirror
-    root="$(mktemp -d)"
-    mirror="$(debian_mirror)"
-    mkdir -p "$cache/logs"
-    log "debootstrap bookworm (minbase + openjdk-17-jre-headless) into $root"
-    debootstrap --variant=minbase --include=openjdk-17-jre-headless,ca-certificates-java bookworm "$root" "$mirror" \
-      >"$cache/logs/debootstrap-jre.log" 2>&1 || { tail -n 20 "$cache/logs/debootstrap-jre.log" >&2; return 1; }
-    rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/usr/share/doc/* \
-      "$root"/usr/share/man/* "$root"/usr/share/locale/*
-    mkdir -p "$cache/images"
-    tar -C "$root" -cf "$tarball.tmp" .
-    mv "$tarball.tmp" "$tarball"
-    rm -rf "$root"
-  fi
-  log "docker import $tarball as $jre_base_image"
-  docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$jre_base_image" >/dev/null
+  debootstrap_image "$jre_base_image" "$cache/images/jre-bookworm.tar" openjdk-17-jre-headless,ca-certificates-java
 }
 
 build_wheels() {
