@@ -25,12 +25,15 @@
 # controller killed half-way leaves no half-formatted log directory behind.
 set -euo pipefail
 
+say() { echo "kafka-entrypoint: $(date -u +%Y-%m-%dT%H:%M:%S.%3NZ) $*"; }
 die() { echo "kafka-entrypoint: $*" >&2; exit 2; }
 
-data=/var/lib/kafka/data
-staging=/var/lib/kafka/.formatting
-template=/etc/kafka/config/server.properties
-config=/tmp/server.properties
+# The paths are overridable for tests only (tests/kafka/test_kafka_image_entrypoint.py).
+root="${KAFKA_VOLUME:-/var/lib/kafka}"
+data="$root/data"
+staging="$root/.formatting"
+template="${KAFKA_CONFIG_TEMPLATE:-/etc/kafka/config/server.properties}"
+config="${KAFKA_CONFIG_OUT:-/tmp/server.properties}"
 libs='/opt/kafka/libs/*'
 heap="${KAFKA_HEAP_OPTS:--Xmx256m -Xms64m}"
 # shellcheck disable=SC2206
@@ -64,7 +67,7 @@ write_config() {  # write_config LOG_DIR
 }
 
 if [ -f "$data/meta.properties" ]; then
-  echo "kafka-entrypoint: $data is formatted ($(grep '^directory.id=' "$data/meta.properties")); starting"
+  say "$data is formatted ($(grep '^directory.id=' "$data/meta.properties")); starting"
 elif [ -e "$data" ] && [ -n "$(ls -A "$data")" ]; then
   die "$data holds files but no meta.properties: refusing to format a volume that is not empty"
 else
@@ -77,12 +80,12 @@ else
     join) how=(--no-initial-controllers) ;;
     *) die "KAFKA_FORMAT_MODE must be bootstrap or join, not ${KAFKA_FORMAT_MODE}" ;;
   esac
-  echo "kafka-entrypoint: empty volume, formatting node $node_id (${KAFKA_FORMAT_MODE:-join})"
+  say "empty volume, formatting node $node_id (${KAFKA_FORMAT_MODE:-join})"
   java "${jvm[@]}" -cp "$libs" kafka.tools.StorageTool format --config "$config" \
     --cluster-id "$KAFKA_CLUSTER_ID" "${how[@]}"
   [ -f "$staging/meta.properties" ] || die "kafka-storage format left no meta.properties"
   mv "$staging" "$data"
-  echo "kafka-entrypoint: formatted, $(grep '^directory.id=' "$data/meta.properties")"
+  say "formatted, $(grep '^directory.id=' "$data/meta.properties")"
 fi
 
 write_config "$data"
