@@ -5,6 +5,10 @@
 #   scripts/build-image.sh engine    install Debian's docker.io and start dockerd if not running
 #   scripts/build-image.sh base      only the base image
 #   scripts/build-image.sh check     exit 0 when the engine runs and the base image exists
+#   scripts/build-image.sh jre-base  only the JRE base image (bookworm + openjdk-17-jre-headless)
+#   scripts/build-image.sh kafka     the Kafka controller image $KK_KAFKA_IMAGE (default
+#                                    kraftkeeper-kafka:4.4.0): JRE base + the cached Kafka jars +
+#                                    images/kafka-controller (entrypoint that formats on first start)
 #
 # Steps (each cached):
 #   1. Debian's docker.io; dockerd is started in the background if `docker info` fails
@@ -79,21 +83,26 @@ debian_mirror() {
   echo "$m"
 }
 
-ensure_base() {
-  if docker image inspect "$base_image" >/dev/null 2>&1; then return 0; fi
-  local tarball="$cache/images/base-bookworm.tar"
+# debootstrap_image IMAGE TARBALL PACKAGES: Debian bookworm from `debootstrap --variant=minbase`
+# with the comma-separated PACKAGES, its root filesystem cached as TARBALL (a wiped engine
+# re-imports it in seconds), imported as IMAGE; nothing done when IMAGE exists.
+debootstrap_image() {
+  local image="$1" tarball="$2" packages="$3"
+  if docker image inspect "$image" >/dev/null 2>&1; then return 0; fi
   if [ ! -f "$tarball" ]; then
     command -v debootstrap >/dev/null 2>&1 || {
       export DEBIAN_FRONTEND=noninteractive
       apt-get update -qq
       apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
     }
-    local root mirror
+    local root mirror logfile
     root="$(mktemp -d)"
     mirror="$(debian_mirror)"
-    log "debootstrap bookworm (minbase + python3, python3-venv) into $root"
-    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$root" "$mirror" \
-      >"$cache/logs/debootstrap.log" 2>&1 || { tail -n 20 "$cache/logs/debootstrap.log" >&2; return 1; }
+    logfile="$cache/logs/debootstrap-$(basename "$tarball" .tar).log"
+    mkdir -p "$cache/logs"
+    log "debootstrap bookworm (minbase + $packages) into $root"
+    debootstrap --variant=minbase --include="$packages" bookworm "$root" "$mirror" \
+      >"$logfile" 2>&1 || { tail -n 20 "$logfile" >&2; return 1; }
     # Nothing installs packages at run time: drop apt's lists, caches and docs to keep it small.
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/usr/share/doc/* \
       "$root"/usr/share/man/* "$root"/usr/share/locale/*
@@ -102,8 +111,21 @@ ensure_base() {
     mv "$tarball.tmp" "$tarball"
     rm -rf "$root"
   fi
-  log "docker import $tarball as $base_image"
-  docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$base_image" >/dev/null
+  log "docker import $tarball as $image"
+  docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$tarball" "$image" >/dev/null
+}
+
+ensure_base() {
+  debootstrap_image "$base_image" "$cache/images/base-bookworm.tar" python3,python3-venv
+}
+
+# The JRE base image $KK_JRE_BASE_IMAGE (default kraftkeeper-jre:bookworm): Debian bookworm with
+# openjdk-17-jre-headless, for images that run a JVM (the Kafka controller image; a Spark image
+# could start from it too), cached as $KK_CACHE/images/jre-bookworm.tar.
+jre_base_image="${KK_JRE_BASE_IMAGE:-kraftkeeper-jre:bookworm}"
+
+ensure_jre_base() {
+  debootstrap_image "$jre_base_image" "$cache/images/jre-bookworm.tar" openjdk-17-jre-headless,ca-certificates-java
 }
 
 build_wheels() {
@@ -137,6 +159,26 @@ build_image() {
   log "built $image"
 }
 
+kafka_image="${KK_KAFKA_IMAGE:-kraftkeeper-kafka:4.4.0}"
+
+build_kafka_image() {
+  local libs="$cache/kafka-${KAFKA_VERSION:-4.4.0}/libs"
+  if [ ! -f "$libs/.complete" ]; then
+    log "fetching the Kafka jars (scripts/kafka.sh install)"
+    "$here/scripts/kafka.sh" install >/dev/null
+  fi
+  # The build context: the image's own files plus the jars (hard links where the cache shares
+  # the file system, so the context costs no copy).
+  local ctx="$here/dist/kafka-controller"
+  rm -rf "$ctx"
+  mkdir -p "$ctx/libs"
+  cp "$here"/images/kafka-controller/{Dockerfile,entrypoint.sh,log4j2.properties} "$ctx/"
+  cp -l "$libs"/*.jar "$ctx/libs/" 2>/dev/null || cp "$libs"/*.jar "$ctx/libs/"
+  log "docker build $kafka_image (base $jre_base_image)"
+  DOCKER_BUILDKIT=1 docker build -q --build-arg "BASE_IMAGE=$jre_base_image" -t "$kafka_image" "$ctx" >/dev/null
+  log "built $kafka_image"
+}
+
 case "${1:-build}" in
   engine) ensure_engine ;;
   base) ensure_engine; ensure_base ;;
@@ -146,5 +188,7 @@ case "${1:-build}" in
     echo "ok: engine running, $base_image present"
     ;;
   build) ensure_engine; ensure_base; build_wheels; kafka_schemas; build_image ;;
-  *) echo "usage: $0 [build|engine|base|check]" >&2; exit 2 ;;
+  jre-base) ensure_engine; ensure_jre_base ;;
+  kafka) ensure_engine; ensure_jre_base; build_kafka_image ;;
+  *) echo "usage: $0 [build|engine|base|jre-base|kafka|check]" >&2; exit 2 ;;
 esac

@@ -28,8 +28,10 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def make_pki(d: Path) -> tuple[Path, Path]:
-    """A CA and a server certificate for 127.0.0.1; returns (ca.pem, keystore.pem)."""
+def make_pki(d: Path, dns_names: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ("127.0.0.1",)
+             ) -> tuple[Path, Path]:
+    """A CA and a server certificate for ``ips`` and ``dns_names`` (by default 127.0.0.1 and
+    localhost); returns (ca.pem, keystore.pem)."""
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kraftkeeper test CA")])
@@ -55,7 +57,8 @@ def make_pki(d: Path) -> tuple[Path, Path]:
         .not_valid_after(now + dt.timedelta(days=1))
         .add_extension(
             x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+                [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+                + [x509.DNSName(name) for name in dns_names]
             ),
             critical=False,
         )
