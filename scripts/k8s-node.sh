@@ -174,7 +174,10 @@ check_all() {
 
 # -- helpers for up / down ------------------------------------------------------------------------
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# The product's allocator (quorum/localports.py, standard library only): a port below the kernel's
+# ephemeral range, which the tests' and the benches' outgoing connections cannot take between
+# this probe and the server's bind (a kernel-chosen port 0 comes from that very range).
+free_port() { PYTHONPATH="$here" python3 -c 'from quorum.localports import free_port; print(free_port())'; }
 alive() { [ -f "$run/pids/$1" ] && kill -0 "$(cat "$run/pids/$1")" 2>/dev/null; }
 spawn() {  # spawn NAME CMD... : start in the background, record the pid, log to logs/NAME.log
   local name="$1"; shift

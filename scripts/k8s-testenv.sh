@@ -103,8 +103,8 @@ install_tools() {
   echo "$layer_pkg@$layer_version" >"$bin/layer.version"
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+free_port() {  # quorum/localports.py: below the ephemeral range (scripts/k8s-node.sh says why)
+  PYTHONPATH="$here" python3 -c 'from quorum.localports import free_port; print(free_port())'
 }
 
 start_env() {

@@ -250,32 +250,41 @@ def test_certificates_rotate_one_node_at_a_time_under_writes(tmp_path: Path) -> 
     c = LocalCluster(d, 3, extra=["--cert-validity", "45s", "--renew-before", "30s", "--no-recovery"])
     w = _Writer(c)
     try:
-        poll("a leader and 3 voters", c.describe_all_known, timeout=90)
-        serials = {i: _cert(d / "tls" / f"node-{i}.crt").serial_number for i in (1, 2, 3)}
-        w.start()
-        poll("some writes acknowledged", lambda: len(w.acked) > 20, timeout=60)
-        rotations = poll(
-            "every node rotated at least once",
-            lambda: (r := c.status().get("certificateRotations") or {})
-            and all(r.get(str(i), 0) >= 1 for i in (1, 2, 3))
-            and r,
-            timeout=180,
-        )
-        assert all(_cert(d / "tls" / f"node-{i}.crt").serial_number != serials[i] for i in (1, 2, 3))
-        n = len(w.acked)
-        poll("writes continue after the rotations", lambda: len(w.acked) > n + 20, timeout=60)
-        # never more than one node down: the quorum kept a leader and all three voters
-        x = poll("3 voters", c.describe_all_known, timeout=60)
-        assert len(x["voters"]) == 3, (x, rotations)
-    finally:
-        w.stop_flag.set()
-        w.join(timeout=60)
-    try:
+        try:
+            poll("a leader and 3 voters", c.describe_all_known, timeout=90)
+            serials = {i: _cert(d / "tls" / f"node-{i}.crt").serial_number for i in (1, 2, 3)}
+            w.start()
+            poll("some writes acknowledged", lambda: len(w.acked) > 20, timeout=60)
+            rotations = poll(
+                "every node rotated at least once",
+                lambda: (r := c.status().get("certificateRotations") or {})
+                and all(r.get(str(i), 0) >= 1 for i in (1, 2, 3))
+                and r,
+                timeout=180,
+            )
+            # A slow start may let a first rotation land before the serials above were read;
+            # every node is due again ~15 s later, so each one's file changes while we watch.
+            poll(
+                "every node's certificate file replaced",
+                lambda: all(_cert(d / "tls" / f"node-{i}.crt").serial_number != s
+                            for i, s in serials.items()),
+                timeout=120,
+            )
+            n = len(w.acked)
+            poll("writes continue after the rotations", lambda: len(w.acked) > n + 20, timeout=60)
+            # never more than one node down: the quorum kept a leader and all three voters
+            x = poll("3 voters", c.describe_all_known, timeout=60)
+            assert len(x["voters"]) == 3, (x, rotations)
+        finally:
+            w.stop_flag.set()
+            w.join(timeout=60)
         lost = asyncio.run(w.read_back())
         assert len(w.acked) > 40
         assert lost == [], f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
     finally:
-        assert c.stop() == 0, c.tail()
+        # The operator and its nodes never outlive the test, whatever failed above.
+        rc = c.stop()
+    assert rc == 0, c.tail()
     for i in (1, 2, 3):  # graceful shutdown stopped every node
         assert not (d / "control" / f"node-{i}.pid").exists()
     assert os.path.exists(d / "client.json")
