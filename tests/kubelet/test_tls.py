@@ -88,7 +88,8 @@ def test_tls_is_on_by_default_and_clients_need_a_credential(node_cluster: NodeCl
         cert.verify_directly_issued_by(ca_cert)
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
-        assert any(u.endswith(f"/replica/{i}") for u in uris), uris
+        # Bound to its disk: kraftkeeper://CLUSTER/replica/N?storage=UUID
+        assert any(u.split("?")[0].endswith(f"/replica/{i}") and "?storage=" in u for u in uris), uris
         if cluster_id:
             assert any(cluster_id in u for u in uris), (cluster_id, uris)
         assert f"{QUORUM}.{QUORUM_NS}.svc" in sans.get_values_for_type(x509.DNSName)
