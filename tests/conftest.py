@@ -52,9 +52,10 @@ def image_build() -> ImageBuild:
     return ImageBuild(IMAGE, proc.returncode, proc.stderr)
 
 
-# Where the whole run's time goes, longest first (minutes of the last whole run, rounded):
-# the worker that takes the single-node cluster is busy for a long stretch, so it starts at
-# once, and the small files at the end even the two workers out.
+# Directories by their share of the whole run, heaviest first (an estimate from the slowest
+# tests a whole run lists, not a measurement per directory): the worker that takes the
+# single-node cluster is busy for a long stretch, so it starts at once, and the small files at
+# the end even the two workers out.
 _NODE_UNIT = "kubelet-and-docker"
 _ORDER = ["kubelet", "reports", "k8s", "kafka", "powerloss", "demo", "operator", "bench", "engine",
           "hostile", "alerts", "security", "sim"]

@@ -64,7 +64,6 @@ async def handle_damaged_logs(
     for rid, (pod, uid, line) in sorted(found.items()):
         if uid in done:
             continue
-        done.add(uid)
         claim = f"data-{q.name}-{rid - 1}"
         if q.policy.enabled and healthy_majority_without(view, rid, q.policy.max_lag, now_ms, FRESH_MS):
             deleted = await kube.delete_claim(q.namespace, claim, q.selector())
@@ -76,6 +75,9 @@ async def handle_damaged_logs(
             )
             post_quorum_event(q, warning=True, reason="DamagedDiskReplaced", message=msg)
             log.warning("%s: %s", q.cluster, msg)
+            # Marked done only once the deletes went through: an API error above leaves the pod
+            # to the next pass instead of forgetting it.
+            done.add(uid)
             out.append(rid)
             continue
         intact = [i for i in range(1, replicas + 1) if i not in found]
@@ -88,4 +90,5 @@ async def handle_damaged_logs(
         )
         post_quorum_event(q, warning=True, reason="DamagedLogNeedsAction", message=msg)
         log.error("%s: %s", q.cluster, msg)
+        done.add(uid)
     return out

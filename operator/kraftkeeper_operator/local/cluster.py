@@ -52,6 +52,8 @@ import uuid as _uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from quorum.storage.atomic import atomic_write
+
 log = logging.getLogger("kraftkeeper.operator.local")
 
 DEFAULT_BASE_PORT = 19400
@@ -73,12 +75,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """``text`` as ``path``'s new content: quorum.storage.atomic's rule (the file fsynced, renamed
+    into place, then its directory fsynced, so the rename itself survives a power loss)."""
+    atomic_write(path, text.encode())
 
 
 @dataclass

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quorum.storage.atomic import fsync_dir
+
 from .cluster import ClusterLayout, kraftkeeper_cmd, pid_alive, write_atomic
 
 log = logging.getLogger("kraftkeeper.operator.local")
@@ -230,6 +232,9 @@ class Supervisor:
         dst = src.with_name(f"{src.name}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
         try:
             os.rename(src, dst)
+            # The move must outlive a power loss: otherwise the damaged log could come back
+            # under node-<i>/ after the new disk was formatted beside it.
+            fsync_dir(src.parent)
         except OSError as e:
             log.error("node %d: cannot move its damaged directory %s aside: %s", n.index, src, e)
             return False
