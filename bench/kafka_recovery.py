@@ -101,7 +101,7 @@ def _manual(k: KafkaControllers, probe: Probe, victim: int, old: str, new: str) 
     poll(observer, 120, "the new controller caught up as an observer")
     cfg = k.controllers[victim].dir / "server.properties"
     old_id = uuid_to_base64(old)
-    _tool(k, "remove-controller", "--controller-id", str(victim), "--controller-directory-id", old_id)
+    _tool(k, "remove-controller", "--controller-id", str(victim), f"--controller-directory-id={old_id}")
     _tool(k, "--command-config", str(cfg), "add-controller")
 
 

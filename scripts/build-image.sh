@@ -132,7 +132,15 @@ build_wheels() {
   log "building wheels into dist/wheels"
   mkdir -p "$here/dist/wheels"
   rm -f "$here"/dist/wheels/kraftkeeper-*.whl
-  (cd "$here" && "$python" -m pip wheel -q ".[operator]" -w dist/wheels)
+  # Built from a copy of what the wheel holds, not in the checkout: setuptools' in-tree build/
+  # keeps files of modules since moved or deleted (they would ship in the wheel), and is shared
+  # with any other build of the checkout running at the same time.
+  local stage
+  stage="$(mktemp -d)"
+  tar -C "$here" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md quorum operator reports \
+    | tar -C "$stage" -xf -
+  "$python" -m pip wheel -q "$stage[operator]" -w "$here/dist/wheels"
+  rm -rf "$stage"
   "$python" -m pip download -q --only-binary=:all: -d "$here/dist/wheels" "setuptools>=68" wheel
 }
 

@@ -197,8 +197,7 @@ def test_kafka_tool_remove_and_add_controller(quorum: tuple[LocalCluster, Gatewa
         "remove-controller",
         "--controller-id",
         str(node),
-        "--controller-directory-id",
-        b64(old),
+        f"--controller-directory-id={b64(old)}",
     )
     assert node not in {v["id"] for v in c.describe()["voters"]}
     again = tool(
@@ -206,8 +205,7 @@ def test_kafka_tool_remove_and_add_controller(quorum: tuple[LocalCluster, Gatewa
         "remove-controller",
         "--controller-id",
         str(node),
-        "--controller-directory-id",
-        b64(old),
+        f"--controller-directory-id={b64(old)}",
         check=False,
     )
     assert again.returncode != 0 and "VOTER_ALREADY_REMOVED" in again.stdout + again.stderr
