@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.baseline import BaselineTree, export_tree
+from quorum.types import ErrorCode, KraftError
 from tests.engine.cluster import KK, poll
 from tests.tlsfixtures import TlsCluster, make_tls_dir
 
@@ -57,8 +58,22 @@ def cluster(tmp_path: Path, old_tree: BaselineTree) -> Iterator[MixedCluster]:
         c.stop()
 
 
-def _write(c: MixedCluster, key: str) -> int:
-    return int(c.call_as("rw.json", lambda q: q.put(key, key.encode())))
+def _write(c: MixedCluster, key: str) -> None:
+    """Puts ``key`` until one put is acknowledged. A leadership change while the put waits for its
+    commit (a node just restarted, a loaded machine) answers LEADERSHIP_LOST or
+    REQUEST_TIMED_OUT: the put may or may not have taken effect, and putting the same value
+    again is harmless to what this test checks (every key readable with its value)."""
+
+    def put() -> bool:
+        try:
+            c.call_as("rw.json", lambda q: q.put(key, key.encode()))
+        except KraftError as e:
+            if e.code not in (ErrorCode.LEADERSHIP_LOST, ErrorCode.REQUEST_TIMED_OUT):
+                raise
+            return False
+        return True
+
+    poll(put, 90, f"an acknowledged put of {key}")
 
 
 def test_old_and_new_nodes_in_one_cluster(cluster: MixedCluster) -> None:
