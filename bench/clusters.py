@@ -24,7 +24,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.baseline import BaselineTree
 from bench.common import (
     ProcessSet,
     TlsFiles,
@@ -36,6 +35,7 @@ from bench.common import (
 )
 from quorum.localports import free_ports
 from quorum.security.pki import init_ca, issue_client, issue_node
+from testkit.revision import BaselineTree
 
 START_TIMEOUT = 60.0
 
@@ -75,7 +75,7 @@ class KraftKeeperCluster:
         self.fsync = fsync
         self.label = ("kraftkeeper fsync" if fsync else "kraftkeeper nofsync") + ("+tls" if tls else "")
         self.work = work / (("kk-fsync" if fsync else "kk-nofsync") + ("-tls" if tls else ""))
-        # --baseline REV: the same row run by REV's exported tree (bench/baseline.py).
+        # --baseline REV: the same row run by REV's exported tree (testkit/revision.py).
         self.baseline = baseline
         if baseline is not None:
             self.label += f" @{baseline.rev}"

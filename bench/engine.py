@@ -56,12 +56,13 @@ if __package__ in (None, ""):
     # this directory off the path, where operator.py would shadow the standard library's module.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from bench.baseline import BaselineTree, Pair, export_tree, missing_start_flags, ratio_lines
+from bench.baseline import Pair, ratio_lines
 from bench.clusters import Cluster, EtcdCluster, KraftKeeperCluster, PySyncObjCluster
 from bench.common import LoadResult, have_wrk, sigterm_as_interrupt, value_bytes
 from bench.measure import measure, measure_ceiling, measure_floor, measure_pair
 from bench.pysyncobj_node import pysyncobj_node
 from bench.results import Row, _tls_cost, ceiling_lines, render, results_json
+from testkit.revision import BaselineTree, export_tree, missing_start_flags
 
 
 def parse_list(text: str, what: str) -> list[int]:

@@ -58,10 +58,11 @@ if __package__ in (None, ""):
     # this directory off the path, where operator.py would shadow the standard library's module.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from bench.baseline import BaselineTree, export_tree, round_order
+from bench.baseline import round_order
 from bench.clusters import KraftKeeperCluster
 from bench.common import TlsFiles, http_call, sigterm_as_interrupt, value_bytes, wait_until
 from quorum.security.pki import issue_client, load_ca
+from testkit.revision import BaselineTree, export_tree
 
 MB = 1_000_000
 # Said with every result: by default the nodes run without --tls-dir, so catch-up
@@ -520,7 +521,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="disk replacements per size on the same filled cluster (each beside its own copy)")
     ap.add_argument("--baseline", default=None, metavar="REV",
-                    help="also run git revision REV's engine (bench/baseline.py), interleaved with the "
+                    help="also run git revision REV's engine (testkit/revision.py), interleaved with the "
                          "current code for every size, and print both headlines")
     ap.add_argument("--py-spy", default=None, metavar="PATH",
                     help="profile the leader and the replaced replica during catch-up with this py-spy "

@@ -7,12 +7,12 @@
   a Docker engine it had to start; :meth:`ImageBuild.engine` starts it again for a later user.
 
 The fast lane and the whole suite run on two pytest-xdist workers (``-n 2 --dist loadgroup``;
-``KK_TEST_WORKERS=1`` runs the whole suite on one). :func:`pytest_collection_modifyitems` decides what may run side
-by side: each test file is one unit of work (its module fixtures are set up once), except that
-everything needing the Docker engine or the single-node cluster (tests/kubelet, the image tests)
-is one unit, since there is one engine and one kubelet per machine and users stop the engine
-they started. Units are handed
-out longest first (a fixed estimate per directory, below), so the last ones are short.
+``KK_TEST_WORKERS=1`` runs the whole suite on one). :func:`pytest_collection_modifyitems`
+decides what may run side by side: each test file is one unit of work (its module fixtures are
+set up once), except that everything needing the Docker engine or the single-node cluster
+(tests/kubelet, the image tests) is one unit, since there is one engine and one kubelet per
+machine and users stop the engine they started. Units are handed out longest first (a fixed
+estimate per directory, below), so the last ones are short.
 """
 
 from __future__ import annotations

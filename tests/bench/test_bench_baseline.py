@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.baseline import Pair, export_tree, median_run, missing_start_flags, ratio_lines, round_order  # noqa: E402
+from bench.baseline import Pair, median_run, ratio_lines, round_order  # noqa: E402
 from bench.common import LoadResult  # noqa: E402
+from testkit.revision import export_tree, missing_start_flags  # noqa: E402
 
 
 def run_engine(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

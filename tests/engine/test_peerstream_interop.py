@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.baseline import BaselineTree, export_tree
 from quorum.types import ErrorCode, KraftError
+from testkit.revision import BaselineTree, export_tree
 from tests.engine.cluster import KK, poll
 from tests.tlsfixtures import TlsCluster, make_tls_dir
 
