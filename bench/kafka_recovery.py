@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,11 +44,11 @@ from pathlib import Path
 
 from kraftkeeper_operator.kafka.backend import uuid_to_base64
 from kraftkeeper_operator.kafka.cluster import (
-    JVM_OPTS,
     KafkaControllers,
     free_port,
     kafka_libs,
     kafka_tools_libs,
+    metadata_quorum,
 )
 from kraftkeeper_reports.demo_kafka import (
     MAX_LAG,
@@ -70,23 +69,7 @@ def _stderr(msg: str) -> None:
 
 
 def _tool(k: KafkaControllers, *args: str) -> None:
-    libs = kafka_tools_libs()
-    assert libs is not None
-    out = subprocess.run(
-        [
-            "java",
-            *JVM_OPTS,
-            "-cp",
-            str(libs / "*"),
-            "org.apache.kafka.tools.MetadataQuorumCommand",
-            "--bootstrap-controller",
-            k.bootstrap,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = metadata_quorum(k.bootstrap, *args, timeout=120)
     if out.returncode != 0:
         raise RuntimeError(f"kafka-metadata-quorum {' '.join(args)}: {out.stdout}{out.stderr}")
 

@@ -63,8 +63,16 @@ def canonical_uuid(value: str) -> str:
 
 
 def new_storage_uuid() -> str:
-    """A fresh storage UUID (KIP-856 ``storage.id``), canonical form."""
-    return str(_uuid.uuid4())
+    """A fresh storage UUID (KIP-856 ``storage.id``), canonical form.
+
+    As Kafka's ``Uuid.randomUuid`` does, an id whose base64url text (the form Kafka's tools
+    print and read, ``--controller-directory-id``) would start with '-' is drawn again: the tool
+    would take it for an option. The first character is the first byte's top six bits, and '-'
+    is the 63rd letter (index 62) of the base64url alphabet (RFC 4648, section 5)."""
+    while True:
+        u = _uuid.uuid4()
+        if u.bytes[0] >> 2 != 62:
+            return str(u)
 
 
 @dataclass(frozen=True, order=True)

@@ -24,7 +24,7 @@ import pytest
 from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse  # type: ignore[import-untyped]
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # type: ignore[import-untyped]
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
-from kraftkeeper_operator.kafka.cluster import JVM_OPTS, free_port, kafka_tools_libs
+from kraftkeeper_operator.kafka.cluster import free_port, metadata_quorum
 
 from quorum.kafka.server import NodeKafkaListener
 from quorum.types import ErrorCode, KraftError
@@ -88,23 +88,7 @@ def quorum(tmp_path: Path, kafka_jars: Path) -> Iterator[tuple[LocalCluster, Gat
 
 
 def tool(port: int, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    libs = kafka_tools_libs()
-    assert libs is not None
-    out = subprocess.run(
-        [
-            "java",
-            *JVM_OPTS,
-            "-cp",
-            str(libs / "*"),
-            "org.apache.kafka.tools.MetadataQuorumCommand",
-            "--bootstrap-controller",
-            f"127.0.0.1:{port}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    out = metadata_quorum(f"127.0.0.1:{port}", *args)
     if check:
         assert out.returncode == 0, f"kafka-metadata-quorum {' '.join(args)}: {out.stdout}\n{out.stderr}"
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import uuid
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from quorum import types
 from quorum.storage.meta import (
     META_FILE,
     format_dir,
@@ -166,3 +168,14 @@ def test_meta_file_is_the_nodes_alone(tmp_path: Path) -> None:
     format_dir(tmp_path / "d", "c", 1)
     assert os.stat(tmp_path / "d" / META_FILE).st_mode & 0o777 == 0o600
     assert os.stat(tmp_path / "d").st_mode & 0o777 == 0o700
+
+
+def test_a_storage_uuid_never_reads_as_an_option_in_kafka_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka's tools take ``--controller-directory-id -Gk6...`` for an option: an id whose base64url
+    text starts with '-' is drawn again, as Kafka's own generator does."""
+    dash = uuid.UUID(bytes=b"\xf8" + bytes(15))  # top six bits 62: '-'
+    plain = uuid.UUID(bytes=b"\x10" + bytes(15))
+    assert base64.urlsafe_b64encode(dash.bytes).decode().startswith("-")
+    draws = iter([dash, dash, plain])
+    monkeypatch.setattr(types._uuid, "uuid4", lambda: next(draws))
+    assert types.new_storage_uuid() == str(plain)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorum.localports import free_port
+from quorum.types import new_storage_uuid
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,24 @@ def kafka_tools_libs(version: str = KAFKA_VERSION) -> Path | None:
     return d if (d / ".complete").exists() else None
 
 
+def metadata_quorum(bootstrap: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Kafka's own ``kafka-metadata-quorum --bootstrap-controller BOOTSTRAP ARGS`` (its
+    ``MetadataQuorumCommand`` class, one JVM start), output captured. Pass a value that may start
+    with '-' as ``--option=value``. Raises ``FileNotFoundError`` when scripts/kafka.sh has not
+    cached the tools jars."""
+    libs = kafka_tools_libs()
+    if libs is None:
+        raise FileNotFoundError("the kafka-tools jars are not cached: run scripts/kafka.sh install")
+    return subprocess.run(
+        ["java", *JVM_OPTS, "-cp", str(libs / "*"), "org.apache.kafka.tools.MetadataQuorumCommand",
+         "--bootstrap-controller", bootstrap, *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
 def random_kafka_uuid() -> str:
-    """A random Kafka Uuid in its base64url form. Kafka's own generator re-draws ids whose text
-    starts with '-' (they read as command-line options); so do we."""
-    while True:
-        text = base64.urlsafe_b64encode(_uuid.uuid4().bytes).decode().rstrip("=")
-        if not text.startswith("-"):
-            return text
+    """A random Kafka Uuid in its base64url form (never starting with '-': ``new_storage_uuid``)."""
+    return base64.urlsafe_b64encode(_uuid.UUID(new_storage_uuid()).bytes).decode().rstrip("=")
 
 
 
