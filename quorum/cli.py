@@ -15,22 +15,14 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
+from quorum.cliparse import ArgumentParser
 from quorum.describe_text import format_describe_replication, format_describe_status
 from quorum.security.cli import add_tls_parser
 from quorum.types import ErrorCode, KraftError
 
 T = TypeVar("T")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors in our one-line ``CODE: message`` form."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"INVALID_REQUEST: {self.prog}: {message}\n")
-        raise SystemExit(2)
 
 
 def _fail(err: KraftError) -> int:
@@ -244,8 +236,9 @@ def _add_start_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kraftkeeper", description="KRaft-style quorum with automatic disk-failure recovery")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p = ArgumentParser(prog="kraftkeeper",
+                       description="KRaft-style quorum with automatic disk-failure recovery")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=ArgumentParser)
 
     f = sub.add_parser("format", help="write meta.properties with a new storage UUID (KIP-856)")
     f.add_argument("--dir", required=True)
@@ -280,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     q = sub.add_parser("quorum", help="describe and change the voter set")
-    qs = q.add_subparsers(dest="quorum_cmd", required=True, parser_class=_Parser)
+    qs = q.add_subparsers(dest="quorum_cmd", required=True, parser_class=ArgumentParser)
     d = qs.add_parser("describe")
     bootstrap(d)
     g = d.add_mutually_exclusive_group()
@@ -305,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(fn=cmd_recover_unclean)
 
     kv = sub.add_parser("kv", help="put, get and delete keys")
-    kvs = kv.add_subparsers(dest="kv_cmd", required=True, parser_class=_Parser)
+    kvs = kv.add_subparsers(dest="kv_cmd", required=True, parser_class=ArgumentParser)
     for name in ("put", "get", "delete"):
         k = kvs.add_parser(name)
         bootstrap(k)
@@ -314,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
             k.add_argument("value")
         k.set_defaults(fn=cmd_kv)
 
-    add_tls_parser(sub, _Parser)
+    add_tls_parser(sub, ArgumentParser)
 
     # These parse their own arguments: everything after the subcommand is passed through.
     for name, helptext in (

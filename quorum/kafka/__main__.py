@@ -12,6 +12,7 @@ import signal
 import sys
 
 from quorum.client import QuorumClient
+from quorum.cliparse import ArgumentParser
 from quorum.types import KraftError
 
 from .server import KafkaWireServer
@@ -24,15 +25,8 @@ def _hostport(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"INVALID_REQUEST: {self.prog}: {message}\n")
-        raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="python -m quorum.kafka", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m quorum.kafka", description=__doc__.split("\n\n")[0])
     p.add_argument("--listen", required=True, type=_hostport, help="HOST:PORT to answer Kafka's protocol on")
     p.add_argument("--bootstrap", required=True, help="the quorum's nodes, HOST:PORT[,...]")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --listen (no TLS, no auth)")

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -52,6 +52,7 @@ from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
 from kraftkeeper_reports.session import build_session, jvm_costs, jvm_exit_code, jvm_failure
 from kraftkeeper_reports.tables import TS_COL, ReportTables, small_tables
+from quorum.cliparse import ArgumentParser
 
 EXIT_INVALID = 2
 EXIT_FAILED = 1
@@ -376,15 +377,10 @@ def failure_line(e: Exception) -> str:
     return f"{type(e).__name__}: {msg}"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"INVALID_REQUEST: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_INVALID)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``kraftkeeper report --events PATH [PATH...] --out DIR [--master URL] [--top N]``."""
-    ap = _Parser(prog="kraftkeeper report", description="Recovery timing report (Spark) from event logs.")
+    ap = ArgumentParser(prog="kraftkeeper report",
+                        description="Recovery timing report (Spark) from event logs.")
     ap.add_argument("--events", required=True, nargs="+", action="extend", metavar="PATH",
                     help="event log files or directories (date=YYYY-MM-DD/ trees, any Hadoop URL)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (report.html, tables/)")

@@ -132,7 +132,8 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as e:
         main(["--events", str(tmp_path)])
     assert e.value.code == 2
-    assert capsys.readouterr().err.startswith("INVALID_REQUEST: the following arguments are required: --out")
+    err = capsys.readouterr().err
+    assert "INVALID_REQUEST: kraftkeeper report: the following arguments are required: --out" in err
     f = tmp_path / "log.jsonl"
     f.write_text("{}\n")
     (tmp_path / "file").write_text("x")

@@ -47,10 +47,12 @@ from kraftkeeper_reports.vocabulary import (
     REMOVE_VOTER_COMMITTED,
 )
 
+from quorum.cliparse import ArgumentParser
 from quorum.types import KraftError
 
 from .. import failpoints
 from ..controller import RecoveryController
+from ..core.options import add_policy_arguments, policy_from_args
 from ..core.recovery import Order, Phase, PolicyError, Recovery, RecoveryPolicy
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, EventSink, OperatorMetrics
@@ -125,7 +127,7 @@ class WatchState:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog="kraftkeeper operator watch",
         description=__doc__.split("\n\n")[0],
         epilog="The default order is RemoveThenAdd: Kafka 4.x keeps one directory id per voter id and "
@@ -147,37 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="Kafka client properties (security.protocol, ssl.*, sasl.*), as --command-config",
     )
-    p.add_argument("--stabilization-seconds", type=float, default=10.0)
-    p.add_argument("--order", choices=[o.value for o in Order], default=Order.REMOVE_THEN_ADD.value)
-    p.add_argument("--max-lag", type=int, default=100, help="records behind still counted as caught up")
-    p.add_argument("--timeout-seconds", type=float, default=600.0)
-    p.add_argument("--live-window-seconds", type=float, default=5.0)
-    p.add_argument("--no-recovery", action="store_true", help="observe and report only; never change voters")
+    add_policy_arguments(p, order=Order.REMOVE_THEN_ADD, unclean=False)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between controller passes")
     p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics, /status, /healthz here")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--state", default=None, metavar="FILE", help=f"progress file (default DIR/{STATE_FILE})")
     return p
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"INVALID_REQUEST: {self.prog}: {message}\n")
-        raise SystemExit(2)
-
-
-def policy_from_args(a: argparse.Namespace) -> RecoveryPolicy:
-    return RecoveryPolicy.from_spec(
-        {
-            "enabled": not a.no_recovery,
-            "order": a.order,
-            "stabilizationSeconds": a.stabilization_seconds,
-            "maxLagRecords": a.max_lag,
-            "timeoutSeconds": a.timeout_seconds,
-            "liveWindowSeconds": a.live_window_seconds,
-        }
-    )
 
 
 def records_from_event_log(events: Path, cluster: str) -> list[Recovery]:

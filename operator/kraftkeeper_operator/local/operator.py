@@ -20,7 +20,6 @@ was a voter in that last voter set.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -38,6 +37,7 @@ from kraftkeeper_reports.events import RecoveryEvent
 from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY
 
 from quorum.client import QuorumClient
+from quorum.cliparse import ArgumentParser
 from quorum.runtime.config import load_config
 from quorum.security.clientconfig import ENV_VAR as CLIENT_CONFIG_ENV
 from quorum.security.clientconfig import ClientConfig, load_client_config
@@ -45,7 +45,8 @@ from quorum.types import KraftError
 
 from .. import failpoints
 from ..controller import ControllerStatus, RecoveryController
-from ..core.recovery import Order, PolicyError, Recovery, RecoveryPolicy
+from ..core.options import add_policy_arguments, policy_from_args
+from ..core.recovery import PolicyError, Recovery, RecoveryPolicy
 from ..core.rotation import CertRotator, healthy_majority_without
 from ..core.survivor import LogState, choose_survivor, probe_log_state
 from ..core.view import QuorumView
@@ -350,52 +351,9 @@ class _Unclean:
         log.warning("unclean recovery of node %d: %s", survivor, detail["output"])
 
 
-def _policy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--stabilization-seconds",
-        type=float,
-        default=5.0,
-        help="how long a new replica must stay caught up before AddVoter (default 5)",
-    )
-    p.add_argument("--max-lag", type=int, default=100, help="records behind still counted as caught up")
-    p.add_argument("--order", choices=[o.value for o in Order], default=Order.ADD_THEN_REMOVE.value)
-    p.add_argument("--timeout-seconds", type=float, default=600.0)
-    p.add_argument("--live-window-seconds", type=float, default=5.0)
-    p.add_argument("--no-recovery", action="store_true", help="supervise only; never change voters")
-    p.add_argument(
-        "--unclean-after-seconds",
-        type=float,
-        default=None,
-        help="allow KIP-704 unclean recovery after this long without a live majority (off by default: "
-        "records committed only on the lost replicas are lost)",
-    )
-
-
-def policy_from_args(a: argparse.Namespace) -> RecoveryPolicy:
-    spec = {
-        "enabled": not a.no_recovery,
-        "order": a.order,
-        "stabilizationSeconds": a.stabilization_seconds,
-        "maxLagRecords": a.max_lag,
-        "timeoutSeconds": a.timeout_seconds,
-        "liveWindowSeconds": a.live_window_seconds,
-    }
-    unclean = None
-    if a.unclean_after_seconds is not None:
-        unclean = {"enabled": True, "afterSeconds": a.unclean_after_seconds}
-    return RecoveryPolicy.from_spec(spec, unclean)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"INVALID_REQUEST: {self.prog}: {message}\n")
-        raise SystemExit(2)
-
-
 def local_main(argv: list[str]) -> int:
     """``kraftkeeper operator local --dir DIR [--nodes 3] [--base-port PORT] [policy options]``."""
-    p = _Parser(prog="kraftkeeper operator local")
+    p = ArgumentParser(prog="kraftkeeper operator local")
     p.add_argument("--dir", required=True)
     p.add_argument("--nodes", type=int, default=None, help="number of nodes (default 3; fixed at creation)")
     p.add_argument(
@@ -415,7 +373,7 @@ def local_main(argv: list[str]) -> int:
         default=None,
         help="JSON/TOML config file passed to every node (`kraftkeeper start --config`)",
     )
-    _policy_args(p)
+    add_policy_arguments(p)
     add_tls_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -456,7 +414,7 @@ def local_main(argv: list[str]) -> int:
 
 def replace_disk_main(argv: list[str]) -> int:
     """``kraftkeeper cluster replace-disk --dir DIR --node N``: prints the new storage UUID."""
-    p = _Parser(prog="kraftkeeper cluster replace-disk")
+    p = ArgumentParser(prog="kraftkeeper cluster replace-disk")
     p.add_argument("--dir", required=True)
     p.add_argument("--node", type=int, required=True)
     p.add_argument("--timeout", type=float, default=60.0)
