@@ -13,11 +13,14 @@ The flow (one :meth:`UncleanCoordinator.step` per daemon pass, after the recover
    (``RecoveryController.unreachable_since_ms``; an operator restart starts that clock again,
    which only delays the step).
 2. Survivor: without a leader there is no describe, so every replica is asked for its log state
-   (``GET /v1/node/log-state``: node id, last epoch, end offset). Among the answering replicas
-   whose id was a voter in the last voter set a leader reported
-   (``RecoveryController.known_voters``), the one a Raft election would prefer wins: highest
-   (last epoch, end offset), then the lower id (survivor.py, the same rule as local mode). Its
-   storage UUID(s) come from that voter set: the operator cannot read a disk.
+   (``GET /v1/node/log-state``: node id, last epoch, end offset). Every replica whose id was a
+   voter in the last voter set a leader reported (``RecoveryController.known_voters``) must have
+   answered or be gone by its pod (:func:`gone_replicas`); while one is neither (a Running pod
+   whose probe failed or timed out, a pod still starting) nothing is chosen and the next pass asks
+   again: it may hold the newest epoch. Among the answers, the one a Raft election would prefer
+   wins: highest (last epoch, end offset), then the lower id (core/survivor.py
+   ``decide_survivor``, the same rule as local mode). Its storage UUID(s) come from that voter
+   set: the operator cannot read a disk.
 3. Request: the operator writes two keys into the ``NAME-bootstrap`` ConfigMap (its own field
    manager, like the bootstrap flag): ``unclean-recovery`` = ``"<id> <token> <uuid>..."`` for the
    pod's init container, and ``unclean-recovery.json`` (the full record, read back after an
@@ -49,7 +52,7 @@ import json
 import logging
 import time
 import uuid as _uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -57,8 +60,9 @@ from typing import Any, Protocol
 from kraftkeeper_reports.events import RecoveryEvent
 from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY, UNCLEAN_RECOVERY_COMPLETED
 
-from ..core.survivor import Probe, choose_survivor
+from ..core.survivor import Probe, SurvivorDecision, decide_survivor
 from ..telemetry import EventSink, OperatorMetrics
+from .podhealth import NODE_CONTAINER, replica_of
 
 log = logging.getLogger(__name__)
 
@@ -74,27 +78,56 @@ LOSS_WARNING = "records committed only on the lost replicas are lost"
 
 ProbeFn = Callable[[int, str], Awaitable[Probe]]
 
+# A container waiting for one of these is on its way up (its disk may hold the newest epoch);
+# any other waiting reason (CrashLoopBackOff, ImagePullBackOff, ...) does not end by itself.
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
 
-def pick_survivor(
-    known_voters: Sequence[tuple[int, str]], probes: Sequence[Probe]
-) -> tuple[Probe, tuple[str, ...]] | None:
-    """Among the answering former voters, the survivor by Raft's election order
-    (:func:`~.survivor.choose_survivor`), with its voter UUID(s); None if no former voter answered.
-    A probe whose node id is not ``ordinal + 1`` is ignored (a pod answering for another replica is
-    a misconfiguration, not a survivor)."""
-    uuids: dict[int, list[str]] = {}
-    for rid, u in known_voters:
-        if u:
-            uuids.setdefault(rid, []).append(u)
-    eligible = {
-        p.state.node_id: p
-        for p in probes
-        if p.state is not None and p.state.node_id == p.ordinal + 1 and p.state.node_id in uuids
-    }
-    best = choose_survivor([p.state for p in eligible.values() if p.state is not None])
-    if best is None:
+
+def gone_replicas(pods: Sequence[Mapping[str, Any]] | None, quorum: str, replicas: int) -> set[int] | None:
+    """The replica ids (pod ordinal + 1) whose node cannot answer a probe, from the pods as
+    listed: no pod, a pod being deleted (a lost Kubernetes node's pods are, once evicted), a pod
+    that cannot be scheduled, one that ended, or whose ``node`` container neither runs nor is on
+    its way up. A Running pod, or one scheduled and starting, is not gone: unclean recovery waits
+    for its answer (core/survivor.py ``decide_survivor``). None when the pods are not known."""
+    if pods is None:
         return None
-    return eligible[best.node_id], tuple(uuids[best.node_id])
+    seen: dict[int, bool] = {}
+    for pod in pods:
+        rid = replica_of(str((pod.get("metadata") or {}).get("name") or ""), quorum)
+        if rid is not None:
+            seen[rid] = _pod_gone(pod)
+    return {rid for rid in range(1, replicas + 1) if seen.get(rid, True)}
+
+
+def _pod_gone(pod: Mapping[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    st = pod.get("status") or {}
+    phase = st.get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return True
+    for c in st.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return True
+    if phase == "Pending":
+        # scheduled: init containers or the image pull under way; a crash-looping init container
+        # (CrashLoopBackOff) does not end by itself
+        for cs in st.get("initContainerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] not in _STARTING:
+                return True
+        return False
+    for cs in st.get("containerStatuses") or []:
+        if cs.get("name") != NODE_CONTAINER:
+            continue
+        state = cs.get("state") or {}
+        if "running" in state:
+            return False
+        waiting = state.get("waiting") or {}
+        return not (waiting and waiting.get("reason") in _STARTING)
+    # no container status: Running without it does not happen; no phase at all means no
+    # scheduler or kubelet ever saw the pod (the API server itself sets Pending on creation)
+    return phase != "Running"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,8 +292,16 @@ class UncleanCoordinator:
         r = self.request
         return r if r is not None and r.completed_ms is None else None
 
-    async def step(self, ctl: ControllerLike, lost: bool, endpoints: Sequence[str]) -> str | None:
-        """One pass; returns a note for the QuorumLost condition (None: nothing to say)."""
+    async def step(
+        self,
+        ctl: ControllerLike,
+        lost: bool,
+        endpoints: Sequence[str],
+        gone: Collection[int] | None = None,
+    ) -> str | None:
+        """One pass; returns a note for the QuorumLost condition (None: nothing to say).
+        ``gone``: the replica ids known not to be able to answer (:func:`gone_replicas`); every
+        other former voter must answer before a survivor is chosen (None: all of them)."""
         if not self._loaded:
             unreadable = await self._load()
             if unreadable is not None:
@@ -278,7 +319,7 @@ class UncleanCoordinator:
             if stored is None or stored.token != req.token:
                 log.warning("%s: unclean recovery %s withdrawn from the ConfigMap", self.cluster, req.token)
                 self.request = stored
-                return await self.step(ctl, lost, endpoints) if stored is None else None
+                return await self.step(ctl, lost, endpoints, gone) if stored is None else None
             if req.pod_deleted_ms is None:  # the operator died between the two writes
                 await self._restart(req, now)
             return self._waiting(req)
@@ -291,13 +332,17 @@ class UncleanCoordinator:
         if not ctl.known_voters:
             return "unclean recovery due, but no voter set was ever seen: not guessing"
         probes = await asyncio.gather(*(self.probe(k, ep) for k, ep in enumerate(endpoints)))
-        chosen = pick_survivor(ctl.known_voters, probes)
-        if chosen is None:
+        decision = decide_survivor(ctl.known_voters, probes, gone)
+        if decision.survivor is None:
             # The errors go to the log, not the status: they differ on every pass.
-            why = "; ".join(f"{p.endpoint}: {p.error}" for p in probes if p.error)
-            log.warning("%s: unclean recovery due, no former voter answered: %s", self.cluster, why)
-            return "unclean recovery due, but no former voter is reachable"
-        req = await self._request(chosen, probes, ctl.unreachable_since_ms, now)
+            log.warning(
+                "%s: unclean recovery due, %s: %s",
+                self.cluster,
+                decision.note(),
+                "; ".join(decision.errors) or "no error",
+            )
+            return f"unclean recovery due, but {decision.note()}"
+        req = await self._request(decision, ctl.unreachable_since_ms, now)
         await self._restart(req, now)
         return self._waiting(req)
 
@@ -326,12 +371,10 @@ class UncleanCoordinator:
             f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
         )
 
-    async def _request(
-        self, chosen: tuple[Probe, tuple[str, ...]], probes: Sequence[Probe], outage_since_ms: int, now: int
-    ) -> UncleanRequest:
+    async def _request(self, decision: SurvivorDecision, outage_since_ms: int, now: int) -> UncleanRequest:
         """Persist the request for the chosen survivor (before anything acts on it) and report it."""
-        survivor, uuids = chosen
-        assert survivor.state is not None
+        survivor, uuids = decision.survivor, decision.uuids
+        assert survivor is not None and survivor.state is not None
         req = UncleanRequest(
             token=_uuid.uuid4().hex[:16],
             replica_id=survivor.state.node_id,
@@ -341,11 +384,7 @@ class UncleanCoordinator:
             last_epoch=survivor.state.last_epoch,
             outage_since_ms=outage_since_ms,
             requested_ms=now,
-            candidates={
-                str(p.state.node_id): [p.state.last_epoch, p.state.end_offset]
-                for p in probes
-                if p.state is not None
-            },
+            candidates={str(c.node_id): [c.last_epoch, c.end_offset] for c in decision.candidates},
         )
         await self.store.save(req)
         self.request = req

@@ -15,7 +15,8 @@ is lost (unclean recovery needs that).
 Unclean recovery (KIP-704 style, off by default): the survivor is chosen by the same rule as in
 Kubernetes mode (survivor.py: Raft's election order over each live node's
 ``GET /v1/node/log-state``), among the nodes whose storage UUID (from their ``meta.properties``)
-was a voter in that last voter set.
+was a voter in that last voter set, and only once every former voter answered or is gone (held
+stopped, or no process running): a running node that did not answer yet may hold the newest epoch.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import signal
 import sys
 import time
 import uuid as _uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from .. import failpoints
 from ..controller import ControllerStatus, RecoveryController
 from ..core.recovery import Order, PolicyError, Recovery, RecoveryPolicy
 from ..core.rotation import CertRotator, healthy_majority_without
-from ..core.survivor import LogState, choose_survivor, probe_log_state
+from ..core.survivor import Probe, SurvivorDecision, decide_survivor, probe_log_state
 from ..core.view import QuorumView
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, OperatorMetrics
@@ -270,7 +271,8 @@ async def _controller_pass(
 class _Unclean:
     """KIP-704 style last resort, only when the policy allows it and the quorum has had no live
     majority for ``unclean_after_seconds``: among the live nodes whose storage UUID was a voter in
-    the last voter set a leader reported, the one a Raft election would prefer (survivor.py) is
+    the last voter set a leader reported, once each such node answered or is gone
+    (``Supervisor.gone``), the one a Raft election would prefer (survivor.py) is
     stopped, ``kraftkeeper quorum recover-unclean`` makes it the sole voter (RECOVERING, then
     RECOVERED once it verified its state), and it is restarted; the reassignment to nodes 1..N
     then re-adds the others. Records committed only on the lost replicas are lost: the event log
@@ -307,28 +309,25 @@ class _Unclean:
         await self._recover(chosen, gone_s)
         self.done = True
 
-    async def _choose(self) -> tuple[LogState, list[LogState]] | None:
+    async def _choose(self) -> SurvivorDecision | None:
         lay = self.layout
-        probes = await asyncio.gather(
-            *(probe_log_state(self.client, i - 1, lay.endpoint(i)) for i in range(1, lay.nodes + 1))
-        )
-        voters = set(self.ctl.known_voters)
-        cands = [
-            p.state
-            for p in probes
-            if p.state is not None
-            and p.state.node_id == p.ordinal + 1
-            and (p.state.node_id, meta_uuid(lay.data_dir(p.state.node_id))) in voters
-        ]
-        best = choose_survivor(cands)
-        if best is None:
-            errors = "; ".join(f"{p.endpoint}: {p.error}" for p in probes if p.error)
-            self._note(f"quorum lost and no former voter answers with its log state ({errors}); retrying")
+        probes = await asyncio.gather(*(self._probe(i) for i in range(1, lay.nodes + 1)))
+        decision = decide_survivor(self.ctl.known_voters, probes, self.sup.gone())
+        if decision.survivor is None:
+            errors = "; ".join(decision.errors) or "no error"
+            self._note(f"quorum lost, unclean recovery due, but {decision.note()} ({errors}); retrying")
             return None
-        return best, cands
+        return decision
 
-    async def _recover(self, chosen: tuple[LogState, list[LogState]], gone_s: float) -> None:
-        best, cands = chosen
+    async def _probe(self, i: int) -> Probe:
+        """Node i's log state, with the storage UUID of the disk it runs on (a replaced disk's
+        node answers, but was no voter)."""
+        p = await probe_log_state(self.client, i - 1, self.layout.endpoint(i))
+        return replace(p, storage_uuid=meta_uuid(self.layout.data_dir(i)) or "")
+
+    async def _recover(self, decision: SurvivorDecision, gone_s: float) -> None:
+        assert decision.survivor is not None and decision.survivor.state is not None
+        best, cands = decision.survivor.state, decision.candidates
         lay, survivor = self.layout, best.node_id
         out = await self.sup.run_offline(
             survivor, "quorum", "recover-unclean", "--dir", str(lay.data_dir(survivor))
