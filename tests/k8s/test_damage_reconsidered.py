@@ -25,41 +25,20 @@ from tests.k8s.operator_support import (
     overrides_for,
     wait_known_voters,
 )
+from tests.k8s.test_disk_bound_certs import CORRUPT, _refused
+from tests.k8s.test_disk_bound_certs import _events as _events_of
 from tests.operator.operator_nodes import LocalCluster, engine_missing, hold
 
 pytestmark = pytest.mark.k8s
-
-CORRUPT = (
-    "CORRUPT_LOG: /data/kraft/__cluster_metadata-0/00000000000000000000.log: damaged batch, not a torn "
-    "write: CRC mismatch in batch at offset 14 (position 1001) at position 1001 (offset 14)"
-)
 
 
 def _damaged_status() -> dict[str, Any]:
     """The pod's status as the kubelet reports a node container that keeps stopping with
     CORRUPT_LOG (FallbackToLogsOnError puts its last lines in the message)."""
-    terminated = {
-        "exitCode": 1,
-        "reason": "Error",
-        "message": f"kraftkeeper: preparing dl-0\n{CORRUPT}",
-        "startedAt": None,
-        "finishedAt": None,
-    }
-    node = {
-        "name": "node",
-        "image": "kraftkeeper:test",
-        "imageID": "",
-        "ready": False,
-        "restartCount": 3,
-        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": terminated},
-    }
-    return {"status": {"phase": "Running", "containerStatuses": [node]}}
-
-
-def _events(kube: KubeEnv, ns: str, reason: str) -> list[dict[str, Any]]:
-    items = (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
-    return [e for e in items if e.get("reason") == reason]
+    status = _refused("00000000-0000-4000-8000-000000000000")
+    node = status["status"]["containerStatuses"][0]
+    node["lastState"]["terminated"]["message"] = f"kraftkeeper: preparing dl-0\n{CORRUPT}"
+    return status
 
 
 @pytest.mark.slow
@@ -104,7 +83,7 @@ def test_a_damaged_disk_is_replaced_once_the_quorum_heals(
         )
         assert st == 200, body
         told = kube.wait_for(
-            "a DamagedLogNeedsAction Event", lambda: _events(kube, ns, "DamagedLogNeedsAction")
+            "a DamagedLogNeedsAction Event", lambda: _events_of(kube, ns, "DamagedLogNeedsAction")
         )
         assert "replica 1" in told[0]["message"] and "no healthy majority" in told[0]["message"]
         assert get(kube, f"/api/v1/namespaces/{ns}/persistentvolumeclaims/data-dl-0") is not None
@@ -113,7 +92,7 @@ def test_a_damaged_disk_is_replaced_once_the_quorum_heals(
         # Replica 2 returns: 2 and 3 commit without replica 1, whose pod is still damaged.
         holds.pop().unlink()
         replaced = kube.wait_for(
-            "a DamagedDiskReplaced Event", lambda: _events(kube, ns, "DamagedDiskReplaced"), timeout=120
+            "a DamagedDiskReplaced Event", lambda: _events_of(kube, ns, "DamagedDiskReplaced"), timeout=120
         )
         msg = replaced[0]["message"]
         assert "replica 1" in msg and "position 1001 (offset 14)" in msg, msg
@@ -123,9 +102,9 @@ def test_a_damaged_disk_is_replaced_once_the_quorum_heals(
         assert claim_now is None or claim_now["metadata"].get("deletionTimestamp"), claim_now
         assert get(kube, f"/api/v1/namespaces/{ns}/pods/dl-0") is None
         # Many passes saw the damaged pod without a majority: still one Event (and one count).
-        needs = _events(kube, ns, "DamagedLogNeedsAction")
+        needs = _events_of(kube, ns, "DamagedLogNeedsAction")
         assert len(needs) == 1 and needs[0].get("count", 1) == 1, needs
-        assert len(_events(kube, ns, "DamagedDiskReplaced")) == 1
+        assert len(_events_of(kube, ns, "DamagedDiskReplaced")) == 1
         assert op.proc.poll() is None, op.tail()
     finally:
         for h in holds:

@@ -16,8 +16,8 @@ from kraftkeeper_operator.core.recovery import RecoveryPolicy
 from kraftkeeper_operator.core.survivor import LogState, Probe, decide_survivor
 from kraftkeeper_operator.k8s.unclean import MemoryRequestStore, UncleanCoordinator, gone_replicas
 from kraftkeeper_operator.local.cluster import ClusterLayout
-from kraftkeeper_operator.local.operator import _Unclean
 from kraftkeeper_operator.local.supervisor import Supervisor
+from kraftkeeper_operator.local.unclean import LocalUnclean
 from kraftkeeper_operator.telemetry import MemorySink
 
 from tests.operator.helpers import Clock
@@ -91,11 +91,12 @@ def test_which_pods_count_as_gone() -> None:
 
 @dataclass
 class Ctl:
-    """What the coordinators read of the recovery controller."""
+    """What the coordinators read of the recovery controller (and local mode's event sink)."""
 
     policy: RecoveryPolicy
     unreachable_since_ms: int | None
     known_voters: list[tuple[int, str]] = field(default_factory=lambda: list(KNOWN))
+    sink: MemorySink = field(default_factory=MemorySink)
 
 
 class FlakyProbes:
@@ -181,23 +182,43 @@ async def test_local_mode_waits_for_a_running_node_whose_probe_timed_out(tmp_pat
         policy = RecoveryPolicy(live_window_seconds=3, unclean_allowed=True, unclean_after_seconds=1)
         ctl = Ctl(policy, unreachable_since_ms=0)
         client = FlakyClient(layout)
-        unclean = _Unclean(layout, sup, ctl, client)  # type: ignore[arg-type]
+        # The restart is the store's: recorded here instead of running recover-unclean.
+        store = MemoryRequestStore()
+        unclean = LocalUnclean(layout, sup, ctl, client, store=store)  # type: ignore[arg-type]
         assert sup.gone() == {2, 3, 5}
-        assert await unclean._choose() is None  # node 1 runs but timed out: wait
-        assert unclean.last_note is not None and "former voter(s) 1" in unclean.last_note
-        got = await unclean._choose()
-        assert got is not None and got.survivor is not None and got.survivor.node_id == 1
-        # Node 1's process gone for good: node 4 is what is left, and is chosen.
-        p1 = sup.nodes[1].proc
-        assert p1 is not None
-        p1.kill()
-        await p1.wait()
-        client.timeouts = 1
-        assert sup.gone() == {1, 2, 3, 5}
-        got = await unclean._choose()
-        assert got is not None and got.survivor is not None and got.survivor.node_id == 4
+        note = await unclean.maybe_run()  # node 1 runs but timed out: wait
+        assert note is not None and "former voter(s) 1" in note and store.restarts == []
+        note = await unclean.maybe_run()
+        req = unclean.coordinator.request
+        assert req is not None and req.replica_id == 1 and store.restarts == [0], note
+        assert req.candidates == {"1": [7, 120], "4": [6, 400]}
     finally:
         for n in sup.nodes.values():
             if n.proc is not None and n.proc.returncode is None:
                 n.proc.kill()
                 await n.proc.wait()
+
+
+async def test_local_mode_chooses_without_a_node_whose_process_is_gone(tmp_path: Path) -> None:
+    layout = ClusterLayout.load_or_create(tmp_path / "c", 5, 40000)
+    for i in range(1, 6):
+        layout.data_dir(i).mkdir()
+        (layout.data_dir(i) / "meta.properties").write_text(f"version=1\ndirectory.id=u{i}\n")
+    sup = Supervisor(layout)
+    sup.nodes[4].proc = await asyncio.create_subprocess_exec("sleep", "60")
+    sup.nodes[1].proc = p1 = await asyncio.create_subprocess_exec("true")
+    await p1.wait()  # node 1's process exited (its restart back-off): it cannot answer
+    try:
+        policy = RecoveryPolicy(live_window_seconds=3, unclean_allowed=True, unclean_after_seconds=1)
+        ctl = Ctl(policy, unreachable_since_ms=0)
+        store = MemoryRequestStore()
+        unclean = LocalUnclean(layout, sup, ctl, FlakyClient(layout), store=store)  # type: ignore[arg-type]
+        assert sup.gone() == {1, 2, 3, 5}
+        await unclean.maybe_run()
+        req = unclean.coordinator.request
+        assert req is not None and req.replica_id == 4 and store.restarts == [3]
+    finally:
+        p4 = sup.nodes[4].proc
+        assert p4 is not None
+        p4.kill()
+        await p4.wait()
