@@ -18,6 +18,7 @@ from tests.k8s.operator_support import (
     PLAINTEXT,
     Operator,
     create,
+    create_quorum_claim,
     create_quorum_pod,
     get,
     kq,
@@ -66,14 +67,7 @@ def test_a_damaged_disk_is_replaced_once_the_quorum_heals(
         # fetch): the damage is reported only when the quorum is seen lost.
         kube.wait_for("QuorumLost reported", lambda: kq_status(kube, ns, "dl").get("phase") == "QuorumLost")
         labels = create_quorum_pod(kube, ns, "dl", 0, ["node"])["metadata"]["labels"]
-        claim = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "data-dl-0", "namespace": ns, "labels": labels},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-        }
-        st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/persistentvolumeclaims", claim)
-        assert st == 201, body
+        create_quorum_claim(kube, ns, "dl", 0, labels)
         uid = (get(kube, f"/api/v1/namespaces/{ns}/pods/dl-0") or {})["metadata"]["uid"]
         st, body = kube.request(
             "PATCH",

@@ -96,8 +96,13 @@ def test_a_damaged_follower_log_is_a_lost_disk_replaced_by_the_operator(
             return s
         return None
 
-    final = c.wait_for(f"replica {victim} back on a new disk, voter set whole", recovered, timeout=400,
-                       interval=1.0, context=c.describe)
+    final = c.wait_for(
+        f"replica {victim} back on a new disk, voter set whole",
+        recovered,
+        timeout=400,
+        interval=1.0,
+        context=c.describe,
+    )
     new_uuid = voter_uuids(final)[victim]
     assert new_uuid != old_uuid and UUID.match(new_uuid), (old_uuid, final["voters"])
     assert old_uuid not in voter_uuids(final).values() and len(final["voters"]) == 3
@@ -106,5 +111,8 @@ def test_a_damaged_follower_log_is_a_lost_disk_replaced_by_the_operator(
     writer.wait_acked(len(writer.acked()), "a write acknowledged after the replacement")
     acked = writer.stop()
     read_back(c, acked)
-    print(f"\ndamaged disk replaced on the real kubelet: {len(acked)} acknowledged writes read back, "
-          f"{time.monotonic() - began:.0f} s", flush=True)
+    print(
+        f"\ndamaged disk replaced on the real kubelet: {len(acked)} acknowledged writes read back, "
+        f"{time.monotonic() - began:.0f} s",
+        flush=True,
+    )

@@ -168,12 +168,18 @@ class FlakyClient:
         return 200, body.encode()
 
 
-async def test_local_mode_waits_for_a_running_node_whose_probe_timed_out(tmp_path: Path) -> None:
+def _five_disks(tmp_path: Path) -> tuple[ClusterLayout, Supervisor]:
+    """A five-node cluster directory whose node i's disk has storage UUID ``u<i>``, and its
+    supervisor (no node started)."""
     layout = ClusterLayout.load_or_create(tmp_path / "c", 5, 40000)
     for i in range(1, 6):
         layout.data_dir(i).mkdir()
         (layout.data_dir(i) / "meta.properties").write_text(f"version=1\ndirectory.id=u{i}\n")
-    sup = Supervisor(layout)
+    return layout, Supervisor(layout)
+
+
+async def test_local_mode_waits_for_a_running_node_whose_probe_timed_out(tmp_path: Path) -> None:
+    layout, sup = _five_disks(tmp_path)
     # Nodes 1 and 4 run (real processes that answer nothing themselves: the client plays their
     # HTTP side); 2, 3 and 5 have no process, as after they stopped for good.
     for i in (1, 4):
@@ -200,11 +206,7 @@ async def test_local_mode_waits_for_a_running_node_whose_probe_timed_out(tmp_pat
 
 
 async def test_local_mode_chooses_without_a_node_whose_process_is_gone(tmp_path: Path) -> None:
-    layout = ClusterLayout.load_or_create(tmp_path / "c", 5, 40000)
-    for i in range(1, 6):
-        layout.data_dir(i).mkdir()
-        (layout.data_dir(i) / "meta.properties").write_text(f"version=1\ndirectory.id=u{i}\n")
-    sup = Supervisor(layout)
+    layout, sup = _five_disks(tmp_path)
     sup.nodes[4].proc = await asyncio.create_subprocess_exec("sleep", "60")
     sup.nodes[1].proc = p1 = await asyncio.create_subprocess_exec("true")
     await p1.wait()  # node 1's process exited (its restart back-off): it cannot answer

@@ -123,7 +123,7 @@ class LocalUnclean:
         endpoints = [lay.endpoint(i) for i in range(1, lay.nodes + 1)]
         note = await self.coordinator.step(self.ctl, lost, endpoints, self.sup.gone())
         if note is not None and note != self.note:
-            log.error("%s", note)
+            log.warning("unclean recovery: %s", note)
         self.note = note
         return note
 
