@@ -111,6 +111,19 @@ def create_quorum_pod(
     return dict(body)
 
 
+def create_quorum_claim(kube: KubeEnv, ns: str, quorum: str, ordinal: int, labels: dict[str, str]) -> None:
+    """The StatefulSet's claim ``data-quorum-ordinal`` of that pod (no controller-manager here to
+    make it), with the quorum's labels."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"data-{quorum}-{ordinal}", "namespace": ns, "labels": labels},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/persistentvolumeclaims", claim)
+    assert st == 201, body
+
+
 def events_of(kube: KubeEnv, ns: str, uid: str, reason: str) -> list[dict[str, Any]]:
     """The Events of reason ``reason`` about the object with ``uid``."""
     items = (get(kube, f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])

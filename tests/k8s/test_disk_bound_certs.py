@@ -15,7 +15,15 @@ from cryptography import x509
 
 from quorum.security.pki import identity_from_cert
 from tests.k8s.conftest import KubeEnv
-from tests.k8s.operator_support import Operator, create, create_quorum_pod, get, kq, operator  # noqa: F401
+from tests.k8s.operator_support import (  # noqa: F401
+    Operator,
+    create,
+    create_quorum_claim,
+    create_quorum_pod,
+    get,
+    kq,
+    operator,
+)
 
 pytestmark = pytest.mark.k8s
 
@@ -107,14 +115,7 @@ def test_a_damaged_log_without_a_healthy_majority_deletes_nothing(
     ns = namespace
     create(kube, ns, kq("dl", 3))
     labels = create_quorum_pod(kube, ns, "dl", 0, ["node"])["metadata"]["labels"]
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "data-dl-0", "namespace": ns, "labels": labels},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    st, body = kube.request("POST", f"/api/v1/namespaces/{ns}/persistentvolumeclaims", claim)
-    assert st == 201, body
+    create_quorum_claim(kube, ns, "dl", 0, labels)
     uid = (get(kube, f"/api/v1/namespaces/{ns}/pods/dl-0") or {})["metadata"]["uid"]
     status = _refused("00000000-0000-4000-8000-000000000000")
     node = status["status"]["containerStatuses"][0]

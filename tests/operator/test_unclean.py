@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kraftkeeper_operator.controller import RecoveryController
 from kraftkeeper_operator.core.recovery import RecoveryPolicy
-from kraftkeeper_operator.core.survivor import LogState, Probe
+from kraftkeeper_operator.core.survivor import LogState, Probe, decide_survivor
 from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_KEY, parse_spec, statefulset
 from kraftkeeper_operator.k8s.unclean import (
     UNCLEAN_DETAIL_KEY,
@@ -21,7 +21,6 @@ from kraftkeeper_operator.k8s.unclean import (
     MemoryRequestStore,
     UncleanCoordinator,
     UncleanRequest,
-    pick_survivor,
     request_from_configmap,
 )
 from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
@@ -41,22 +40,30 @@ def probe(ordinal: int, node_id: int | None, leo: int | None, epoch: int = 3) ->
     return Probe(ordinal, f"ep{ordinal}", state=LogState(node_id, epoch, leo))
 
 
+def pick(known: list[tuple[int, str]], probes: list[Probe]) -> tuple[Probe, tuple[str, ...]] | None:
+    """The survivor, every replica that did not answer being gone (test_survivor_wait.py has
+    the replicas that may still answer)."""
+    d = decide_survivor(known, probes, gone={p.ordinal + 1 for p in probes if p.state is None} | {9})
+    return (d.survivor, d.uuids) if d.survivor is not None else None
+
+
 def test_survivor_is_the_answering_former_voter_a_raft_election_would_prefer() -> None:
     known = [(1, "u1"), (2, "u2"), (3, "u3"), (4, "u4"), (5, "u5")]
     probes = [probe(0, 1, 40), probe(1, 2, 55), probe(2, None, None), probe(3, 4, 55), probe(4, 5, 12)]
-    got = pick_survivor(known, probes)
+    got = pick(known, probes)
     assert got is not None and got[0].node_id == 2 and got[1] == ("u2",)  # tie 2/4: the lower id
     # The longest log is a stale one (last epoch 2): replica 5's newer epoch wins.
-    stale = [probe(0, 1, 900, epoch=2), probe(4, 5, 12, epoch=3)]
-    got = pick_survivor(known, stale)
+    stale = [probe(0, 1, 900, epoch=2), probe(1, None, None), probe(2, None, None), probe(3, None, None)]
+    got = pick(known, [*stale, probe(4, 5, 12, epoch=3)])
     assert got is not None and got[0].node_id == 5
     # Not a former voter (a scale-up replica), a pod answering for another id, no answer: ignored.
-    assert pick_survivor([(1, "u1")], [probe(1, 2, 99), probe(0, 3, 99), probe(0, None, None)]) is None
-    assert pick_survivor([(1, "u1"), (2, "")], [probe(1, 2, 99)]) is None  # no UUID known for 2
+    assert pick([(1, "u1")], [probe(1, 2, 99), probe(0, 3, 99)]) is None
+    assert pick([(1, "u1")], [probe(1, 2, 99), probe(0, None, None)]) is None
+    assert pick([(1, "u1"), (2, "")], [probe(1, 2, 99), probe(0, None, None)]) is None  # no UUID for 2
     # Mid-recovery voter set (AddThenRemove): both UUIDs of the id go into the request.
-    got = pick_survivor([(1, "old"), (1, "new"), (2, "u2")], [probe(0, 1, 7)])
+    got = pick([(1, "old"), (1, "new"), (2, "u2")], [probe(0, 1, 7), probe(1, None, None)])
     assert got is not None and got[1] == ("old", "new")
-    assert pick_survivor([], [probe(0, 1, 7)]) is None
+    assert pick([], [probe(0, 1, 7)]) is None
 
 
 class Rig:
@@ -91,12 +98,22 @@ class Rig:
             return Probe(ordinal, endpoint, error="refused")
         return Probe(ordinal, endpoint, state=LogState(rid, self.q.epoch, self.q.log_end - r.lag))
 
+    def gone(self) -> set[int]:
+        """The replicas killed (their pods gone, as gone_replicas would say)."""
+        out = set()
+        for rid in (1, 2, 3):
+            try:
+                self.q.current(rid)
+            except KeyError:
+                out.add(rid)
+        return out
+
     async def step(self, seconds: float = 1.0) -> tuple[bool, str | None]:
         self.clock.t += seconds
         self.q.tick()
         st = await self.ctl.reconcile()
         lost = st.condition("QuorumLost").status
-        note = await self.coord.step(self.ctl, lost, ["ep0", "ep1", "ep2"])
+        note = await self.coord.step(self.ctl, lost, ["ep0", "ep1", "ep2"], self.gone())
         return lost, note
 
     def recover_survivor(self) -> None:

@@ -12,15 +12,27 @@ the committed records would be the ones thrown away.
 Each replica says where its log stands through ``GET /v1/node/log-state`` (served by every node,
 leader or not, with no storage UUID in it): ``{"node_id", "last_epoch", "end_offset",
 "high_watermark", ...}``. :func:`parse_log_state` checks that object, :func:`probe_log_state`
-fetches it, and :func:`choose_survivor` is the pure rule. Which replicas are *eligible* (their id
-and storage UUID were voters in the last voter set a leader reported) is the caller's business:
-the operator cannot read a disk in Kubernetes mode, and local mode reads ``meta.properties``.
+fetches it, and :func:`choose_survivor` is the pure rule.
+
+:func:`decide_survivor` decides *whether* a probe set may be chosen from at all. A former voter
+that did not answer cannot be left out just because its probe failed: a slow or still-starting
+replica may hold the newest epoch, and choosing without it throws away what it committed (seen:
+a probe that timed out under load made a longer stale log the survivor). So every former voter
+must be *accounted for*: it answered, or the platform says it is gone (local mode: held stopped
+or no process running; Kubernetes: no pod, a pod being deleted or unschedulable, or its node
+container not running nor starting). While one is neither, no choice is made and the caller
+asks again on its next pass. KIP-966's unclean recovery likewise asks the replicas for their
+last leader epoch and log end offset and waits for the answers of the replicas that may hold
+the latest data before electing the highest epoch, then the longest log. Which replicas are
+*eligible* (their id, and where it can be read their storage UUID, were voters in the last voter
+set a leader reported) is decided here too: the operator cannot read a disk in Kubernetes mode
+(the init container checks the UUID), and local mode reads ``meta.properties``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -79,6 +91,67 @@ def choose_survivor(candidates: Sequence[LogState]) -> LogState | None:
     return max(candidates, key=lambda s: (s.last_epoch, s.end_offset, -s.node_id))
 
 
+@dataclass(frozen=True)
+class SurvivorDecision:
+    """What :func:`decide_survivor` made of one probe set."""
+
+    survivor: Probe | None  # None: no choice on this probe set
+    uuids: tuple[str, ...] = ()  # the survivor's voter UUID(s) in the last voter set
+    candidates: tuple[LogState, ...] = ()  # the eligible answers compared
+    waiting_for: tuple[int, ...] = ()  # former voters neither answering nor known to be gone
+    errors: tuple[str, ...] = ()  # "ENDPOINT: why" of the probes that failed
+
+    def note(self) -> str:
+        """Why no survivor was chosen (for the log and the QuorumLost condition)."""
+        if self.waiting_for:
+            ids = ", ".join(str(i) for i in self.waiting_for)
+            return (
+                f"waiting for the log state of former voter(s) {ids}: not known to be gone, so they "
+                "may hold the newest epoch (no survivor is chosen without them)"
+            )
+        return "no former voter answers with its log state"
+
+
+def decide_survivor(
+    known_voters: Sequence[tuple[int, str]],
+    probes: Sequence[Probe],
+    gone: Collection[int] | None,
+) -> SurvivorDecision:
+    """The survivor among the former voters (``known_voters``: the last voter set a leader
+    reported), or no decision (module docstring). ``gone``: the replica ids the platform knows
+    cannot answer (None: not known, so every former voter must answer). A probe counts for
+    replica ``ordinal + 1``; an answer naming another node id is a misconfiguration, never a
+    candidate; an answer from a disk whose UUID was not a voter (a replaced disk) is accounted for
+    but no candidate. Invariant: a survivor is returned only when no former voter is unaccounted
+    for."""
+    uuids: dict[int, list[str]] = {}
+    for rid, u in known_voters:
+        if u:
+            uuids.setdefault(rid, []).append(u)
+    by_id = {p.ordinal + 1: p for p in probes}
+    eligible: dict[int, Probe] = {}
+    waiting: list[int] = []
+    for rid in sorted(uuids):
+        p = by_id.get(rid)
+        if p is None or p.state is None:
+            if gone is None or rid not in gone:
+                waiting.append(rid)
+            continue
+        if p.state.node_id != rid:
+            continue
+        if p.storage_uuid is not None and p.storage_uuid not in uuids[rid]:
+            continue
+        eligible[rid] = p
+    errors = tuple(f"{p.endpoint}: {p.error}" for p in probes if p.error)
+    cands = tuple(p.state for p in eligible.values() if p.state is not None)
+    if waiting:
+        return SurvivorDecision(None, candidates=cands, waiting_for=tuple(waiting), errors=errors)
+    best = choose_survivor(cands)
+    if best is None:
+        return SurvivorDecision(None, errors=errors)
+    return SurvivorDecision(eligible[best.node_id], tuple(uuids[best.node_id]), cands, errors=errors)
+
+
 # ---------------------------------------------------------------------------------------------
 # Asking a replica
 
@@ -99,6 +172,9 @@ class Probe:
     endpoint: str
     state: LogState | None = None
     error: str | None = None
+    # the storage UUID of the disk behind the answer, where the caller can read it (local mode's
+    # meta.properties); None: not known (Kubernetes), the id alone is checked
+    storage_uuid: str | None = None
 
     @property
     def node_id(self) -> int | None:

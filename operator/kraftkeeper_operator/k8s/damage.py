@@ -14,7 +14,10 @@ what it acknowledged (docs/design.md "Torn writes and damage"). It is treated as
   recovery from the undamaged replica with the highest last epoch and end offset,
   ``spec.uncleanRecovery``, docs/operator.md "A damaged log").
 
-Each pod (uid) is acted on once.
+A damaged pod is reconsidered on every pass until its claim and pod are deleted: a quorum that
+had no healthy majority without it when it stopped may heal later (the other voters come back),
+and the damaged disk is then replaced as above. Its Event is posted once per change of what is
+done or why not (a pod uid maps to its last outcome), not on every pass.
 """
 
 from __future__ import annotations
@@ -48,21 +51,27 @@ def damaged_pods(pods: Sequence[Mapping[str, Any]], quorum: str) -> dict[int, tu
     return out
 
 
+REPLACED = "replaced"  # the outcome of a pod uid whose claim and pod were deleted
+
+
 async def handle_damaged_logs(
     kube: KubeApi,
     q: QuorumSpec,
     pods: Sequence[Mapping[str, Any]],
     view: QuorumView | None,
     replicas: int,
-    done: set[str],
+    done: dict[str, str],
 ) -> list[int]:
-    """One pass (module docstring); ``done`` holds the pod uids acted on already. Returns the
-    replica ids whose claim and pod were deleted."""
+    """One pass (module docstring); ``done`` maps the damaged pod uids seen to their last
+    outcome (:data:`REPLACED`, or why nothing was deleted). Returns the replica ids whose claim
+    and pod were deleted."""
     found = damaged_pods(pods, q.name)
+    for uid in [u for u in done if u not in {f[1] for f in found.values()}]:
+        del done[uid]  # that pod is gone (replaced, or healed by a person): forget it
     out = []
     now_ms = int(time.time() * 1000)
     for rid, (pod, uid, line) in sorted(found.items()):
-        if uid in done:
+        if done.get(uid) == REPLACED:
             continue
         claim = f"data-{q.name}-{rid - 1}"
         if q.policy.enabled and healthy_majority_without(view, rid, q.policy.max_lag, now_ms, FRESH_MS):
@@ -77,18 +86,21 @@ async def handle_damaged_logs(
             log.warning("%s: %s", q.cluster, msg)
             # Marked done only once the deletes went through: an API error above leaves the pod
             # to the next pass instead of forgetting it.
-            done.add(uid)
+            done[uid] = REPLACED
             out.append(rid)
             continue
-        intact = [i for i in range(1, replicas + 1) if i not in found]
         why = "spec.recovery.enabled is false" if not q.policy.enabled else "no healthy majority without it"
+        if done.get(uid) == why:
+            continue  # said already; reconsidered again on the next pass
+        intact = [i for i in range(1, replicas + 1) if i not in found]
         msg = (
             f"replica {rid} stopped on a damaged log ({line}); {why}: nothing deleted. Logs not known "
             f"to be damaged: replica(s) {intact or 'none'}. If a majority is damaged, recover from the "
             "undamaged replica with the highest last epoch and end offset (spec.uncleanRecovery, "
-            "KIP-704: records only the damaged replicas held are lost), then replace the damaged volumes"
+            "KIP-704: records only the damaged replicas held are lost), then replace the damaged volumes; "
+            "if the other voters come back, the damaged volume is replaced then"
         )
         post_quorum_event(q, warning=True, reason="DamagedLogNeedsAction", message=msg)
         log.error("%s: %s", q.cluster, msg)
-        done.add(uid)
+        done[uid] = why
     return out

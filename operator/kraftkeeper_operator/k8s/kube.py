@@ -329,6 +329,7 @@ class ConfigMapRequestStore:
     def __init__(self, kube: KubeApi, q: QuorumSpec) -> None:
         self.kube = kube
         self.q = q
+        self.where = f"{UNCLEAN_DETAIL_KEY} in ConfigMap {q.bootstrap_configmap}"
 
     async def load(self) -> UncleanRequest | None:
         return request_from_configmap(

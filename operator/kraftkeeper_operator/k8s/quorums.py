@@ -48,7 +48,7 @@ from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints
 from .podhealth import CrashLoops
 from .podwatch import PodWatch
 from .quorumtls import QuorumTls
-from .unclean import STATUS_PREFIX, UncleanCoordinator
+from .unclean import STATUS_PREFIX, UncleanCoordinator, gone_replicas
 
 log = logging.getLogger("kraftkeeper.operator")
 
@@ -84,7 +84,8 @@ class Managed:
     rotator: CertRotator | None = None  # node certificate renewal, one pod at a time
     crash_loops: CrashLoops | None = None  # the quorum pods' crash-loop episodes (podhealth.py)
     pods: list[dict[str, Any]] = field(default_factory=list)  # as last listed (_check_pods)
-    damaged_done: set[str] = field(default_factory=set)  # pod uids stopped on a damaged log, handled
+    # pod uid stopped on a damaged log -> what was done about it, or why nothing (damage.py)
+    damaged_done: dict[str, str] = field(default_factory=dict)
     pods_unreadable: str | None = None  # why the pods could not be listed (logged once)
     pods_running: bool | None = None  # a quorum pod is Running (None: not known)
     idle_backoff: float = 0.0  # seconds to the next pass of a quorum that never came up (0: none)
@@ -311,7 +312,8 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
     if st.view is not None and not lost:
         m.ever_available = True
     try:
-        note = await m.unclean.step(m.controller, lost, m.endpoints)
+        gone = gone_replicas(None if m.pods_unreadable else m.pods, m.spec.name, m.replicas)
+        note = await m.unclean.step(m.controller, lost, m.endpoints, gone)
     except Exception as e:  # the API or a pod unreachable: report, retry on the next pass
         log.exception("%s: unclean recovery step failed", key)
         note = f"unclean recovery step failed: {e}"

@@ -13,11 +13,14 @@ The flow (one :meth:`UncleanCoordinator.step` per daemon pass, after the recover
    (``RecoveryController.unreachable_since_ms``; an operator restart starts that clock again,
    which only delays the step).
 2. Survivor: without a leader there is no describe, so every replica is asked for its log state
-   (``GET /v1/node/log-state``: node id, last epoch, end offset). Among the answering replicas
-   whose id was a voter in the last voter set a leader reported
-   (``RecoveryController.known_voters``), the one a Raft election would prefer wins: highest
-   (last epoch, end offset), then the lower id (survivor.py, the same rule as local mode). Its
-   storage UUID(s) come from that voter set: the operator cannot read a disk.
+   (``GET /v1/node/log-state``: node id, last epoch, end offset). Every replica whose id was a
+   voter in the last voter set a leader reported (``RecoveryController.known_voters``) must have
+   answered or be gone by its pod (:func:`gone_replicas`); while one is neither (a Running pod
+   whose probe failed or timed out, a pod still starting) nothing is chosen and the next pass asks
+   again: it may hold the newest epoch. Among the answers, the one a Raft election would prefer
+   wins: highest (last epoch, end offset), then the lower id (core/survivor.py
+   ``decide_survivor``, the same rule as local mode). Its storage UUID(s) come from that voter
+   set: the operator cannot read a disk.
 3. Request: the operator writes two keys into the ``NAME-bootstrap`` ConfigMap (its own field
    manager, like the bootstrap flag): ``unclean-recovery`` = ``"<id> <token> <uuid>..."`` for the
    pod's init container, and ``unclean-recovery.json`` (the full record, read back after an
@@ -44,151 +47,105 @@ and the survivor's restart, the survivor still turns itself into a sole voter at
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import time
-import uuid as _uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from kraftkeeper_reports.events import RecoveryEvent
-from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY, UNCLEAN_RECOVERY_COMPLETED
+from ..core.unclean import (
+    LOSS_WARNING,
+    MARKER_PREFIX,
+    STATUS_PREFIX,
+    ControllerLike,
+    ProbeFn,
+    RequestStore,
+    UncleanCoordinator,
+    UncleanRequest,
+)
+from .podhealth import NODE_CONTAINER, replica_of
 
-from ..core.survivor import Probe, choose_survivor
-from ..telemetry import EventSink, OperatorMetrics
+__all__ = [
+    "LOSS_WARNING",
+    "MARKER_PREFIX",
+    "STATUS_PREFIX",
+    "UNCLEAN_DETAIL_KEY",
+    "UNCLEAN_KEY",
+    "ControllerLike",
+    "MemoryRequestStore",
+    "ProbeFn",
+    "RequestStore",
+    "UncleanCoordinator",
+    "UncleanRequest",
+    "gone_replicas",
+    "request_from_configmap",
+]
 
 log = logging.getLogger(__name__)
 
 UNCLEAN_KEY = "unclean-recovery"  # "<id> <token> <uuid> [<uuid>...]\n", read by the init container
 UNCLEAN_DETAIL_KEY = "unclean-recovery.json"  # the full UncleanRequest, read by the operator
-MARKER_PREFIX = "unclean-recovery."  # + token + ".done", in the data directory
-STATUS_PREFIX = "unclean-"  # status.recoveries ids of unclean recoveries (not disk replacements)
-LOSS_WARNING = "records committed only on the lost replicas are lost"
 
 
 # ---------------------------------------------------------------------------------------------
-# Picking the survivor without a leader
+# Which replicas cannot answer
 
-ProbeFn = Callable[[int, str], Awaitable[Probe]]
+# A container waiting for one of these is on its way up (its disk may hold the newest epoch);
+# any other waiting reason (CrashLoopBackOff, ImagePullBackOff, ...) does not end by itself.
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
 
 
-def pick_survivor(
-    known_voters: Sequence[tuple[int, str]], probes: Sequence[Probe]
-) -> tuple[Probe, tuple[str, ...]] | None:
-    """Among the answering former voters, the survivor by Raft's election order
-    (:func:`~.survivor.choose_survivor`), with its voter UUID(s); None if no former voter answered.
-    A probe whose node id is not ``ordinal + 1`` is ignored (a pod answering for another replica is
-    a misconfiguration, not a survivor)."""
-    uuids: dict[int, list[str]] = {}
-    for rid, u in known_voters:
-        if u:
-            uuids.setdefault(rid, []).append(u)
-    eligible = {
-        p.state.node_id: p
-        for p in probes
-        if p.state is not None and p.state.node_id == p.ordinal + 1 and p.state.node_id in uuids
-    }
-    best = choose_survivor([p.state for p in eligible.values() if p.state is not None])
-    if best is None:
+def gone_replicas(pods: Sequence[Mapping[str, Any]] | None, quorum: str, replicas: int) -> set[int] | None:
+    """The replica ids (pod ordinal + 1) whose node cannot answer a probe, from the pods as
+    listed: no pod, a pod being deleted (a lost Kubernetes node's pods are, once evicted), a pod
+    that cannot be scheduled, one that ended, or whose ``node`` container neither runs nor is on
+    its way up. A Running pod, or one scheduled and starting, is not gone: unclean recovery waits
+    for its answer (core/survivor.py ``decide_survivor``). None when the pods are not known."""
+    if pods is None:
         return None
-    return eligible[best.node_id], tuple(uuids[best.node_id])
+    seen: dict[int, bool] = {}
+    for pod in pods:
+        rid = replica_of(str((pod.get("metadata") or {}).get("name") or ""), quorum)
+        if rid is not None:
+            seen[rid] = _pod_gone(pod)
+    return {rid for rid in range(1, replicas + 1) if seen.get(rid, True)}
 
 
-# ---------------------------------------------------------------------------------------------
-# The request and where it is kept
-
-
-def _rfc3339(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class UncleanRequest:
-    token: str
-    replica_id: int
-    ordinal: int
-    uuids: tuple[str, ...]
-    log_end_offset: int
-    outage_since_ms: int
-    requested_ms: int
-    # replica id -> [last epoch, log end offset] of every answering former voter
-    candidates: dict[str, list[int]] = field(default_factory=dict)
-    last_epoch: int = -1  # of the survivor's log (-1 in requests written before it was recorded)
-    pod_deleted_ms: int | None = None
-    completed_ms: int | None = None
-    outcome: str | None = None  # what the first healthy view showed
-
-    def pod_line(self) -> str:
-        """The ``unclean-recovery`` key as the init container reads it (``read RID RTOKEN RUUIDS``)."""
-        return f"{self.replica_id} {self.token} {' '.join(self.uuids)}\n"
-
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["uuids"] = list(self.uuids)
-        return json.dumps(d, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> UncleanRequest:
-        d = json.loads(text)
-        if not isinstance(d, dict):
-            raise ValueError("not a JSON object")
-        d["uuids"] = tuple(str(u) for u in d["uuids"])
-        d["candidates"] = {str(k): _candidate(v) for k, v in (d.get("candidates") or {}).items()}
-        return cls(**d)
-
-    def to_crd_status(self) -> dict[str, Any]:
-        """A ``status.recoveries`` item (CRD schema); the id prefix keeps it apart from disk
-        replacements when the operator reads status back."""
-        phases: dict[str, float] = {"quorumLost": round((self.requested_ms - self.outage_since_ms) / 1000, 3)}
-        if self.completed_ms is not None:
-            phases["restart"] = round((self.completed_ms - self.requested_ms) / 1000, 3)
-        done = self.completed_ms is not None
-        reason = (
-            f"UncleanRecovery: replica {self.replica_id} ({', '.join(self.uuids)}) made sole voter, "
-            f"the most up-to-date log (last epoch {self.last_epoch}, end offset {self.log_end_offset}); "
-            f"{LOSS_WARNING}"
-        )
-        if self.outcome:
-            reason += f"; {self.outcome}"
-        return {
-            "recoveryId": STATUS_PREFIX + self.token,
-            "replicaId": self.replica_id,
-            "oldUuid": None,
-            "newUuid": self.uuids[0] if self.uuids else None,
-            "startedAt": _rfc3339(self.requested_ms),
-            "completedAt": _rfc3339(self.completed_ms),
-            "phaseSeconds": phases,
-            "result": "Succeeded" if done else "InProgress",
-            "reason": reason,
-        }
-
-
-def _candidate(v: Any) -> list[int]:
-    """[last epoch, end offset]; a bare offset is from a request written before epochs were."""
-    if isinstance(v, list):
-        return [int(x) for x in v]
-    return [-1, int(v)]
-
-
-class RequestStore(Protocol):
-    """Where the request lives (the ``NAME-bootstrap`` ConfigMap in Kubernetes) and how the
-    survivor is restarted (its pod deleted)."""
-
-    async def load(self) -> UncleanRequest | None: ...
-
-    async def save(self, request: UncleanRequest) -> None: ...
-
-    async def restart(self, ordinal: int) -> None: ...
+def _pod_gone(pod: Mapping[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    st = pod.get("status") or {}
+    phase = st.get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return True
+    for c in st.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return True
+    if phase == "Pending":
+        # scheduled: init containers or the image pull under way; a crash-looping init container
+        # (CrashLoopBackOff) does not end by itself
+        for cs in st.get("initContainerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] not in _STARTING:
+                return True
+        return False
+    for cs in st.get("containerStatuses") or []:
+        if cs.get("name") != NODE_CONTAINER:
+            continue
+        state = cs.get("state") or {}
+        if "running" in state:
+            return False
+        waiting = state.get("waiting") or {}
+        return not (waiting and waiting.get("reason") in _STARTING)
+    # no container status: Running without it does not happen; no phase at all means no
+    # scheduler or kubelet ever saw the pod (the API server itself sets Pending on creation)
+    return phase != "Running"
 
 
 @dataclass
 class MemoryRequestStore:
     """In-memory twin of the ConfigMap store (tests)."""
+
+    where: str = f"{UNCLEAN_DETAIL_KEY} in the bootstrap ConfigMap"
 
     data: dict[str, str] = field(default_factory=dict)
     restarts: list[int] = field(default_factory=list)
@@ -213,194 +170,3 @@ def request_from_configmap(data: Mapping[str, str] | None) -> UncleanRequest | N
     if not raw:
         return None
     return UncleanRequest.from_json(raw)
-
-
-# ---------------------------------------------------------------------------------------------
-# The coordinator
-
-
-class ControllerLike(Protocol):
-    """The parts of :class:`~.controller.RecoveryController` the coordinator reads."""
-
-    unreachable_since_ms: int | None
-    known_voters: list[tuple[int, str]]
-
-    @property
-    def policy(self) -> Any: ...
-
-
-class UncleanCoordinator:
-    """One quorum's unclean-recovery state machine (module docstring)."""
-
-    def __init__(
-        self,
-        store: RequestStore,
-        sink: EventSink,
-        *,
-        cluster: str,
-        probe: ProbeFn,
-        metrics: OperatorMetrics | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.store = store
-        self.sink = sink
-        self.cluster = cluster
-        self.probe = probe
-        self.metrics = metrics
-        self.clock = clock
-        self.request: UncleanRequest | None = None
-        self._loaded = False
-        self._unreadable: str | None = None  # logged once per distinct error
-
-    def now_ms(self) -> int:
-        return int(self.clock() * 1000)
-
-    def outstanding(self) -> UncleanRequest | None:
-        r = self.request
-        return r if r is not None and r.completed_ms is None else None
-
-    async def step(self, ctl: ControllerLike, lost: bool, endpoints: Sequence[str]) -> str | None:
-        """One pass; returns a note for the QuorumLost condition (None: nothing to say)."""
-        if not self._loaded:
-            unreadable = await self._load()
-            if unreadable is not None:
-                return unreadable
-        now = self.now_ms()
-        req = self.outstanding()
-        if not lost:
-            if req is not None:
-                await self._complete(req, ctl, now)
-            return None
-        if req is not None:
-            # An administrator may withdraw the request (delete both keys) to give up or retry;
-            # re-read it while it is outstanding. Same token: keep ours (it may know more).
-            stored = await self.store.load()
-            if stored is None or stored.token != req.token:
-                log.warning("%s: unclean recovery %s withdrawn from the ConfigMap", self.cluster, req.token)
-                self.request = stored
-                return await self.step(ctl, lost, endpoints) if stored is None else None
-            if req.pod_deleted_ms is None:  # the operator died between the two writes
-                await self._restart(req, now)
-            return self._waiting(req)
-        policy = ctl.policy
-        if not policy.unclean_allowed or ctl.unreachable_since_ms is None:
-            return None
-        due_ms = ctl.unreachable_since_ms + int(policy.unclean_after_seconds * 1000)
-        if now < due_ms:
-            return f"unclean recovery allowed, due at {_rfc3339(due_ms)} if no majority returns"
-        if not ctl.known_voters:
-            return "unclean recovery due, but no voter set was ever seen: not guessing"
-        probes = await asyncio.gather(*(self.probe(k, ep) for k, ep in enumerate(endpoints)))
-        chosen = pick_survivor(ctl.known_voters, probes)
-        if chosen is None:
-            # The errors go to the log, not the status: they differ on every pass.
-            why = "; ".join(f"{p.endpoint}: {p.error}" for p in probes if p.error)
-            log.warning("%s: unclean recovery due, no former voter answered: %s", self.cluster, why)
-            return "unclean recovery due, but no former voter is reachable"
-        req = await self._request(chosen, probes, ctl.unreachable_since_ms, now)
-        await self._restart(req, now)
-        return self._waiting(req)
-
-    async def _load(self) -> str | None:
-        """Read the stored request once; a note if it is unreadable (then treated as outstanding,
-        so nothing is ever done twice)."""
-        try:
-            self.request = await self.store.load()
-        except (ValueError, TypeError, KeyError) as e:
-            if self._unreadable != str(e):
-                self._unreadable = str(e)
-                log.error(
-                    "%s: unreadable %s (%s): no unclean recovery until fixed",
-                    self.cluster,
-                    UNCLEAN_DETAIL_KEY,
-                    e,
-                )
-            return f"unreadable {UNCLEAN_DETAIL_KEY} in the bootstrap ConfigMap ({e}): fix or delete it"
-        self._loaded = True
-        return None
-
-    @staticmethod
-    def _waiting(req: UncleanRequest) -> str:
-        return (
-            f"unclean recovery {req.token} of replica {req.replica_id} requested at "
-            f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
-        )
-
-    async def _request(
-        self, chosen: tuple[Probe, tuple[str, ...]], probes: Sequence[Probe], outage_since_ms: int, now: int
-    ) -> UncleanRequest:
-        """Persist the request for the chosen survivor (before anything acts on it) and report it."""
-        survivor, uuids = chosen
-        assert survivor.state is not None
-        req = UncleanRequest(
-            token=_uuid.uuid4().hex[:16],
-            replica_id=survivor.state.node_id,
-            ordinal=survivor.ordinal,
-            uuids=uuids,
-            log_end_offset=survivor.state.end_offset,
-            last_epoch=survivor.state.last_epoch,
-            outage_since_ms=outage_since_ms,
-            requested_ms=now,
-            candidates={
-                str(p.state.node_id): [p.state.last_epoch, p.state.end_offset]
-                for p in probes
-                if p.state is not None
-            },
-        )
-        await self.store.save(req)
-        self.request = req
-        detail = {
-            "reason": f"no live majority for {(now - outage_since_ms) / 1000:.0f}s",
-            "log_end_offset": req.log_end_offset,
-            "last_epoch": req.last_epoch,
-            "candidates": req.candidates,
-            "uuids": list(uuids),
-            "warning": LOSS_WARNING,
-        }
-        self.sink.emit(
-            RecoveryEvent(UNCLEAN_RECOVERY, req.token, req.replica_id, None, uuids[0], detail=detail)
-        )
-        log.warning(
-            "%s: UNCLEAN RECOVERY requested: replica %d (%s), last epoch %d, log end offset %d, "
-            "becomes the sole voter; %s",
-            self.cluster,
-            req.replica_id,
-            ", ".join(uuids),
-            req.last_epoch,
-            req.log_end_offset,
-            LOSS_WARNING,
-        )
-        if self.metrics is not None:
-            self.metrics.unclean_recoveries.labels(self.cluster).inc()
-        return req
-
-    async def _restart(self, req: UncleanRequest, now: int) -> None:
-        try:
-            await self.store.restart(req.ordinal)
-        except Exception as e:  # retried on the next pass (pod_deleted_ms stays None)
-            log.warning(
-                "%s: restarting replica %d for unclean recovery failed: %s", self.cluster, req.replica_id, e
-            )
-            return
-        req.pod_deleted_ms = now  # in memory first: a failed save below must not delete it again
-        try:
-            await self.store.save(req)
-        except Exception as e:  # only an operator restart would delete the pod once more (harmless)
-            log.warning("%s: recording the pod restart of %s failed: %s", self.cluster, req.token, e)
-
-    async def _complete(self, req: UncleanRequest, ctl: ControllerLike, now: int) -> None:
-        voters = sorted({i for i, _ in ctl.known_voters})
-        done = replace(req, completed_ms=now, outcome=f"quorum back with voters {voters}")
-        await self.store.save(done)  # on failure the next healthy pass tries again
-        self.request = req = done
-        self.sink.emit(
-            RecoveryEvent(
-                UNCLEAN_RECOVERY_COMPLETED,
-                req.token,
-                req.replica_id,
-                None,
-                req.uuids[0] if req.uuids else None,
-                detail={"voters": voters, "seconds": (now - req.requested_ms) / 1000},
-            )
-        )
-        log.warning("%s: unclean recovery %s done: %s", self.cluster, req.token, req.outcome)

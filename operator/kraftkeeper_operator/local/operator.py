@@ -12,10 +12,12 @@ new replica is noticed) or earlier, as soon as a recorded deadline falls due
 reported, so that a restarted supervisor still knows which replicas were voters when the quorum
 is lost (unclean recovery needs that).
 
-Unclean recovery (KIP-704 style, off by default): the survivor is chosen by the same rule as in
-Kubernetes mode (survivor.py: Raft's election order over each live node's
-``GET /v1/node/log-state``), among the nodes whose storage UUID (from their ``meta.properties``)
-was a voter in that last voter set.
+Unclean recovery (KIP-704 style, off by default) runs the coordinator both modes share
+(core/unclean.py, local/unclean.py): the survivor is chosen by the same rule as in Kubernetes mode
+(core/survivor.py: Raft's election order over each node's ``GET /v1/node/log-state``), among the
+nodes whose storage UUID (from their ``meta.properties``) was a voter in that last voter set, and
+only once every former voter answered or is gone (held stopped, or no process running): a running
+node that did not answer yet may hold the newest epoch.
 """
 
 from __future__ import annotations
@@ -28,13 +30,9 @@ import os
 import signal
 import sys
 import time
-import uuid as _uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from kraftkeeper_reports.events import RecoveryEvent
-from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY
 
 from quorum.client import QuorumClient
 from quorum.cliparse import ArgumentParser
@@ -48,13 +46,13 @@ from ..controller import ControllerStatus, RecoveryController
 from ..core.options import add_policy_arguments, policy_from_args
 from ..core.recovery import PolicyError, Recovery, RecoveryPolicy
 from ..core.rotation import CertRotator, healthy_majority_without
-from ..core.survivor import LogState, choose_survivor, probe_log_state
 from ..core.view import QuorumView
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, OperatorMetrics
-from .cluster import DEFAULT_BASE_PORT, ClusterLayout, meta_uuid, pid_alive, replace_disk, write_atomic
+from .cluster import DEFAULT_BASE_PORT, ClusterLayout, pid_alive, replace_disk, write_atomic
 from .supervisor import Supervisor
 from .tls import LocalTls, add_tls_args, remove_client_json, tls_from_args
+from .unclean import LocalUnclean
 
 log = logging.getLogger("kraftkeeper.operator.local")
 
@@ -198,7 +196,7 @@ async def run_local(
         before_start=tls.ensure_node if tls is not None else None,
         on_damage=on_damage,
     )
-    unclean = _Unclean(layout, sup, ctl, client)
+    unclean = LocalUnclean(layout, sup, ctl, client, metrics=metrics)
     rotator = None
     if tls is not None:
         ids = tls.node_ids
@@ -215,7 +213,7 @@ async def run_local(
                 await asyncio.wait_for(stop.wait(), ctl.wake_in(interval))
     finally:
         await sup.stop_all()
-        await unclean.client.close()
+        await unclean.close()
         await server.stop()
         with contextlib.suppress(FileNotFoundError):
             pidfile.unlink()
@@ -226,7 +224,7 @@ async def _rotate(
     rotator: CertRotator,
     view: QuorumView | None,
     ctl: RecoveryController,
-    unclean: _Unclean,
+    unclean: LocalUnclean,
     bootstrap: list[str],
 ) -> None:
     """Certificate renewal: the operator's own admin credential (then a new client, since the
@@ -264,91 +262,6 @@ async def _controller_pass(
     return st.view
 
 
-# ---------------------------------------------------------------------------------------------
-# Unclean recovery
-
-
-class _Unclean:
-    """KIP-704 style last resort, only when the policy allows it and the quorum has had no live
-    majority for ``unclean_after_seconds``: among the live nodes whose storage UUID was a voter in
-    the last voter set a leader reported, the one a Raft election would prefer (survivor.py) is
-    stopped, ``kraftkeeper quorum recover-unclean`` makes it the sole voter (RECOVERING, then
-    RECOVERED once it verified its state), and it is restarted; the reassignment to nodes 1..N
-    then re-adds the others. Records committed only on the lost replicas are lost: the event log
-    says so. Once per outage: a new one needs a live majority to have been seen in between."""
-
-    def __init__(
-        self, layout: ClusterLayout, sup: Supervisor, ctl: RecoveryController, client: QuorumClient
-    ) -> None:
-        self.layout, self.sup, self.ctl, self.client = layout, sup, ctl, client
-        self.done = False
-        self.last_note: str | None = None
-
-    def _note(self, text: str) -> None:
-        if text != self.last_note:  # once per distinct situation, not on every pass
-            log.error("%s", text)
-            self.last_note = text
-
-    async def maybe_run(self) -> None:
-        ctl, policy = self.ctl, self.ctl.policy
-        if ctl.unreachable_since_ms is None:
-            self.done, self.last_note = False, None
-            return
-        if not policy.unclean_allowed or self.done:
-            return
-        gone_s = time.time() - ctl.unreachable_since_ms / 1000
-        if gone_s < policy.unclean_after_seconds:
-            return
-        if not ctl.known_voters:
-            self._note("quorum lost, unclean recovery allowed, but no voter set was ever seen: not guessing")
-            return
-        chosen = await self._choose()
-        if chosen is None:
-            return
-        await self._recover(chosen, gone_s)
-        self.done = True
-
-    async def _choose(self) -> tuple[LogState, list[LogState]] | None:
-        lay = self.layout
-        probes = await asyncio.gather(
-            *(probe_log_state(self.client, i - 1, lay.endpoint(i)) for i in range(1, lay.nodes + 1))
-        )
-        voters = set(self.ctl.known_voters)
-        cands = [
-            p.state
-            for p in probes
-            if p.state is not None
-            and p.state.node_id == p.ordinal + 1
-            and (p.state.node_id, meta_uuid(lay.data_dir(p.state.node_id))) in voters
-        ]
-        best = choose_survivor(cands)
-        if best is None:
-            errors = "; ".join(f"{p.endpoint}: {p.error}" for p in probes if p.error)
-            self._note(f"quorum lost and no former voter answers with its log state ({errors}); retrying")
-            return None
-        return best, cands
-
-    async def _recover(self, chosen: tuple[LogState, list[LogState]], gone_s: float) -> None:
-        best, cands = chosen
-        lay, survivor = self.layout, best.node_id
-        out = await self.sup.run_offline(
-            survivor, "quorum", "recover-unclean", "--dir", str(lay.data_dir(survivor))
-        )
-        detail = {
-            "reason": f"no live majority for {gone_s:.0f}s",
-            "rule": "highest (last epoch, end offset), Raft's election order",
-            "candidates": {str(c.node_id): [c.last_epoch, c.end_offset] for c in cands},
-            "last_epoch": best.last_epoch,
-            "log_end_offset": best.end_offset,
-            "exit_code": out.returncode,
-            "output": (out.stdout or out.stderr).strip()[-500:],
-            "warning": "records committed only on the lost replicas are lost",
-        }
-        uuid = meta_uuid(lay.data_dir(survivor))
-        self.ctl.sink.emit(
-            RecoveryEvent(UNCLEAN_RECOVERY, str(_uuid.uuid4()), survivor, None, uuid, detail=detail)
-        )
-        log.warning("unclean recovery of node %d: %s", survivor, detail["output"])
 
 
 def local_main(argv: list[str]) -> int:

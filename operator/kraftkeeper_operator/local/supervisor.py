@@ -206,6 +206,20 @@ class Supervisor:
                     n.next_start = now + 5.0
                     log.error("cannot start node %d: %s", n.index, e)
 
+    def gone(self) -> set[int]:
+        """The nodes that cannot answer a probe: held stopped, or with no process running (in
+        its restart back-off). A node whose process runs is not gone, even while it does not
+        answer yet (starting, or too slow under load): unclean recovery waits for it
+        (core/survivor.py ``decide_survivor``)."""
+        return {
+            n.index
+            for n in self.nodes.values()
+            if n.index in self.internal_hold
+            or self._held(n.index)
+            or n.proc is None
+            or n.proc.returncode is not None
+        }
+
     def corrupt_message(self, n: NodeProc) -> str | None:
         """The node's last ``CORRUPT_LOG`` line since its last start, if any."""
         path = self.layout.dir / f"node-{n.index}.log"
