@@ -219,7 +219,10 @@ class RecoveryController:
         if self.persist is not None:
             await self.persist(self.book.to_status())
         self._publish_gauges(view, now)
-        st = self._status(view, now, action=action, blocked=blocked, reassigned=reassigned)
+        # With this pass's committed changes applied: the status that carries their records
+        # shows the voter set they made, not the one read before them.
+        shown = self.committed_view or view
+        st = self._status(shown, now, action=action, blocked=blocked, reassigned=reassigned)
         st.committed = committed
         return st
 

@@ -1,9 +1,11 @@
 """What the in-process operator tests share: a settable clock, the full list of a recovery's
-steps, kopf's daemon stop flag, and the exception that stands for the operator process dying."""
+steps, kopf's daemon stop flag, the exception that stands for the operator process dying, and a
+recorder of the Kubernetes Events a unit under test posts (kube.py's ``KubeApi.notify``)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from kraftkeeper_reports.events import RECOVERY_COMPLETED, STEP_TYPES
 
@@ -42,3 +44,20 @@ class Stopped:
             await asyncio.wait_for(self.event.wait(), seconds)
         except TimeoutError:
             pass
+
+
+class Notices:
+    """Records what ``KubeApi.notify`` / ``post_event`` would post, as (type, reason), for units
+    tested without an API server; ``messages`` keeps the texts."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.messages: list[str] = []
+
+    async def post_event(self, obj: Any, *, warning: bool, reason: str, message: str) -> None:
+        self.seen.append(("Warning" if warning else "Normal", reason))
+        self.messages.append(message)
+
+    async def notify(self, obj: Any, *, warning: bool, reason: str, message: str) -> bool:
+        await self.post_event(obj, warning=warning, reason=reason, message=message)
+        return True
