@@ -8,8 +8,9 @@ and persists its progress right after it, so an operator that died between the t
 step again in the quorum on restart. :meth:`StepLog.resume` therefore seeds the keys already
 logged from the event log itself (telemetry.py ``logged_steps``). A sink with no history to read
 back (``eventLog: stdout``) cannot be seeded: such a step may then appear twice, the second time
-with ``detail.observed: true`` and the same key, and consumers keep the first line of a key
-(docs/reference.md "Recovery event log"); while such a recovery runs, the status says so
+with ``detail.observed: true`` and the same key (``kraftkeeper_reports.vocabulary.step_key``),
+and a reader keeps the first line of a key, as the report job does (docs/reference.md "Recovery
+event log"); while such a recovery runs, the status says so
 (:data:`BLIND_RESUME`).
 
 Failpoints (failpoints.py ``before-event:<type>``) stop the process just before a step's event.
@@ -22,15 +23,7 @@ import logging
 from collections.abc import Sequence
 
 from kraftkeeper_reports.events import RecoveryEvent
-from kraftkeeper_reports.vocabulary import (
-    ADD_VOTER_COMMITTED,
-    ADD_VOTER_STARTED,
-    DISK_REPLACEMENT_DETECTED,
-    RECOVERY_COMPLETED,
-    RECOVERY_FAILED,
-    REMOVE_VOTER_COMMITTED,
-    REMOVE_VOTER_STARTED,
-)
+from kraftkeeper_reports.vocabulary import ONCE_TYPES, RECOVERY_COMPLETED, RECOVERY_FAILED
 
 from . import failpoints
 from .core.records import Event, Recovery
@@ -41,19 +34,9 @@ __all__ = ["BLIND_RESUME", "ONCE_PER_RECOVERY", "StepLog"]
 
 log = logging.getLogger(__name__)
 
-# Steps logged at most once per recovery; replica_caught_up / replica_fell_behind /
-# recovery_resumed may recur.
-ONCE_PER_RECOVERY = frozenset(
-    {
-        DISK_REPLACEMENT_DETECTED,
-        ADD_VOTER_STARTED,
-        ADD_VOTER_COMMITTED,
-        REMOVE_VOTER_STARTED,
-        REMOVE_VOTER_COMMITTED,
-        RECOVERY_COMPLETED,
-        RECOVERY_FAILED,
-    }
-)
+# Steps logged at most once per recovery (the event log's vocabulary defines them with their
+# idempotent key, ``step_key``); replica_caught_up / replica_fell_behind / recovery_resumed may recur.
+ONCE_PER_RECOVERY = frozenset(ONCE_TYPES)
 
 BLIND_RESUME = (
     "resumed after an operator restart with no event log to read back (eventLog: stdout): "
