@@ -98,8 +98,9 @@ async def _recover(kube: KubeEnv, ns: str, events: Path, *, crash_at: str | None
     return out
 
 
+@pytest.mark.usefixtures("kraftquorum_crd")
 def test_the_status_with_the_succeeded_record_lists_the_new_voter(
-    kube: KubeEnv, kraftquorum_crd: dict[str, Any], namespace: str, tmp_path: Path
+    kube: KubeEnv, namespace: str, tmp_path: Path
 ) -> None:
     got = asyncio.run(_recover(kube, namespace, tmp_path / "ev"))
     old, new = got["old"], got["new"]
@@ -109,12 +110,9 @@ def test_the_status_with_the_succeeded_record_lists_the_new_voter(
         assert new in _voters(s) and old not in _voters(s), s
 
 
+@pytest.mark.usefixtures("kraftquorum_crd")
 def test_the_add_voter_committed_event_is_stored_before_the_failpoint(
-    kube: KubeEnv,
-    kraftquorum_crd: dict[str, Any],
-    namespace: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    kube: KubeEnv, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``after-add-voter-committed=exit``: the process exits at once (here an OperatorCrash stands
     for ``os._exit``); whatever the operator had not posted by then is gone with it."""

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator.controller import RecoveryController
-from kraftkeeper_operator.core.recovery import Recovery, RecoveryPolicy
+from kraftkeeper_operator.core.recovery import RecoveryPolicy
 from kraftkeeper_operator.telemetry import StdoutEventSink
 from kraftkeeper_operator.testing.memory import InMemoryQuorum
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.vocabulary import ONCE_TYPES, step_key
 
-from tests.operator.helpers import Clock, OperatorCrash
+from tests.operator.helpers import Clock, crash_after_add_committed
 
 POLICY = RecoveryPolicy(stabilization_seconds=2, max_lag=10, timeout_seconds=300, live_window_seconds=3)
 
@@ -33,23 +33,7 @@ async def _crash_and_resume() -> str:
     finishes it; both log to stdout. Returns the recovery id."""
     clock = Clock()
     q = InMemoryQuorum(3, clock.ms)
-    saved: list[dict[str, Any]] = []
-
-    async def persist(recs: list[dict[str, Any]]) -> None:
-        if any(r["addCommittedMs"] is not None for r in recs):
-            raise OperatorCrash()  # the commit is logged, its progress is not persisted
-        saved[:] = recs
-
-    first = RecoveryController(
-        q, POLICY, cluster="ns/q", sink=StdoutEventSink("ns/q"), clock=clock, persist=persist
-    )
-    q.replace_disk(3, lag=0)
-    with pytest.raises(OperatorCrash):
-        for _ in range(30):
-            clock.t += 1
-            q.tick()
-            await first.reconcile()
-    records = [Recovery.from_dict(d) for d in saved]
+    records = await crash_after_add_committed(q, clock, POLICY, StdoutEventSink("ns/q"), "ns/q")
     again = RecoveryController(
         q, POLICY, cluster="ns/q", sink=StdoutEventSink("ns/q"), clock=clock, records=records
     )
