@@ -48,7 +48,6 @@ from quorum.kafka.schemas import SchemaJarMissing, find_clients_jar
 
 from ..controller import ControllerStatus, RecoveryController
 from ..core.policy import Order, PolicyError, RecoveryPolicy
-from ..core.records import Recovery
 from ..core.status import progress_status, status_changed
 from ..kafka.backend import KafkaQuorum, parse_bootstrap
 from ..kafka.clientconf import fingerprint, settings_from_secret
@@ -56,7 +55,7 @@ from ..kafka.watchdog import stale_conditions, watched, within
 from ..kafka.wire import ClientConfigError, ClientSettings
 from .kafkaownership import Ownership, policy_for
 from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, SpecError, parse_spec
-from .quorums import OperatorContext, event_sink, known_voters
+from .quorums import OperatorContext, event_sink, known_voters, records_from_status
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
@@ -238,16 +237,6 @@ def _listeners_from_status(status: Mapping[str, Any]) -> dict[int, list[tuple[st
     return out
 
 
-def _records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
-    records = []
-    for d in status.get("recoveries") or []:
-        try:
-            records.append(Recovery.from_crd_status(d))
-        except (KeyError, ValueError, TypeError) as e:
-            log.warning("%s: ignoring unreadable status.recoveries item %r: %s", key, d, e)
-    return records
-
-
 class KafkaDaemon:
     """The passes of one resource; ``m`` is None while no usable client could be built."""
 
@@ -418,7 +407,7 @@ class KafkaDaemon:
             cluster=q.cluster,
             sink=event_sink(q.base, self.ctx.kube),
             metrics=self.ctx.metrics,
-            records=_records_from_status(q.cluster, status),
+            records=records_from_status(q.cluster, status),
             desired_ids=None,  # Kafka has no reassignment: the voter ids are the user's business
         )
         ctl.known_voters = known_voters(status)

@@ -200,7 +200,10 @@ def known_voters(status: Mapping[str, Any]) -> list[tuple[int, str]]:
     return out
 
 
-def _records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
+def records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
+    """The disk-replacement recoveries a previous operator run persisted in ``status.recoveries``
+    (its progress store; an unreadable item is logged and skipped), for our quorums and
+    ``spec.kafka`` ones alike."""
     records = []
     for d in status.get("recoveries") or []:
         if str(d.get("recoveryId", "")).startswith(STATUS_PREFIX):
@@ -234,7 +237,7 @@ async def configure(
             cluster=key,
             sink=event_sink(q, ctx.kube),
             metrics=ctx.metrics,
-            records=_records_from_status(key, status),
+            records=records_from_status(key, status),
             desired_ids=desired,
         )
         # The voter set survives an operator restart in status (published while no leader answers).
