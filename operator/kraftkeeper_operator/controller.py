@@ -4,8 +4,8 @@ operator and the local supervisor.
 ``RecoveryController.reconcile()`` describes the quorum through a :class:`QuorumApi`, folds the
 answer into the :class:`RecoveryBook` (recovery.py), issues the voter change that is safe now (and,
 when it commits, looks again and issues the next one at once), or one KIP-642 reassignment when the
-desired voter ids differ, reports every step (event log,
-Kubernetes Events, metrics) and returns the status to publish. It never raises for an unreachable
+desired voter ids differ, reports every step (steplog.py: event log, Kubernetes Events,
+metrics) and returns the status to publish. It never raises for an unreachable
 or leaderless quorum: that is a status (QuorumLost), and the caller retries on its next pass.
 ``wake_in()`` says when that next pass is due: at the polling interval, or as soon as a recorded
 deadline (stabilisation, an old voter counting as gone, a back-off) falls due.
@@ -13,10 +13,10 @@ deadline (stabilisation, an old voter counting as gone, a back-off) falls due.
 Progress is persisted *before* a change is issued (``persist`` callback), so an operator that dies
 mid-call knows on restart which UUID was the old one; the quorum still decides what is done.
 After a change the outcome's event is logged first and the progress persisted right after it
-(a step is never persisted without its event). An operator that dies between the two would log
-the step again on restart (as "observed" from the quorum); that is why the once-per-recovery
-steps are deduplicated by (recovery id, event type), seeded on the first pass from the event log
-itself (``EventLogSink.logged``). Failpoints (failpoints.py) stop the process at those instants.
+(a step is never persisted without its event). An operator that dies between the two observes
+the step again on restart; the step log (steplog.py) keeps it from being logged twice. Before
+the next step and before a failpoint the sink is flushed (``flush_sink``: a step's Kubernetes
+Event is stored by then). Failpoints (failpoints.py) stop the process at those instants.
 """
 
 from __future__ import annotations
@@ -28,17 +28,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from kraftkeeper_reports.events import RecoveryEvent
-from kraftkeeper_reports.vocabulary import (
-    ADD_VOTER_COMMITTED,
-    ADD_VOTER_STARTED,
-    DISK_REPLACEMENT_DETECTED,
-    RECOVERY_COMPLETED,
-    RECOVERY_FAILED,
-    REMOVE_VOTER_COMMITTED,
-    REMOVE_VOTER_STARTED,
-)
-
 from quorum.types import KraftError
 
 from . import failpoints
@@ -47,7 +36,6 @@ from .core.recovery import (
     Action,
     ActionKind,
     DescribeError,
-    Event,
     QuorumView,
     Recovery,
     RecoveryBook,
@@ -55,33 +43,14 @@ from .core.recovery import (
     majority,
 )
 from .core.status import Condition, ControllerStatus, Health, grace_s, quorum_health
-from .telemetry import EventSink, OperatorMetrics, flush_sink, has_history, logged_steps
+from .steplog import BLIND_RESUME, ONCE_PER_RECOVERY, StepLog
+from .telemetry import EventSink, OperatorMetrics, flush_sink
 
-__all__ = ["ONCE_PER_RECOVERY", "Condition", "ControllerStatus", "RecoveryController"]
+__all__ = ["BLIND_RESUME", "ONCE_PER_RECOVERY", "Condition", "ControllerStatus", "RecoveryController"]
 
 log = logging.getLogger(__name__)
 
 Persist = Callable[[list[dict[str, Any]]], Awaitable[None]]
-
-# Steps logged at most once per recovery (the book's *_ms markers say so in one process; across a
-# restart the event log does). replica_caught_up / replica_fell_behind / recovery_resumed may recur.
-ONCE_PER_RECOVERY = frozenset(
-    {
-        DISK_REPLACEMENT_DETECTED,
-        ADD_VOTER_STARTED,
-        ADD_VOTER_COMMITTED,
-        REMOVE_VOTER_STARTED,
-        REMOVE_VOTER_COMMITTED,
-        RECOVERY_COMPLETED,
-        RECOVERY_FAILED,
-    }
-)
-
-
-BLIND_RESUME = (
-    "resumed after an operator restart with no event log to read back (eventLog: stdout): "
-    "a step logged just before the restart may appear twice, the second time with observed: true"
-)
 
 
 class RecoveryController:
@@ -100,7 +69,7 @@ class RecoveryController:
     ) -> None:
         self.api = api
         self.cluster = cluster
-        self.sink = sink
+        self.steps = StepLog(cluster, sink, metrics)  # each step to the event sink once
         self.metrics = metrics
         self.clock = clock
         self.persist = persist
@@ -116,15 +85,19 @@ class RecoveryController:
         # (id, uuid) of the voters of the last healthy view; seeded from status after a restart.
         self.known_voters: list[tuple[int, str]] = []
         self._lock = asyncio.Lock()  # one reconcile at a time per quorum
-        # (recovery id, event type) of the once-per-recovery steps already logged; None until the
-        # first pass reads the event log for the recoveries a previous run left active.
-        self._logged: set[tuple[str, str]] | None = None
-        # The recoveries resumed without a readable event log (eventLog: stdout): a step logged
-        # just before the restart may be logged again, and the status says so while they run.
-        self.resumed_blind: set[str] = set()
+        self._resumed = False  # the step log was seeded with what a previous run logged
         self._unreachable_errors: dict[str, str] | None = None  # each address's error, last logged
         if metrics is not None:
             metrics.track(cluster)
+
+    @property
+    def sink(self) -> EventSink:
+        """Where the steps go (steplog.py); replaceable when ``spec.eventLog`` changes."""
+        return self.steps.sink
+
+    @sink.setter
+    def sink(self, sink: EventSink) -> None:
+        self.steps.sink = sink
 
     @property
     def policy(self) -> RecoveryPolicy:
@@ -162,25 +135,10 @@ class RecoveryController:
             return interval
         return max(0.0, min(interval, (at - now + 1) / 1000))
 
-    async def _seed_logged(self) -> None:
-        active = self.book.active()
-        self._logged = set()
-        if not active:
-            return
-        since = min(r.detected_ms for r in active)
-        ids = {r.recovery_id for r in active}
-        if not has_history(self.sink):
-            self.resumed_blind = ids
-            log.warning("%s: %s", self.cluster, BLIND_RESUME)
-            return
-        try:
-            self._logged = await asyncio.to_thread(logged_steps, self.sink, ids, since)
-        except OSError as e:  # an unreadable log costs at most a repeated line, never a step
-            log.warning("could not read the event log to resume without repeating steps: %s", e)
-
     async def _pass(self) -> ControllerStatus:
-        if self._logged is None:
-            await self._seed_logged()
+        if not self._resumed:
+            await self.steps.resume(self.book.active())
+            self._resumed = True
         self.committed_view = None
         now = self.now_ms()
         try:
@@ -206,7 +164,7 @@ class RecoveryController:
         self.last_good_view = view
         self.known_voters = [(v.id, v.uuid) for v in view.voters]
 
-        self._emit(self.book.observe(view, now), view)
+        self.steps.emit(self.book.observe(view, now), view)
         await flush_sink(self.sink)
         action = self.book.next_action(view, now)
         blocked = self.book.blocked
@@ -219,14 +177,17 @@ class RecoveryController:
         if self.persist is not None:
             await self.persist(self.book.to_status())
         self._publish_gauges(view, now)
-        st = self._status(view, now, action=action, blocked=blocked, reassigned=reassigned)
+        # With this pass's committed changes applied: the status that carries their records
+        # shows the voter set they made, not the one read before them.
+        shown = self.committed_view or view
+        st = self._status(shown, now, action=action, blocked=blocked, reassigned=reassigned)
         st.committed = committed
         return st
 
     async def _execute(self, action: Action, view: QuorumView) -> bool:
         """Issue one voter change; True if it committed."""
         started = self.now_ms()
-        self._emit(self.book.started(action, started), view)
+        self.steps.emit(self.book.started(action, started), view)
         await flush_sink(self.sink)  # each step's Kubernetes Event is posted before the step
         if self.persist is not None:
             await self.persist(self.book.to_status())  # before the call: crash-safe bookkeeping
@@ -247,7 +208,7 @@ class RecoveryController:
         if code is None and self.metrics is not None:
             op = "add" if action.kind is ActionKind.ADD_VOTER else "remove"
             self.metrics.voter_change_duration.labels(self.cluster, op).observe((done - started) / 1000)
-        self._emit(self.book.finished(action, code, done, message), view)
+        self.steps.emit(self.book.finished(action, code, done, message), view)
         await flush_sink(self.sink)  # posted before the next step, and before a failpoint stops us
         if code is None:
             add = action.kind is ActionKind.ADD_VOTER
@@ -371,7 +332,7 @@ class RecoveryController:
         if blocked:
             degraded_why.append(blocked)
         rec_msg = ", ".join(f"replica {r.replica_id} {r.phase.value}" for r in active)
-        if any(r.recovery_id in self.resumed_blind for r in active):
+        if self.steps.blind(active):
             rec_msg = f"{rec_msg}; {BLIND_RESUME}"
         conds = [
             Condition(
@@ -413,41 +374,3 @@ class RecoveryController:
         oldest = min((r.detected_ms for r in active), default=0)
         self.metrics.oldest_recovery_started.labels(self.cluster).set(oldest / 1000)
         self.metrics.recovery_timeout.labels(self.cluster).set(self.policy.timeout_seconds)
-
-    def _emit(self, events: list[Event], view: QuorumView) -> None:
-        for ev in events:
-            r = ev.recovery
-            if ev.type in ONCE_PER_RECOVERY:
-                key = (r.recovery_id, ev.type)
-                if self._logged is not None and key in self._logged:
-                    log.info("recovery %s: %s already logged (before a restart)", r.recovery_id, ev.type)
-                    continue
-                if self._logged is not None:
-                    self._logged.add(key)
-            failpoints.hit(failpoints.BEFORE_EVENT + ev.type)
-            detail = dict(ev.detail)
-            if ev.type == RECOVERY_FAILED:
-                detail.setdefault("reason", r.reason or "unknown")
-            self.sink.emit(
-                RecoveryEvent(
-                    ev.type,
-                    r.recovery_id,
-                    r.replica_id,
-                    r.old_uuid,
-                    r.new_uuid,
-                    view.leader_id,
-                    view.leader_epoch,
-                    detail,
-                )
-            )
-            log.info("recovery %s replica %s: %s %s", r.recovery_id, r.replica_id, ev.type, detail or "")
-            if self.metrics is None:
-                continue
-            if ev.type == RECOVERY_COMPLETED:
-                self.metrics.recoveries.labels(self.cluster, "completed").inc()
-                if r.finished_ms is not None:
-                    self.metrics.recovery_duration.labels(self.cluster).observe(
-                        (r.finished_ms - r.detected_ms) / 1000
-                    )
-            elif ev.type == RECOVERY_FAILED:
-                self.metrics.recoveries.labels(self.cluster, "failed").inc()

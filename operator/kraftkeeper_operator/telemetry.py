@@ -1,5 +1,6 @@
 """Where recovery steps are reported: the event log (docs/reference.md "Recovery event log"),
-Kubernetes Events (through a callback the kopf layer supplies) and Prometheus metrics.
+Kubernetes Events (the kopf layer's sink posts :func:`step_notice` of each step) and Prometheus
+metrics.
 
 Every sink takes one :class:`kraftkeeper_reports.events.RecoveryEvent` (the event schema lives in
 the reports package, which both the operator and the report job import). ``EventSink`` is the
@@ -13,13 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from kraftkeeper_reports.events import EventLogWriter, RecoveryEvent, validate_event
+from kraftkeeper_reports.vocabulary import RECOVERY_FAILED, UNCLEAN_RECOVERY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
@@ -169,19 +171,22 @@ async def flush_sink(sink: EventSink) -> None:
         await flush_sink(inner)
 
 
-class CallbackSink:
-    """Adapts a plain callable (e.g. one that posts a Kubernetes Event) to ``EventSink``."""
-
-    def __init__(self, fn: Callable[[str, str, dict[str, Any]], None]) -> None:
-        self.fn = fn
-
-    def emit(self, event: RecoveryEvent) -> None:
-        e = event
-        msg = (
-            f"replica {e.replica_id}: {e.old_uuid} -> {e.new_uuid} "
-            f"(recovery {e.recovery_id}, leader {e.leader_id})"
-        )
-        self.fn(e.type, msg, dict(e.detail))
+def step_notice(event: RecoveryEvent) -> tuple[bool, str, str]:
+    """(warning, reason, message) of the Kubernetes Event that reports a recovery step: the reason
+    is the type in CamelCase (``recovery_failed`` -> ``RecoveryFailed``); a failure and an unclean
+    recovery are Warnings and carry their reason (and the unclean one its warning)."""
+    e = event
+    reason = "".join(p.capitalize() for p in e.type.split("_"))
+    message = (
+        f"replica {e.replica_id}: {e.old_uuid} -> {e.new_uuid} "
+        f"(recovery {e.recovery_id}, leader {e.leader_id})"
+    )
+    if e.type == RECOVERY_FAILED:
+        return True, reason, f"{message}: {e.detail.get('reason', '')}"
+    if e.type == UNCLEAN_RECOVERY:
+        why, warning = e.detail.get("reason", ""), e.detail.get("warning", "")
+        return True, reason, f"UNCLEAN RECOVERY {message}: {why}; {warning}"
+    return False, reason, message
 
 
 class OperatorMetrics:

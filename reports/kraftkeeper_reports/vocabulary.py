@@ -145,6 +145,22 @@ TERMINAL_TYPES: Final = (RECOVERY_COMPLETED, RECOVERY_FAILED)
 UNCLEAN_TYPES: Final = (UNCLEAN_RECOVERY, UNCLEAN_RECOVERY_COMPLETED)
 # Types that may be logged more than once in one recovery without it being a duplicate.
 RECURRING_TYPES: Final = tuple(t.name for t in TYPES if t.recurs)
+# The steps a disk-failure recovery logs at most once. The operator logs a step, then persists its
+# progress: an operator stopped between the two, with a log it cannot read back (standard
+# output), logs the step again when it sees it in the quorum (``detail.observed: true``). Such a
+# line repeats the first one's :func:`step_key`; a reader keeps the first line of each key.
+ONCE_TYPES: Final = (
+    DISK_REPLACEMENT_DETECTED, ADD_VOTER_STARTED, ADD_VOTER_COMMITTED, REMOVE_VOTER_STARTED,
+    REMOVE_VOTER_COMMITTED, RECOVERY_COMPLETED, RECOVERY_FAILED,
+)
+
+
+def step_key(record: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The idempotent key of an event-log record of a :data:`ONCE_TYPES` step: (``cluster``,
+    ``recovery_id``, ``type``); None for the types that may recur (no key: every line counts)."""
+    if record.get("type") not in ONCE_TYPES:
+        return None
+    return str(record.get("cluster")), str(record.get("recovery_id")), str(record["type"])
 
 # Reasons a recovery_failed event gives in detail.reason (open set: readers accept any string).
 # A replica that fell behind for good fails its recovery with the reason of the type's name.

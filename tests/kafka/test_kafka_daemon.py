@@ -14,7 +14,6 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import kopf
 import pytest
 from kraftkeeper_operator.k8s.kafkaquorums import MEMO_KEY, KafkaDaemon, kafka_daemon, parse_kafka_spec
 from kraftkeeper_operator.k8s.quorums import OperatorContext
@@ -28,17 +27,19 @@ from kraftkeeper_operator.kafka.wire import (
 )
 
 from quorum.types import ErrorCode, KraftError
-from tests.operator.helpers import Stopped
+from tests.operator.helpers import Notices, Stopped
 
 WITHIN_S = 60.0  # generous bound for conditions the tests poll for (never a timing assertion)
 
 
-class Kube:
-    """The two API calls a pass of a resource whose Secret is missing makes. ``first`` says
+class Kube(Notices):
+    """The API calls a pass of a resource whose Secret is missing makes (the Secret read, the
+    status write, the Warning Event, which ``seen`` records). ``first`` says
     what the first Secret read does: "hang" (an API request with no timeout that never ends) or
     "cancelled" (a CancelledError leaking out of the HTTP client)."""
 
     def __init__(self, first: str) -> None:
+        super().__init__()
         self.first = first
         self.reads = 0
         self.patches: list[dict[str, Any]] = []
@@ -66,14 +67,6 @@ def body() -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def quiet_events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """kopf posts Events only inside a running operator; record them instead."""
-    seen: list[str] = []
-    monkeypatch.setattr(kopf, "warn", lambda _body, reason, message: seen.append(reason))
-    return seen
-
-
 async def run_daemon(kube: Kube) -> tuple[asyncio.Task[None], Stopped]:
     ctx = OperatorContext(kube=kube, interval=0.05)  # type: ignore[arg-type]
     stopped = Stopped()
@@ -87,7 +80,7 @@ async def run_daemon(kube: Kube) -> tuple[asyncio.Task[None], Stopped]:
 
 @pytest.mark.parametrize("first", ["hang", "cancelled"])
 def test_the_daemon_survives_a_pass_that_hangs_or_is_cancelled_from_inside(
-    first: str, quiet_events: list[str], monkeypatch: pytest.MonkeyPatch
+    first: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first pass hangs for good in an API call (no timeout of its own), or a cancellation
     leaks out of it (which would end a kopf daemon for good: kopf never restarts a daemon that
@@ -104,7 +97,7 @@ def test_the_daemon_survives_a_pass_that_hangs_or_is_cancelled_from_inside(
         assert kube.reads >= 2
         assert kube.patches[-1]["phase"] == "Pending"
         assert kube.patches[-1]["conditions"][0]["reason"] == "ClientSecretMissing"
-        assert quiet_events == ["ClientSecretMissing"]
+        assert kube.seen == [("Warning", "ClientSecretMissing")]
         stopped.event.set()
         await asyncio.wait_for(task, WITHIN_S)
 
@@ -204,7 +197,7 @@ def test_kafka_client_timeouts_come_from_the_client_properties() -> None:
             ClientSettings.from_dict(props)
 
 
-def test_the_operator_client_uses_kafka_timeouts_not_the_pod_timeout(quiet_events: list[str]) -> None:
+def test_the_operator_client_uses_kafka_timeouts_not_the_pod_timeout() -> None:
     """The operator's KRAFTKEEPER_QUORUM_TIMEOUT (3 s) is for its own pods in the cluster; a
     spec.kafka client takes Kafka's settings from the client properties."""
 

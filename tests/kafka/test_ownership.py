@@ -8,7 +8,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import kopf
 import pytest
 from kraftkeeper_operator.core.policy import RecoveryPolicy
 from kraftkeeper_operator.core.status import Condition, ControllerStatus
@@ -27,6 +26,8 @@ from kraftkeeper_operator.k8s.kafkaownership import (
 from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from tests.operator.helpers import Notices
 
 
 def body(
@@ -196,31 +197,34 @@ def _status() -> ControllerStatus:
     return ControllerStatus(view=None, conditions=conds, recoveries=[])
 
 
-def test_one_warning_per_episode_and_an_info_event_on_takeover(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[tuple[str, str]] = []
-    monkeypatch.setattr(kopf, "warn", lambda _b, reason, message: seen.append(("Warning", reason)))
-    monkeypatch.setattr(kopf, "info", lambda _b, reason, message: seen.append(("Normal", reason)))
+def test_one_warning_per_episode_and_an_info_event_on_takeover() -> None:
+    kube = Notices()
+    seen = kube.seen
     me = body("late", T2, ["k0:9093"])
     owner = claim(body("first", T1, ["k0:9093"]))
     o = Ownership()
-    for _ in range(3):
+
+    async def main() -> None:
+        for _ in range(3):
+            st = _status()
+            await o.report(kube, me, st, owner)  # type: ignore[arg-type]
+            d = st.condition("Degraded")
+            assert (d.status, d.reason) == (True, REASON) and "KRaftQuorum ns/first," in d.message
+            assert st.phase == "Degraded"
+        assert seen == [("Warning", REASON)]
         st = _status()
-        o.report(me, st, owner)  # type: ignore[arg-type]
-        d = st.condition("Degraded")
-        assert (d.status, d.reason) == (True, REASON) and "KRaftQuorum ns/first," in d.message
-        assert st.phase == "Degraded"
-    assert seen == [("Warning", REASON)]
-    st = _status()
-    o.report(me, st, None)  # type: ignore[arg-type]
-    assert seen[-1] == ("Normal", "OwnershipTaken") and st.condition("Degraded").status is False
-    o.report(me, _status(), None)  # type: ignore[arg-type]
-    assert len(seen) == 2
-    # A restarted operator (no memory) whose status already names the owner posts nothing again.
-    me["status"] = {
-        "conditions": [{"type": "Degraded", "reason": REASON, "message": conflict_message(owner)}]
-    }
-    Ownership().report(me, _status(), owner)  # type: ignore[arg-type]
-    assert len(seen) == 2
+        await o.report(kube, me, st, None)  # type: ignore[arg-type]
+        assert seen[-1] == ("Normal", "OwnershipTaken") and st.condition("Degraded").status is False
+        await o.report(kube, me, _status(), None)  # type: ignore[arg-type]
+        assert len(seen) == 2
+        # A restarted operator (no memory) whose status already names the owner posts nothing again.
+        me["status"] = {
+            "conditions": [{"type": "Degraded", "reason": REASON, "message": conflict_message(owner)}]
+        }
+        await Ownership().report(kube, me, _status(), owner)  # type: ignore[arg-type]
+        assert len(seen) == 2
+
+    asyncio.run(main())
 
 
 class CountingCustom:

@@ -278,8 +278,9 @@ def _replace_disk(c: NodeCluster, ordinal: int, prefix: str) -> dict[str, Any]:
 
     rec = c.wait_for(f"the recovery of replica {replica_id}", recovered, timeout=RECOVERY_TIMEOUT_S,
                      interval=1.0, context=c.describe)
-    # The status written with the Succeeded record may still show the voter set read at the start
-    # of that pass (AddVoter and RemoveVoter both ran in it); the next pass publishes the new one.
+    # The status written with the Succeeded record lists the voter set the recovery made (the
+    # controller publishes its committed changes, tests/operator/test_committed_status.py); here
+    # the quorum must also be Available with the new voter.
     def recovered_voters() -> dict[str, Any] | None:
         s = quorum_available(c)
         return s if s and voter_uuids(s).get(replica_id) == rec.get("newUuid") else None

@@ -124,8 +124,7 @@ def test_image_change_rolls_one_pod_at_a_time(node_cluster: NodeCluster, quorum_
 
 
 def _wait_new_voter(c: NodeCluster, replica_id: int, new_uuid: str) -> dict[str, Any]:
-    """The status Available with (replica_id, new_uuid) among the voters (the status written with a
-    Succeeded record may still show the voter set read at the start of that pass)."""
+    """The status Available with (replica_id, new_uuid) among the voters."""
     def check() -> dict[str, Any] | None:
         s = quorum_available(c)
         return s if s and voter_uuids(s).get(replica_id) == new_uuid else None

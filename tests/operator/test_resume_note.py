@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator.controller import BLIND_RESUME, RecoveryController
-from kraftkeeper_operator.core.recovery import Recovery, RecoveryPolicy
+from kraftkeeper_operator.core.recovery import RecoveryPolicy
 from kraftkeeper_operator.telemetry import EventLogSink, EventSink, FanOut, MemorySink, StdoutEventSink
 from kraftkeeper_operator.testing.memory import InMemoryQuorum
 
-from tests.operator.helpers import Clock, OperatorCrash
+from tests.operator.helpers import Clock, crash_after_add_committed
 
 POLICY = RecoveryPolicy(stabilization_seconds=2, max_lag=10, timeout_seconds=300, live_window_seconds=3)
 
@@ -24,21 +24,7 @@ async def _resumed(sink: EventSink) -> str:
     Recovering condition's message of the restarted operator's first pass."""
     clock = Clock()
     q = InMemoryQuorum(3, clock.ms)
-    saved: list[dict[str, Any]] = []
-
-    async def persist(recs: list[dict[str, Any]]) -> None:
-        if any(r["addCommittedMs"] is not None for r in recs):
-            raise OperatorCrash()
-        saved[:] = recs
-
-    first = RecoveryController(q, POLICY, cluster="t", sink=MemorySink(), clock=clock, persist=persist)
-    q.replace_disk(3, lag=0)
-    with pytest.raises(OperatorCrash):
-        for _ in range(30):
-            clock.t += 1
-            q.tick()
-            await first.reconcile()
-    records = [Recovery.from_dict(d) for d in saved]
+    records = await crash_after_add_committed(q, clock, POLICY, MemorySink())
 
     async def unreachable(*_: Any) -> dict[str, Any]:
         raise TimeoutError("leader busy")  # retried later: the recovery stays in progress

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator.telemetry import (
-    CallbackSink,
     EventLogSink,
     FanOut,
     MemorySink,
     StdoutEventSink,
     logged_steps,
+    step_notice,
 )
 from kraftkeeper_reports.events import RecoveryEvent, validate_event
 
@@ -55,12 +55,16 @@ def test_fan_out_keeps_going_when_one_sink_fails() -> None:
     assert mem.events == [EV] and mem.types() == ["add_voter_started"]
 
 
-def test_callback_sink_names_the_replica_and_both_uuids() -> None:
-    got: list[tuple[str, str, dict[str, Any]]] = []
-    CallbackSink(lambda t, m, d: got.append((t, m, d))).emit(EV)
-    ((type_, message, detail),) = got
-    assert type_ == "add_voter_started" and detail == {"attempt": 1}
+def test_a_step_notice_names_the_replica_and_both_uuids_and_warns_of_failures() -> None:
+    warning, reason, message = step_notice(EV)
+    assert (warning, reason) == (False, "AddVoterStarted")
     assert "replica 3" in message and "old-uuid -> new-uuid" in message and "r-1" in message
+    failed = RecoveryEvent("recovery_failed", "r-1", 3, "old-uuid", "new", 2, 7, {"reason": "timeout"})
+    warning, reason, message = step_notice(failed)
+    assert (warning, reason) == (True, "RecoveryFailed") and message.endswith(": timeout")
+    unclean = RecoveryEvent("unclean_recovery", "u-1", 2, None, None, -1, -1, {"reason": "x", "warning": "w"})
+    warning, reason, message = step_notice(unclean)
+    assert (warning, reason) == (True, "UncleanRecovery") and message.startswith("UNCLEAN RECOVERY")
 
 
 def test_logged_steps_reads_the_day_partitions_since_detection_through_wrappers(tmp_path: Path) -> None:

@@ -247,8 +247,11 @@ def test_rotation_tells_each_step_once() -> None:
     async def restart(i: int) -> None:
         pass
 
+    async def notify(reason: str, msg: str, warn: bool) -> None:
+        told.append((reason, msg, warn))
+
     r = CertRotator(get_due, renew, restart, lambda: [1, 2, 3], max_lag=10, fresh_ms=3000,
-                    notify=lambda reason, msg, warn: told.append((reason, msg, warn)), label="ns/q")
+                    notify=notify, label="ns/q")
 
     async def run() -> None:
         import time

@@ -5,8 +5,8 @@ Floors, top to bottom; a module imports only its own floor or floors below it:
 
 * ``quorum`` (the engine) never imports the operator, the reports, the tests or the benches;
 * ``kraftkeeper_operator.core`` (the pure decision core) imports only itself;
-* the operator's shared modules (``api``, ``controller``, ``telemetry``, ``failpoints``,
-  ``statusserver``) import the core and the engine, no run mode;
+* the operator's shared modules (``api``, ``controller``, ``steplog``, ``telemetry``,
+  ``failpoints``, ``statusserver``) import the core and the engine, no run mode;
 * the run modes: ``kafka`` imports neither ``k8s`` nor ``local``; ``k8s`` and ``local`` never
   import each other;
 * ``kraftkeeper_operator.testing`` (in-memory doubles) is imported by tests and benches only;
@@ -43,8 +43,6 @@ OVERSIZE: dict[str, str] = {
     "quorum.runtime.limits": _ENGINE,
     "quorum.security.pki": _ENGINE,
     "quorum.storage.log": _ENGINE,
-    "kraftkeeper_operator.controller": "the executor; its Event path is being reworked (one crash-safe path)",
-    "kraftkeeper_operator.core.recovery": "the decision book; its records half moves to core/records.py next",
     "kraftkeeper_operator.k8s.kafkaquorums": _EDITED,
     "kraftkeeper_operator.k8s.manifests": _EDITED + " (the spec parser moves to a typed model)",
     "kraftkeeper_operator.kafka.backend": _EDITED,
@@ -151,7 +149,7 @@ def test_the_decision_core_imports_only_itself() -> None:
 def test_shared_operator_modules_import_no_run_mode() -> None:
     modes = [f"{OP}.{m}" for m in ("k8s", "local", "kafka", "testing")]
     bad = []
-    for shared in ("api", "controller", "telemetry", "failpoints", "statusserver"):
+    for shared in ("api", "controller", "steplog", "telemetry", "failpoints", "statusserver"):
         bad += _violations(f"{OP}.{shared}", modes)
     assert not bad, bad
 

@@ -1,7 +1,14 @@
 """The recorded progress of a disk-failure recovery and the small values the decision core
 (recovery.py) exchanges with its executor (controller.py): :class:`Phase`, :class:`Recovery` (with
 its round trip through a KRaftQuorum's ``status.recoveries``), :class:`Event` (an event-log line to
-emit) and :class:`Action` (the one voter change to issue)."""
+emit) and :class:`Action` (the one voter change to issue); and how an issued change's outcome is
+recorded (:func:`record_started`, :func:`record_finished`).
+
+Errors from a voter change: an outcome-unknown or busy answer (timeouts, NOT_LEADER,
+VOTER_CHANGE_IN_PROGRESS, ...) is retried with a back-off after the quorum has been looked at
+again; a refusal (INVALID_REQUEST, ...) fails the recovery with the engine's message, and the same
+(id, new UUID) is tried again only after ``timeoutSeconds`` (recovery.py).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
+
+from kraftkeeper_reports.vocabulary import (
+    ADD_VOTER_COMMITTED,
+    ADD_VOTER_STARTED,
+    RECOVERY_COMPLETED,
+    RECOVERY_FAILED,
+    REMOVE_VOTER_COMMITTED,
+    REMOVE_VOTER_STARTED,
+    REPLICA_FELL_BEHIND,
+)
+
+from .policy import Order
 
 # ---------------------------------------------------------------------------------------------
 # Recorded progress
@@ -49,6 +68,12 @@ class Recovery:
     reason: str | None = None
     attempts: int = 0  # failed voter-change calls with a retryable error, for the back-off
     retry_at_ms: int | None = None
+
+    def finish(self, phase: Phase, now_ms: int, reason: str | None) -> None:
+        """End the recovery (``phase``: Completed or Failed) at ``now_ms``, saying why it failed."""
+        self.phase = phase
+        self.finished_ms = now_ms
+        self.reason = reason
 
     def durations(self) -> dict[str, Any]:
         """Seconds of each span (None if not reached), for ``recovery_completed``'s detail."""
@@ -194,3 +219,93 @@ class Action:
     replica_id: int
     uuid: str
     recovery_id: str
+
+
+# ---------------------------------------------------------------------------------------------
+# The outcome of an issued change
+
+# Error codes as strings, so this module does not depend on the engine's enum.
+_DONE_ADD = frozenset({"VOTER_ALREADY_ADDED"})
+_DONE_REMOVE = frozenset({"VOTER_ALREADY_REMOVED"})
+# Outcome unknown or the quorum busy: try again later (the next observation shows what happened).
+# Any other error (INVALID_REQUEST, UNSUPPORTED, ...) means the engine refuses the step as asked:
+# retrying cannot help, so the recovery fails with the engine's message instead of looping.
+_RETRYABLE = frozenset(
+    {
+        "UNAVAILABLE",
+        "REQUEST_TIMED_OUT",
+        "NOT_LEADER",
+        "LEADERSHIP_LOST",
+        "VOTER_CHANGE_IN_PROGRESS",
+        "REASSIGNMENT_IN_PROGRESS",
+        "LEADER_RECOVERING",
+        "UNKNOWN_SERVER_ERROR",
+    }
+)
+_BACKOFF_MAX_MS = 30_000
+
+
+def record_started(rec: Recovery, action: Action, now_ms: int) -> list[Event]:
+    """A change of ``rec`` is about to be issued. A retry keeps the first start time and logs
+    nothing new, so the event log has one ``*_started`` per step and durations include the
+    retries."""
+    if action.kind is ActionKind.ADD_VOTER:
+        rec.phase = Phase.ADDING
+        if rec.add_started_ms is not None:
+            return []
+        rec.add_started_ms = now_ms
+        return [Event(ADD_VOTER_STARTED, rec)]
+    rec.phase = Phase.REMOVING
+    if rec.remove_started_ms is not None:
+        return []
+    rec.remove_started_ms = now_ms
+    return [Event(REMOVE_VOTER_STARTED, rec)]
+
+
+def record_finished(
+    rec: Recovery, action: Action, error_code: str | None, now_ms: int, message: str, order: Order
+) -> list[Event]:
+    """Record the outcome of an issued change. ``error_code`` None = committed. A retryable
+    error backs off (1 s doubling to 30 s) and leaves the phase for the next observation to
+    settle from the quorum; a refusal fails the recovery with the engine's message."""
+    events: list[Event] = []
+    done = _DONE_ADD if action.kind is ActionKind.ADD_VOTER else _DONE_REMOVE
+    if error_code is not None and error_code not in done and error_code != "REPLICA_NOT_CAUGHT_UP":
+        if error_code in _RETRYABLE:
+            rec.attempts += 1
+            rec.retry_at_ms = now_ms + min(_BACKOFF_MAX_MS, 1000 * 2 ** (rec.attempts - 1))
+            return events
+        op = "AddVoter" if action.kind is ActionKind.ADD_VOTER else "RemoveVoter"
+        rec.finish(
+            Phase.FAILED,
+            now_ms,
+            f"{op}({action.replica_id}, {action.uuid}) refused: {error_code}: {message}".rstrip(": "),
+        )
+        events.append(Event(RECOVERY_FAILED, rec, {"reason": rec.reason, "error": error_code}))
+        return events
+    rec.attempts, rec.retry_at_ms = 0, None
+    if action.kind is ActionKind.ADD_VOTER:
+        if error_code is None or error_code in _DONE_ADD:
+            rec.add_committed_ms = now_ms
+            events.append(Event(ADD_VOTER_COMMITTED, rec))
+            if order is Order.REMOVE_THEN_ADD:
+                rec.finish(Phase.COMPLETED, now_ms, None)
+                events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
+            else:
+                rec.phase = Phase.ADDED
+        elif error_code == "REPLICA_NOT_CAUGHT_UP":
+            # The leader disagrees that it is caught up: start the clock again.
+            rec.phase, rec.caught_up_since_ms = Phase.STABILIZING, None
+            if rec.remove_committed_ms is not None:
+                rec.phase = Phase.REMOVED
+            events.append(Event(REPLICA_FELL_BEHIND, rec, {"error": error_code}))
+        return events
+    if error_code is None or error_code in _DONE_REMOVE:
+        rec.remove_committed_ms = now_ms
+        events.append(Event(REMOVE_VOTER_COMMITTED, rec))
+        if order is Order.REMOVE_THEN_ADD and rec.add_committed_ms is None:
+            rec.phase = Phase.REMOVED
+        else:
+            rec.finish(Phase.COMPLETED, now_ms, None)
+            events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
+    return events

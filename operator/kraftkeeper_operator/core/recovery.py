@@ -50,10 +50,8 @@ Order trade-off (``AddThenRemove``, KIP-856's, or ``RemoveThenAdd``, Kafka's KIP
 docs/operator.md. (Our engine refuses to remove an id's only voter UUID, so with it RemoveThenAdd
 ends in ``recovery_failed``, voters untouched.)
 
-Errors from a voter change: an outcome-unknown or busy answer (timeouts, NOT_LEADER,
-VOTER_CHANGE_IN_PROGRESS, ...) is retried with a back-off after the quorum has been looked at
-again; a refusal (INVALID_REQUEST, ...) fails the recovery with the engine's message, and the same
-(id, new UUID) is tried again only after ``timeoutSeconds``. A UUID retired by a completed recovery
+Errors from a voter change are recorded by records.py (``record_finished``): retried with a
+back-off, or the recovery failed with the engine's message. A UUID retired by a completed recovery
 is never taken for a new disk again, even if the leader still lists it as an observer (a removed
 (id, UUID) stays removed, KAFKA-19850).
 """
@@ -66,13 +64,11 @@ from typing import Any
 
 from kraftkeeper_reports.vocabulary import (
     ADD_VOTER_COMMITTED,
-    ADD_VOTER_STARTED,
     DISK_REPLACEMENT_DETECTED,
     RECOVERY_COMPLETED,
     RECOVERY_FAILED,
     RECOVERY_RESUMED,
     REMOVE_VOTER_COMMITTED,
-    REMOVE_VOTER_STARTED,
     REPLICA_CAUGHT_UP,
     REPLICA_FELL_BEHIND,
 )
@@ -80,7 +76,7 @@ from kraftkeeper_reports.vocabulary import (
 # Policy, view and records: own modules, re-exported here as part of the recovery vocabulary.
 from .guards import caught_up, guard_add, guard_remove, wake_at_ms
 from .policy import Order, PolicyError, RecoveryPolicy
-from .records import TERMINAL, Action, ActionKind, Event, Phase, Recovery
+from .records import TERMINAL, Action, ActionKind, Event, Phase, Recovery, record_finished, record_started
 from .view import DescribeError, PendingChange, QuorumView, Replica, majority
 
 __all__ = [
@@ -100,32 +96,12 @@ __all__ = [
     "majority",
 ]
 
-# Error codes as strings, so this module does not depend on the engine's enum.
-_DONE_ADD = frozenset({"VOTER_ALREADY_ADDED"})
-_DONE_REMOVE = frozenset({"VOTER_ALREADY_REMOVED"})
-# Outcome unknown or the quorum busy: try again later (the next observation shows what happened).
-# Any other error (INVALID_REQUEST, UNSUPPORTED, ...) means the engine refuses the step as asked:
-# retrying cannot help, so the recovery fails with the engine's message instead of looping.
-_RETRYABLE = frozenset(
-    {
-        "UNAVAILABLE",
-        "REQUEST_TIMED_OUT",
-        "NOT_LEADER",
-        "LEADERSHIP_LOST",
-        "VOTER_CHANGE_IN_PROGRESS",
-        "REASSIGNMENT_IN_PROGRESS",
-        "LEADER_RECOVERING",
-        "UNKNOWN_SERVER_ERROR",
-    }
-)
-_BACKOFF_MAX_MS = 30_000
-
 
 class RecoveryBook:
     """The recorded progress of all recoveries of one quorum, and the decision logic.
 
     Use: ``events = book.observe(view, now_ms)`` on each describe, then
-    ``action = book.next_action(view, now_ms)``; emit ``book.started(action, view, now_ms)``
+    ``action = book.next_action(view, now_ms)``; emit ``book.started(action, now_ms)``
     before issuing it and ``book.finished(action, error_code, now_ms)`` after.
     ``blocked`` explains why nothing was done (for status conditions)."""
 
@@ -259,7 +235,7 @@ class RecoveryBook:
         pending_here = view.pending is not None and view.pending.id == rid
         if new_obs is not None and new_obs.uuid != rec.new_uuid and rec.new_uuid not in voter_uuids:
             # The new disk was itself replaced before promotion: that attempt is moot.
-            self._finish(rec, Phase.FAILED, now_ms, f"superseded by a newer storage UUID {new_obs.uuid}")
+            rec.finish(Phase.FAILED, now_ms, f"superseded by a newer storage UUID {new_obs.uuid}")
             events.append(Event(RECOVERY_FAILED, rec, {"reason": rec.reason}))
             return events + self._observe_id(view, rid, now_ms)
 
@@ -276,13 +252,13 @@ class RecoveryBook:
             if not new_in and self.policy.order is Order.ADD_THEN_REMOVE:
                 # Old removed although the new one was never added: not our doing. Give up and
                 # leave the voter count to the scaling logic (reassignment).
-                self._finish(rec, Phase.FAILED, now_ms, f"voter ({rid}, {rec.old_uuid}) removed externally")
+                rec.finish(Phase.FAILED, now_ms, f"voter ({rid}, {rec.old_uuid}) removed externally")
                 events.append(Event(RECOVERY_FAILED, rec, {"reason": rec.reason}))
                 return events
             rec.remove_committed_ms = now_ms
             events.append(Event(REMOVE_VOTER_COMMITTED, rec, {"observed": True}))
         if new_in and not old_in:
-            self._finish(rec, Phase.COMPLETED, now_ms, None)
+            rec.finish(Phase.COMPLETED, now_ms, None)
             events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
             return events
         if new_in and old_in:
@@ -299,8 +275,7 @@ class RecoveryBook:
             rec.phase = Phase.CAUGHT_UP  # outcome unknown and not visible: retry after re-checking
         if rec.phase in (Phase.STABILIZING, Phase.CAUGHT_UP):
             if now_ms - rec.detected_ms > self.policy.timeout_seconds * 1000:
-                self._finish(
-                    rec,
+                rec.finish(
                     Phase.FAILED,
                     now_ms,
                     f"timeout: replica {rid} did not stay caught up for "
@@ -362,11 +337,6 @@ class RecoveryBook:
         rec = Recovery(str(_uuid.uuid4()), rid, old, new, phase, now_ms)
         self.records.append(rec)
         return rec
-
-    def _finish(self, rec: Recovery, phase: Phase, now_ms: int, reason: str | None) -> None:
-        rec.phase = phase
-        rec.finished_ms = now_ms
-        rec.reason = reason
 
     def _trim(self) -> None:
         done = [r for r in self.records if r.phase in TERMINAL]
@@ -447,65 +417,9 @@ class RecoveryBook:
         raise KeyError(action.recovery_id)
 
     def started(self, action: Action, now_ms: int) -> list[Event]:
-        """A change is about to be issued. A retry keeps the first start time and logs nothing new,
-        so the event log has one ``*_started`` per step and durations include the retries."""
-        rec = self._rec(action)
-        if action.kind is ActionKind.ADD_VOTER:
-            rec.phase = Phase.ADDING
-            if rec.add_started_ms is not None:
-                return []
-            rec.add_started_ms = now_ms
-            return [Event(ADD_VOTER_STARTED, rec)]
-        rec.phase = Phase.REMOVING
-        if rec.remove_started_ms is not None:
-            return []
-        rec.remove_started_ms = now_ms
-        return [Event(REMOVE_VOTER_STARTED, rec)]
+        """A change is about to be issued (records.py ``record_started``)."""
+        return record_started(self._rec(action), action, now_ms)
 
     def finished(self, action: Action, error_code: str | None, now_ms: int, message: str = "") -> list[Event]:
-        """Record the outcome of an issued change. ``error_code`` None = committed. A retryable
-        error backs off (1 s doubling to 30 s) and leaves the phase for the next observation to
-        settle from the quorum; a refusal fails the recovery with the engine's message."""
-        rec = self._rec(action)
-        events: list[Event] = []
-        done = _DONE_ADD if action.kind is ActionKind.ADD_VOTER else _DONE_REMOVE
-        if error_code is not None and error_code not in done and error_code != "REPLICA_NOT_CAUGHT_UP":
-            if error_code in _RETRYABLE:
-                rec.attempts += 1
-                rec.retry_at_ms = now_ms + min(_BACKOFF_MAX_MS, 1000 * 2 ** (rec.attempts - 1))
-                return events
-            op = "AddVoter" if action.kind is ActionKind.ADD_VOTER else "RemoveVoter"
-            self._finish(
-                rec,
-                Phase.FAILED,
-                now_ms,
-                f"{op}({action.replica_id}, {action.uuid}) refused: {error_code}: {message}".rstrip(": "),
-            )
-            events.append(Event(RECOVERY_FAILED, rec, {"reason": rec.reason, "error": error_code}))
-            return events
-        rec.attempts, rec.retry_at_ms = 0, None
-        if action.kind is ActionKind.ADD_VOTER:
-            if error_code is None or error_code in _DONE_ADD:
-                rec.add_committed_ms = now_ms
-                events.append(Event(ADD_VOTER_COMMITTED, rec))
-                if self.policy.order is Order.REMOVE_THEN_ADD:
-                    self._finish(rec, Phase.COMPLETED, now_ms, None)
-                    events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
-                else:
-                    rec.phase = Phase.ADDED
-            elif error_code == "REPLICA_NOT_CAUGHT_UP":
-                # The leader disagrees that it is caught up: start the clock again.
-                rec.phase, rec.caught_up_since_ms = Phase.STABILIZING, None
-                if rec.remove_committed_ms is not None:
-                    rec.phase = Phase.REMOVED
-                events.append(Event(REPLICA_FELL_BEHIND, rec, {"error": error_code}))
-            return events
-        if error_code is None or error_code in _DONE_REMOVE:
-            rec.remove_committed_ms = now_ms
-            events.append(Event(REMOVE_VOTER_COMMITTED, rec))
-            if self.policy.order is Order.REMOVE_THEN_ADD and rec.add_committed_ms is None:
-                rec.phase = Phase.REMOVED
-            else:
-                self._finish(rec, Phase.COMPLETED, now_ms, None)
-                events.append(Event(RECOVERY_COMPLETED, rec, rec.durations()))
-        return events
+        """Record the outcome of an issued change (records.py ``record_finished``)."""
+        return record_finished(self._rec(action), action, error_code, now_ms, message, self.policy.order)

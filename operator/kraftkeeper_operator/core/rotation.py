@@ -65,8 +65,9 @@ class CertRotator:
     ``due()`` lists the replica ids whose certificate needs renewal (soonest first),
     ``renew(id)`` issues the new one, ``restart(id)`` restarts that node; ``ids()`` are the
     voter ids the quorum should have. ``notify(reason, message, warning)``, when given, hears
-    each step (CertificateRenewalWaiting, CertificateRenewalStarted, CertificateRenewed): the
-    operator posts them as Kubernetes Events on the KRaftQuorum; ``label`` prefixes the log lines
+    each step (CertificateRenewalWaiting, CertificateRenewalStarted, CertificateRenewed) and is
+    awaited, so the step is told before it is taken (the operator posts them as Kubernetes Events
+    on the KRaftQuorum, stored before the pod restart they announce); ``label`` prefixes the log lines
     (the quorum's name)."""
 
     def __init__(
@@ -78,7 +79,7 @@ class CertRotator:
         *,
         max_lag: int = 100,
         fresh_ms: int = 3000,
-        notify: Callable[[str, str, bool], None] | None = None,
+        notify: Callable[[str, str, bool], Awaitable[None]] | None = None,
         label: str = "",
     ) -> None:
         self.due, self.renew, self.restart, self.ids = due, renew, restart, ids
@@ -106,7 +107,7 @@ class CertRotator:
             node, since = self.in_flight
             if not self._back(view, node, since):
                 return None
-            self._tell(
+            await self._tell(
                 "CertificateRenewed", f"node {node} is back in the quorum with its renewed certificate"
             )
             self.in_flight = None
@@ -116,7 +117,7 @@ class CertRotator:
         if not healthy(view, self.ids(), self.max_lag, now_ms, self.fresh_ms):
             note = f"certificate renewal of node(s) {due} waits for a fully healthy quorum"
             if note != self.waiting_note:  # once per situation, not every pass
-                self._tell("CertificateRenewalWaiting", note, warning=True)
+                await self._tell("CertificateRenewalWaiting", note, warning=True)
                 self.waiting_note = note
             return None
         self.waiting_note = None
@@ -124,13 +125,13 @@ class CertRotator:
         await self.renew(node)
         self.in_flight = (node, now_ms)
         self.rotations[node] = self.rotations.get(node, 0) + 1
-        self._tell("CertificateRenewalStarted", f"restarting node {node} with its renewed certificate")
+        await self._tell("CertificateRenewalStarted", f"restarting node {node} with its renewed certificate")
         await self.restart(node)
         # Back means a fetch after the restart returned (the old process is gone by then).
         self.in_flight = (node, int(time.time() * 1000))
         return node
 
-    def _tell(self, reason: str, message: str, warning: bool = False) -> None:
+    async def _tell(self, reason: str, message: str, warning: bool = False) -> None:
         (log.warning if warning else log.info)("%s%s", self.prefix, message)
         if self.notify is not None:
-            self.notify(reason, message, warning)
+            await self.notify(reason, message, warning)

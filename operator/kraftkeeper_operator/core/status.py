@@ -230,6 +230,18 @@ def crd_voters(view: QuorumView) -> list[dict[str, Any]]:
     return [crd_replica(r) for r in view.voters]
 
 
+def progress_status(recoveries: list[dict[str, Any]], committed: QuorumView | None) -> dict[str, Any]:
+    """What a ``persist`` hook writes to a KRaftQuorum's ``status`` around a voter change: the
+    recoveries and, once this pass committed a change, the voter set that change made
+    (``committed``, the controller's ``committed_view``). Invariant: no status shows a recovery's
+    committed step next to the voter set from before it (a ``Succeeded`` record never sits next
+    to the voter it removed, nor without the one it added)."""
+    out: dict[str, Any] = {"recoveries": recoveries}
+    if committed is not None:
+        out["voters"] = crd_voters(committed)
+    return out
+
+
 def status_changed(prev: dict[str, Any], status: dict[str, Any]) -> bool:
     """Whether ``status`` differs from the last one written in anything but a condition's
     timestamp: writing on every pass would wake every watcher of the object for nothing."""

@@ -137,20 +137,20 @@ async def reconcile(
 ) -> None:
     ctx = context(memo)
     if is_kafka(body):  # an existing Kafka controller quorum: no objects, only membership (kafka/kube.py)
-        await reconcile_kafka(body, patch)
+        await reconcile_kafka(ctx, body, patch)
         return
     generation = int(meta.get("generation") or 0)
     try:
         q = parse_spec(body)
     except SpecError as e:
         _invalid(patch, generation, str(e))
-        kopf.warn(body, reason="InvalidSpec", message=str(e))
+        await ctx.kube.notify(body, warning=True, reason="InvalidSpec", message=str(e))
         await ctx.forget(f"{meta['namespace']}/{meta['name']}")
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     conflict = name_conflict(q.name, older_quorums(body, await ctx.kube.list_quorums(q.namespace)))
     if conflict is not None:
         _invalid(patch, generation, conflict)
-        kopf.warn(body, reason="NameConflict", message=conflict)
+        await ctx.kube.notify(body, warning=True, reason="NameConflict", message=conflict)
         raise kopf.PermanentError(conflict)
     owner = owner_reference(body)
     current = await ctx.kube.read_statefulset(q.namespace, q.name)
@@ -178,7 +178,7 @@ async def reconcile(
         await ctx.kube.apply(statefulset(q, owner, replicas=replicas, bootstrap_voters=bootstrap))
     except kopf.PermanentError as e:
         _invalid(patch, generation, str(e))
-        kopf.warn(body, reason="InvalidSpec", message=str(e))
+        await ctx.kube.notify(body, warning=True, reason="InvalidSpec", message=str(e))
         raise
     if waiting is not None:
         raise waiting
@@ -187,7 +187,7 @@ async def reconcile(
     if (body.get("status") or {}).get("phase") in (None, "Failed", "Pending"):
         patch.status["phase"] = "Bootstrapping"
     msg = f"{q.voters} voters desired, StatefulSet at {replicas} replicas"
-    kopf.info(body, reason="Reconciled", message=msg)
+    await ctx.kube.notify(body, warning=False, reason="Reconciled", message=msg)
     logger.info("reconciled %s: %s", q.cluster, msg)
 
 

@@ -55,6 +55,7 @@ from ..core.policy import RecoveryPolicy
 from ..core.status import ControllerStatus
 from ..kafka.backend import KafkaQuorum, parse_bootstrap
 from ..kafka.watchdog import within
+from .kube import KubeApi
 from .manifests import GROUP, PLURAL, VERSION
 from .quorums import OperatorContext
 
@@ -279,7 +280,7 @@ class Ownership:
         owner = owner_of(me, peers)
         return None if owner.key == me.key else owner
 
-    def report(self, body: kopf.Body, st: ControllerStatus, owner: Claim | None) -> None:
+    async def report(self, kube: KubeApi, body: kopf.Body, st: ControllerStatus, owner: Claim | None) -> None:
         """Degraded (reason OwnerConflict) while another resource owns the quorum; a Warning Event
         when an episode starts (not again after an operator restart: the status says it
         already), an Info Event when this resource takes over."""
@@ -291,13 +292,13 @@ class Ownership:
             shown: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Degraded"), {})
             said = shown.get("reason") == REASON and f"KRaftQuorum {owner.key}," in str(shown.get("message"))
             if key != self.owner and not said:
-                kopf.warn(body, reason=REASON, message=msg)
+                await kube.notify(body, warning=True, reason=REASON, message=msg)
                 log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
         elif self.owner is not None:
             msg = (
                 f"KRaftQuorum {self.owner} no longer manages this Kafka controller quorum: this one does now"
             )
-            kopf.info(body, reason=TAKEN_REASON, message=msg)
+            await kube.notify(body, warning=False, reason=TAKEN_REASON, message=msg)
             log.info("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
         self.owner = key
 

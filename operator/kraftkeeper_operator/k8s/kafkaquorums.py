@@ -48,15 +48,14 @@ from quorum.kafka.schemas import SchemaJarMissing, find_clients_jar
 
 from ..controller import ControllerStatus, RecoveryController
 from ..core.policy import Order, PolicyError, RecoveryPolicy
-from ..core.records import Recovery
-from ..core.status import status_changed
+from ..core.status import progress_status, status_changed
 from ..kafka.backend import KafkaQuorum, parse_bootstrap
 from ..kafka.clientconf import fingerprint, settings_from_secret
 from ..kafka.watchdog import stale_conditions, watched, within
 from ..kafka.wire import ClientConfigError, ClientSettings
 from .kafkaownership import Ownership, policy_for
 from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, SpecError, parse_spec
-from .quorums import OperatorContext, event_sink, known_voters
+from .quorums import OperatorContext, event_sink, known_voters, records_from_status
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
@@ -182,7 +181,7 @@ def _condition(reason: str, message: str) -> dict[str, Any]:
     }
 
 
-async def reconcile_kafka(body: kopf.Body, patch: kopf.Patch) -> None:
+async def reconcile_kafka(ctx: OperatorContext, body: kopf.Body, patch: kopf.Patch) -> None:
     """handlers.py's create / update / resume for a resource with ``spec.kafka``: validate only
     (the daemon does the work); no object is created."""
     meta = body.get("metadata") or {}
@@ -193,13 +192,14 @@ async def reconcile_kafka(body: kopf.Body, patch: kopf.Patch) -> None:
         patch.status["phase"] = "Failed"
         patch.status["observedGeneration"] = generation
         patch.status["conditions"] = [_condition("InvalidSpec", str(e))]
-        kopf.warn(body, reason="InvalidSpec", message=str(e))
+        await ctx.kube.notify(body, warning=True, reason="InvalidSpec", message=str(e))
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     # The phase is the daemon's alone: a phase written here from this (older) body could land
     # after the daemon's and would then stay, as the daemon writes only what changed.
     patch.status["observedGeneration"] = generation
     where = ",".join(f"{h}:{p}" for h, p in q.bootstrap)
-    kopf.info(body, reason="Reconciled", message=f"existing Kafka controllers {where}; no pods are run")
+    msg = f"existing Kafka controllers {where}; no pods are run"
+    await ctx.kube.notify(body, warning=False, reason="Reconciled", message=msg)
 
 
 @dataclass
@@ -235,16 +235,6 @@ def _listeners_from_status(status: Mapping[str, Any]) -> dict[int, list[tuple[st
         except (KeyError, TypeError, ValueError):
             continue
     return out
-
-
-def _records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
-    records = []
-    for d in status.get("recoveries") or []:
-        try:
-            records.append(Recovery.from_crd_status(d))
-        except (KeyError, ValueError, TypeError) as e:
-            log.warning("%s: ignoring unreadable status.recoveries item %r: %s", key, d, e)
-    return records
 
 
 class KafkaDaemon:
@@ -332,7 +322,7 @@ class KafkaDaemon:
         owner = await self.ownership.decide(self.ctx, self.body, self.m.api)
         self.m.controller.set_policy(policy_for(self.spec.policy, owner))
         st = await self.m.controller.reconcile()
-        self.ownership.report(self.body, st, owner)
+        await self.ownership.report(self.ctx.kube, self.body, st, owner)
         await self._write_status(st)
         return self.m.controller.wake_in(self.ctx.interval)
 
@@ -385,7 +375,7 @@ class KafkaDaemon:
         }
         if problem != self.problem:  # one Warning per distinct problem
             self.problem = problem
-            kopf.warn(self.body, reason=reason, message=problem)
+            await self.ctx.kube.notify(self.body, warning=True, reason=reason, message=problem)
             log.warning("%s: %s", q.cluster, problem)
         live = self.body.get("status") or {}
         shown: Mapping[str, Any] = next(
@@ -407,7 +397,7 @@ class KafkaDaemon:
             self.m.api = self.m.controller.api = api
             self.m.spec, self.m.fingerprint = q, fp
             self.m.controller.set_policy(q.policy)
-            self.m.controller.sink = event_sink(q.base)
+            self.m.controller.sink = event_sink(q.base, self.ctx.kube)
             return
         status = dict(self.body.get("status") or {})
         api.listeners.update(_listeners_from_status(status))
@@ -415,24 +405,27 @@ class KafkaDaemon:
             api,
             q.policy,
             cluster=q.cluster,
-            sink=event_sink(q.base),
+            sink=event_sink(q.base, self.ctx.kube),
             metrics=self.ctx.metrics,
-            records=_records_from_status(q.cluster, status),
+            records=records_from_status(q.cluster, status),
             desired_ids=None,  # Kafka has no reassignment: the voter ids are the user's business
         )
         ctl.known_voters = known_voters(status)
         m = KafkaManaged(q, api, ctl, fp, last_status=status, schemas_missing=schemas_problem())
         self.m = m
         if m.schemas_missing:
-            kopf.warn(self.body, reason="KafkaSchemasMissing", message=m.schemas_missing)
+            await self.ctx.kube.notify(
+                self.body, warning=True, reason="KafkaSchemasMissing", message=m.schemas_missing
+            )
             log.error("%s: voter changes are impossible: %s", q.cluster, m.schemas_missing)
 
         async def persist(_: list[dict[str, Any]]) -> None:
-            # Before a voter change: which directory id is the old one, where the new one listens.
-            items, kafka = m.recoveries_status(), m.kafka_status()
-            if items != m.last_status.get("recoveries") or kafka != m.last_status.get("kafka"):
-                await self._patch_status(q.base.namespace, q.base.name, {"recoveries": items, "kafka": kafka})
-                m.last_status = {**m.last_status, "recoveries": items, "kafka": kafka}
+            # Before a voter change: which directory id is the old one, where the new one listens;
+            # after one, with the voter set it made (core/status.py progress_status).
+            patch = {**progress_status(m.recoveries_status(), ctl.committed_view), "kafka": m.kafka_status()}
+            if any(patch[k] != m.last_status.get(k) for k in patch):
+                await self._patch_status(q.base.namespace, q.base.name, patch)
+                m.last_status = {**m.last_status, **patch}
 
         ctl.persist = persist
         log.info(

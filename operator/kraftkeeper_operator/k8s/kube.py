@@ -4,8 +4,12 @@ this module only talks to the API server).
 :class:`KubeApi` wraps one ``kubernetes_asyncio`` client: server-side apply of owned objects,
 reading and scaling the StatefulSet, writing ``status``, deleting the owned objects and pods, and
 reading the ``NAME-bootstrap`` ConfigMap. :class:`ConfigMapRequestStore` keeps an unclean-recovery
-request in that ConfigMap (unclean.py's ``RequestStore``), and :func:`kube_event_sink` turns
+request in that ConfigMap (unclean.py's ``RequestStore``), and :class:`KubeEventSink` turns
 recovery events into Kubernetes Events on the KRaftQuorum.
+
+Kubernetes Events take one path: :meth:`KubeApi.post_event` (or :meth:`KubeApi.notify`, which
+logs a refusal instead of raising), awaited by the caller, never kopf's ``kopf.info`` /
+``kopf.warn`` queue, whose Events an operator that stops before the queue drains loses.
 
 Error policy, on purpose (:func:`api_error`): the API server refusing an object as invalid
 (HTTP 400/422, or 500 "failed to create typed patch object" for a field the schema does not know)
@@ -27,12 +31,11 @@ from typing import Any
 
 import kopf
 from kraftkeeper_reports.events import RecoveryEvent
-from kraftkeeper_reports.vocabulary import RECOVERY_FAILED, UNCLEAN_RECOVERY
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from ..telemetry import CallbackSink
+from ..telemetry import step_notice
 from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, owner_reference_of, unclean_configmap
 from .ownership import check_owned, owned_by
 from .unclean import UNCLEAN_DETAIL_KEY, UNCLEAN_KEY, UncleanRequest, request_from_configmap
@@ -282,20 +285,21 @@ class KubeApi:
                 continue
             await _call(f"deleting {kind} {ns}/{obj_name}", call(obj_name), missing_ok=True)
 
-    async def post_event(self, q: QuorumSpec, *, warning: bool, reason: str, message: str) -> None:
-        """Create one Event on the KRaftQuorum now (core/v1, as kubectl describe shows them)."""
+    async def post_event(
+        self, obj: QuorumSpec | Mapping[str, Any], *, warning: bool, reason: str, message: str
+    ) -> None:
+        """Create one Event on a KRaftQuorum (``obj``: its parsed spec or its body) and return
+        once the API server has it (core/v1, as kubectl describe shows them). The operator's one
+        Event path: awaited, so an Event said before a step is stored before that step, and an
+        operator that stops right after cannot lose it (kopf's own poster queues Events and
+        posts them later, so a stop loses what is queued). Raises the kopf error of a refusal."""
+        target = event_target(obj)
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: Any = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{q.name}.", "namespace": q.namespace},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "KRaftQuorum",
-                "name": q.name,
-                "namespace": q.namespace,
-                "uid": q.uid,
-            },
+            "metadata": {"generateName": f"{target['name']}.", "namespace": target["namespace"]},
+            "involvedObject": target,
             "type": "Warning" if warning else "Normal",
             "reason": reason,
             "message": message[:1024],
@@ -305,7 +309,20 @@ class KubeApi:
             "lastTimestamp": now,
             "count": 1,
         }
-        await _call(f"Event {reason} on {q.cluster}", self.core.create_namespaced_event(q.namespace, body))
+        ns = target["namespace"]
+        await _call(f"Event {reason} on {ns}/{target['name']}", self.core.create_namespaced_event(ns, body))
+
+    async def notify(
+        self, obj: QuorumSpec | Mapping[str, Any], *, warning: bool, reason: str, message: str
+    ) -> bool:
+        """:meth:`post_event` for a notice whose loss must not stop the work it reports: a
+        refusal is logged and dropped (False). The record is the status and the event log."""
+        try:
+            await self.post_event(obj, warning=warning, reason=reason, message=message)
+        except (kopf.TemporaryError, kopf.PermanentError) as e:
+            log.warning("Event %s not posted: %s", reason, e)
+            return False
+        return True
 
     async def delete_certificates(self, ns: str, names: list[str], uid: str) -> None:
         """cert-manager Certificates owned by ``uid`` (their Secrets are cert-manager's: owned by
@@ -348,59 +365,46 @@ class ConfigMapRequestStore:
         log.warning("%s: deleted pod %s to run the unclean recovery", self.q.cluster, pod)
 
 
-def _quorum_ref(q: QuorumSpec) -> Any:
+def event_target(obj: QuorumSpec | Mapping[str, Any]) -> dict[str, Any]:
+    """The ``involvedObject`` of an Event on a KRaftQuorum, from its parsed spec or its body."""
+    if isinstance(obj, QuorumSpec):
+        name, ns, uid = obj.name, obj.namespace, obj.uid
+    else:
+        meta = obj.get("metadata") or {}
+        name, ns, uid = str(meta.get("name")), str(meta.get("namespace")), str(meta.get("uid") or "")
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "KRaftQuorum",
-        "metadata": {"name": q.name, "namespace": q.namespace, "uid": q.uid},
+        "name": name,
+        "namespace": ns,
+        "uid": uid,
     }
 
 
 def post_quorum_event(q: QuorumSpec, *, warning: bool, reason: str, message: str) -> None:
-    """A Kubernetes Event on the KRaftQuorum (through kopf's event poster)."""
-    (kopf.warn if warning else kopf.info)(_quorum_ref(q), reason=reason, message=message)
+    """Legacy: an Event through kopf's queue, which an operator stop loses. Kept only for
+    damage.py's two notices until that module awaits :meth:`KubeApi.notify` like every other
+    caller; nothing new may use it (tests/operator/test_event_path.py checks the callers)."""
+    meta = {"name": q.name, "namespace": q.namespace, "uid": q.uid}
+    ref: Any = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "KRaftQuorum", "metadata": meta}
+    (kopf.warn if warning else kopf.info)(ref, reason=reason, message=message)
 
 
 class KubeEventSink:
     """Recovery events as Kubernetes Events on the KRaftQuorum (failures and unclean recoveries
-    as Warnings), posted by the operator itself, not through kopf's queue: ``emit`` keeps them
-    and :meth:`flush` creates them, which the controller awaits before the next step and before a
-    failpoint (kopf posts Events asynchronously, so the AddVoterCommitted Event of an
-    operator stopped right after the commit was lost). A refused post is logged and dropped:
-    an Event is a notice, the event log is the record."""
+    as Warnings, telemetry.py ``step_notice``): ``emit`` keeps them and :meth:`flush` posts them
+    through :meth:`KubeApi.notify`, which the controller awaits before the next step and before a
+    failpoint, so a step's Event is stored before the operator can stop after it."""
 
-    def __init__(self, kube: KubeApi | None, q: QuorumSpec) -> None:
-        self.kube = kube  # None: through kopf's queue, as before (no API client at hand)
+    def __init__(self, kube: KubeApi, q: QuorumSpec) -> None:
+        self.kube = kube
         self.q = q
         self.pending: list[tuple[bool, str, str]] = []  # (warning, reason, message)
-        self.callback = CallbackSink(self._keep)
-
-    def _keep(self, type_: str, message: str, detail: Mapping[str, Any]) -> None:
-        reason = "".join(p.capitalize() for p in type_.split("_"))  # recovery_failed -> RecoveryFailed
-        if type_ == RECOVERY_FAILED:
-            self.pending.append((True, reason, f"{message}: {detail.get('reason', '')}"))
-        elif type_ == UNCLEAN_RECOVERY:
-            text = f"UNCLEAN RECOVERY {message}: {detail.get('reason', '')}; {detail.get('warning', '')}"
-            self.pending.append((True, reason, text))
-        else:
-            self.pending.append((False, reason, message))
 
     def emit(self, event: RecoveryEvent) -> None:
-        self.callback.emit(event)
-        if self.kube is None:
-            for warning, reason, message in self.pending:
-                post_quorum_event(self.q, warning=warning, reason=reason, message=message)
-            self.pending.clear()
+        self.pending.append(step_notice(event))
 
     async def flush(self) -> None:
-        while self.pending and self.kube is not None:
+        while self.pending:
             warning, reason, message = self.pending.pop(0)
-            try:
-                await self.kube.post_event(self.q, warning=warning, reason=reason, message=message)
-            except (kopf.TemporaryError, kopf.PermanentError) as e:
-                log.warning("%s: Event %s not posted: %s", self.q.cluster, reason, e)
-
-
-def kube_event_sink(q: QuorumSpec, kube: KubeApi | None = None) -> KubeEventSink:
-    """The Kubernetes Events of a quorum's recovery steps (:class:`KubeEventSink`)."""
-    return KubeEventSink(kube, q)
+            await self.kube.notify(self.q, warning=warning, reason=reason, message=message)

@@ -33,17 +33,11 @@ from quorum.security.clientconfig import ClientConfig
 from ..controller import ControllerStatus, RecoveryController
 from ..core.recovery import QuorumView, Recovery
 from ..core.rotation import CertRotator
-from ..core.status import crd_voters, status_changed
+from ..core.status import progress_status, status_changed
 from ..core.survivor import Probe, probe_log_state
 from ..telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink, flush_sink
 from .damage import handle_damaged_logs
-from .kube import (
-    BOOTSTRAP_FIELD_MANAGER,
-    ConfigMapRequestStore,
-    KubeApi,
-    kube_event_sink,
-    post_quorum_event,
-)
+from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, KubeEventSink
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
 from .podhealth import CrashLoops
 from .podwatch import PodWatch
@@ -107,10 +101,7 @@ class Managed:
         items = self.recoveries_status()
         if items == self.last_status.get("recoveries"):
             return
-        patch: dict[str, Any] = {"recoveries": items}
-        committed = self.controller.committed_view
-        if committed is not None:  # the voter set with this pass's committed changes, not the old one
-            patch["voters"] = crd_voters(committed)
+        patch = progress_status(items, self.controller.committed_view)
         await kube.patch_status(self.spec.namespace, self.spec.name, patch)
         self.last_status = {**self.last_status, **patch}
 
@@ -189,13 +180,13 @@ class OperatorContext:
         await self.kube.close()
 
 
-def event_sink(q: QuorumSpec, kube: KubeApi | None = None) -> EventSink:
-    """The event log (a directory, or stdout) plus Kubernetes Events (posted by ``kube`` before
-    each next step; without it through kopf's queue)."""
+def event_sink(q: QuorumSpec, kube: KubeApi) -> EventSink:
+    """The event log (a directory, or stdout) plus Kubernetes Events (kube.py ``KubeEventSink``:
+    posted through ``kube`` before each next step)."""
     log_sink: EventSink = (
         StdoutEventSink(q.cluster) if q.event_log == "stdout" else EventLogSink(q.event_log, q.cluster)
     )
-    return FanOut(log_sink, kube_event_sink(q, kube))
+    return FanOut(log_sink, KubeEventSink(kube, q))
 
 
 def known_voters(status: Mapping[str, Any]) -> list[tuple[int, str]]:
@@ -210,7 +201,10 @@ def known_voters(status: Mapping[str, Any]) -> list[tuple[int, str]]:
     return out
 
 
-def _records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
+def records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
+    """The disk-replacement recoveries a previous operator run persisted in ``status.recoveries``
+    (its progress store; an unreadable item is logged and skipped), for our quorums and
+    ``spec.kafka`` ones alike."""
     records = []
     for d in status.get("recoveries") or []:
         if str(d.get("recoveryId", "")).startswith(STATUS_PREFIX):
@@ -244,7 +238,7 @@ async def configure(
             cluster=key,
             sink=event_sink(q, ctx.kube),
             metrics=ctx.metrics,
-            records=_records_from_status(key, status),
+            records=records_from_status(key, status),
             desired_ids=desired,
         )
         # The voter set survives an operator restart in status (published while no leader answers).
@@ -378,10 +372,11 @@ async def _check_pods(ctx: OperatorContext, m: Managed) -> CrashLoops:
     started, ended = m.crash_loops.update(pods)
     for t in started:
         log.warning("%s: %s", q.cluster, t.describe())
-        post_quorum_event(q, warning=True, reason="PodCrashLooping", message=t.describe())
+        await ctx.kube.notify(q, warning=True, reason="PodCrashLooping", message=t.describe())
     for t in ended:
         log.info("%s: pod %s no longer crash-looping", q.cluster, t.pod)
-        post_quorum_event(q, warning=False, reason="PodRecovered", message=f"pod {t.pod}: crash loop over")
+        msg = f"pod {t.pod}: crash loop over"
+        await ctx.kube.notify(q, warning=False, reason="PodRecovered", message=msg)
     return m.crash_loops
 
 

@@ -36,7 +36,7 @@ from quorum.security.pki import Identity
 from quorum.types import KraftError, new_storage_uuid
 
 from ..core.rotation import CertRotator
-from .kube import KubeApi, post_quorum_event
+from .kube import KubeApi
 from .manifests import QuorumSpec
 from .podhealth import disk_of_pod
 from .tlsobjects import (
@@ -243,7 +243,7 @@ class QuorumTls:
         for i, (disk, pod) in sorted(reports.items()):
             if self.reported.get(i) != disk:
                 self.reported[i] = disk
-                post_quorum_event(
+                await kube.notify(
                     q,
                     warning=False,
                     reason="CertificateForNewDisk",
@@ -366,9 +366,9 @@ class QuorumTls:
             q, _ = get()
             return list(range(1, q.voters + 1))
 
-        def notify(reason: str, message: str, warning: bool) -> None:
+        async def notify(reason: str, message: str, warning: bool) -> None:
             q, _ = get()
-            post_quorum_event(q, warning=warning, reason=reason, message=message)
+            await kube.notify(q, warning=warning, reason=reason, message=message)
 
         q0, _ = get()
         return CertRotator(due, renew, restart, ids, notify=notify, label=q0.cluster)
