@@ -14,6 +14,7 @@ Layout:
   quorum.localports  free loopback ports for local clusters, chosen the way servers bind them
   quorum.client    the HTTP client used by the CLI, the operator and the benchmarks
   quorum.cli       the `kraftkeeper` command line
+  quorum.cliparse  the argument parser of every command line (usage errors as INVALID_REQUEST)
   quorum.describe_text  the tables `kraftkeeper quorum describe` prints
 """
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kraftkeeper_operator.core.unclean import UncleanRequest
 from kraftkeeper_operator.local.cluster import ClusterLayout, meta_uuid
 from kraftkeeper_operator.local.supervisor import Supervisor
 from kraftkeeper_operator.local.unclean import LocalRequestStore
+from kraftkeeper_operator.unclean import UncleanRequest
 
 from tests.operator.operator_nodes import engine_missing
 from tests.operator.test_unclean import _state_epoch

@@ -5,7 +5,7 @@ Floors, top to bottom; a module imports only its own floor or floors below it:
 
 * ``quorum`` (the engine) never imports the operator, the reports, the tests or the benches;
 * ``kraftkeeper_operator.core`` (the pure decision core) imports only itself;
-* the operator's shared modules (``api``, ``controller``, ``steplog``, ``telemetry``,
+* the operator's shared modules (``api``, ``controller``, ``steplog``, ``unclean``, ``telemetry``,
   ``failpoints``, ``statusserver``) import the core and the engine, no run mode;
 * the run modes: ``kafka`` imports neither ``k8s`` nor ``local``; ``k8s`` and ``local`` never
   import each other;
@@ -47,7 +47,6 @@ OVERSIZE: dict[str, str] = {
     "kraftkeeper_operator.k8s.manifests": _EDITED + " (the spec parser moves to a typed model)",
     "kraftkeeper_operator.kafka.backend": _EDITED,
     "kraftkeeper_operator.kafka.cluster": _EDITED,
-    "kraftkeeper_operator.local.operator": _EDITED,
     "kraftkeeper_reports.demo_kafka": _REPORT,
     "kraftkeeper_reports.events": _REPORT,
     "kraftkeeper_reports.render": _REPORT,
@@ -149,7 +148,7 @@ def test_the_decision_core_imports_only_itself() -> None:
 def test_shared_operator_modules_import_no_run_mode() -> None:
     modes = [f"{OP}.{m}" for m in ("k8s", "local", "kafka", "testing")]
     bad = []
-    for shared in ("api", "controller", "steplog", "telemetry", "failpoints", "statusserver"):
+    for shared in ("api", "controller", "steplog", "telemetry", "failpoints", "statusserver", "unclean"):
         bad += _violations(f"{OP}.{shared}", modes)
     assert not bad, bad
 

@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.unclean import (
+from ..unclean import (
     LOSS_WARNING,
     MARKER_PREFIX,
     STATUS_PREFIX,

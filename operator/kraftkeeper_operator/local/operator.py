@@ -13,7 +13,7 @@ reported, so that a restarted supervisor still knows which replicas were voters 
 is lost (unclean recovery needs that).
 
 Unclean recovery (KIP-704 style, off by default) runs the coordinator both modes share
-(core/unclean.py, local/unclean.py): the survivor is chosen by the same rule as in Kubernetes mode
+(unclean.py, local/unclean.py): the survivor is chosen by the same rule as in Kubernetes mode
 (core/survivor.py: Raft's election order over each node's ``GET /v1/node/log-state``), among the
 nodes whose storage UUID (from their ``meta.properties``) was a voter in that last voter set, and
 only once every former voter answered or is gone (held stopped, or no process running): a running

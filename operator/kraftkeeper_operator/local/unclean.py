@@ -1,4 +1,4 @@
-"""Unclean recovery in local mode: the shared coordinator (core/unclean.py, the same state machine
+"""Unclean recovery in local mode: the shared coordinator (unclean.py, the same state machine
 as on Kubernetes) over local processes. The request is kept in ``control/unclean-recovery.json``;
 "restarting" the survivor means the supervisor stops it, runs ``kraftkeeper quorum
 recover-unclean`` on its directory and starts it again (the part the init container plays on
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from quorum.client import QuorumClient
 
 from ..core.survivor import Probe, probe_log_state
-from ..core.unclean import MARKER_PREFIX, RequestStore, UncleanCoordinator, UncleanRequest
 from ..telemetry import OperatorMetrics
+from ..unclean import MARKER_PREFIX, RequestStore, UncleanCoordinator, UncleanRequest
 from .cluster import ClusterLayout, meta_uuid, write_atomic
 from .supervisor import Supervisor
 

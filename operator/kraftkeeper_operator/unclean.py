@@ -50,8 +50,8 @@ from typing import Any, Protocol
 from kraftkeeper_reports.events import RecoveryEvent
 from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY, UNCLEAN_RECOVERY_COMPLETED
 
-from ..telemetry import EventSink, OperatorMetrics
-from .survivor import Probe, SurvivorDecision, decide_survivor
+from .core.survivor import Probe, SurvivorDecision, decide_survivor
+from .telemetry import EventSink, OperatorMetrics
 
 log = logging.getLogger(__name__)
 
