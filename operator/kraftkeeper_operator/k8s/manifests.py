@@ -60,7 +60,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from ..core.recovery import PolicyError, RecoveryPolicy
+from .spec import SpecModelError, validate_spec
 from .tlsspec import (
     TLS_MOUNT,
     TlsSpec,
@@ -144,33 +147,17 @@ class QuorumSpec:
 
 
 def parse_spec(body: Mapping[str, Any]) -> QuorumSpec:
-    """Validate a KRaftQuorum object; raises :class:`SpecError` naming the field."""
+    """Validate a KRaftQuorum object; raises :class:`SpecError` naming the field.
+
+    The shape (types, bounds, enums, defaults) is the model's (spec.py, checked against the CRD);
+    what needs more than one field or the operator's environment is checked here."""
     meta = body.get("metadata") or {}
-    spec = body.get("spec")
-    if not isinstance(spec, Mapping):
-        raise SpecError("spec: missing or not an object")
-    voters = spec.get("voters", 3)
-    if isinstance(voters, bool) or not isinstance(voters, int) or not 1 <= voters <= 9 or voters % 2 == 0:
-        raise SpecError(f"spec.voters: must be an odd integer from 1 to 9, got {voters!r}")
-    image = spec.get("image") or os.environ.get("KRAFTKEEPER_DEFAULT_IMAGE") or DEFAULT_IMAGE
-    if not isinstance(image, str) or any(c.isspace() for c in image):
-        raise SpecError(f"spec.image: must be an image reference without spaces, got {image!r}")
-    pull = spec.get("imagePullPolicy", "IfNotPresent")
-    if pull not in ("Always", "IfNotPresent", "Never"):
-        raise SpecError(f"spec.imagePullPolicy: {pull!r} is not Always, IfNotPresent or Never")
-    ports = spec.get("ports") or {}
-    port = ports.get("client", 9093)
-    metrics_port = ports.get("metrics", port)
-    for field_name, value in (("client", port), ("metrics", metrics_port)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 65535:
-            raise SpecError(f"spec.ports.{field_name}: must be a port from 1024 to 65535, got {value!r}")
-    storage = spec.get("storage") or {}
-    size = storage.get("size", "1Gi")
-    if not isinstance(size, str) or not size or size[0] in "-0":
-        raise SpecError(f"spec.storage.size: must be a positive quantity such as 1Gi, got {size!r}")
-    log_path = (spec.get("eventLog") or {}).get("path", "stdout")
-    if not isinstance(log_path, str) or not (log_path == "stdout" or log_path.startswith("/")):
-        raise SpecError(f"spec.eventLog.path: must be 'stdout' or an absolute path, got {log_path!r}")
+    try:
+        m = validate_spec(body.get("spec"))
+    except SpecModelError as e:
+        raise SpecError(str(e)) from None
+    image = m.image or os.environ.get("KRAFTKEEPER_DEFAULT_IMAGE") or DEFAULT_IMAGE
+    log_path = m.event_log.path
     # The operator writes where a resource tells it to: keep that inside its event-log volume
     # (KRAFTKEEPER_EVENT_LOG_DIR, set by the Helm chart) so a spec cannot overwrite other files.
     root = os.environ.get("KRAFTKEEPER_EVENT_LOG_DIR")
@@ -181,30 +168,39 @@ def parse_spec(body: Mapping[str, Any]) -> QuorumSpec:
                 f"spec.eventLog.path: {log_path!r} is outside the operator's event-log directory {root}"
             )
     try:
-        policy = RecoveryPolicy.from_spec(spec.get("recovery"), spec.get("uncleanRecovery"))
-        tls = parse_tls(spec.get("tls"))
-        clients = parse_client_selector(spec.get("clientSelector"), str(meta["name"]))
+        policy = RecoveryPolicy.from_spec(_dump(m.recovery), _dump(m.unclean_recovery))
+        tls = parse_tls(_dump(m.tls, unset=False))
+        clients = parse_client_selector(
+            None if m.client_selector is None else [_dump(p, unset=False) for p in m.client_selector],
+            str(meta["name"]),
+        )
     except (PolicyError, TlsSpecError) as e:
         raise SpecError(str(e)) from None
     return QuorumSpec(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta["name"]),
         uid=str(meta.get("uid", "")),
-        voters=voters,
+        voters=m.voters,
         image=image,
-        image_pull_policy=pull,
-        port=port,
-        metrics_port=metrics_port,
-        storage_size=size,
-        storage_class=storage.get("storageClassName"),
-        resources=spec.get("resources") or {},
-        scheduling=spec.get("scheduling") or {},
+        image_pull_policy=m.image_pull_policy,
+        port=m.ports.client,
+        metrics_port=m.ports.client if m.ports.metrics is None else m.ports.metrics,
+        storage_size=m.storage.size,
+        storage_class=m.storage.storage_class_name,
+        resources=_dump(m.resources, unset=False) if m.resources else {},
+        scheduling=_dump(m.scheduling, unset=False) if m.scheduling else {},
         policy=policy,
         event_log=log_path,
         generation=int(meta.get("generation") or 0),
         tls=tls,
         client_selector=tuple(clients),
     )
+
+
+def _dump(doc: BaseModel, *, unset: bool = True) -> dict[str, Any]:
+    """A sub-document back as the resource's JSON: with its defaults (``unset``), else only what
+    the object says (for parsers whose defaults depend on other fields)."""
+    return doc.model_dump(by_alias=True, exclude_unset=not unset, exclude_none=True)
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
