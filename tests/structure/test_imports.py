@@ -46,7 +46,6 @@ OVERSIZE: dict[str, str] = {
     "kraftkeeper_operator.controller": "the executor; its Event path is being reworked (one crash-safe path)",
     "kraftkeeper_operator.core.recovery": "the decision book; its records half moves to core/records.py next",
     "kraftkeeper_operator.k8s.kafkaquorums": _EDITED,
-    "kraftkeeper_operator.k8s.manifests": _EDITED + " (the spec parser moves to a typed model)",
     "kraftkeeper_operator.kafka.backend": _EDITED,
     "kraftkeeper_operator.kafka.cluster": _EDITED,
     "kraftkeeper_operator.local.operator": _EDITED,

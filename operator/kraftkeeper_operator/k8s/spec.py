@@ -1,7 +1,7 @@
 """The KRaftQuorum custom resource as typed documents: ``spec`` (with ``spec.kafka``, the Kafka
 client settings) and ``status``, as strict pydantic models.
 
-These models are the one statement of the resource's shape in code: ``manifests.parse_spec``
+These models are the one statement of the resource's shape in code: ``quorumspec.parse_spec``
 validates through :func:`validate_spec`, and a test walks the CRD's ``openAPIV3Schema``
 (crds/kraftquorums.kraftkeeper.io.yaml) against :func:`json_schema` of the same models, so a
 field, type, enum, default, bound or required-ness cannot differ between the two.
