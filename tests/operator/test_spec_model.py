@@ -205,6 +205,7 @@ def test_errors_name_the_path_and_the_problem(spec: dict[str, Any], message: str
 
 
 def test_what_the_operator_writes_fits_the_status_model() -> None:
+    from kraftkeeper_operator.core.records import Phase, Recovery
     from kraftkeeper_operator.core.status import Condition, ControllerStatus
     from kraftkeeper_operator.core.view import QuorumView, Replica
 
@@ -213,12 +214,16 @@ def test_what_the_operator_writes_fits_the_status_model() -> None:
     conditions = [
         Condition(t, t == "Available", "Test") for t in ("Available", "Degraded", "Recovering", "QuorumLost")
     ]
+    done = Recovery("r-1", 2, uuid, uuid, Phase.COMPLETED, 1_000, caught_up_ms=2_000, finished_ms=4_000)
+    running = Recovery("r-2", 3, uuid, uuid, Phase.STABILIZING, 5_000)
     for st in (
-        ControllerStatus(view, conditions, []),
+        ControllerStatus(view, conditions, [], records=[done, running]),
         ControllerStatus(None, conditions, [], known_voters=[(1, uuid)]),
     ):
         status = st.to_crd_status(generation=2)
         doc = validate_status(status)
         assert doc.phase == "Running" and doc.voters is not None and doc.voters[0].uuid == uuid
+        want = ["Succeeded", "InProgress"] if st.records else []
+        assert [r.result for r in doc.recoveries or []] == want
     with pytest.raises(SpecModelError, match=r"status\.phase: must be one of"):
         validate_status({**status, "phase": "Sleeping"})
