@@ -227,3 +227,28 @@ def test_what_the_operator_writes_fits_the_status_model() -> None:
         assert [r.result for r in doc.recoveries or []] == want
     with pytest.raises(SpecModelError, match=r"status\.phase: must be one of"):
         validate_status({**status, "phase": "Sleeping"})
+
+
+def test_free_form_parts_reach_the_pods_unchanged() -> None:
+    from kraftkeeper_operator.k8s.quorumspec import parse_spec
+
+    scheduling = {
+        "nodeSelector": {"disk": "ssd"},
+        "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}},
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule", "minDomains": 2}
+        ],
+        "priorityClassName": "high",
+    }
+    resources = {"requests": {"cpu": "250m", "memory": 268435456}, "limits": {"memory": "1Gi"}}
+    peers = [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]
+    q = parse_spec(
+        {
+            "metadata": {"name": "q", "namespace": "ns"},
+            "spec": {"scheduling": scheduling, "resources": resources, "clientSelector": peers},
+        }
+    )
+    assert (q.scheduling, q.resources, list(q.client_selector)) == (scheduling, resources, peers)
+    assert (q.port, q.metrics_port, q.storage_class) == (9093, 9093, None)
+    assert q.policy.unclean_after_seconds == 300  # the CRD's default, as the API server stores it
