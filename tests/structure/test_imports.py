@@ -44,7 +44,6 @@ OVERSIZE: dict[str, str] = {
     "quorum.security.pki": _ENGINE,
     "quorum.storage.log": _ENGINE,
     "kraftkeeper_operator.k8s.kafkaquorums": _EDITED,
-    "kraftkeeper_operator.k8s.manifests": _EDITED + " (the spec parser moves to a typed model)",
     "kraftkeeper_operator.kafka.backend": _EDITED,
     "kraftkeeper_operator.kafka.cluster": _EDITED,
     "kraftkeeper_reports.demo_kafka": _REPORT,

@@ -53,23 +53,16 @@ lives in the quorum's log (KIP-856) and changes only through AddVoter / RemoveVo
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.recovery import PolicyError, RecoveryPolicy
-from .tlsspec import (
-    TLS_MOUNT,
-    TlsSpec,
-    TlsSpecError,
-    apply_to_pod,
-    parse_client_selector,
-    parse_tls,
-    start_args,
-)
+# The spec's parser and the operator's resolved view of it, re-exported for the callers of old.
+from .quorumspec import DEFAULT_IMAGE as DEFAULT_IMAGE
+from .quorumspec import QuorumSpec as QuorumSpec
+from .quorumspec import SpecError as SpecError
+from .quorumspec import parse_spec as parse_spec
+from .tlsspec import TLS_MOUNT, apply_to_pod, start_args
 from .unclean import MARKER_PREFIX, UNCLEAN_KEY
 
 GROUP = "kraftkeeper.io"
@@ -82,129 +75,6 @@ BOOTSTRAP_ANNOTATION = "kraftkeeper.io/bootstrap-voters"
 BOOTSTRAP_MOUNT = "/etc/kraftkeeper/bootstrap"  # the NAME-bootstrap ConfigMap, read-only
 BOOTSTRAP_KEY = "bootstrapped"  # value "true" once every voter has a storage UUID; never unset
 IMAGE_UID = 10001  # the user the project's image runs as (Dockerfile)
-DEFAULT_IMAGE = "kraftkeeper:latest"
-
-
-class SpecError(ValueError):
-    """An invalid KRaftQuorum spec; the message names the field."""
-
-
-@dataclass(frozen=True)
-class QuorumSpec:
-    namespace: str
-    name: str
-    uid: str
-    voters: int
-    image: str
-    image_pull_policy: str
-    port: int
-    metrics_port: int
-    storage_size: str
-    storage_class: str | None
-    resources: Mapping[str, Any]
-    scheduling: Mapping[str, Any]
-    policy: RecoveryPolicy
-    event_log: str  # "stdout" or an absolute path
-    generation: int
-    tls: TlsSpec = field(default_factory=TlsSpec)  # tlsspec.py; kubetls.py makes its Secrets
-    client_selector: tuple[dict[str, Any], ...] = ()  # NetworkPolicy peers allowed as clients
-
-    @property
-    def headless(self) -> str:
-        return f"{self.name}-headless"
-
-    @property
-    def bootstrap_configmap(self) -> str:
-        return f"{self.name}-bootstrap"
-
-    @property
-    def cluster(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def cluster_id(self) -> str:
-        return hashlib.sha256(self.cluster.encode()).hexdigest()[:22]
-
-    def labels(self) -> dict[str, str]:
-        return {
-            "app.kubernetes.io/name": "kraftkeeper",
-            "app.kubernetes.io/instance": self.name,
-            "app.kubernetes.io/component": "quorum",
-            "app.kubernetes.io/managed-by": "kraftkeeper-operator",
-        }
-
-    def selector(self) -> dict[str, str]:
-        return {"app.kubernetes.io/name": "kraftkeeper", "app.kubernetes.io/instance": self.name}
-
-    def pod_endpoint(self, ordinal: int) -> str:
-        return f"{self.name}-{ordinal}.{self.headless}.{self.namespace}.svc:{self.port}"
-
-    def voters_arg(self, n: int) -> str:
-        return ",".join(f"{k + 1}@{self.pod_endpoint(k)}" for k in range(n))
-
-
-def parse_spec(body: Mapping[str, Any]) -> QuorumSpec:
-    """Validate a KRaftQuorum object; raises :class:`SpecError` naming the field."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec")
-    if not isinstance(spec, Mapping):
-        raise SpecError("spec: missing or not an object")
-    voters = spec.get("voters", 3)
-    if isinstance(voters, bool) or not isinstance(voters, int) or not 1 <= voters <= 9 or voters % 2 == 0:
-        raise SpecError(f"spec.voters: must be an odd integer from 1 to 9, got {voters!r}")
-    image = spec.get("image") or os.environ.get("KRAFTKEEPER_DEFAULT_IMAGE") or DEFAULT_IMAGE
-    if not isinstance(image, str) or any(c.isspace() for c in image):
-        raise SpecError(f"spec.image: must be an image reference without spaces, got {image!r}")
-    pull = spec.get("imagePullPolicy", "IfNotPresent")
-    if pull not in ("Always", "IfNotPresent", "Never"):
-        raise SpecError(f"spec.imagePullPolicy: {pull!r} is not Always, IfNotPresent or Never")
-    ports = spec.get("ports") or {}
-    port = ports.get("client", 9093)
-    metrics_port = ports.get("metrics", port)
-    for field_name, value in (("client", port), ("metrics", metrics_port)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 65535:
-            raise SpecError(f"spec.ports.{field_name}: must be a port from 1024 to 65535, got {value!r}")
-    storage = spec.get("storage") or {}
-    size = storage.get("size", "1Gi")
-    if not isinstance(size, str) or not size or size[0] in "-0":
-        raise SpecError(f"spec.storage.size: must be a positive quantity such as 1Gi, got {size!r}")
-    log_path = (spec.get("eventLog") or {}).get("path", "stdout")
-    if not isinstance(log_path, str) or not (log_path == "stdout" or log_path.startswith("/")):
-        raise SpecError(f"spec.eventLog.path: must be 'stdout' or an absolute path, got {log_path!r}")
-    # The operator writes where a resource tells it to: keep that inside its event-log volume
-    # (KRAFTKEEPER_EVENT_LOG_DIR, set by the Helm chart) so a spec cannot overwrite other files.
-    root = os.environ.get("KRAFTKEEPER_EVENT_LOG_DIR")
-    if root and log_path != "stdout":
-        norm, base = os.path.normpath(log_path), os.path.normpath(root)
-        if norm != base and not norm.startswith(base + os.sep):
-            raise SpecError(
-                f"spec.eventLog.path: {log_path!r} is outside the operator's event-log directory {root}"
-            )
-    try:
-        policy = RecoveryPolicy.from_spec(spec.get("recovery"), spec.get("uncleanRecovery"))
-        tls = parse_tls(spec.get("tls"))
-        clients = parse_client_selector(spec.get("clientSelector"), str(meta["name"]))
-    except (PolicyError, TlsSpecError) as e:
-        raise SpecError(str(e)) from None
-    return QuorumSpec(
-        namespace=str(meta.get("namespace") or "default"),
-        name=str(meta["name"]),
-        uid=str(meta.get("uid", "")),
-        voters=voters,
-        image=image,
-        image_pull_policy=pull,
-        port=port,
-        metrics_port=metrics_port,
-        storage_size=size,
-        storage_class=storage.get("storageClassName"),
-        resources=spec.get("resources") or {},
-        scheduling=spec.get("scheduling") or {},
-        policy=policy,
-        event_log=log_path,
-        generation=int(meta.get("generation") or 0),
-        tls=tls,
-        client_selector=tuple(clients),
-    )
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
