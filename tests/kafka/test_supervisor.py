@@ -121,7 +121,9 @@ def test_a_replaced_leader_that_halts_is_restarted_and_healed(kafka_jars: Path, 
     fetch timeout made long, so the race CI lost now and then always goes this way). The new
     controller halts on the stale leadership; the supervisor restarts it until the survivors have
     elected a new leader, and it then fetches as an observer with its new directory id."""
-    k = KafkaControllers(tmp_path / "kafka", kafka_jars, fetch_timeout_ms=12000)
+    # 30 s: the replacement's format and start are two JVM starts, which took over 12 s on a
+    # loaded 2-core machine, and the survivors must not elect a new leader before it is back.
+    k = KafkaControllers(tmp_path / "kafka", kafka_jars, fetch_timeout_ms=30000)
     with k.running():
         d = poll(lambda: whole(k), 120, "three caught-up voters", context=context_of(k))
         leader = d["leader_id"]
