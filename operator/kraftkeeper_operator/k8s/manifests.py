@@ -387,6 +387,9 @@ def statefulset(
             {"name": "tmp", "emptyDir": {}},
         ],
         "terminationGracePeriodSeconds": 30,
+        # A node never calls the Kubernetes API: no token volume to project at the start of a
+        # replaced disk's pod and to tear down at the end of the old one (and no credential).
+        "automountServiceAccountToken": False,
     }
     apply_to_pod(pod_spec, q.name, q.tls, env, _container_security())
     sched = q.scheduling
