@@ -23,9 +23,10 @@ Kubernetes' part:
 the pod's own start, from the node container's log (``kubectl logs --timestamps``: the container
 runtime's clock, nanoseconds):
 
-* format: the container's first line -> the node's first line (``kraftkeeper format`` of the new
-  volume, a Python process of its own);
-* node start: -> the node's ``listening on`` line (Python's start, imports, opening the log);
+* format: the container's first line (its shell's) -> the ``Formatted`` line, printed by the
+  node's own process (``kraftkeeper start --format-cluster-id``): the interpreter's start, the
+  storage code's imports and the new volume's format;
+* node start: -> the node's ``listening on`` line (the rest of its imports, TLS, opening the log);
 * first fetch: -> the new replica's first fetch (the leader's ``last_fetch_timestamp`` of the new
   (id, UUID));
 * detection, stabilisation, deadline->add, add, commit->remove, remove: as in local mode

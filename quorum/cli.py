@@ -54,28 +54,72 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 # ---- format / start ---------------------------------------------------------------------
-def cmd_format(args: argparse.Namespace) -> int:
+def _format_volume(
+    directory: str,
+    cluster_id: str,
+    node_id: int,
+    *,
+    ignore_formatted: bool,
+    storage_uuid: str | None,
+    storage_uuid_from_cert: str | None,
+    no_initial_controllers: bool,
+) -> None:
+    """``kraftkeeper format``'s work, shared with ``start --format-cluster-id`` (one process
+    prepares the volume and then serves from it)."""
     from quorum.storage.meta import format_dir
 
-    storage_uuid = args.storage_uuid
-    if args.storage_uuid_from_cert:
+    if storage_uuid_from_cert:
         from quorum.security.nodetls import storage_uuid_of_cert
 
-        storage_uuid = storage_uuid_of_cert(args.storage_uuid_from_cert, args.cluster_id, args.node_id)
+        storage_uuid = storage_uuid_of_cert(storage_uuid_from_cert, cluster_id, node_id)
     meta = format_dir(
+        directory,
+        cluster_id,
+        node_id,
+        ignore_formatted=ignore_formatted,
+        storage_uuid=storage_uuid,
+        initial_bootstrap=not no_initial_controllers,
+    )
+    print(f"Formatted {directory} for cluster {meta.cluster_id} node {meta.node_id}")
+    print(meta.storage_uuid)
+
+
+def cmd_format(args: argparse.Namespace) -> int:
+    _format_volume(
         args.dir,
         args.cluster_id,
         args.node_id,
         ignore_formatted=args.ignore_formatted,
-        storage_uuid=storage_uuid,
-        initial_bootstrap=not args.no_initial_controllers,
+        storage_uuid=args.storage_uuid,
+        storage_uuid_from_cert=args.storage_uuid_from_cert,
+        no_initial_controllers=args.no_initial_controllers,
     )
-    print(f"Formatted {args.dir} for cluster {meta.cluster_id} node {meta.node_id}")
-    print(meta.storage_uuid)
     return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    if args.format_cluster_id is not None:
+        # As `kraftkeeper format --ignore-formatted` run just before: a formatted volume is kept
+        # only when it names this cluster and node (otherwise the start fails here, before any
+        # port is opened); an empty one gets its identity now. Saves a container its second
+        # interpreter start and second import of the storage code.
+        if args.format_node_id is None:
+            raise KraftError(ErrorCode.INVALID_REQUEST, "--format-cluster-id needs --format-node-id")
+        _format_volume(
+            args.dir,
+            args.format_cluster_id,
+            args.format_node_id,
+            ignore_formatted=True,
+            storage_uuid=None,
+            storage_uuid_from_cert=args.storage_uuid_from_cert,
+            no_initial_controllers=args.no_initial_controllers,
+        )
+    elif args.format_node_id is not None or args.storage_uuid_from_cert or args.no_initial_controllers:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            "--format-node-id, --storage-uuid-from-cert and --no-initial-controllers "
+            "need --format-cluster-id",
+        )
     from quorum.runtime.run import run_node
 
     return run_node(
@@ -232,6 +276,13 @@ def _add_start_parser(sub: Any) -> None:
         action="store_true",
         help="allow plaintext HTTP without authentication on a non-loopback --listen",
     )
+    prep = s.add_argument_group(
+        "volume preparation", "format --dir first, as `kraftkeeper format --ignore-formatted` would"
+    )
+    prep.add_argument("--format-cluster-id", metavar="CLUSTER_ID", help="format --dir for this cluster")
+    prep.add_argument("--format-node-id", metavar="ID", type=int, help="... and this node id")
+    prep.add_argument("--storage-uuid-from-cert", metavar="CERT", help="as in `kraftkeeper format`")
+    prep.add_argument("--no-initial-controllers", action="store_true", help="as in `kraftkeeper format`")
     s.set_defaults(fn=cmd_start)
 
 

@@ -99,3 +99,25 @@ def test_fetch_sizes_above_the_wire_limit_are_refused(tmp_path: Path, field: str
     with pytest.raises(KraftError) as e:
         load_config(str(p))
     assert e.value.code is ErrorCode.INVALID_REQUEST and field in e.value.message
+
+
+def test_start_formats_its_volume_first_and_refuses_another_nodes(tmp_path: Path) -> None:
+    """``start --format-cluster-id`` (the pods' one process) is ``format --ignore-formatted``
+    then the node: an empty volume gets its identity; a volume of another node fails the start."""
+    from quorum.storage import load_meta
+
+    new = tmp_path / "new"
+    # --listen is invalid on purpose: the volume is prepared, then the start fails without serving.
+    p = run_cli("start", "--format-cluster-id", "c", "--format-node-id", "2", "--no-initial-controllers",
+                "--dir", str(new), "--listen", "nonsense", "--voters", "1@127.0.0.1:9", check=False)
+    assert p.returncode != 0 and "--listen" in p.stderr, p.stderr
+    assert f"Formatted {new} for cluster c node 2" in p.stdout
+    assert load_meta(new).node_id == 2 and load_meta(new).initial_bootstrap is False
+    before = (new / "meta.properties").read_text()
+    p = run_cli("start", "--format-cluster-id", "c", "--format-node-id", "3", "--dir", str(new),
+                "--listen", "127.0.0.1:9", "--voters", "1@127.0.0.1:9", check=False)
+    assert p.returncode != 0 and p.stderr.startswith("ALREADY_FORMATTED:") and "node 2" in p.stderr, p.stderr
+    assert (new / "meta.properties").read_text() == before
+    p = run_cli("start", "--format-node-id", "3", "--dir", str(new), "--listen", "127.0.0.1:9",
+                "--voters", "1@127.0.0.1:9", check=False)
+    assert p.returncode != 0 and "need --format-cluster-id" in p.stderr, p.stderr

@@ -7,7 +7,8 @@ CA, key pair and PLAIN credentials generated here into Secrets, and a KRaftQuoru
 
 A follower's pod and PVC are deleted (``kubectl delete pvc,pod``): the StatefulSet brings the pod
 back on an empty volume, its entrypoint formats it with ``--no-initial-controllers`` (the
-ConfigMap's format mode was switched to ``join`` once the quorum had formed), so the controller
+ConfigMap's format mode was switched to ``join`` by the manifest's Job once every controller was
+Ready, with no step of the test's), so the controller
 comes back as an observer with a NEW directory id; the operator removes the old directory id and
 adds the new one with no human step. The test prints the time from the delete to the Succeeded
 recovery, and checks: three voters, the new directory id (the one in the new volume's
@@ -96,7 +97,7 @@ def describe(c: NodeCluster) -> str:
 def kafka_quorum(node_cluster: NodeCluster, operator_release: str, kafka_image: str, tmp_path: Path
                  ) -> Iterator[dict[str, str]]:
     """The controllers formed (three voters in the KRaftQuorum's status), the format mode then
-    switched to join; everything deleted afterwards. Yields the client settings."""
+    switched to join by the manifest's Job; everything deleted afterwards. Yields the client settings."""
     c = node_cluster
     ns = QUORUM_NS
     ca, keystore = make_pki(tmp_path, dns_names=(f"*.{SERVICE_DOMAIN}.cluster.local", f"*.{SERVICE_DOMAIN}"),
@@ -115,9 +116,11 @@ def kafka_quorum(node_cluster: NodeCluster, operator_release: str, kafka_image: 
     try:
         c.wait_for("KRaftQuorum kafka Available with 3 voters",
                    lambda: quorum_available(c, ns, KQ), timeout=300, context=lambda: describe(c))
-        # Formed: every empty volume from now on is a replaced disk and joins with a new id.
-        c.kubectl("patch", "configmap", STS, "-n", ns, "--type=merge",
-                  "-p", '{"data":{"format-mode":"join"}}')
+        # Formed: every empty volume from now on is a replaced disk and joins with a new id. The
+        # manifest's Job switches the format mode by itself once every controller is Ready.
+        c.wait_for("the format-mode Job switched the ConfigMap to join",
+                   lambda: ((c.get_json("configmap", STS, "-n", ns) or {}).get("data") or {})
+                   .get("format-mode") == "join", timeout=120, context=lambda: describe(c))
         yield props
     finally:
         c.kubectl("delete", "-n", ns, "-f", str(MANIFEST), "--ignore-not-found", "--wait=false", check=False)

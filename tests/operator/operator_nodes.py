@@ -193,7 +193,15 @@ def run_format_container(
     (manifests.format_command). ``tls_dir`` stands for the node's TLS volume (default: none)."""
     node = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "node")
     assert node["command"][:2] == ["sh", "-c"]
-    prepare, _, _ = node["command"][2].partition("\nexec kraftkeeper start ")
+    prepare, _, start = node["command"][2].partition("\nexec kraftkeeper start ")
+    # The node's own process formats the volume before it serves (start --format-cluster-id):
+    # that part runs here as the `kraftkeeper format --ignore-formatted` it stands for.
+    cluster_id = start.split("--format-cluster-id ", 1)[1].split(" ", 1)[0]
+    assert start.startswith(f'--format-cluster-id {cluster_id} --format-node-id "$ID" "$@" '), start
+    prepare += (
+        f'\nexec kraftkeeper format --dir {DATA_DIR} --cluster-id {cluster_id} --node-id "$ID" '
+        '--ignore-formatted "$@"'
+    )
     script = prepare.replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
     script = script.replace(TLS_MOUNT, str(tls_dir or data.parent / "no-tls-volume"))
     env = {

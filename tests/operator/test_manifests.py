@@ -52,6 +52,7 @@ def test_statefulset_identity_and_probes() -> None:
     assert [c["name"] for c in pod.get("initContainers") or []] in ([], ["tls"])
     assert "1@q-0.q-headless.ns.svc:9100,2@q-1.q-headless.ns.svc:9100,3@q-2.q-headless.ns.svc:9100" in start
     assert pod["containers"][0]["image"] == "kk:1"
+    assert pod["automountServiceAccountToken"] is False  # a node never calls the Kubernetes API
     assert sts["metadata"]["ownerReferences"] == [OWNER]
     assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete"
     # The cluster id depends on namespace/name only: a re-created resource finds its volumes' id.

@@ -3,9 +3,10 @@
 For a KRaftQuorum ``NAME`` in namespace ``NS``:
 
 * StatefulSet ``NAME``: one pod per replica; pod ordinal ``k`` runs replica id ``k + 1``. The node
-  container's shell first runs ``kraftkeeper format --ignore-formatted`` on the pod's volume (a
-  new, empty volume gets a fresh storage UUID, KIP-856; a formatted one keeps its identity), then
-  execs ``kraftkeeper start --advertise $(POD_NAME).NAME-headless.NS.svc:PORT``. Readiness is
+  container's shell execs ``kraftkeeper start --format-cluster-id ... --advertise
+  $(POD_NAME).NAME-headless.NS.svc:PORT``, whose process first formats the pod's volume as
+  ``kraftkeeper format --ignore-formatted`` would (a new, empty volume gets a fresh storage UUID,
+  KIP-856; a formatted one keeps its identity, if it names this cluster and node). Readiness is
   ``GET /readyz`` (the node knows a leader: Strimzi #12760 is why it is not just "process up"),
   liveness ``GET /healthz``.
 * Service ``NAME-headless`` (stable pod DNS, publishes not-ready addresses so replicas can find a
@@ -147,9 +148,12 @@ def format_command(q: QuorumSpec) -> str:
         "ID=$(( ${POD_NAME##*-} + 1 )) && set -- && "
         f'if [ "$(cat {b}/{BOOTSTRAP_KEY} 2>/dev/null)" = true ]; '
         f"then set -- --no-initial-controllers; else {initial}: ; fi && "
+        # Only an unclean recovery needs the volume formatted before the node starts (it reads
+        # meta.properties); otherwise the node's own process formats it (start_command), which
+        # saves the pod an interpreter start on a replaced disk's path.
+        f"if [ -s {b}/{UNCLEAN_KEY} ]; then "
         f"kraftkeeper format --dir {d} --cluster-id {q.cluster_id} "
         '--node-id "$ID" --ignore-formatted "$@" || exit 1; '
-        f"if [ -s {b}/{UNCLEAN_KEY} ]; then "
         f"read -r RID RTOKEN RUUIDS < {b}/{UNCLEAN_KEY}; "
         "MINE=$(sed -n -e 's/^directory[.]id=//p' -e 's/^storage[.]id=//p' "
         f"{d}/meta.properties | head -n 1); "
@@ -187,7 +191,10 @@ def _node_container(
     # for. A failed preparation exits non-zero before the node starts, as the init container did.
     start = (
         f'echo "kraftkeeper: preparing $POD_NAME"; {format_command(q)}\n'
-        f"exec kraftkeeper start --dir {DATA_DIR} --listen 0.0.0.0:{q.port} {start_args(q.tls)} "
+        # `start --format-*` = `format --ignore-formatted "$@"` in the node's own process: a
+        # volume of another cluster or node fails the start before any port opens.
+        f'exec kraftkeeper start --format-cluster-id {q.cluster_id} --format-node-id "$ID" "$@" '
+        f"--dir {DATA_DIR} --listen 0.0.0.0:{q.port} {start_args(q.tls)} "
         f'--advertise "$(POD_NAME).{q.headless}.{q.namespace}.svc:{q.port}" '
         f'--voters "{q.voters_arg(bootstrap_voters)}"'
     )
@@ -250,6 +257,9 @@ def statefulset(
             {"name": "tmp", "emptyDir": {}},
         ],
         "terminationGracePeriodSeconds": 30,
+        # A node never calls the Kubernetes API: no token volume to project at the start of a
+        # replaced disk's pod and to tear down at the end of the old one (and no credential).
+        "automountServiceAccountToken": False,
     }
     apply_to_pod(pod_spec, q.name, q.tls, env, _container_security())
     sched = q.scheduling
