@@ -12,7 +12,7 @@ OP = Path(__file__).resolve().parents[2] / "operator" / "kraftkeeper_operator"
 KOPF_POSTERS = {"info", "warn", "event", "exception"}
 # The legacy kopf-queue shim in kube.py and its last callers, in a module other work is editing
 # now; it moves to ``await kube.notify(...)`` with that work, and this entry goes.
-LEGACY = {"k8s/kube.py", "k8s/damage.py"}
+LEGACY: set[str] = set()
 
 
 def _kopf_posts(path: Path) -> list[str]:

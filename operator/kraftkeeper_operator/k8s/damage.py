@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.rotation import healthy_majority_without
 from ..core.view import QuorumView
-from .kube import KubeApi, post_quorum_event
+from .kube import KubeApi
 from .manifests import QuorumSpec
 from .podhealth import corrupt_log_of_pod, replica_of
 
@@ -82,7 +82,7 @@ async def handle_damaged_logs(
                 f"{'PersistentVolumeClaim ' + claim + ' and ' if deleted else ''}pod {pod} deleted, it comes "
                 "back on a new volume under a new storage UUID (KIP-856)"
             )
-            post_quorum_event(q, warning=True, reason="DamagedDiskReplaced", message=msg)
+            await kube.notify(q, warning=True, reason="DamagedDiskReplaced", message=msg)
             log.warning("%s: %s", q.cluster, msg)
             # Marked done only once the deletes went through: an API error above leaves the pod
             # to the next pass instead of forgetting it.
@@ -100,7 +100,7 @@ async def handle_damaged_logs(
             "KIP-704: records only the damaged replicas held are lost), then replace the damaged volumes; "
             "if the other voters come back, the damaged volume is replaced then"
         )
-        post_quorum_event(q, warning=True, reason="DamagedLogNeedsAction", message=msg)
         log.error("%s: %s", q.cluster, msg)
-        done[uid] = why
+        if await kube.notify(q, warning=True, reason="DamagedLogNeedsAction", message=msg):
+            done[uid] = why  # an Event the API server refused is posted again on the next pass
     return out

@@ -381,15 +381,6 @@ def event_target(obj: QuorumSpec | Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def post_quorum_event(q: QuorumSpec, *, warning: bool, reason: str, message: str) -> None:
-    """Legacy: an Event through kopf's queue, which an operator stop loses. Kept only for
-    damage.py's two notices until that module awaits :meth:`KubeApi.notify` like every other
-    caller; nothing new may use it (tests/operator/test_event_path.py checks the callers)."""
-    meta = {"name": q.name, "namespace": q.namespace, "uid": q.uid}
-    ref: Any = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "KRaftQuorum", "metadata": meta}
-    (kopf.warn if warning else kopf.info)(ref, reason=reason, message=message)
-
-
 class KubeEventSink:
     """Recovery events as Kubernetes Events on the KRaftQuorum (failures and unclean recoveries
     as Warnings, telemetry.py ``step_notice``): ``emit`` keeps them and :meth:`flush` posts them
