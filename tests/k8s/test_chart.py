@@ -148,7 +148,8 @@ def test_report_cronjob(helm: Path) -> None:
     assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
     assert c["image"] == "kraftkeeper-report:0.1.0"
-    assert c["args"] == ["report", "--events", "/data/events", "--out", "/data/report", "--master", "local[2]"]
+    assert c["args"] == ["report", "--events", "/data/events", "--out", "/data/report",
+                         "--master", "local[2]"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
 
