@@ -129,6 +129,10 @@ def test_default_render(helm: Path) -> None:
     assert c["image"] == "kraftkeeper:0.1.0"
 
 
+def pod_labels(cron: dict[str, Any]) -> dict[str, str]:
+    return cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]  # type: ignore[no-any-return]
+
+
 def test_report_cronjob(helm: Path) -> None:
     """Off by default; when on, a CronJob that runs on the operator's node (the /data claim is
     ReadWriteOnce), mounts that claim, runs as non-root on a read-only root with limits, and
@@ -152,6 +156,13 @@ def test_report_cronjob(helm: Path) -> None:
                          "--master", "local[2]"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    # With network policies on, the job gets one that lets nothing in or out.
+    pols = by_kind(render(helm, "--set", "operator.persistence.enabled=true", "--set", "report.enabled=true",
+                          "--set", "networkPolicy.enabled=true"), "NetworkPolicy")
+    (deny,) = [p for p in pols if p["metadata"]["name"] == "kk-kraftkeeper-report"]
+    assert deny["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(cron).items()
+    assert deny["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert "ingress" not in deny["spec"] and "egress" not in deny["spec"]
 
 
 def test_failpoint_test_hook_is_set_only_when_asked(helm: Path) -> None:
