@@ -67,6 +67,8 @@ if __package__ in (None, ""):
     # this directory off the path, where operator.py would shadow the standard library's module.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from kraftkeeper_reports import vocabulary as ev
+
 from bench import kafka_recovery
 from testkit.polling import wait_until
 
@@ -191,7 +193,7 @@ def bench_recovery(k: int, stabilization: float, workdir: Path) -> dict[str, lis
 
             def completed(new: str = new) -> list[dict[str, Any]] | None:
                 evs = read_events(d)
-                done = [e for e in evs if e["type"] == "recovery_completed" and e["new_uuid"] == new]
+                done = [e for e in evs if e["type"] == ev.RECOVERY_COMPLETED and e["new_uuid"] == new]
                 if not done:
                     return None
                 rid = done[0]["recovery_id"]
@@ -200,17 +202,19 @@ def bench_recovery(k: int, stabilization: float, workdir: Path) -> dict[str, lis
             evs = poll(f"recovery {i + 1} completed", completed, timeout=300, every=0.1)
             at = {e["type"]: ts_ms(e) for e in evs}  # the last of each type wins
             first = {e["type"]: ts_ms(e) for e in reversed(evs)}
-            rows["detection"].append((first["disk_replacement_detected"] - fetched) / 1000)
+            rows["detection"].append((first[ev.DISK_REPLACEMENT_DETECTED] - fetched) / 1000)
             rows["stabilisation"].append(
-                (at["replica_caught_up"] - first["disk_replacement_detected"]) / 1000
+                (at[ev.REPLICA_CAUGHT_UP] - first[ev.DISK_REPLACEMENT_DETECTED]) / 1000
             )
-            caught = next(e for e in evs if e["type"] == "replica_caught_up")
+            caught = next(e for e in evs if e["type"] == ev.REPLICA_CAUGHT_UP)
             deadline = int(caught["detail"]["stable_since_ms"]) + round(stabilization * 1000)
-            rows["deadline->add"].append((first["add_voter_started"] - deadline) / 1000)
-            rows["add"].append((at["add_voter_committed"] - at["add_voter_started"]) / 1000)
-            rows["commit->remove"].append((first["remove_voter_started"] - at["add_voter_committed"]) / 1000)
-            rows["remove"].append((at["remove_voter_committed"] - at["remove_voter_started"]) / 1000)
-            rows["total"].append((at["recovery_completed"] - fetched) / 1000)
+            rows["deadline->add"].append((first[ev.ADD_VOTER_STARTED] - deadline) / 1000)
+            rows["add"].append((at[ev.ADD_VOTER_COMMITTED] - at[ev.ADD_VOTER_STARTED]) / 1000)
+            rows["commit->remove"].append(
+                (first[ev.REMOVE_VOTER_STARTED] - at[ev.ADD_VOTER_COMMITTED]) / 1000
+            )
+            rows["remove"].append((at[ev.REMOVE_VOTER_COMMITTED] - at[ev.REMOVE_VOTER_STARTED]) / 1000)
+            rows["total"].append((at[ev.RECOVERY_COMPLETED] - fetched) / 1000)
             print(f"  recovery {i + 1}/{k}: node {node}, total {rows['total'][-1]:.3f} s", file=sys.stderr)
         if proc.poll() is not None:
             raise RuntimeError("operator local exited during the bench")

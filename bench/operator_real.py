@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from kraftkeeper_reports import vocabulary as ev
 from kraftkeeper_reports.events import parse_ts_ms
 
 from testkit.polling import wait_until
@@ -377,7 +378,7 @@ def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
     evs = [e for e in operator_events(k, name) if e.get("recovery_id") == rec["recoveryId"]]
     at = {e["type"]: ts_ms(e) for e in evs}
     first = {e["type"]: ts_ms(e) for e in reversed(evs)}
-    caught = next(e for e in evs if e["type"] == "replica_caught_up")
+    caught = next(e for e in evs if e["type"] == ev.REPLICA_CAUGHT_UP)
     deadline = int(caught["detail"]["stable_since_ms"]) + round(stabilization * 1000)
     assert obs.pod_seen is not None and obs.bound_seen is not None and obs.first_fetch is not None
     assert obs.old_gone is not None
@@ -390,13 +391,13 @@ def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
         "format": (prepared - started) / 1000,
         "node start": (listening - prepared) / 1000,
         "first fetch": (obs.first_fetch - listening) / 1000,
-        "detection": (first["disk_replacement_detected"] - obs.first_fetch) / 1000,
-        "stabilisation": (at["replica_caught_up"] - first["disk_replacement_detected"]) / 1000,
-        "deadline->add": (first["add_voter_started"] - deadline) / 1000,
-        "add": (at["add_voter_committed"] - at["add_voter_started"]) / 1000,
-        "commit->remove": (first["remove_voter_started"] - at["add_voter_committed"]) / 1000,
-        "remove": (at["remove_voter_committed"] - at["remove_voter_started"]) / 1000,
-        "total": (at["recovery_completed"] - t0) / 1000,
+        "detection": (first[ev.DISK_REPLACEMENT_DETECTED] - obs.first_fetch) / 1000,
+        "stabilisation": (at[ev.REPLICA_CAUGHT_UP] - first[ev.DISK_REPLACEMENT_DETECTED]) / 1000,
+        "deadline->add": (first[ev.ADD_VOTER_STARTED] - deadline) / 1000,
+        "add": (at[ev.ADD_VOTER_COMMITTED] - at[ev.ADD_VOTER_STARTED]) / 1000,
+        "commit->remove": (first[ev.REMOVE_VOTER_STARTED] - at[ev.ADD_VOTER_COMMITTED]) / 1000,
+        "remove": (at[ev.REMOVE_VOTER_COMMITTED] - at[ev.REMOVE_VOTER_STARTED]) / 1000,
+        "total": (at[ev.RECOVERY_COMPLETED] - t0) / 1000,
     }
 
 

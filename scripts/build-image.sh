@@ -9,6 +9,10 @@
 #   scripts/build-image.sh kafka     the Kafka controller image $KK_KAFKA_IMAGE (default
 #                                    kraftkeeper-kafka:4.4.0): JRE base + the cached Kafka jars +
 #                                    images/kafka-controller (entrypoint that formats on first start)
+#   scripts/build-image.sh report    the report job's image $KK_REPORT_IMAGE (default
+#                                    kraftkeeper-report:<version>): a bookworm base with python3 +
+#                                    openjdk-17-jre-headless (cached tarball) + kraftkeeper[spark]
+#                                    wheels built on the host (images/report/Dockerfile)
 #
 # Steps (each cached):
 #   1. Debian's docker.io; dockerd is started in the background if `docker info` fails
@@ -187,6 +191,33 @@ build_kafka_image() {
   log "built $kafka_image"
 }
 
+# The report job's base $KK_REPORT_BASE_IMAGE: bookworm with Python and a JRE (PySpark needs both),
+# cached as $KK_CACHE/images/report-bookworm.tar.
+report_base_image="${KK_REPORT_BASE_IMAGE:-kraftkeeper-report-base:bookworm}"
+
+build_report_image() {
+  debootstrap_image "$report_base_image" "$cache/images/report-bookworm.tar" \
+    python3,python3-venv,openjdk-17-jre-headless,ca-certificates-java
+  local version ctx stage
+  version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/pyproject.toml" | head -n1)"
+  local report_image="${KK_REPORT_IMAGE:-kraftkeeper-report:$version}"
+  ctx="$here/dist/report-image"
+  mkdir -p "$ctx/wheels"
+  cp "$here/images/report/Dockerfile" "$ctx/"
+  rm -f "$ctx"/wheels/kraftkeeper-*.whl
+  # As build_wheels: from a copy of the sources; the dependency wheels stay in the context
+  # between runs (pip's own cache makes the second run quick).
+  stage="$(mktemp -d)"
+  tar -C "$here" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md quorum operator reports \
+    | tar -C "$stage" -xf -
+  log "building kraftkeeper[spark] wheels into $ctx/wheels"
+  "$python" -m pip wheel -q "$stage[spark]" -w "$ctx/wheels"
+  rm -rf "$stage"
+  log "docker build $report_image (base $report_base_image)"
+  DOCKER_BUILDKIT=1 docker build -q --build-arg "BASE_IMAGE=$report_base_image" -t "$report_image" "$ctx" >/dev/null
+  log "built $report_image"
+}
+
 case "${1:-build}" in
   engine) ensure_engine ;;
   base) ensure_engine; ensure_base ;;
@@ -198,5 +229,6 @@ case "${1:-build}" in
   build) ensure_engine; ensure_base; build_wheels; kafka_schemas; build_image ;;
   jre-base) ensure_engine; ensure_jre_base ;;
   kafka) ensure_engine; ensure_jre_base; build_kafka_image ;;
-  *) echo "usage: $0 [build|engine|base|jre-base|kafka|check]" >&2; exit 2 ;;
+  report) ensure_engine; build_report_image ;;
+  *) echo "usage: $0 [build|engine|base|jre-base|kafka|report|check]" >&2; exit 2 ;;
 esac

@@ -163,6 +163,7 @@ _PLURALS = {
     "PersistentVolumeClaim": ("v1", "persistentvolumeclaims", True),
     "Deployment": ("apps/v1", "deployments", True),
     "StatefulSet": ("apps/v1", "statefulsets", True),
+    "CronJob": ("batch/v1", "cronjobs", True),
     "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("rbac.authorization.k8s.io/v1", "roles", True),

@@ -33,6 +33,7 @@ def render(helm: Path, *args: str, namespace: str = "kk-system") -> list[dict[st
 def all_toggles(watch: list[str] | None = None) -> list[str]:
     args = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
             "--set", "operator.persistence.enabled=true", "--set", "operator.logLevel=DEBUG",
+            "--set", "report.enabled=true",
             "--set", "serviceAccount.annotations.team=kraft", "--set", "operator.priorityClassName=high"]
     if watch:
         args += ["--set", "operator.watchNamespaces={" + ",".join(watch) + "}"]
@@ -98,10 +99,15 @@ def test_helm_lint(helm: Path) -> None:
          "metrics.serviceMonitor.enabled needs metrics.service.enabled"),
         (["--set", "rbac.scope=everywhere"], "/rbac/scope"),
         (["--set-string", "testing.failpointOnce=/etc/passwd"], "/testing/failpointOnce"),
+        (["--set", "report.enabled=true"], "report.enabled needs operator.persistence.enabled"),
+        (["--set", "report.enabled=true", "--set", "operator.persistence.enabled=true",
+          "--set", "report.outDir=/etc"], "/report/outDir"),
+        (["--set", "report.master=spark://elsewhere:7077"], "/report/master"),
     ],
     ids=["two-replicas", "bad-pull-policy", "misspelt-key", "bad-log-level", "bad-port", "sa-without-name",
          "monitor-without-service", "bad-rbac-scope",
-         "failpoint-file-outside-data"],
+         "failpoint-file-outside-data", "report-without-persistence", "report-out-outside-data",
+         "report-remote-master"],
 )
 def test_bad_values_are_refused_naming_the_value(helm: Path, args: list[str], expected: str) -> None:
     proc = subprocess.run([str(helm), "template", "kk", str(CHART), *args],
@@ -121,6 +127,42 @@ def test_default_render(helm: Path) -> None:
     assert "--namespace=kk-system" in c["args"] and "--all-namespaces" not in c["args"]
     assert by_kind(docs, "Role")[0]["metadata"]["namespace"] == "kk-system"
     assert c["image"] == "kraftkeeper:0.1.0"
+
+
+def pod_labels(cron: dict[str, Any]) -> dict[str, str]:
+    return cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]  # type: ignore[no-any-return]
+
+
+def test_report_cronjob(helm: Path) -> None:
+    """Off by default; when on, a CronJob that runs on the operator's node (the /data claim is
+    ReadWriteOnce), mounts that claim, runs as non-root on a read-only root with limits, and
+    carries no API token (it talks to nothing)."""
+    assert not by_kind(render(helm, "--set", "operator.persistence.enabled=true"), "CronJob")
+    docs = render(helm, "--set", "operator.persistence.enabled=true", "--set", "report.enabled=true",
+                  "--set", "report.schedule=*/5 * * * *")
+    (cron,) = by_kind(docs, "CronJob")
+    assert cron["spec"]["schedule"] == "*/5 * * * *" and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    dep_pod = by_kind(docs, "Deployment")[0]["spec"]["template"]
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= dep_pod["metadata"]["labels"].items()
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {"kk-kraftkeeper-data"}
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["image"] == "kraftkeeper-report:0.1.0"
+    assert c["args"] == ["report", "--events", "/data/events", "--out", "/data/report",
+                         "--master", "local[2]"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    # With network policies on, the job gets one that lets nothing in or out.
+    pols = by_kind(render(helm, "--set", "operator.persistence.enabled=true", "--set", "report.enabled=true",
+                          "--set", "networkPolicy.enabled=true"), "NetworkPolicy")
+    (deny,) = [p for p in pols if p["metadata"]["name"] == "kk-kraftkeeper-report"]
+    assert deny["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(cron).items()
+    assert deny["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert "ingress" not in deny["spec"] and "egress" not in deny["spec"]
 
 
 def test_failpoint_test_hook_is_set_only_when_asked(helm: Path) -> None:
