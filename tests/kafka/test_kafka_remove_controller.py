@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from quorum.localports import free_ports
-from tests.engine.cluster import LocalCluster
+from tests.engine.cluster import LocalCluster, poll
 from tests.kafka.test_kafka_listen import b64, parse_status, tool
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,13 @@ def test_remove_controller_without_replacement_shrinks_the_quorum(cluster: Kafka
     leader = c.leader()
     port = c.kafka_ports[leader]
     first, second = (i for i in (1, 2, 3) if i != leader)
-    before = _voters(c)
+    # The bootstrap voters' storage UUIDs are known to the leader only once each has fetched
+    # (until then describe says None): the tool needs the real directory id.
+    def known() -> dict[int, str] | None:
+        v = _voters(c)
+        return v if "None" not in v.values() else None
+
+    before = poll(known, 60, "every voter's storage UUID known to the leader")
 
     def remove(i: int, check: bool = True) -> subprocess.CompletedProcess[str]:
         # "=": a base64url directory id may start with "-", which the tool would read as an option.
