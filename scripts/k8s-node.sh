@@ -66,6 +66,11 @@ components="etcd kube-apiserver kube-controller-manager kube-scheduler container
 
 log() { printf '==> [k8s-node %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { printf 'k8s-node: %s\n' "$*" >&2; exit 1; }
+# A command that stops the script under `set -e` names itself, its function and line: a bare
+# exit 1 after "cleaning it up first" once left a failed `up` unexplained. Only the script's own
+# shell reports (a command failing inside $(...) is the caller's to judge).
+set -E
+trap 'rc=$?; [ "$BASH_SUBSHELL" = 0 ] && printf "k8s-node: exit %d in %s, line %d: %s\n" "$rc" "${FUNCNAME[0]:-main}" "$LINENO" "$BASH_COMMAND" >&2' ERR
 
 # -- install -------------------------------------------------------------------------------------
 
