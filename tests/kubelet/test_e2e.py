@@ -53,6 +53,8 @@ def client(boot, timeout):
 WRITER = CLIENT + """
 import asyncio, sys
 prefix, boot = sys.argv[1], sys.argv[2]
+if os.path.exists("/tmp/stop-" + prefix):
+    os.remove("/tmp/stop-" + prefix)  # left by an earlier run on a cluster that was kept up
 async def main():
     i = 0
     async with client(boot, 5) as c:
