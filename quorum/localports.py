@@ -18,7 +18,12 @@ Two rules, both from how the ports are then used:
 
 A port is free only between the probe and the server's bind; callers that start a server on it
 at once (as all of ours do) are safe in practice, and concurrent callers rarely meet because the
-first candidate is drawn at random.
+first candidate is drawn at random. "Rarely" is not never: the single-node Kubernetes cluster
+(``scripts/k8s-node.sh``) draws eleven ports and then starts its components one after another
+over tens of seconds, while test workers beside it draw ports many times a second; once another
+worker's etcd took the port drawn for the cluster's etcd, and the cluster's API server wrote into
+the wrong etcd. Such long-lived, many-port users ask for ``above_ephemeral=True``: a block above
+the ephemeral range, where nothing else here allocates and no outgoing connection takes a port.
 """
 
 from __future__ import annotations
@@ -96,9 +101,21 @@ def free_port_range(n: int, host: str = "127.0.0.1", *, span: tuple[int, int] | 
     raise NoFreePorts(f"UNAVAILABLE: no {n} consecutive free ports on {host} (looked for a base in {where})")
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free ports (consecutive; callers should not rely on that)."""
-    base = free_port_range(n, host)
+def free_ports(n: int, host: str = "127.0.0.1", *, above_ephemeral: bool = False) -> list[int]:
+    """``n`` distinct free ports (consecutive; callers should not rely on that). With
+    ``above_ephemeral`` they come from above the kernel's ephemeral range when it leaves room
+    there (module docstring), else from the usual place."""
+    span = None
+    if above_ephemeral:
+        _low, high = ephemeral_range()
+        if _HIGHEST - n + 1 >= high + 1:
+            span = (high + 1, _HIGHEST - n + 1)
+    try:
+        base = free_port_range(n, host, span=span)
+    except NoFreePorts:
+        if span is None:
+            raise
+        base = free_port_range(n, host)
     return list(range(base, base + n))
 
 

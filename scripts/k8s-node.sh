@@ -182,11 +182,18 @@ check_all() {
 # The product's allocator (quorum/localports.py, standard library only): a port below the kernel's
 # ephemeral range, which the tests' and the benches' outgoing connections cannot take between
 # this probe and the server's bind (a kernel-chosen port 0 comes from that very range).
-free_port() { PYTHONPATH="$here" python3 -c 'from quorum.localports import free_port; print(free_port())'; }
+# All of the cluster's ports in one draw, above the kernel's ephemeral range: test workers beside
+# the cluster draw theirs below it, so none of them can take one of these between this probe and
+# the component's bind (once another worker's etcd took the cluster's etcd port, and the API
+# server wrote into that etcd).
+free_ports() {  # free_ports N : N distinct free ports, one per line
+  PYTHONPATH="$here" python3 -c 'import sys; from quorum.localports import free_ports
+print("\n".join(map(str, free_ports(int(sys.argv[1]), above_ephemeral=True))))' "$1"
+}
 alive() { [ -f "$run/pids/$1" ] && kill -0 "$(cat "$run/pids/$1")" 2>/dev/null; }
 spawn() {  # spawn NAME CMD... : start in the background, record the pid, log to logs/NAME.log
   local name="$1"; shift
-  "$@" >"$run/logs/$name.log" 2>&1 &
+  "$@" 9>&- >"$run/logs/$name.log" 2>&1 &   # 9: the up/down lock (exclusive), never a component's
   echo $! >"$run/pids/$name"
 }
 wait_until() {  # wait_until WHAT SECONDS COMPONENT CMD...
@@ -341,17 +348,21 @@ EOF
 }
 
 start_control_plane() {
-  local c="$run/certs" p
+  local c="$run/certs" p names=(etcd etcd-peer apiserver kubelet kubelet-healthz kcm scheduler proxy-healthz proxy-metrics coredns-ready coredns-health)
   mkdir -p "$run/ports"
-  for p in etcd etcd-peer apiserver kubelet kubelet-healthz kcm scheduler proxy-healthz proxy-metrics coredns-ready coredns-health; do
-    free_port >"$run/ports/$p"
-  done
+  local ports; mapfile -t ports < <(free_ports "${#names[@]}")
+  [ "${#ports[@]}" = "${#names[@]}" ] || die "could not draw ${#names[@]} free loopback ports"
+  for p in "${!names[@]}"; do echo "${ports[$p]}" >"$run/ports/${names[$p]}"; done
   local etcd_port; etcd_port="$(cat "$run/ports/etcd")"
   spawn etcd etcd --data-dir "$run/etcd" --name kk \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$(cat "$run/ports/etcd-peer")" \
     --initial-advertise-peer-urls "http://127.0.0.1:$(cat "$run/ports/etcd-peer")" \
     --initial-cluster "kk=http://127.0.0.1:$(cat "$run/ports/etcd-peer")"
+  # The API server starts only on our own etcd: one that lost its port to another program exits,
+  # and a health answer on that port would then come from the other program.
+  wait_until "etcd /health on port $etcd_port" 60 etcd curl -sf "http://127.0.0.1:$etcd_port/health"
+  alive etcd || { tail -n 30 "$run/logs/etcd.log" >&2 || true; die "etcd exited after its port answered (log: $run/logs/etcd.log)"; }
   spawn kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address "$gw" --advertise-address "$gw" --secure-port "$(cat "$run/ports/apiserver")" \
@@ -650,11 +661,22 @@ load_image() {
   "$docker_bin" save "$image" | ctr --address "$sock" -n k8s.io images import - >/dev/null
 }
 
+# One `up` or `down` at a time on this machine. Two callers at once (two test runs, a test run and
+# an `up` by hand) wrote their ports into the same files and started two etcds and two API
+# servers on one data directory, and one of them failed "address already in use". The second
+# caller now waits, then finds the cluster running (or gone). Components never hold the lock
+# (spawn closes its descriptor), so a running cluster does not block a later `up` or `down`.
+exclusive() {
+  mkdir -p "$(dirname "$run")"
+  exec 9>"$run.lock"
+  flock -w 900 9 || die "another '$0 up' or 'down' has held $run.lock for 15 minutes"
+}
+
 case "${1:-}" in
   install) install_all ;;
   check) check_all ;;
-  up) up ;;
-  down) down ;;
+  up) exclusive; up ;;
+  down) exclusive; down ;;
   status) status ;;
   load-image) [ -n "${2:-}" ] || die "usage: $0 load-image IMAGE"; load_image "$2" ;;
   env)

@@ -103,7 +103,7 @@ install_tools() {
   echo "$layer_pkg@$layer_version" >"$bin/layer.version"
 }
 
-free_port() {  # quorum/localports.py: below the ephemeral range (scripts/k8s-node.sh says why)
+free_port() {  # quorum/localports.py: below the ephemeral range (its module docstring says why)
   PYTHONPATH="$here" python3 -c 'from quorum.localports import free_port; print(free_port())'
 }
 

@@ -115,3 +115,16 @@ def test_a_port_bound_by_another_program_is_not_free() -> None:
 def test_bad_count_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         free_port_range(0)
+
+
+def test_above_ephemeral_block_stays_clear_of_the_usual_draws() -> None:
+    # The single-node cluster's ports: above the ephemeral range, so a test worker beside it
+    # (which draws below the range) can never take one between the probe and the bind.
+    low, high = ephemeral_range()
+    if 65535 - 11 + 1 < high + 1:
+        pytest.skip(f"the ephemeral range {low}-{high} leaves no room above it on this machine")
+    ports = free_ports(11, above_ephemeral=True)
+    assert len(set(ports)) == 11
+    assert all(high < p <= 65535 for p in ports)
+    usual = {free_port_range(1) for _ in range(50)}
+    assert all(p < low for p in usual)
