@@ -74,7 +74,7 @@ KNOWN_CYCLES: dict[tuple[str, str], str] = {
 }
 
 # Leaves the decision core may use: value definitions with no imports of their own.
-CORE_LEAVES = ("quorum.types", "kraftkeeper_reports.vocabulary")
+CORE_LEAVES = ("quorum.types", "quorum.timefmt", "kraftkeeper_reports.vocabulary")
 
 
 def _modules() -> Iterator[tuple[str, Path]]:

@@ -28,12 +28,13 @@ import asyncio
 import logging
 import math
 import os
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from quorum.timefmt import rfc3339
 
 from .. import failpoints
 from ..kafka.watchdog import watched
@@ -123,7 +124,7 @@ def _invalid(patch: kopf.Patch, generation: int, message: str) -> None:
             "status": "False",
             "reason": "InvalidSpec",
             "message": message,
-            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTransitionTime": rfc3339(),
         },
     ]
 

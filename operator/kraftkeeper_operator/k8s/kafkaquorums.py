@@ -39,12 +39,12 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from quorum.kafka.schemas import SchemaJarMissing, find_clients_jar
+from quorum.timefmt import rfc3339
 
 from ..controller import ControllerStatus, RecoveryController
 from ..core.policy import Order, PolicyError, RecoveryPolicy
@@ -177,7 +177,7 @@ def _condition(reason: str, message: str) -> dict[str, Any]:
         "status": "False",
         "reason": reason,
         "message": message[:32000],
-        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTransitionTime": rfc3339(),
     }
 
 
