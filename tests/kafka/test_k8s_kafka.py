@@ -31,7 +31,7 @@ import pytest
 from kraftkeeper_operator import failpoints
 from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
-from kraftkeeper_operator.kafka.wire import ClientSettings, parse_properties
+from kraftkeeper_operator.kafka.wire import ClientSettings, parse_client_properties
 
 import tests.k8s.conftest as k8s_env
 from tests.k8s.conftest import KubeEnv
@@ -134,7 +134,7 @@ def uuid_of(k: KafkaControllers, i: int) -> str:
 def describe_now(k: KafkaControllers) -> dict[str, Any]:
     """The leader's DescribeQuorum as the operator reads it (for a failure message)."""
     assert k.security is not None
-    settings = ClientSettings.from_dict(parse_properties(k.security.client_properties()))
+    settings = ClientSettings.from_dict(parse_client_properties(k.security.client_properties(), "client"))
 
     async def run() -> dict[str, Any]:
         api = KafkaQuorum(k.bootstrap, settings)

@@ -22,7 +22,7 @@ from kraftkeeper_operator.kafka.backend import (
     uuid_to_base64,
 )
 from kraftkeeper_operator.kafka.watch import records_from_event_log
-from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_properties
+from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_client_properties
 
 from quorum.kafka.schemas import membership_messages
 from quorum.kafka.server import is_loopback, parse_listen
@@ -72,7 +72,7 @@ def test_client_properties(tmp_path: Path) -> None:
         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\\n"
         '    username="admin" password="s3cr=t";\n'
     )
-    assert parse_properties(text)["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert parse_client_properties(text, "t")["sasl.mechanism"] == "SCRAM-SHA-512"
     f = tmp_path / "client.properties"
     f.write_text(text)
     s = ClientSettings.from_properties(f)

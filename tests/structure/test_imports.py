@@ -41,7 +41,6 @@ _TEST = "test or bench module: split by scenario when next touched"
 OVERSIZE: dict[str, str] = {
     "quorum.kafka.server": _ENGINE,
     "quorum.runtime.limits": _ENGINE,
-    "quorum.security.pki": _ENGINE,
     "quorum.storage.log": _ENGINE,
     "kraftkeeper_operator.k8s.kafkaquorums": _EDITED,
     "kraftkeeper_operator.kafka.backend": _EDITED,
