@@ -29,11 +29,12 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator import failpoints
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
 from kraftkeeper_operator.kafka.wire import ClientSettings, parse_client_properties
 
 import tests.k8s.conftest as k8s_env
+from quorum.kafka.mapping import base64_to_uuid
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import Operator  # the operator runner tests/k8s uses (duplicate D2)
 from tests.kafka.test_kafka_security import make_pki

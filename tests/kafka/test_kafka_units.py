@@ -14,18 +14,14 @@ from pathlib import Path
 
 import pytest
 from kraftkeeper_operator.core.recovery import Phase
-from kraftkeeper_operator.kafka.backend import (
-    base64_to_uuid,
-    dir_id_to_uuid,
-    kafka_error,
-    parse_bootstrap,
-    uuid_to_base64,
-)
+from kraftkeeper_operator.kafka.backend import parse_bootstrap
 from kraftkeeper_operator.kafka.watch import records_from_event_log
 from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_client_properties
 
+from quorum.kafka.listener import parse_listen
+from quorum.kafka.mapping import base64_to_uuid, dir_id_to_uuid, kafka_error, uuid_to_base64
 from quorum.kafka.schemas import membership_messages
-from quorum.kafka.server import is_loopback, parse_listen
+from quorum.security.nodetls import is_loopback_host as is_loopback
 from quorum.types import ErrorCode, KraftError
 from tests.kafka import conftest
 

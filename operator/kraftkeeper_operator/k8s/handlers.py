@@ -34,11 +34,9 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from quorum.timefmt import rfc3339
-
 from .. import failpoints
 from ..kafka.watchdog import watched
-from .kafkaquorums import is_kafka, reconcile_kafka
+from .kafkaspec import is_kafka, reconcile_kafka, unavailable_condition
 from .kube import KubeApi
 from .manifests import (
     BOOTSTRAP_ANNOTATION,
@@ -118,15 +116,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def _invalid(patch: kopf.Patch, generation: int, message: str) -> None:
     patch.status["phase"] = "Failed"
     patch.status["observedGeneration"] = generation
-    patch.status["conditions"] = [
-        {
-            "type": "Available",
-            "status": "False",
-            "reason": "InvalidSpec",
-            "message": message,
-            "lastTransitionTime": rfc3339(),
-        },
-    ]
+    patch.status["conditions"] = [unavailable_condition("InvalidSpec", message)]
 
 
 # backoff: an unexpected error is retried after 5 s rather than kopf's default 60 s.
