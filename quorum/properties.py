@@ -20,16 +20,16 @@ _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 _BLANK = " \t\f"
 
 
-class PropertiesError(ValueError):
-    """A line the caller's rules refuse; the message names the source and the line number."""
-
-
 @dataclass(frozen=True)
 class Property:
     key: str
     value: str
     line: int  # 1-based number of the line the entry starts on
     separated: bool  # the key was followed by ``=`` or ``:`` (not only whitespace, or nothing)
+
+
+class PropertiesError(ValueError):
+    """A line the caller's rules refuse; the message names the source and the line number."""
 
 
 def _unescape(s: str) -> str:
