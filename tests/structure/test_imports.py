@@ -39,7 +39,6 @@ _EDITED = "operator module other work is editing now; split after that lands"
 _REPORT = "report module: split by role (tables, transforms) in the reports' own pass"
 _TEST = "test or bench module: split by scenario when next touched"
 OVERSIZE: dict[str, str] = {
-    "quorum.storage.log": _ENGINE,
     "kraftkeeper_reports.demo_kafka": _REPORT,
     "kraftkeeper_reports.events": _REPORT,
     "kraftkeeper_reports.render": _REPORT,
