@@ -6,8 +6,8 @@
 Syntax (``java.util.Properties.load``): ``#``/``!`` comment lines; a key ends at the first
 unescaped ``=``, ``:`` or whitespace; a line ending in an odd number of backslashes continues on
 the next; ``\\t \\n \\r \\f \\uXXXX`` and ``\\<any>`` escapes. Java accepts any line (a line that is
-only a key has the empty value); ``require_values`` refuses a line with no ``=``/``:`` separator or
-an empty key, naming the line, for files people write by hand where that is a mistake.
+only a key has the empty value); ``require_values`` refuses a key alone on its line (no ``=``, no
+value) or an empty key, naming the line, for files people write by hand where that is a mistake.
 """
 
 from __future__ import annotations
@@ -99,13 +99,13 @@ def parse_properties(
     text: str, *, source: str = "properties", require_values: bool = False
 ) -> dict[str, str]:
     """``text`` as a dict; a repeated key keeps its last value (Java's rule). With
-    ``require_values``, a line without ``=``/``:`` or with an empty key raises
-    :class:`PropertiesError` naming ``source`` and the line."""
+    ``require_values``, a key alone on its line or an empty key raises :class:`PropertiesError`
+    naming ``source`` and the line."""
     out: dict[str, str] = {}
     for p in parse_property_lines(text):
-        if require_values and (not p.key or not p.separated):
+        if require_values and (not p.key or not (p.separated or p.value)):
             shown = text.splitlines()[p.line - 1].strip()
-            what = "has no key" if not p.key else "is not key=value (no '=' after the key)"
+            what = "has no key" if not p.key else "is not key=value (a key alone, no '=')"
             raise PropertiesError(f"{source} line {p.line}: {shown[:80]!r} {what}")
         out[p.key] = p.value
     return out

@@ -29,10 +29,16 @@ def test_a_repeated_key_keeps_the_last_value() -> None:
     assert [p.value for p in parse_property_lines("a=1\na=2\n")] == ["1", "2"]
 
 
+def test_strict_mode_accepts_java_separators() -> None:
+    text = "a=1\nb: 2\nsecurity.protocol SSL\nempty=\n"
+    want = {"a": "1", "b": "2", "security.protocol": "SSL", "empty": ""}
+    assert parse_properties(text, require_values=True) == want
+
+
 @pytest.mark.parametrize(
     ("text", "line", "why"),
     [
-        ("a=1\nsecurity.protocol SSL\n", 2, "not key=value"),
+        ("a=1\nsecurity.protocol\n", 2, "not key=value"),
         ("a=1\n\n# c\nssl.truststore.location\n", 4, "not key=value"),
         ("=orphan\n", 1, "has no key"),
         ("a=1\n  : x\n", 2, "has no key"),
