@@ -29,11 +29,12 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator import failpoints
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
-from kraftkeeper_operator.kafka.wire import ClientSettings, parse_properties
+from kraftkeeper_operator.kafka.wire import ClientSettings, parse_client_properties
 
 import tests.k8s.conftest as k8s_env
+from quorum.kafka.mapping import base64_to_uuid
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import Operator  # the operator runner tests/k8s uses (duplicate D2)
 from tests.kafka.test_kafka_security import make_pki
@@ -134,7 +135,7 @@ def uuid_of(k: KafkaControllers, i: int) -> str:
 def describe_now(k: KafkaControllers) -> dict[str, Any]:
     """The leader's DescribeQuorum as the operator reads it (for a failure message)."""
     assert k.security is not None
-    settings = ClientSettings.from_dict(parse_properties(k.security.client_properties()))
+    settings = ClientSettings.from_dict(parse_client_properties(k.security.client_properties(), "client"))
 
     async def run() -> dict[str, Any]:
         api = KafkaQuorum(k.bootstrap, settings)
