@@ -28,6 +28,7 @@ from cryptography import x509
 from kraftkeeper_operator.k8s.manifests import parse_spec
 
 from quorum.security.pki import identity_from_cert, init_ca
+from quorum.timefmt import rfc3339
 from testkit.kubeapi import stop_child
 from tests.kubelet.conftest import (
     CACHE,
@@ -211,7 +212,7 @@ def test_cert_manager_issues_and_renews_the_quorum_certificates(
         serials = {i: _serial(c, i) for i in (1, 2, 3)}
         old_uids = {n: p["metadata"]["uid"] for n, p in _pods(c).items()}
         t1 = time.monotonic()
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        now = rfc3339()
         issuing = {"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
                    "message": "renewal forced by the test", "lastTransitionTime": now}
         for i in (1, 2, 3):

@@ -29,14 +29,14 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kraftkeeper_operator.kafka.backend import base64_to_uuid
 
+from quorum.kafka.mapping import base64_to_uuid
+from quorum.timefmt import parse_rfc3339
 from tests.kafka.test_kafka_security import make_pki
 from tests.kubelet.conftest import OPERATOR_NS, QUORUM_NS, REPO, NodeCluster, _node, quorum_available
 
@@ -181,7 +181,7 @@ def meta_directory_id(c: NodeCluster, pod: str) -> str | None:
 
 
 def _at(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return parse_rfc3339(stamp) / 1000
 
 
 def pod_phases(c: NodeCluster, pod: str, wall0: float) -> str:

@@ -10,12 +10,12 @@ import json
 import os
 import subprocess
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from quorum.timefmt import rfc3339
 from tests.kubelet.conftest import (
     DOCKER,
     IMAGE,
@@ -261,7 +261,7 @@ def test_volume_of_another_cluster_crash_loops_and_is_never_a_replacement(
     writer = Writer(c, "foreign")
     writer.wait_acked(0, "the writer's first acknowledged write")
     # Events about this pod from earlier tests (a damaged log also crash-loops) are not this one's.
-    since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = rfc3339()
     c.kubectl("delete", "pvc", pvc, "-n", QUORUM_NS, "--wait=false")
     c.kubectl("delete", "pod", pod, "-n", QUORUM_NS, "--wait=false")
 
