@@ -24,15 +24,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.common import (
-    ProcessSet,
-    TlsFiles,
-    find_leader_by_421,
-    http_call,
-    kraftkeeper_command,
-    kraftkeeper_config,
-    wait_until,
-)
+from bench.common import find_leader_by_421, http_call, kraftkeeper_config, wait_until
+from bench.load import TlsFiles
+from bench.procs import ProcessSet, kraftkeeper_command
 from quorum.localports import free_ports
 from quorum.security.pki import init_ca, issue_client, issue_node
 from testkit.revision import BaselineTree

@@ -18,15 +18,9 @@ from typing import Any
 
 from bench.baseline import Pair, median_run, round_order
 from bench.clusters import START_TIMEOUT, Cluster, KraftKeeperCluster, make_pki, probe_path
-from bench.common import (
-    LoadResult,
-    ProcessSet,
-    http_call,
-    run_asyncio_load,
-    run_load,
-    value_bytes,
-    wait_until,
-)
+from bench.common import http_call, wait_until
+from bench.load import LoadResult, run_asyncio_load, run_load, value_bytes
+from bench.procs import ProcessSet
 from bench.results import Row
 from quorum.localports import free_ports
 

@@ -1,8 +1,9 @@
 """The hostile-peer suite, plaintext half: three real node processes on loopback and
 an attacker with nothing but HTTP requests, raw sockets and a fake peer. These are the attacks
 about decoding, disruption and resources, which must hold even without authentication (the
-TLS half, tests/hostile/test_tls.py, repeats the identity attacks with certificates). Every
-test ends with the nodes serving, the committed keys intact and the voter set unchanged."""
+TLS half, tests/hostile/test_tls_peers.py and test_tls_clients.py, repeats the identity attacks
+with certificates). Every test ends with the nodes serving, the committed keys intact and the
+voter set unchanged."""
 
 from __future__ import annotations
 
