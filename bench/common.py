@@ -16,12 +16,12 @@ import asyncio
 import http.client
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from bench.load import TlsFiles, asyncio_load
 from bench.procs import use_uvloop
-from testkit.polling import wait_until as poll_until
+from testkit.polling import wait_until
 
 # The engine's config file knob that turns fsync off (docs/reference.md: fsync is on by default;
 # `--config FILE` is JSON). One constant so the benchmark follows the engine if it is renamed:
@@ -43,10 +43,9 @@ def kraftkeeper_config(fsync: bool, extra: dict[str, Any] | None = None) -> dict
     return cfg
 
 
-def wait_until(cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``cond`` until it returns something truthy (:mod:`testkit.polling`); connection and
-    decoding errors count as "not yet"."""
-    return poll_until(what, cond, timeout, interval, errors=(OSError, http.client.HTTPException, ValueError))
+# What counts as "not yet" while polling a system under test (testkit.polling.wait_until's
+# ``errors``): refused or reset connections, broken HTTP, a body that is not JSON yet.
+NOT_YET = (OSError, http.client.HTTPException, ValueError)
 
 
 def http_call(
@@ -97,7 +96,7 @@ def find_leader_by_421(
                 target = str(hint)
         return None
 
-    return wait_until(attempt, timeout, f"a leader among {', '.join(endpoints)}", interval=0.1)
+    return wait_until(f"a leader among {', '.join(endpoints)}", attempt, timeout, 0.1, errors=NOT_YET)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,8 +6,6 @@ window (``python -m bench.operator --cost``; :mod:`bench.operator` is the comman
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.operator_local import REPO, TRANSIENT, describe, local_cluster
+from bench.operator_local import REPO, TRANSIENT, describe, local_cluster, stop
 from testkit.polling import wait_until
 
 
@@ -141,10 +139,5 @@ def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
             results["steady_cpu_seconds"] = cpu2 - cpu1
             results["objects"] = n
         finally:
-            op.send_signal(signal.SIGTERM)
-            try:
-                op.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(op.pid, signal.SIGKILL)
-                op.wait()
+            stop(op)
     return results

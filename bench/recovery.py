@@ -55,7 +55,7 @@ if __package__ in (None, ""):
 
 from bench.baseline import round_order
 from bench.clusters import KraftKeeperCluster
-from bench.common import wait_until
+from bench.common import NOT_YET
 from bench.load import TlsFiles
 from bench.procs import sigterm_as_interrupt
 from bench.recovery_ops import (
@@ -75,6 +75,7 @@ from bench.recovery_ops import (
 )
 from bench.recovery_results import RecoveryResult, render
 from quorum.security.pki import issue_client, load_ca
+from testkit.polling import wait_until
 from testkit.revision import BaselineTree, export_tree
 
 
@@ -156,8 +157,13 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
                                 {f"{k}-{size // MB}MB": v for k, v in pids.items()})
 
     cached = [leader]
-    seen = wait_until(lambda: replica_entry(describe_leader(cluster, cached), "observers", victim, new), 120,
-                      f"observer ({victim}, {new}) in describe", interval=0.02)
+    seen = wait_until(
+        f"observer ({victim}, {new}) in describe",
+        lambda: replica_entry(describe_leader(cluster, cached), "observers", victim, new),
+        120,
+        0.02,
+        errors=NOT_YET,
+    )
     cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
     first_fetch_ms = float(seen.get("last_fetch_timestamp", -1))
     if first_fetch_ms <= 0:
@@ -171,7 +177,7 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
         return None
 
     try:
-        caught_ms = wait_until(caught_up, 1800, "the new replica to catch up (lag 0)", interval=0.02)
+        caught_ms = wait_until("the new replica to catch up (lag 0)", caught_up, 1800, 0.02, errors=NOT_YET)
     finally:
         stop_profilers(profilers)
     cpu = {k: cpu_seconds(v) - cpu0[k] for k, v in pids.items()}

@@ -19,8 +19,9 @@ from typing import Any
 import aiohttp
 
 from bench.clusters import KraftKeeperCluster
-from bench.common import http_call, wait_until
+from bench.common import NOT_YET, http_call
 from bench.load import TlsFiles, value_bytes
+from testkit.polling import wait_until
 
 MB = 1_000_000
 
@@ -179,7 +180,7 @@ def leader_endpoint(cluster: KraftKeeperCluster) -> str:
                 return cluster.endpoints[lid - 1]
         return None
 
-    return wait_until(find, 60, "a leader in describe", interval=0.1)
+    return wait_until("a leader in describe", find, 60, 0.1, errors=NOT_YET)
 
 
 def admin(cluster: KraftKeeperCluster, method: str, path: str, body: bytes | None, timeout: float) -> float:
