@@ -2,15 +2,19 @@
 key-value metadata store.
 
 Layout:
-  quorum.types     shared primitives (replica keys, control records, batch headers, error codes)
+  quorum.types     shared primitives (replica keys, control records, batch headers, error codes,
+                   the cluster-id rule)
   quorum.records   the binary record-batch codec (pure functions)
   quorum.core      the consensus core: a pure state machine, no I/O, clock or randomness
   quorum.storage   meta.properties, segmented log, quorum-state file, snapshots (+ in-memory twins)
   quorum.driver    the one driver that carries out the core's Readies, and the ports it needs
   quorum.runtime   the node around the driver: aiohttp transport and server, KV state machine,
                    snapshots, limits, metrics
-  quorum.security  strict decoding, the cluster PKI, tokens, authorization, TLS contexts
+  quorum.security  strict decoding, the cluster PKI (pki issues, identity reads and says when a
+                   certificate is due), tokens, authorization, TLS contexts
   quorum.kafka     Kafka's wire protocol on a node (``kraftkeeper start --kafka-listen``)
+  quorum.timefmt   RFC 3339 timestamps, the one format every timestamp we write uses
+  quorum.properties  Java .properties text (meta.properties, Kafka client files), read and written
   quorum.localports  free loopback ports for local clusters, chosen the way servers bind them
   quorum.client    the HTTP client used by the CLI, the operator and the benchmarks
   quorum.cli       the `kraftkeeper` command line

@@ -8,6 +8,7 @@ imports nothing of theirs. Field names follow the KIP schemas (KIP-595, KIP-856)
 from __future__ import annotations
 
 import enum
+import re
 import uuid as _uuid
 from dataclasses import dataclass, field
 
@@ -55,6 +56,28 @@ class KraftError(Exception):
         self.code = code
         self.message = message
         self.extra = extra
+
+
+# The one cluster-id rule: meta.properties' ``cluster.id``, the id on every request between
+# nodes, and the CA's subject all hold the same text, so one rule checks it wherever it enters.
+# Kafka's cluster ids (22-character URL-safe base64 UUIDs) fit. ``\Z``, not ``$``: ``$`` would
+# also accept a trailing newline.
+CLUSTER_ID_RE = re.compile(r"\A[A-Za-z0-9._-]{1,128}\Z")
+CLUSTER_ID_RULE = "use 1-128 characters of letters, digits, '.', '_', '-'"
+
+
+def is_cluster_id(value: object) -> bool:
+    """Whether ``value`` is a valid cluster id (:data:`CLUSTER_ID_RE`)."""
+    return isinstance(value, str) and CLUSTER_ID_RE.match(value) is not None
+
+
+def validate_cluster_id(cluster_id: str) -> str:
+    """``cluster_id`` if it is valid; INVALID_REQUEST naming it and the rule otherwise."""
+    if not is_cluster_id(cluster_id):
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST, f"invalid cluster id {cluster_id!r:.60}: {CLUSTER_ID_RULE}"
+        )
+    return cluster_id
 
 
 def canonical_uuid(value: str) -> str:

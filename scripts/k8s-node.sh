@@ -674,10 +674,10 @@ exclusive() {
 
 case "${1:-}" in
   install) install_all ;;
-  check) check_all ;;
+  check) rc=0; check_all || rc=$?; exit "$rc" ;;  # a nonzero answer is not a failure of the script
   up) exclusive; up ;;
   down) exclusive; down ;;
-  status) status ;;
+  status) rc=0; status || rc=$?; exit "$rc" ;;
   load-image) [ -n "${2:-}" ] || die "usage: $0 load-image IMAGE"; load_image "$2" ;;
   env)
     echo "export PATH='$bin':\"\$PATH\""

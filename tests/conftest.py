@@ -8,11 +8,16 @@
 
 The fast lane and the whole suite run on two pytest-xdist workers (``-n 2 --dist loadgroup``;
 ``KK_TEST_WORKERS=1`` runs the whole suite on one). :func:`pytest_collection_modifyitems`
-decides what may run side by side: each test file is one unit of work (its module fixtures are
-set up once), except that everything needing the Docker engine or the single-node cluster
-(tests/kubelet, the image tests) is one unit, since there is one engine and one kubelet per
-machine and users stop the engine they started. Units are handed out longest first (a fixed
-estimate per directory, below), so the last ones are short.
+and :func:`pytest_xdist_make_scheduler` decide what may run side by side: each test file is one
+unit of work (its module fixtures are set up once), except that everything needing the Docker
+engine or the single-node cluster (tests/kubelet, the image tests) is one unit, since there is one
+engine and one kubelet per machine and users stop the engine they started. Units are handed out
+longest first (a fixed estimate per directory, below), so the last ones are short.
+
+The units are made by our own scheduler (xdist's ``loadgroup`` split by :func:`_unit` of each
+test's id), not by ``xdist_group`` marks: xdist renames a marked test by assigning a private
+attribute that pytest 9 no longer reads, so the marks silently made no groups, every test file
+went its own way, and two workers started and stopped the single-node cluster under each other.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,11 +67,15 @@ _ORDER = ["kubelet", "reports", "k8s", "kafka", "powerloss", "demo", "operator",
           "hostile", "alerts", "security", "sim"]
 
 
-def _unit(item: pytest.Item) -> str:
-    rel = Path(str(item.path)).resolve().relative_to(REPO).as_posix()
+def _unit_of(rel: str) -> str:
+    """The unit of work of a test file, by its path relative to the repository."""
     if rel.startswith("tests/kubelet/") or rel == "tests/k8s/test_image.py":
         return _NODE_UNIT
     return rel
+
+
+def _unit(item: pytest.Item) -> str:
+    return _unit_of(Path(str(item.path)).resolve().relative_to(REPO).as_posix())
 
 
 def _rank(item: pytest.Item) -> int:
@@ -75,11 +85,28 @@ def _rank(item: pytest.Item) -> int:
     return _ORDER.index(parts[0]) if parts[0] in _ORDER else len(_ORDER)
 
 
+def _loadgroup(config: pytest.Config) -> bool:
+    """Whether this process collects for ``--dist loadgroup``: in the controller ``dist`` says
+    so; in a worker xdist has set ``dist`` to "no" and keeps the choice in ``loadgroup``."""
+    return bool(getattr(config.option, "loadgroup", False)) or config.getoption("dist", "no") == "loadgroup"
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for ``--dist loadgroup`` (module docstring); a no-op ordering without xdist."""
-    if config.getoption("dist", default="no") != "loadgroup":
-        return
-    items.sort(key=_rank)  # stable: the file order within a directory stays
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_unit(item)))
+    """The order units are handed out in (module docstring); a no-op without xdist."""
+    if _loadgroup(config):
+        items.sort(key=_rank)  # stable: the file order within a directory stays
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with our units (module docstring); xdist's own choice otherwise."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit_of(nodeid.split("::", 1)[0])
+
+    return UnitScheduling(config, log)

@@ -6,6 +6,9 @@
 #   KAFKA_ADVERTISED_HOST  this controller's stable name; "{pod}" is replaced by POD_NAME
 #   KAFKA_CLUSTER_ID       the cluster id every controller is formatted with
 #   KAFKA_FORMAT_MODE      "bootstrap" while the StatefulSet is first created, "join" after that
+#   KAFKA_QUORUM_FORMED    set (to when) once the controllers formed their quorum: an empty volume
+#                          then joins even if KAFKA_FORMAT_MODE still says bootstrap (a manifest
+#                          re-applied after the formation sets that back; this marker is not in it)
 #   KAFKA_INITIAL_CONTROLLERS  id@host:port:directory-id,... (bootstrap only)
 #   KAFKA_JAAS_FILE        file holding the controller listener's PLAIN JAAS line (optional)
 #   KAFKA_HEAP_OPTS        JVM heap flags (default -Xmx256m -Xms64m)
@@ -73,14 +76,21 @@ elif [ -e "$data" ] && [ -n "$(ls -A "$data")" ]; then
 else
   rm -rf "$staging" "$data"
   write_config "$staging"
-  case "${KAFKA_FORMAT_MODE:-join}" in
+  mode="${KAFKA_FORMAT_MODE:-join}"
+  case "$mode" in bootstrap | join) ;; *) die "KAFKA_FORMAT_MODE must be bootstrap or join, not ${mode}" ;; esac
+  if [ "$mode" = bootstrap ] && [ -n "${KAFKA_QUORUM_FORMED:-}" ]; then
+    # Bootstrapping now would give this empty volume a bootstrap voter's directory id: the one
+    # thing KIP-853's directory ids exist to prevent.
+    say "the quorum formed at $KAFKA_QUORUM_FORMED: joining with a new directory id, not bootstrapping"
+    mode=join
+  fi
+  case "$mode" in
     bootstrap)
       [ -n "${KAFKA_INITIAL_CONTROLLERS:-}" ] || die "bootstrap mode needs KAFKA_INITIAL_CONTROLLERS"
       how=(--initial-controllers "$KAFKA_INITIAL_CONTROLLERS") ;;
     join) how=(--no-initial-controllers) ;;
-    *) die "KAFKA_FORMAT_MODE must be bootstrap or join, not ${KAFKA_FORMAT_MODE}" ;;
   esac
-  say "empty volume, formatting node $node_id (${KAFKA_FORMAT_MODE:-join})"
+  say "empty volume, formatting node $node_id ($mode)"
   java "${jvm[@]}" -cp "$libs" kafka.tools.StorageTool format --config "$config" \
     --cluster-id "$KAFKA_CLUSTER_ID" "${how[@]}"
   [ -f "$staging/meta.properties" ] || die "kafka-storage format left no meta.properties"

@@ -25,9 +25,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import UTC, datetime
 from typing import Any
 
+from quorum.timefmt import rfc3339
 from quorum.types import KraftError
 
 from . import failpoints
@@ -308,7 +308,7 @@ class RecoveryController:
         # No running duration in the message: the status must not change on every pass. Unclean
         # recovery (KIP-704 style) is the caller's: local.py runs it on a stopped node directory,
         # the kopf daemon asks the survivor's pod (unclean.py); both annotate this status.
-        since = datetime.fromtimestamp(self.unreachable_since_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        since = rfc3339(int(self.unreachable_since_ms))
         msg = f"{why} (since {since})"
         return self._no_majority(view, why, False, ("QuorumLost", "QuorumLost", "NoLiveMajority"), msg)
 

@@ -44,11 +44,12 @@ import time
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kraftkeeper_reports.events import RecoveryEvent
 from kraftkeeper_reports.vocabulary import UNCLEAN_RECOVERY, UNCLEAN_RECOVERY_COMPLETED
+
+from quorum.timefmt import rfc3339
 
 from .core.survivor import Probe, SurvivorDecision, decide_survivor
 from .telemetry import EventSink, OperatorMetrics
@@ -64,12 +65,6 @@ ProbeFn = Callable[[int, str], Awaitable[Probe]]
 
 # ---------------------------------------------------------------------------------------------
 # The request and where it is kept
-
-
-def _rfc3339(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -125,8 +120,8 @@ class UncleanRequest:
             "replicaId": self.replica_id,
             "oldUuid": None,
             "newUuid": self.uuids[0] if self.uuids else None,
-            "startedAt": _rfc3339(self.requested_ms),
-            "completedAt": _rfc3339(self.completed_ms),
+            "startedAt": rfc3339(self.requested_ms),
+            "completedAt": None if self.completed_ms is None else rfc3339(self.completed_ms),
             "phaseSeconds": phases,
             "result": "Succeeded" if done else "InProgress",
             "reason": reason,
@@ -235,7 +230,7 @@ class UncleanCoordinator:
             return None
         due_ms = ctl.unreachable_since_ms + int(policy.unclean_after_seconds * 1000)
         if now < due_ms:
-            return f"unclean recovery allowed, due at {_rfc3339(due_ms)} if no majority returns"
+            return f"unclean recovery allowed, due at {rfc3339(int(due_ms))} if no majority returns"
         if not ctl.known_voters:
             return "unclean recovery due, but no voter set was ever seen: not guessing"
         probes = await asyncio.gather(*(self.probe(k, ep) for k, ep in enumerate(endpoints)))
@@ -275,7 +270,7 @@ class UncleanCoordinator:
     def _waiting(req: UncleanRequest) -> str:
         return (
             f"unclean recovery {req.token} of replica {req.replica_id} requested at "
-            f"{_rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
+            f"{rfc3339(req.requested_ms)}; waiting for its pod to restart and lead ({LOSS_WARNING})"
         )
 
     async def _request(self, decision: SurvivorDecision, outage_since_ms: int, now: int) -> UncleanRequest:

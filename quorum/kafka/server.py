@@ -15,7 +15,7 @@ listener runs inside a node or as a stand-alone gateway (``python -m quorum.kafk
 * storage UUIDs appear as Kafka directory ids (the same 128 bits; Kafka prints base64url);
 * DescribeCluster names the raft leader as the active controller, at *this* listener's address,
   so the tool's follow-up requests come back here (our nodes' own endpoints speak HTTP);
-* our refusals become Kafka's error codes (``_TO_KAFKA``): an id that already has a voter gives
+* our refusals become Kafka's error codes (:mod:`quorum.kafka.mapping`): an id that already has a voter gives
   DUPLICATE_VOTER, a (id, UUID) that is no voter VOTER_NOT_FOUND, a pending change or a
   timeout REQUEST_TIMED_OUT, no leader NOT_LEADER_OR_FOLLOWER, with our message as ErrorMessage;
 * an API version we do not speak gets that API's answer with UNSUPPORTED_VERSION (35) where the
@@ -28,7 +28,6 @@ listener runs inside a node or as a stand-alone gateway (``python -m quorum.kafk
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import struct
 import uuid as _uuid
@@ -43,35 +42,14 @@ from kafka.protocol.admin import (  # type: ignore[import-untyped]
 from kafka.protocol.api_header import ResponseClassRegistry  # type: ignore[import-untyped]
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # type: ignore[import-untyped]
 
-from quorum.client import QuorumClient
+from quorum.security.nodetls import is_loopback_host
 from quorum.types import ErrorCode, KraftError
 
 from .limits import KafkaLimits
+from .mapping import UNSUPPORTED_VERSION, describe_quorum_response, kafka_code
 from .schemas import SchemaJarMissing, membership_messages
 
 log = logging.getLogger("kraftkeeper.kafka")
-
-UNSUPPORTED_VERSION = 35
-LISTENER_NAME = "KRAFTKEEPER"  # the listener name our voters' (HTTP) endpoints are shown under
-
-_TO_KAFKA: dict[ErrorCode, int] = {
-    ErrorCode.NOT_LEADER: 6,  # NOT_LEADER_OR_FOLLOWER
-    ErrorCode.UNAVAILABLE: 6,
-    ErrorCode.REQUEST_TIMED_OUT: 7,
-    ErrorCode.LEADERSHIP_LOST: 7,
-    ErrorCode.VOTER_CHANGE_IN_PROGRESS: 7,  # KIP-853: a pending voter change -> REQUEST_TIMED_OUT
-    ErrorCode.REASSIGNMENT_IN_PROGRESS: 7,
-    ErrorCode.REPLICA_NOT_CAUGHT_UP: 7,
-    ErrorCode.LEADER_RECOVERING: 7,
-    ErrorCode.PERMISSION_DENIED: 31,  # CLUSTER_AUTHORIZATION_FAILED
-    ErrorCode.UNSUPPORTED: 35,
-    ErrorCode.INVALID_REQUEST: 42,
-    ErrorCode.UNAUTHENTICATED: 58,  # SASL_AUTHENTICATION_FAILED
-    ErrorCode.INCONSISTENT_CLUSTER_ID: 104,
-    ErrorCode.VOTER_ALREADY_ADDED: 126,  # DUPLICATE_VOTER
-    ErrorCode.VOTER_ALREADY_REMOVED: 127,  # VOTER_NOT_FOUND
-}
-
 
 class QuorumBackend(Protocol):
     async def describe(self) -> dict[str, Any]: ...
@@ -86,24 +64,6 @@ class QuorumBackend(Protocol):
 # How long a RemoveRaftVoter carried out as a reassignment may take to commit before the answer
 # says the outcome is unknown: within the admin client's default request timeout (30 s).
 SHRINK_WAIT_S = 25.0
-
-
-def kafka_code(e: KraftError) -> int:
-    return _TO_KAFKA.get(e.code, -1)  # -1: UNKNOWN_SERVER_ERROR
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def to_kafka_uuid(value: str | None) -> _uuid.UUID:
-    """Our canonical storage UUID -> the Uuid Kafka puts on the wire ("" -> Kafka's zero Uuid)."""
-    return _uuid.UUID(value) if value else _uuid.UUID(int=0)
 
 
 def _encode(resp: Any, version: int, correlation_id: int) -> bytes:
@@ -128,7 +88,7 @@ class KafkaWireServer:
         insecure: bool = False,
         limits: KafkaLimits | None = None,
     ) -> None:
-        if not insecure and not is_loopback(host):
+        if not insecure and not is_loopback_host(host):
             # Secure by default: this listener speaks plaintext Kafka without authentication and
             # can change the voter set, so it stays on loopback unless the user says otherwise.
             raise KraftError(
@@ -335,59 +295,8 @@ class KafkaWireServer:
         )
 
     async def _describe_quorum(self, req: Any, resp_cls: Any) -> Any:
-        topic_cls = resp_cls.TopicData
-        part_cls = topic_cls.PartitionData
-        state_cls = part_cls.ReplicaState
         d, err = await self._describe()
-        if d is None:
-            assert err is not None
-            part = part_cls(
-                partition_index=0,
-                error_code=kafka_code(err),
-                error_message=err.message,
-                leader_id=-1,
-                leader_epoch=-1,
-                high_watermark=-1,
-                current_voters=[],
-                observers=[],
-            )
-            return resp_cls(
-                error_code=0,
-                error_message=None,
-                topics=[topic_cls(topic_name="__cluster_metadata", partitions=[part])],
-                nodes=[],
-            )
-
-        def state(r: dict[str, Any]) -> Any:
-            return state_cls(
-                replica_id=int(r["id"]),
-                replica_directory_id=to_kafka_uuid(r.get("uuid")),
-                log_end_offset=int(r.get("log_end_offset", -1)),
-                last_fetch_timestamp=int(r.get("last_fetch_timestamp", -1)),
-                last_caught_up_timestamp=int(r.get("last_caught_up_timestamp", -1)),
-            )
-
-        part = part_cls(
-            partition_index=0,
-            error_code=0,
-            error_message=None,
-            leader_id=int(d["leader_id"]),
-            leader_epoch=int(d["leader_epoch"]),
-            high_watermark=int(d.get("high_watermark", -1)),
-            current_voters=[state(v) for v in d["voters"]],
-            observers=[state(o) for o in d.get("observers") or []],
-        )
-        nodes = []
-        for v in d["voters"]:
-            ep = v.get("endpoint")
-            if ep and ":" in ep:
-                h, _, p = str(ep).rpartition(":")
-                lst = resp_cls.Node.Listener(name=LISTENER_NAME, host=h, port=int(p))
-                nodes.append(resp_cls.Node(node_id=int(v["id"]), listeners=[lst]))
-        # Kafka's Nodes is keyed by node id: one entry per id.
-        unique = {n.node_id: n for n in nodes}
-        topic = topic_cls(topic_name="__cluster_metadata", partitions=[part])
-        return resp_cls(error_code=0, error_message=None, topics=[topic], nodes=list(unique.values()))
+        return describe_quorum_response(resp_cls, d, err)
 
     def _check_cluster(self, req: Any) -> KraftError | None:
         want = getattr(req, "cluster_id", None)
@@ -466,73 +375,3 @@ class KafkaWireServer:
 
     async def _remove_voter(self, req: Any, resp_cls: Any) -> Any:
         return await self._change(req, resp_cls, "remove")
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise KraftError(ErrorCode.INVALID_REQUEST, f"--kafka-listen {text!r}: expected HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-async def start_kafka_listener(
-    listen: str, backend: QuorumBackend, *, insecure: bool = False
-) -> KafkaWireServer:
-    """Start the listener of ``kraftkeeper start --kafka-listen HOST:PORT`` (or the gateway)."""
-    host, port = parse_listen(listen)
-    server = KafkaWireServer(backend, host, port, insecure=insecure)
-    await server.start()
-    return server
-
-
-def check_kafka_listen(kafka_listen: str, *, tls: bool, insecure: bool = False) -> None:
-    """Refuse ``--kafka-listen`` before the node starts: bad HOST:PORT, a non-loopback address
-    without ``--insecure``, or a TLS node (see :class:`NodeKafkaListener`)."""
-    host, port = parse_listen(kafka_listen)
-    if tls:
-        raise KraftError(
-            ErrorCode.INVALID_REQUEST,
-            "--kafka-listen: not available with TLS on (the Kafka listener has no TLS or "
-            "authentication yet); run `python -m quorum.kafka` on a trusted host instead",
-        )
-    if not insecure and not is_loopback(host):
-        raise KraftError(
-            ErrorCode.INVALID_REQUEST,
-            f"--kafka-listen {host}:{port}: the Kafka listener has no TLS or authentication, so it binds "
-            "to loopback only (127.0.0.1, ::1, localhost) unless --insecure is given",
-        )
-
-
-class NodeKafkaListener:
-    """The listener of ``kraftkeeper start --kafka-listen HOST:PORT``: it asks the quorum through
-    the node's own HTTP API (and its voters', to follow the leader), so it needs nothing of the
-    node's internals. Refused on a TLS node: it has no TLS or authentication of its own, and would
-    let anyone who reaches it change the voter set without the credentials the node requires."""
-
-    def __init__(self, server: KafkaWireServer, client: QuorumClient) -> None:
-        self.server, self.client = server, client
-
-    @classmethod
-    async def start(
-        cls,
-        kafka_listen: str,
-        node_endpoint: str,
-        voter_endpoints: list[str],
-        *,
-        tls: bool,
-        insecure: bool = False,
-    ) -> NodeKafkaListener:
-        check_kafka_listen(kafka_listen, tls=tls, insecure=insecure)
-        client = QuorumClient(
-            [node_endpoint, *[e for e in voter_endpoints if e != node_endpoint]], timeout=10.0
-        )
-        try:
-            server = await start_kafka_listener(kafka_listen, client, insecure=insecure)
-        except BaseException:
-            await client.close()
-            raise
-        return cls(server, client)
-
-    async def close(self) -> None:
-        await self.server.close()
-        await self.client.close()

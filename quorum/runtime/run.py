@@ -151,7 +151,7 @@ async def serve_node(
         kafka = None
         try:
             if kafka_listen:  # Kafka's wire protocol too (quorum/kafka, checked in run_node)
-                from quorum.kafka.server import NodeKafkaListener
+                from quorum.kafka.listener import NodeKafkaListener
 
                 kafka = await NodeKafkaListener.start(
                     kafka_listen,
@@ -195,7 +195,7 @@ def run_node(
     if kafka_listen:
         # kafka-python is optional (the operator extra): imported only for --kafka-listen.
         try:
-            from quorum.kafka.server import check_kafka_listen
+            from quorum.kafka.listener import check_kafka_listen
         except ImportError as e:
             raise KraftError(
                 ErrorCode.UNSUPPORTED,

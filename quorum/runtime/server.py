@@ -25,9 +25,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from quorum.runtime.api import NodeApi
+from quorum.runtime.guard import GuardedProtocol
 from quorum.runtime.limits import (
     LIMITS_KEY,
-    GuardedProtocol,
     Limits,
     body_middleware,
     connection_middleware,

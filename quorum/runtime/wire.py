@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from quorum.core import messages as m
 from quorum.core.config import MAX_FETCH_BYTES
 from quorum.security.strictjson import INT32, INT64, get_bool, get_int, get_str, get_uuid, loads_strict
-from quorum.types import ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
+from quorum.types import CLUSTER_ID_RE, ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 
 _LEN = struct.Struct("<I")
 MAX_HEADER = 64 * 1024
@@ -36,7 +36,6 @@ MAX_ENDPOINT = 262  # 255-character host name, ':' and a port
 MAX_SUCCESSORS = 256
 T = TypeVar("T")
 
-_CLUSTER_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # as meta.properties' cluster.id
 _ENDPOINT = re.compile(r"^[^\s/@]+:[0-9]{1,5}$")
 _ID = (0, INT32[1])
 _ID_OR_NONE = (-1, INT32[1])  # -1 = no leader / unknown (KIP-595)
@@ -69,7 +68,7 @@ def _endpoint(obj: dict[str, Any], name: str, what: str) -> Any:
 
 
 def _cluster(obj: dict[str, Any], name: str, what: str) -> Any:
-    return get_str(obj, name, what, max_len=128, pattern=_CLUSTER_ID)
+    return get_str(obj, name, what, max_len=128, pattern=CLUSTER_ID_RE)
 
 
 def _error_code(obj: dict[str, Any], name: str, what: str) -> Any:

@@ -20,8 +20,8 @@ import fcntl
 import json
 import os
 import socket
-import time
 
+from quorum.timefmt import rfc3339
 from quorum.types import ErrorCode, KraftError
 
 __all__ = ["LOCK_FILE", "DataDirLock"]
@@ -69,7 +69,12 @@ class DataDirLock:
             raise
         try:
             os.fchmod(fd, 0o600)
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(), "purpose": purpose}
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": rfc3339(),
+                "purpose": purpose,
+            }
             data = (json.dumps(info) + "\n").encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
@@ -82,10 +87,6 @@ class DataDirLock:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)  # closing the only descriptor drops the flock
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _describe_holder(fd: int) -> str:

@@ -11,25 +11,11 @@ rebuilt on open from the batch headers. It is dense (one entry per batch, 16 byt
 than sparse: the core fetches and truncates at batch boundaries, and a dense index answers both
 with one ``bisect`` and no file access. Reads are one ``os.pread`` on a cached descriptor of
 whole batches; no per-record Python work, so catch-up copies bytes at disk speed. One segment's
-index and byte I/O live in ``quorum.storage.segment`` (with the test-only power-loss mode), the
-recovery scan in ``quorum.storage.logscan``.
+index and byte I/O live in ``quorum.storage.segment`` (with the test-only power-loss mode).
 
-Recovery on open (why it is shaped like this: a crash may tear only the write in flight, and
-only the last segment receives writes):
-
-* non-final segments are walked header by header (no CRC, Kafka does the same for segments
-  below the recovery point); the last segment is CRC-verified batch by batch;
-* a torn tail of the LAST segment -- what a power cut leaves of an append never acknowledged:
-  a partial final batch, or bytes never written (zeros), by the rule of
-  ``quorum.storage.tail`` -- is cut at the last valid batch, with a WARNING;
-* anything else -- a batch the file holds whole that fails its CRC (the last one included), a
-  bad batch followed by valid data, a bad or partial batch in a non-final segment, a gap or
-  overlap of offsets between batches or segments (a missing segment), decreasing epochs --
-  raises ``KraftError(CORRUPT_LOG)`` naming the file, position and offset, and nothing is
-  modified: data the node may have acknowledged is never dropped silently.
-
-Then the last segment and the directory are fsynced (``_sync_on_open``): only after that is
-the log end also its flushed end.
+Recovery on open is :mod:`quorum.storage.logscan` (its rules are stated there); then the last
+segment and the directory are fsynced (``logscan.sync_opened``): only after that is the log end also
+its flushed end.
 
 Why only the last segment can be torn: a roll makes the finished segment and its directory
 entry durable before the new segment receives a byte (``_seal``), so the writes in flight at
@@ -49,7 +35,6 @@ import bisect
 import contextlib
 import logging
 import os
-import re
 import threading
 from collections.abc import Sequence
 from types import TracebackType
@@ -58,7 +43,7 @@ from quorum import records
 from quorum.storage.atomic import CATCHUP_DROP_MIN_BYTES, FILE_MODE, drop_synced, ensure_dir, fsync_dir
 from quorum.storage.base import LogBookkeeping, append_items, validate_append
 from quorum.storage.dirlock import DataDirLock
-from quorum.storage.logscan import scan_headers, scan_last
+from quorum.storage.logscan import open_segments, segment_files, sync_opened
 from quorum.storage.segment import Segment, segment_name
 from quorum.types import BatchInfo, ControlRecord, ErrorCode, KraftError, LogSummary, OffsetAndEpoch
 
@@ -67,7 +52,6 @@ __all__ = ["DEFAULT_SEGMENT_BYTES", "SegmentedLog", "segment_name"]
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 
 
 class SegmentedLog:
@@ -112,7 +96,7 @@ class SegmentedLog:
         try:
             self._open()
             if fsync and sync_on_open:
-                self._sync_on_open()
+                sync_opened(self.directory, self._segments)
         except BaseException:
             self._close_fds()
             raise
@@ -145,74 +129,15 @@ class SegmentedLog:
     # -- open / recovery ---------------------------------------------------------------------
 
     def _open(self) -> None:
-        found: list[tuple[int, str]] = []
-        for name in os.listdir(self.directory):
-            m = _SEGMENT_RE.match(name)
-            if m:
-                found.append((int(m.group(1)), name))
-        found.sort()
+        found = segment_files(self.directory)
         if not found:
             self._segments.append(self._create_segment(0, now=True))
             self._bases.append(0)
             if self.fsync:
                 fsync_dir(self.directory)
             return
-        # Validate everything first; the only modification (cutting a torn tail) happens after
-        # all segments were checked, so a CORRUPT_LOG leaves every file untouched.
-        tail_cut: tuple[Segment, int, str] | None = None
-        prev: Segment | None = None
-        for i, (base, name) in enumerate(found):
-            path = os.path.join(self.directory, name)
-            fd = os.open(path, os.O_RDWR)
-            seg = Segment(self.directory, base, fd, self.unflushed_in_memory)
-            self._segments.append(seg)
-            self._bases.append(base)
-            if prev is not None and base != prev.next_offset:
-                kind = "gap (a segment is missing)" if base > prev.next_offset else "overlap"
-                raise KraftError(
-                    ErrorCode.CORRUPT_LOG,
-                    f"{path}: segment starts at offset {base} but {prev.name} ends at offset "
-                    f"{prev.next_offset}: {kind}",
-                    file=path,
-                    offset=base,
-                )
-            size = os.fstat(fd).st_size
-            if i + 1 < len(found):
-                scan_headers(seg, self._meta, size)
-                seg.opened(size)
-            else:
-                cut = scan_last(seg, self._meta, size)
-                seg.opened(size if cut is None else cut[0])
-                tail_cut = None if cut is None else (seg, *cut)
-            prev = seg
-        if tail_cut is not None:
-            seg, valid, why = tail_cut
-            log.warning(
-                "%s: torn tail after offset %d (position %d): %s; truncating the segment from %d to %d bytes",
-                seg.path,
-                seg.next_offset,
-                valid,
-                why,
-                os.fstat(seg.fd).st_size,
-                valid,
-            )
-            os.ftruncate(seg.fd, valid)
-            if self.fsync:
-                os.fsync(seg.fd)
-
-    def _sync_on_open(self) -> None:
-        """Make what the previous process wrote durable before anything counts it. A process
-        crash (SIGKILL, OOM kill) keeps its unsynced writes in the page cache: this process
-        reads them back as the log, and without this fsync its first Fetch would claim them and
-        the leader count them, while a power cut before writeback still takes them. Only the
-        last segment can hold unsynced bytes (``_seal`` makes a segment durable before the next
-        one exists); the directory fsync makes the entries of a roll, truncation or deletion
-        the crash interrupted durable too. Costs the writeback of those bytes only: nothing
-        when the previous process stopped cleanly (bench/recovery.py --restart measures it)."""
-        last = self._segments[-1]
-        if last.fd >= 0:
-            os.fsync(last.fd)
-        fsync_dir(self.directory)
+        open_segments(self.directory, found, self._meta, self._segments, self.unflushed_in_memory, self.fsync)
+        self._bases.extend(seg.base for seg in self._segments)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -474,22 +399,7 @@ class SegmentedLog:
         if offset >= limit_offset:
             return b""
         seg, i = self._locate(offset)
-        start = seg.positions[i]
-        n = len(seg.offsets)
-        # last batch k with position <= start + max_bytes; it fits if it also ends there
-        k = bisect.bisect_right(seg.positions, start + max(max_bytes, 0)) - 1
-        stop = seg.positions[k + 1] if k + 1 < n else seg.size
-        if stop > start + max_bytes:
-            k -= 1
-        k = max(k, i)
-        if limit_offset < seg.next_offset:
-            # batch k ends at offsets[k + 1]; allowed iff offsets[k + 1] <= limit_offset
-            last_allowed = bisect.bisect_right(seg.offsets, limit_offset) - 2
-            if last_allowed < i:
-                return b""
-            k = min(k, last_allowed)
-        stop = seg.positions[k + 1] if k + 1 < n else seg.size
-        return seg.read(start, stop - start)
+        return seg.read_batches(i, max_bytes, limit_offset)
 
     def batch_infos(self) -> list[tuple[int, int, int]]:
         """(base offset, segment base, position) of every batch: for tests and tooling."""

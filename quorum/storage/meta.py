@@ -30,9 +30,18 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from quorum.properties import parse_property_lines, property_line
 from quorum.storage.atomic import atomic_write, ensure_dir, restrict_dir
 from quorum.storage.dirlock import DataDirLock
-from quorum.types import ErrorCode, KraftError, ReplicaKey, canonical_uuid, new_storage_uuid
+from quorum.types import (
+    ErrorCode,
+    KraftError,
+    ReplicaKey,
+    canonical_uuid,
+    is_cluster_id,
+    new_storage_uuid,
+    validate_cluster_id,
+)
 
 __all__ = [
     "META_FILE",
@@ -40,8 +49,6 @@ __all__ = [
     "decode_meta",
     "format_dir",
     "load_meta",
-    "parse_properties",
-    "parse_property_pairs",
     "render_properties",
     "validate_cluster_id",
     "validate_node_id",
@@ -54,7 +61,6 @@ META_VERSION = 1
 UUID_KEY = "directory.id"
 INITIAL_KEY = "bootstrap.initial"  # "false": formatted to replace a disk (not a bootstrap voter)
 UUID_KEY_KIP856 = "storage.id"
-_CLUSTER_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _MAX_NODE_ID = 2**31 - 1  # node ids are int32 on the wire (KIP-595 ReplicaId)
 
 
@@ -93,17 +99,6 @@ class MetaProperties:
         return props
 
 
-def validate_cluster_id(cluster_id: str) -> str:
-    """A cluster id is 1-128 characters of ``[A-Za-z0-9._-]`` (Kafka's are 22-character
-    URL-safe base64 UUIDs, which fit). Raises INVALID_REQUEST naming the problem."""
-    if not isinstance(cluster_id, str) or not _CLUSTER_ID.match(cluster_id):
-        raise KraftError(
-            ErrorCode.INVALID_REQUEST,
-            f"invalid cluster id {cluster_id!r}: use 1-128 characters of letters, digits, '.', '_', '-'",
-        )
-    return cluster_id
-
-
 def validate_node_id(node_id: object) -> int:
     """A node id is an int32 >= 0 (KIP-595 ReplicaId). Raises INVALID_REQUEST."""
     if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id <= _MAX_NODE_ID:
@@ -113,83 +108,7 @@ def validate_node_id(node_id: object) -> int:
     return node_id
 
 
-# -- Java properties (the subset Kafka writes, plus escapes so odd input is still parsed) --------
-
-_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-
-
-def _unescape(s: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and i + 1 < len(s):
-            nxt = s[i + 1]
-            if nxt == "u" and i + 6 <= len(s):
-                try:
-                    out.append(chr(int(s[i + 2 : i + 6], 16)))
-                    i += 6
-                    continue
-                except ValueError:
-                    pass
-            out.append(_ESCAPES.get(nxt, nxt))
-            i += 2
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def _split_key(line: str) -> tuple[str, str]:
-    """Split a logical line at the first unescaped ``=``, ``:`` or whitespace."""
-    i = 0
-    while i < len(line):
-        c = line[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c in "=: \t\f":
-            key = line[:i]
-            rest = line[i:].lstrip(" \t\f")
-            if rest[:1] in ("=", ":") and c in " \t\f":
-                rest = rest[1:].lstrip(" \t\f")
-            elif c in "=:":
-                rest = line[i + 1 :].lstrip(" \t\f")
-            return key, rest
-        i += 1
-    return line, ""
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """Parse Java ``.properties`` text: ``#``/``!`` comments, ``=``/``:``/space separators,
-    backslash escapes and continuation lines. A repeated key keeps its last value (Java's rule)."""
-    return dict(parse_property_pairs(text))
-
-
-def parse_property_pairs(text: str) -> list[tuple[str, str]]:
-    """Like :func:`parse_properties`, but every (key, value) in file order, repeats included."""
-    props: list[tuple[str, str]] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i].lstrip(" \t\f")
-        i += 1
-        if not line or line[0] in "#!":
-            continue
-        # a line ending in an odd number of backslashes continues on the next line
-        while (len(line) - len(line.rstrip("\\"))) % 2 == 1 and i < len(lines):
-            line = line[:-1] + lines[i].lstrip(" \t\f")
-            i += 1
-        key, value = _split_key(line)
-        props.append((_unescape(key), _unescape(value)))
-    return props
-
-
-def _escape(s: str, is_key: bool) -> str:
-    out = s.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    if is_key:
-        out = out.replace("=", "\\=").replace(":", "\\:").replace(" ", "\\ ")
-    return out
+# -- the file's text (Java properties: quorum.properties) -------------------------------------
 
 
 def render_properties(props: dict[str, str]) -> bytes:
@@ -197,7 +116,7 @@ def render_properties(props: dict[str, str]) -> bytes:
     order = ["version", "cluster.id", "node.id", UUID_KEY]
     keys = [k for k in order if k in props] + sorted(k for k in props if k not in order)
     stamp = time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime())
-    lines = ["#", f"#{stamp}"] + [f"{_escape(k, True)}={_escape(props[k], False)}" for k in keys]
+    lines = ["#", f"#{stamp}"] + [property_line(k, props[k]) for k in keys]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
@@ -315,7 +234,7 @@ def decode_meta(raw: bytes, path: str) -> tuple[str, int, str | None, dict[str, 
     if len(raw) > MAX_META_BYTES:
         raise bad(f"larger than {MAX_META_BYTES} bytes")
     try:
-        pairs = parse_property_pairs(raw.decode("utf-8"))
+        pairs = [(p.key, p.value) for p in parse_property_lines(raw.decode("utf-8"))]
     except UnicodeDecodeError as e:
         raise bad(f"not UTF-8 text ({e})") from None
     props: dict[str, str] = {}
@@ -332,7 +251,7 @@ def decode_meta(raw: bytes, path: str) -> tuple[str, int, str | None, dict[str, 
     if "cluster.id" not in props:
         raise bad("missing field 'cluster.id'")
     cluster_id = props["cluster.id"].strip()
-    if not _CLUSTER_ID.match(cluster_id):
+    if not is_cluster_id(cluster_id):
         raise bad(f"invalid field 'cluster.id'={cluster_id!r:.60}")
     if "node.id" not in props:
         raise bad("missing field 'node.id'")

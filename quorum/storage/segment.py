@@ -18,6 +18,7 @@ and the log's flush from writing the same pending bytes twice.
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from array import array
@@ -118,6 +119,26 @@ class Segment:
             head = pread_all(self.fd, at - start, start) if start < at else b""
             lo = max(0, start - at)
             return head + bytes(self.pending[lo : start + length - at])
+
+    def read_batches(self, i: int, max_bytes: int, limit_offset: int) -> bytes:
+        """Whole batches from batch ``i``: at least that one, then those that fit in
+        ``max_bytes``; none ending past ``limit_offset`` (b"" when batch ``i`` does)."""
+        start = self.positions[i]
+        n = len(self.offsets)
+        # last batch k with position <= start + max_bytes; it fits if it also ends there
+        k = bisect.bisect_right(self.positions, start + max(max_bytes, 0)) - 1
+        stop = self.positions[k + 1] if k + 1 < n else self.size
+        if stop > start + max_bytes:
+            k -= 1
+        k = max(k, i)
+        if limit_offset < self.next_offset:
+            # batch k ends at offsets[k + 1]; allowed iff offsets[k + 1] <= limit_offset
+            last_allowed = bisect.bisect_right(self.offsets, limit_offset) - 2
+            if last_allowed < i:
+                return b""
+            k = min(k, last_allowed)
+        stop = self.positions[k + 1] if k + 1 < n else self.size
+        return self.read(start, stop - start)
 
     def removed(self) -> None:
         """The log dropped this segment: a flush in flight must not create its file."""

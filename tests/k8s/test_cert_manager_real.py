@@ -22,6 +22,7 @@ from cryptography import x509
 from kraftkeeper_operator.k8s.manifests import parse_spec
 
 from quorum.security.pki import identity_from_cert, init_ca
+from quorum.timefmt import rfc3339
 from testkit.kubeapi import KubeEnv, cache_bin, stop_child
 from tests.k8s.operator_support import KQ, Operator, create, get, kq
 
@@ -122,7 +123,7 @@ def test_real_cert_manager_issues_and_renews_what_the_operator_asks_for(
         assert _secret(kube, ns, f"{name}-ca") is None and _secret(kube, ns, f"{name}-tls") is None
         # A renewal forced through cert-manager: a new certificate, same identity.
         old = x509.load_pem_x509_certificate((_secret(kube, ns, f"{name}-node-2-tls") or {})["tls.crt"])
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        now = rfc3339()
         issuing = {"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
                    "message": "renewal forced by the test", "lastTransitionTime": now}
         t1 = time.monotonic()

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator import failpoints
-from kraftkeeper_operator.k8s.kafkaquorums import KafkaDaemon, parse_kafka_spec
+from kraftkeeper_operator.k8s.kafkaquorums import KafkaDaemon
+from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
 from kraftkeeper_operator.k8s.kube import KubeApi
 from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.testing.memory import InMemoryQuorum

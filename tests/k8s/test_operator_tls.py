@@ -25,7 +25,8 @@ from kraftkeeper_operator.k8s.manifests import parse_spec
 
 from quorum.localports import free_port_range
 from quorum.security.clientconfig import parse_client_config
-from quorum.security.pki import identity_from_cert, init_ca, issue_client, parse_identity_uri, peer_hostname
+from quorum.security.identity import parse_identity_uri
+from quorum.security.pki import identity_from_cert, init_ca, issue_client, peer_hostname
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import KQ, Operator, create, get, kq
 from tests.operator.operator_nodes import LocalCluster, engine_missing

@@ -6,11 +6,11 @@ Event per episode (not one per pass), and a Normal Event when the pod is Ready a
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
+from quorum.timefmt import rfc3339
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import KQ, Operator, create, create_quorum_pod, events_of, get, kq, operator  # noqa: F401
 
@@ -20,7 +20,7 @@ WRONG_CLUSTER = "INVALID_REQUEST: the volume is formatted for cluster 7Hq2, this
 
 
 def _pod_status(crash: bool, restarts: int) -> dict[str, Any]:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = rfc3339()
     fmt: dict[str, Any] = {
         "name": "format",
         "image": "kraftkeeper:test",

@@ -10,10 +10,11 @@ import asyncio
 import base64
 from typing import Any
 
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
-from kraftkeeper_operator.kafka.wire import ClientSettings, parse_properties
+from kraftkeeper_operator.kafka.wire import ClientSettings, parse_client_properties
 
+from quorum.kafka.mapping import base64_to_uuid
 from quorum.timefmt import now_ms
 from tests.k8s.conftest import KubeEnv
 
@@ -63,7 +64,7 @@ def uuid_of(k: KafkaControllers, i: int) -> str:
 def describe_now(k: KafkaControllers) -> dict[str, Any]:
     """The leader's DescribeQuorum as the operator reads it (for a failure message)."""
     assert k.security is not None
-    settings = ClientSettings.from_dict(parse_properties(k.security.client_properties()))
+    settings = ClientSettings.from_dict(parse_client_properties(k.security.client_properties(), "client"))
 
     async def run() -> dict[str, Any]:
         api = KafkaQuorum(k.bootstrap, settings)

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid, uuid_to_base64, wait_for
+from kraftkeeper_operator.kafka.backend import KafkaQuorum, wait_for
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 
+from quorum.kafka.mapping import base64_to_uuid, uuid_to_base64
 from quorum.types import ErrorCode, KraftError
 from tests.polling import async_wait_until
 

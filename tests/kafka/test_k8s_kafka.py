@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 from kraftkeeper_operator import failpoints
-from kraftkeeper_operator.kafka.backend import base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
 
 import tests.k8s.conftest as k8s_env
+from quorum.kafka.mapping import base64_to_uuid
 from quorum.localports import free_ports
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import Operator  # the operator runner tests/k8s uses (duplicate D2)

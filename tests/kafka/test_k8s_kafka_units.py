@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from kraftkeeper_operator.controller import Condition, ControllerStatus
 from kraftkeeper_operator.core.policy import Order
-from kraftkeeper_operator.k8s.kafkaquorums import (
+from kraftkeeper_operator.k8s.kafkaquorums import settings_from_secret
+from kraftkeeper_operator.k8s.kafkaspec import (
     is_kafka,
     note_schemas_missing,
     parse_kafka_spec,
     schemas_problem,
-    settings_from_secret,
 )
 from kraftkeeper_operator.k8s.manifests import SpecError
 from kraftkeeper_operator.kafka.wire import ClientConfigError

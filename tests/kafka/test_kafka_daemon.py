@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.k8s.kafkaquorums import MEMO_KEY, KafkaDaemon, kafka_daemon, parse_kafka_spec
+from kraftkeeper_operator.k8s.kafkaquorums import MEMO_KEY, KafkaDaemon, kafka_daemon
+from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
 from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.watchdog import CallTimedOut, stale_conditions, within

@@ -103,6 +103,16 @@ def test_join_formats_a_new_directory_and_a_formatted_volume_is_never_formatted_
     assert meta.read_text() == before
 
 
+def test_an_empty_volume_joins_once_the_quorum_formed_whatever_the_mode_says(env: dict[str, str]) -> None:
+    # A manifest re-applied after the formation sets format-mode back to bootstrap; the marker
+    # the formation left (not in the manifest) wins.
+    p = run(env, KAFKA_FORMAT_MODE="bootstrap", KAFKA_QUORUM_FORMED="2026-11-29T04:00:00Z")
+    assert p.returncode == 0, p.stderr
+    assert "the quorum formed at 2026-11-29T04:00:00Z: joining" in p.stdout
+    fmt = java_calls(env)[0]
+    assert "--no-initial-controllers" in fmt and INITIAL not in fmt
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [

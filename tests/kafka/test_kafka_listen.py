@@ -26,7 +26,7 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # t
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import free_port, metadata_quorum
 
-from quorum.kafka.server import NodeKafkaListener
+from quorum.kafka.listener import NodeKafkaListener
 from quorum.types import ErrorCode, KraftError
 from tests.engine.cluster import LocalCluster
 from tests.kafka.watcher import poll

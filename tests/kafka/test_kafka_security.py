@@ -14,9 +14,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from kraftkeeper_operator.kafka.backend import base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
 
+from quorum.kafka.mapping import base64_to_uuid
 from tests.kafka.watcher import Watcher, poll
 
 pytestmark = pytest.mark.slow

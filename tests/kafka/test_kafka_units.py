@@ -14,18 +14,14 @@ from pathlib import Path
 
 import pytest
 from kraftkeeper_operator.core.recovery import Phase
-from kraftkeeper_operator.kafka.backend import (
-    base64_to_uuid,
-    dir_id_to_uuid,
-    kafka_error,
-    parse_bootstrap,
-    uuid_to_base64,
-)
+from kraftkeeper_operator.kafka.backend import parse_bootstrap
 from kraftkeeper_operator.kafka.watch import records_from_event_log
-from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_properties
+from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_client_properties
 
+from quorum.kafka.listener import parse_listen
+from quorum.kafka.mapping import base64_to_uuid, dir_id_to_uuid, kafka_error, uuid_to_base64
 from quorum.kafka.schemas import membership_messages
-from quorum.kafka.server import is_loopback, parse_listen
+from quorum.security.nodetls import is_loopback_host as is_loopback
 from quorum.types import ErrorCode, KraftError
 from tests.kafka import conftest
 
@@ -72,7 +68,7 @@ def test_client_properties(tmp_path: Path) -> None:
         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\\n"
         '    username="admin" password="s3cr=t";\n'
     )
-    assert parse_properties(text)["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert parse_client_properties(text, "t")["sasl.mechanism"] == "SCRAM-SHA-512"
     f = tmp_path / "client.properties"
     f.write_text(text)
     s = ClientSettings.from_properties(f)

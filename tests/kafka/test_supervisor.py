@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from kraftkeeper_operator.kafka.backend import base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import (
     RESTART_BACKOFF_FIRST,
     RESTART_BACKOFF_MAX,
@@ -18,6 +17,7 @@ from kraftkeeper_operator.kafka.cluster import (
     fatal_line,
 )
 
+from quorum.kafka.mapping import base64_to_uuid
 from tests.kafka.test_watch import describe, whole
 from tests.kafka.watcher import context_of, poll
 from tests.polling import wait_until

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from kraftkeeper_operator.controller import RecoveryController
 from kraftkeeper_operator.core.recovery import Order, QuorumView, RecoveryBook, RecoveryPolicy
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid, wait_for
+from kraftkeeper_operator.kafka.backend import KafkaQuorum, wait_for
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 from kraftkeeper_operator.telemetry import MemorySink
+
+from quorum.kafka.mapping import base64_to_uuid
 
 pytestmark = pytest.mark.slow
 

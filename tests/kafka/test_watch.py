@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 from kraftkeeper_operator.kafka.watch import FAILPOINT_ENV, FAILPOINT_EXIT
 
+from quorum.kafka.mapping import base64_to_uuid
 from tests.kafka.watcher import Watcher, context_of, poll
 
 pytestmark = pytest.mark.slow

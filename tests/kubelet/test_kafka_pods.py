@@ -117,10 +117,13 @@ def kafka_quorum(node_cluster: NodeCluster, operator_release: str, kafka_image: 
         c.wait_for("KRaftQuorum kafka Available with 3 voters",
                    lambda: quorum_available(c, ns, KQ), timeout=300, context=lambda: describe(c))
         # Formed: every empty volume from now on is a replaced disk and joins with a new id. The
-        # manifest's Job switches the format mode by itself once every controller is Ready.
-        c.wait_for("the format-mode Job switched the ConfigMap to join",
-                   lambda: ((c.get_json("configmap", STS, "-n", ns) or {}).get("data") or {})
-                   .get("format-mode") == "join", timeout=120, context=lambda: describe(c))
+        # manifest's Job marks the formation by itself once every controller is Ready.
+        c.wait_for("the format-mode Job created the ConfigMap kafka-controller-formed",
+                   lambda: ((c.get_json("configmap", f"{STS}-formed", "-n", ns) or {}).get("data") or {})
+                   .get("formed-at"), timeout=120, context=lambda: describe(c))
+        # Re-applied as a user would after the formation: format-mode is "bootstrap" in the file
+        # again, and the replaced disk below must still join with a new directory id.
+        c.kubectl("apply", "-n", ns, "-f", str(MANIFEST))
         yield props
     finally:
         c.kubectl("delete", "-n", ns, "-f", str(MANIFEST), "--ignore-not-found", "--wait=false", check=False)
@@ -128,6 +131,7 @@ def kafka_quorum(node_cluster: NodeCluster, operator_release: str, kafka_image: 
                   "--ignore-not-found", check=False)
         c.kubectl("delete", "-n", ns, "pvc", "-l", f"app.kubernetes.io/name={STS}", "--ignore-not-found",
                   "--wait=false", check=False)
+        c.kubectl("delete", "-n", ns, "configmap", f"{STS}-formed", "--ignore-not-found", check=False)
 
 
 # Run with the operator image's Python (kubectl exec into the operator's pod, which reaches the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,16 +77,31 @@ class LocalCluster:
         self.dir = d
         self.nodes = nodes
         self.insecure = insecure
+        self.log = d.parent / f"{d.name}-operator.log"
+        self._extra = list(extra or [])
         # A given base port: supervising an existing cluster directory again (it is fixed there).
-        self.base = base_port if base_port is not None else free_port_range(nodes + 1)
+        if base_port is not None:
+            self._start(d, base_port, cluster_id)
+            return
+        # A drawn one is free only until the operator binds it, seconds later on a loaded machine
+        # (its status server binds it after formatting the nodes); another test drawing ports in
+        # between takes it now and then. Such a start is redone on a fresh directory and block:
+        # a collision between tests, not the behaviour under test.
+        for attempt in range(3):
+            self._start(d, free_port_range(nodes + 1), cluster_id)
+            if attempt == 2 or not self._lost_its_port():
+                return
+            shutil.rmtree(d, ignore_errors=True)
+
+    def _start(self, d: Path, base: int, cluster_id: str | None) -> None:
+        self.base = base
         if cluster_id is not None:
             # Stand-in for pods: the cluster id the StatefulSet's format command uses, so that the
             # pod's real init container accepts these node directories (--ignore-formatted checks it).
             d.mkdir(parents=True, exist_ok=True)
             (d / "cluster.json").write_text(
-                json.dumps({"cluster_id": cluster_id, "nodes": nodes, "base_port": self.base}) + "\n"
+                json.dumps({"cluster_id": cluster_id, "nodes": self.nodes, "base_port": base}) + "\n"
             )
-        self.log = d.parent / f"{d.name}-operator.log"
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -96,18 +112,34 @@ class LocalCluster:
                 "--dir",
                 str(d),
                 "--nodes",
-                str(nodes),
+                str(self.nodes),
                 "--base-port",
-                str(self.base),
+                str(base),
                 "--interval",
                 "0.3",
-                *(["--insecure"] if insecure else []),
-                *(extra or []),
+                *(["--insecure"] if self.insecure else []),
+                *self._extra,
             ],
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def _lost_its_port(self) -> bool:
+        """Whether the operator exited because its status port was taken (waits until it
+        either serves ``/status`` or exits)."""
+
+        def settled() -> bool:
+            if self.proc.poll() is not None:
+                return True
+            try:
+                self.status()
+            except OSError:
+                return False
+            return True
+
+        poll("operator local serving /status (or exited)", settled, timeout=120)
+        return self.proc.poll() is not None and "address already in use" in self.tail(5)
 
     def endpoint(self, i: int) -> str:
         return f"127.0.0.1:{self.base + i}"

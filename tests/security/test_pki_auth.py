@@ -21,6 +21,7 @@ from quorum.security.auth import (
     required_permission,
     rpc_sender,
 )
+from quorum.security.identity import parse_identity_uri
 from quorum.security.pki import (
     Identity,
     identity_from_cert,
@@ -29,7 +30,6 @@ from quorum.security.pki import (
     issue_client,
     issue_node,
     load_ca,
-    parse_identity_uri,
     peer_hostname,
     peercert_dict,
 )

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from quorum import types
+from quorum.properties import parse_properties
 from quorum.storage.meta import (
     META_FILE,
     format_dir,
     load_meta,
-    parse_properties,
     render_properties,
 )
 from quorum.types import ErrorCode, KraftError
@@ -147,19 +147,7 @@ def test_binary_garbage_is_a_clear_error(tmp_path: Path) -> None:
     assert e.value.code is ErrorCode.CORRUPT_LOG and "UTF-8" in e.value.message
 
 
-def test_properties_syntax() -> None:
-    text = "# c\n! c2\n  a = 1\nb:2\nc 3\nd=x\\\n   y\ne=tab\\there\nf\\=g=h\n\\u0041=uni\nempty\n"
-    p = parse_properties(text)
-    assert p == {
-        "a": "1",
-        "b": "2",
-        "c": "3",
-        "d": "xy",
-        "e": "tab\there",
-        "f=g": "h",
-        "A": "uni",
-        "empty": "",
-    }
+def test_rendered_properties_read_back() -> None:
     props = {"version": "1", "weird key": "a=b", "multi": "l1\nl2"}
     assert parse_properties(render_properties(props).decode()) == props
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
 from typing import Any
 
 from kraftkeeper_reports.vocabulary import (
@@ -27,6 +26,8 @@ from kraftkeeper_reports.vocabulary import (
     REMOVE_VOTER_STARTED,
     REPLICA_FELL_BEHIND,
 )
+
+from quorum.timefmt import parse_rfc3339, rfc3339
 
 from .policy import Order
 
@@ -138,8 +139,8 @@ class Recovery:
             "replicaId": self.replica_id,
             "oldUuid": self.old_uuid,
             "newUuid": self.new_uuid,
-            "startedAt": _rfc3339(self.detected_ms),
-            "completedAt": _rfc3339(self.finished_ms) if self.finished_ms is not None else None,
+            "startedAt": rfc3339(self.detected_ms, millis=True),
+            "completedAt": rfc3339(self.finished_ms, millis=True) if self.finished_ms is not None else None,
             "phaseSeconds": phases,
             "result": result,
             "reason": self.reason if self.reason else (None if result != "InProgress" else self.phase.value),
@@ -149,14 +150,14 @@ class Recovery:
     def from_crd_status(cls, d: Mapping[str, Any]) -> Recovery:
         """Inverse of :meth:`to_crd_status`. The phase is rebuilt from the recorded instants;
         the next observation corrects it from the quorum anyway."""
-        detected = _parse_rfc3339(str(d["startedAt"]))
+        detected = parse_rfc3339(str(d["startedAt"]))
         phases = d.get("phaseSeconds") or {}
         kw: dict[str, Any] = {}
         for attr, key in cls._AT.items():
             if key in phases:
                 kw[attr] = detected + round(float(phases[key]) * 1000)
         result = d.get("result", "InProgress")
-        finished = _parse_rfc3339(str(d["completedAt"])) if d.get("completedAt") else None
+        finished = parse_rfc3339(str(d["completedAt"])) if d.get("completedAt") else None
         if result == "Succeeded":
             phase = Phase.COMPLETED
         elif result == "Failed":
@@ -181,16 +182,6 @@ class Recovery:
             reason=reason,
             **kw,
         )
-
-
-def _rfc3339(ms: int) -> str:
-    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
-
-
-def _parse_rfc3339(s: str) -> int:
-    dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    return round(dt.timestamp() * 1000)
 
 
 def _camel(name: str) -> str:

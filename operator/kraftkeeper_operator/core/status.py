@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+
+from quorum.timefmt import rfc3339
 
 from .records import Action, Recovery
 from .view import QuorumView, Replica
@@ -143,7 +144,7 @@ class ControllerStatus:
         condition keeps its ``lastTransitionTime`` while its status does not change."""
         v = self.view
         prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339()
 
         if v is not None:
             voters = crd_voters(v)
@@ -185,8 +186,8 @@ class ControllerStatus:
             "recoveries": [r.to_crd_status() for r in self.records][-20:],
         }
 
-    def to_status(self, now: datetime | None = None) -> dict[str, Any]:
-        stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    def to_status(self, now_ms: int | None = None) -> dict[str, Any]:
+        stamp = rfc3339(now_ms)
         v = self.view
 
         def rep(r: Any) -> dict[str, Any]:

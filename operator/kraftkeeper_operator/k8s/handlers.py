@@ -28,7 +28,6 @@ import asyncio
 import logging
 import math
 import os
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -37,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import failpoints
 from ..kafka.watchdog import watched
-from .kafkaquorums import is_kafka, reconcile_kafka
+from .kafkaspec import is_kafka, reconcile_kafka, unavailable_condition
 from .kube import KubeApi
 from .manifests import (
     BOOTSTRAP_ANNOTATION,
@@ -117,15 +116,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def _invalid(patch: kopf.Patch, generation: int, message: str) -> None:
     patch.status["phase"] = "Failed"
     patch.status["observedGeneration"] = generation
-    patch.status["conditions"] = [
-        {
-            "type": "Available",
-            "status": "False",
-            "reason": "InvalidSpec",
-            "message": message,
-            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        },
-    ]
+    patch.status["conditions"] = [unavailable_condition("InvalidSpec", message)]
 
 
 # backoff: an unexpected error is retried after 5 s rather than kopf's default 60 s.

@@ -35,6 +35,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from quorum.timefmt import rfc3339
+
 from ..telemetry import step_notice
 from .manifests import GROUP, PLURAL, VERSION, QuorumSpec, owner_reference_of, unclean_configmap
 from .ownership import check_owned, owned_by
@@ -294,7 +296,7 @@ class KubeApi:
         operator that stops right after cannot lose it (kopf's own poster queues Events and
         posts them later, so a stop loses what is queued). Raises the kopf error of a refusal."""
         target = event_target(obj)
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339()
         body: Any = {
             "apiVersion": "v1",
             "kind": "Event",

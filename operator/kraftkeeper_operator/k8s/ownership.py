@@ -65,7 +65,7 @@ def older_quorums(body: Mapping[str, Any], items: Iterable[Mapping[str, Any]]) -
     """The names of the quorums among ``items`` (the namespace's KRaftQuorums) that make
     objects and came before ``body``: a conflict refuses the newer of two quorums, never one
     that already runs. Kafka-kind quorums make no objects (kafka/kube.py)."""
-    from .kafkaquorums import is_kafka
+    from .kafkaspec import is_kafka
 
     def key(meta: Mapping[str, Any]) -> tuple[str, str]:
         return (str(meta.get("creationTimestamp") or ""), str(meta.get("name")))

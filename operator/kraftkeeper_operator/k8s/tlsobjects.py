@@ -49,13 +49,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 
 from quorum.security.clientconfig import ClientConfig
+from quorum.security.identity import renewal_due
 from quorum.security.pki import (
     CA_CERT,
     CA_KEY,
@@ -243,19 +243,9 @@ def cert_identity(pem: bytes | None) -> Identity | None:
 
 
 def cert_due(pem: bytes | None, renew_before: dt.timedelta, identity: Identity | None = None) -> bool:
-    """Missing, unreadable, naming another identity, or expiring within ``renew_before``."""
-    if not pem:
-        return True
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-        named = identity_from_cert(cert)
-        # The disk binding is compared by the callers: a certificate is due for another replica
-        # or cluster, not because it names a disk.
-        if identity is not None and replace(named, storage_uuid=identity.storage_uuid) != identity:
-            return True
-    except (ValueError, KraftError):  # unreadable or not ours: simply re-issued
-        return True
-    return cert.not_valid_after_utc <= dt.datetime.now(dt.UTC) + renew_before
+    """The renewal rule (:func:`quorum.security.identity.renewal_due`) on a Secret's PEM; the
+    disk binding is compared by the callers (``identity`` names no disk)."""
+    return renewal_due(pem, renew_before, identity)
 
 
 def not_before(pem: bytes | None) -> dt.datetime | None:

@@ -21,7 +21,8 @@ leader. The answer of DescribeQuorum v2 is turned into the operator's describe o
   (KIP-853: the new voter's endpoints are part of the voter record).
 
 Kafka's errors map onto the engine's codes so the controller's retry / refuse rules apply
-unchanged (table ``_ERRORS``). Two need the quorum to interpret them: Kafka answers
+unchanged (:mod:`quorum.kafka.mapping`, shared with the node's Kafka listener, holds the tables
+and the DescribeQuorum mapping). Two need the quorum to interpret them: Kafka answers
 DUPLICATE_VOTER for *any* second directory id of a voter id (it keeps one per id, unlike KIP-856),
 so it means "already added" only when this very (id, directory id) is the voter, and otherwise a
 refusal (the reason the default order for Kafka is RemoveThenAdd); VOTER_NOT_FOUND on removal
@@ -31,7 +32,6 @@ means the (id, directory id) is not a voter: already removed.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
@@ -46,6 +46,17 @@ from kafka.protocol.admin import (  # type: ignore[import-untyped]
     DescribeQuorumResponse,
 )
 
+from quorum.kafka.mapping import (
+    API_ADD_RAFT_VOTER,
+    API_DESCRIBE_CLUSTER,
+    API_DESCRIBE_QUORUM,
+    API_REMOVE_RAFT_VOTER,
+    METADATA_TOPIC,
+    describe_from_response,
+    kafka_error,
+)
+from quorum.kafka.mapping import base64_to_uuid as base64_to_uuid  # re-exported: reports and benches use it
+from quorum.kafka.mapping import uuid_to_base64 as uuid_to_base64
 from quorum.kafka.schemas import SchemaJarMissing, membership_messages
 from quorum.types import ErrorCode, KraftError
 
@@ -57,75 +68,11 @@ T = TypeVar("T")
 register_response(DescribeQuorumRequest, DescribeQuorumResponse)
 register_response(DescribeClusterRequest, DescribeClusterResponse)
 
-METADATA_TOPIC = "__cluster_metadata"
-API_DESCRIBE_QUORUM = 55
-API_DESCRIBE_CLUSTER = 60
-API_ADD_RAFT_VOTER = 80
-API_REMOVE_RAFT_VOTER = 81
-
-# Kafka error code -> (Kafka's name, our code). Retryable on our side: NOT_LEADER,
-# REQUEST_TIMED_OUT, UNAVAILABLE, UNKNOWN_SERVER_ERROR; the rest refuse the step.
-_ERRORS: dict[int, tuple[str, ErrorCode]] = {
-    -1: ("UNKNOWN_SERVER_ERROR", ErrorCode.UNKNOWN_SERVER_ERROR),
-    6: ("NOT_LEADER_OR_FOLLOWER", ErrorCode.NOT_LEADER),
-    7: ("REQUEST_TIMED_OUT", ErrorCode.REQUEST_TIMED_OUT),
-    # A broker / controller shutting down or not yet ready: the outcome is "try again".
-    15: ("COORDINATOR_NOT_AVAILABLE", ErrorCode.UNAVAILABLE),
-    31: ("CLUSTER_AUTHORIZATION_FAILED", ErrorCode.PERMISSION_DENIED),
-    35: ("UNSUPPORTED_VERSION", ErrorCode.UNSUPPORTED),
-    41: ("NOT_CONTROLLER", ErrorCode.NOT_LEADER),
-    42: ("INVALID_REQUEST", ErrorCode.INVALID_REQUEST),
-    58: ("SASL_AUTHENTICATION_FAILED", ErrorCode.UNAUTHENTICATED),
-    74: ("FENCED_LEADER_EPOCH", ErrorCode.NOT_LEADER),
-    75: ("UNKNOWN_LEADER_EPOCH", ErrorCode.NOT_LEADER),
-    104: ("INCONSISTENT_CLUSTER_ID", ErrorCode.INCONSISTENT_CLUSTER_ID),
-    125: ("INVALID_VOTER_KEY", ErrorCode.INVALID_REQUEST),
-    126: ("DUPLICATE_VOTER", ErrorCode.VOTER_ALREADY_ADDED),  # refined in add_voter
-    127: ("VOTER_NOT_FOUND", ErrorCode.VOTER_ALREADY_REMOVED),
-}
-
-
 def _membership() -> dict[str, Any]:
     msgs = membership_messages()
     register_response(msgs["AddRaftVoterRequest"], msgs["AddRaftVoterResponse"])
     register_response(msgs["RemoveRaftVoterRequest"], msgs["RemoveRaftVoterResponse"])
     return msgs
-
-
-def kafka_error(code: int, message: str | None, what: str) -> KraftError:
-    name, ours = _ERRORS.get(code, (f"KAFKA_ERROR_{code}", ErrorCode.UNKNOWN_SERVER_ERROR))
-    text = f"{what}: Kafka {name}" + (f": {message}" if message else "")
-    return KraftError(ours, text, kafka_error=name, kafka_code=code)
-
-
-def dir_id_to_uuid(value: Any) -> str:
-    """kafka-python's decoded ``uuid`` field (a ``uuid.UUID``, or base64url text) -> canonical
-    form; Kafka's zero Uuid (unknown) -> ""."""
-    if isinstance(value, _uuid.UUID):
-        u = value
-    elif isinstance(value, str):
-        u = base64_to_uuid(value) if len(value) == 22 else _uuid.UUID(value)
-    elif isinstance(value, bytes | bytearray) and len(value) == 16:
-        u = _uuid.UUID(bytes=bytes(value))
-    else:
-        return ""
-    return "" if u.int == 0 else str(u)
-
-
-def base64_to_uuid(text: str) -> _uuid.UUID:
-    """Kafka's printed Uuid (22 chars of base64url, no padding) -> uuid.UUID."""
-    try:
-        raw = base64.urlsafe_b64decode(text + "==")
-    except ValueError:
-        raise ValueError(f"{text!r} is not a Kafka directory id (base64url)") from None
-    if len(raw) != 16:
-        raise ValueError(f"{text!r} is not a Kafka directory id (16 bytes of base64url)")
-    return _uuid.UUID(bytes=raw)
-
-
-def uuid_to_base64(value: str) -> str:
-    """Canonical UUID -> Kafka's base64url form (what ``kafka-metadata-quorum`` prints)."""
-    return base64.urlsafe_b64encode(_uuid.UUID(value).bytes).decode().rstrip("=")
 
 
 def parse_bootstrap(text: str, option: str = "--kafka-bootstrap-controllers") -> list[tuple[str, int]]:
@@ -311,52 +258,7 @@ class KafkaQuorum:
         return self._to_describe(resp)
 
     def _to_describe(self, resp: Any) -> dict[str, Any]:
-        part = resp.topics[0].partitions[0]
-        # Kafka lists only the voters' endpoints (a removed node's vanish, observers never carry
-        # theirs), so remember every node's listeners: AddRaftVoter after RemoveRaftVoter needs them.
-        for n in getattr(resp, "nodes", None) or []:
-            self.listeners[int(n.node_id)] = [(str(x.name), str(x.host), int(x.port)) for x in n.listeners]
-        leader_id = int(part.leader_id)
-        voters = list(part.current_voters)
-        leader_entry = next((r for r in voters if r.replica_id == leader_id), None)
-        leader_leo = (
-            int(leader_entry.log_end_offset) if leader_entry is not None else int(part.high_watermark)
-        )
-        skew = 0
-        leader_now = (
-            int(getattr(leader_entry, "last_fetch_timestamp", -1)) if leader_entry is not None else -1
-        )
-        if leader_now > 0:
-            skew = int(self.clock() * 1000) - leader_now
-
-        def entry(r: Any) -> dict[str, Any]:
-            leo = int(r.log_end_offset)
-            fetch = int(getattr(r, "last_fetch_timestamp", -1))
-            caught = int(getattr(r, "last_caught_up_timestamp", -1))
-            lst = self.listeners.get(int(r.replica_id))
-            return {
-                "id": int(r.replica_id),
-                "uuid": dir_id_to_uuid(getattr(r, "replica_directory_id", None)),
-                "endpoint": f"{lst[0][1]}:{lst[0][2]}" if lst else None,
-                "log_end_offset": leo,
-                "lag": max(0, leader_leo - leo) if leo >= 0 else -1,
-                "last_fetch_timestamp": fetch + skew if fetch >= 0 else -1,
-                "last_caught_up_timestamp": caught + skew if caught >= 0 else -1,
-            }
-
-        return {
-            "cluster_id": self.cluster_id or "",
-            "leader_id": leader_id,
-            "leader_epoch": int(part.leader_epoch),
-            "high_watermark": int(part.high_watermark),
-            "voters": [entry(r) for r in voters],
-            "observers": [entry(r) for r in part.observers],
-            # Kafka does not expose an uncommitted voter change; it refuses a second one with
-            # REQUEST_TIMED_OUT (KIP-853), which the controller retries.
-            "pending_voter_change": None,
-            "target_voters": None,
-            "leader_recovery_state": "RECOVERED",
-        }
+        return describe_from_response(resp, self.listeners, int(self.clock() * 1000), self.cluster_id or "")
 
     # -- membership ----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from .wire import ClientConfigError, ClientSettings, parse_properties
+from .wire import ClientConfigError, ClientSettings, parse_client_properties
 
 
 def settings_from_secret(data: Mapping[str, str], key: str, where: str) -> ClientSettings:
@@ -28,7 +28,7 @@ def settings_from_secret(data: Mapping[str, str], key: str, where: str) -> Clien
         except ValueError:
             raise ClientConfigError(f"{where}: key {name!r} is not valid base64") from None
     try:
-        props = parse_properties(files[key].decode())
+        props = parse_client_properties(files[key].decode(), f"{where} key {key}")
     except UnicodeDecodeError:
         raise ClientConfigError(f"{where}: key {key!r} is not a UTF-8 properties file") from None
     tmp = Path(tempfile.mkdtemp(prefix="kk-kafka-client-"))

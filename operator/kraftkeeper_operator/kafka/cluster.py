@@ -23,191 +23,52 @@ joins as an observer. Unsupervised, that quorum never heals.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
-import os
 import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-import uuid as _uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorum.localports import free_port
-from quorum.types import new_storage_uuid
+
+from .kafkaproc import (
+    _LOG4J2,
+    JVM_OPTS,
+    KAFKA_VERSION,
+    RESTART_BACKOFF_FIRST,
+    RESTART_BACKOFF_MAX,
+    RESTART_RESET_AFTER,
+    ControllerProc,
+    Crash,
+    KafkaSecurity,
+    fatal_line,
+    kafka_libs,
+    kafka_tools_libs,
+    metadata_quorum,
+    random_kafka_uuid,
+)
 
 log = logging.getLogger(__name__)
 
-KAFKA_VERSION = "4.4.0"
-# Restart back-off of a controller that exited on its own (kubelet's CrashLoopBackOff, shortened
-# for loopback: Kafka's own election timeout here is 1 s).
-RESTART_BACKOFF_FIRST = 1.0
-RESTART_BACKOFF_MAX = 10.0
-RESTART_RESET_AFTER = 30.0  # a run this long clears the back-off
-
-JVM_OPTS = ["-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KK_CACHE") or Path.home() / ".cache" / "kraftkeeper")
-
-
-def kafka_libs(version: str = KAFKA_VERSION) -> Path | None:
-    """The server jar directory scripts/kafka.sh filled, or None when it is not (completely) there.
-    ``KRAFTKEEPER_KAFKA_LIBS`` overrides the cache location."""
-    env = os.environ.get("KRAFTKEEPER_KAFKA_LIBS")
-    d = Path(env) if env else cache_dir() / f"kafka-{version}" / "libs"
-    return d if (d / ".complete").exists() or (env and d.is_dir()) else None
-
-
-def kafka_tools_libs(version: str = KAFKA_VERSION) -> Path | None:
-    """The kafka-tools jar directory (kafka-metadata-quorum), or None."""
-    d = cache_dir() / f"kafka-{version}" / "tools-libs"
-    return d if (d / ".complete").exists() else None
-
-
-def metadata_quorum(bootstrap: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """Kafka's own ``kafka-metadata-quorum --bootstrap-controller BOOTSTRAP ARGS`` (its
-    ``MetadataQuorumCommand`` class, one JVM start), output captured. Pass a value that may start
-    with '-' as ``--option=value``. Raises ``FileNotFoundError`` when scripts/kafka.sh has not
-    cached the tools jars."""
-    libs = kafka_tools_libs()
-    if libs is None:
-        raise FileNotFoundError("the kafka-tools jars are not cached: run scripts/kafka.sh install")
-    return subprocess.run(
-        ["java", *JVM_OPTS, "-cp", str(libs / "*"), "org.apache.kafka.tools.MetadataQuorumCommand",
-         "--bootstrap-controller", bootstrap, *args],
-        capture_output=True, text=True, timeout=timeout,
-    )
-
-
-def random_kafka_uuid() -> str:
-    """A random Kafka Uuid in its base64url form (never starting with '-': ``new_storage_uuid``)."""
-    return base64.urlsafe_b64encode(_uuid.UUID(new_storage_uuid()).bytes).decode().rstrip("=")
-
-
-
-
-def read_meta(data_dir: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    path = data_dir / "meta.properties"
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        if "=" in line and not line.startswith("#"):
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
-
-
-_LOG4J2 = """\
-status = warn
-appender.out.type = Console
-appender.out.name = OUT
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.out.ref = OUT
-logger.raft.name = org.apache.kafka.raft
-logger.raft.level = INFO
-logger.kafka.name = kafka
-logger.kafka.level = WARN
-logger.apache.name = org.apache.kafka
-logger.apache.level = WARN
-"""
-
-
-@dataclass
-class ControllerProc:
-    node_id: int
-    port: int
-    dir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-    # Supervision: ``wanted`` is True from start_proc to stop_proc; a wanted process that exited
-    # is restarted at ``restart_at`` (monotonic). ``backoff`` is the next delay.
-    wanted: bool = False
-    started_at: float = 0.0
-    restart_at: float | None = None
-    backoff: float = RESTART_BACKOFF_FIRST
-
-    @property
-    def data_dir(self) -> Path:
-        return self.dir / "data"
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def directory_id(self) -> str | None:
-        return read_meta(self.data_dir).get("directory.id")
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-@dataclass(frozen=True)
-class Crash:
-    """A controller that exited on its own: when, its exit code, and Kafka's last fatal or
-    ERROR line from its out.log (empty when it printed none)."""
-
-    node_id: int
-    at: float
-    returncode: int
-    fatal: str
-
-
-def fatal_line(out_log: Path, max_bytes: int = 65536) -> str:
-    """The last line of ``out_log`` that says why Kafka stopped ("fatal fault", else the last
-    ERROR line) with the exception line that follows it, if any; read from the end only, the log
-    may be large."""
-    try:
-        with open(out_log, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            tail = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    for mark in ("fatal fault", " ERROR "):
-        found = [i for i, ln in enumerate(tail) if mark in f" {ln} "]
-        if found:
-            i = found[-1]
-            # The exception's own line follows Kafka's log line (its message says why).
-            cause = tail[i + 1].strip() if i + 1 < len(tail) and "Exception" in tail[i + 1] else ""
-            return f"{tail[i].strip()} {cause}".strip()
-    return ""
-
-
-@dataclass(frozen=True)
-class KafkaSecurity:
-    """SASL_SSL on the controller listener: a PEM truststore (the CA), a PEM keystore (key and
-    certificate chain, for 127.0.0.1) and one PLAIN user that controllers and clients share."""
-
-    ca_pem: Path
-    keystore_pem: Path
-    username: str
-    password: str
-
-    def jaas(self) -> str:
-        return (
-            "org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'username="{self.username}" password="{self.password}" user_{self.username}="{self.password}";'
-        )
-
-    def client_properties(self, password: str | None = None) -> str:
-        pw = self.password if password is None else password
-        return (
-            "security.protocol=SASL_SSL\n"
-            f"ssl.truststore.type=PEM\nssl.truststore.location={self.ca_pem}\n"
-            "sasl.mechanism=PLAIN\n"
-            "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'username="{self.username}" password="{pw}";\n'
-        )
+__all__ = [
+    "KAFKA_VERSION",
+    "RESTART_BACKOFF_FIRST",
+    "RESTART_BACKOFF_MAX",
+    "Crash",
+    "KafkaControllers",
+    "KafkaSecurity",
+    "fatal_line",
+    "free_port",
+    "kafka_libs",
+    "kafka_tools_libs",
+    "metadata_quorum",
+]
 
 
 @dataclass

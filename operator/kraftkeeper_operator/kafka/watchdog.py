@@ -20,8 +20,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
+
+from quorum.timefmt import rfc3339
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
@@ -125,7 +126,7 @@ _abandoned: set[asyncio.Task[object]] = set()
 
 def stale_conditions(status: Mapping[str, Any], why: str) -> list[dict[str, Any]]:
     """``status.conditions`` with ``Degraded`` set to True, reason ``StatusNotRefreshed``."""
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339()
     out: list[dict[str, Any]] = []
     for c in status.get("conditions") or []:
         if c.get("type") != "Degraded":

@@ -34,6 +34,8 @@ from kafka.protocol.sasl import (  # type: ignore[import-untyped]
     SaslHandshakeResponse,
 )
 
+from quorum.properties import PropertiesError, parse_properties
+
 MAX_FRAME = 64 * 1024 * 1024
 CLIENT_ID = "kraftkeeper-operator"
 
@@ -75,26 +77,15 @@ DEFAULT_REQUEST_TIMEOUT_MS = 10_000
 DEFAULT_API_TIMEOUT_MS = 30_000
 
 
-def parse_properties(text: str) -> dict[str, str]:
-    """Java properties, the subset Kafka's client files use: ``key=value`` or ``key: value``,
-    ``#``/``!`` comments, backslash line continuations."""
-    props: dict[str, str] = {}
-    logical = ""
-    for raw in text.splitlines():
-        line = raw.strip() if not logical else raw.lstrip()
-        if not logical and (not line or line[0] in "#!"):
-            continue
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            logical += line[:-1]
-            continue
-        logical += line
-        m = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", logical)
-        if m is None:
-            props[logical] = ""
-        else:
-            props[m.group(1)] = m.group(2).strip()
-        logical = ""
-    return props
+def parse_client_properties(text: str, source: str) -> dict[str, str]:
+    """A Kafka client properties file (Java properties, read as Kafka reads it); values are
+    trimmed as Kafka's config parser trims them. A line that is not ``key=value`` is refused
+    naming ``source`` and the line: a hand-written client file with such a line is a mistake."""
+    try:
+        props = parse_properties(text, source=source, require_values=True)
+    except PropertiesError as e:
+        raise ClientConfigError(str(e)) from None
+    return {k: v.strip() for k, v in props.items()}
 
 
 def _jaas_options(jaas: str) -> tuple[str, dict[str, str]]:
@@ -120,7 +111,7 @@ class ClientSettings:
     def from_properties(cls, path: str | Path) -> ClientSettings:
         p = Path(path)
         try:
-            props = parse_properties(p.read_text())
+            props = parse_client_properties(p.read_text(), f"--kafka-client-config {p}")
         except OSError as e:
             raise ClientConfigError(f"--kafka-client-config {p}: {e.strerror or e}") from None
         return cls.from_dict(props, base=p.parent)

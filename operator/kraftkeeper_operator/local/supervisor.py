@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from quorum.storage.atomic import fsync_dir
+from quorum.timefmt import rfc3339
 
 from .cluster import ClusterLayout, kraftkeeper_cmd, pid_alive, write_atomic
 
@@ -238,7 +239,7 @@ class Supervisor:
         message = self.corrupt_message(n)
         if message is None or self.on_damage is None:
             return False
-        note = {"message": message, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        note = {"message": message, "at": rfc3339()}
         if not self.on_damage(n.index, message):
             self.damage[n.index] = {**note, "action": "none: no healthy majority without this node"}
             return False

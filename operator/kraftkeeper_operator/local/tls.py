@@ -41,10 +41,10 @@ from pathlib import Path
 from cryptography import x509
 
 from quorum.security.clientconfig import ClientConfig, load_client_config
+from quorum.security.identity import Identity, renewal_due
 from quorum.security.pki import (
     CA_CERT,
     CertificateAuthority,
-    identity_from_cert,
     init_ca,
     issue_client,
     issue_node,
@@ -126,22 +126,12 @@ class LocalTls:
         return meta_uuid(self.dir / f"node-{i}")
 
     def needs_renewal(self, path: Path, now: dt.datetime | None = None, replica: int | None = None) -> bool:
-        """Missing, unreadable, naming another identity or another disk than node ``replica``'s,
-        or expiring within ``renew_before``."""
-        cert = _cert(path)
-        if cert is None:
-            return True
+        """The renewal rule (:func:`quorum.security.identity.renewal_due`) for a file: node
+        ``replica``'s certificate must name this cluster, that replica and its disk (once formatted)."""
+        expect = None
         if replica is not None:
-            try:
-                ident = identity_from_cert(cert)
-            except KraftError:
-                return True
-            if ident.cluster_id != self.cluster_id or ident.replica_id != replica:
-                return True
-            disk = self.storage_uuid(replica)
-            if disk is not None and ident.storage_uuid != disk:
-                return True
-        return cert.not_valid_after_utc <= (now or dt.datetime.now(dt.UTC)) + self.renew_before
+            expect = Identity(self.cluster_id, replica_id=replica, storage_uuid=self.storage_uuid(replica))
+        return renewal_due(_cert(path), self.renew_before, expect, now)
 
     def _days(self) -> float:
         return self.validity.total_seconds() / 86400.0

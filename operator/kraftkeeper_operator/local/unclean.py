@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from quorum.client import QuorumClient
+from quorum.timefmt import rfc3339
 
 from ..core.survivor import Probe, probe_log_state
 from ..telemetry import OperatorMetrics
@@ -82,7 +83,7 @@ class LocalRequestStore:
         if out.returncode != 0:
             self.failed_at = time.monotonic()
             raise RuntimeError(f"recover-unclean on node {i} exited with {out.returncode}: {text}")
-        await asyncio.to_thread(write_atomic, marker, time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+        await asyncio.to_thread(write_atomic, marker, rfc3339() + "\n")
         log.warning("unclean recovery %s of node %d: %s", req.token, i, text)
 
 
