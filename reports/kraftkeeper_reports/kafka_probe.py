@@ -19,13 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 from kraftkeeper_operator.kafka.wire import ClientSettings
 
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.demo_common import DemoError, say
 from kraftkeeper_reports.events import EventLogWriter, RecoveryEvent
+from quorum.kafka.mapping import base64_to_uuid
 from quorum.timefmt import now_ms
 
 T = TypeVar("T")
