@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.common import LoadResult
+from bench.load import LoadResult
 
 __all__ = ["Pair", "median_run", "ratio_lines", "round_order"]
 

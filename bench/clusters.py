@@ -24,17 +24,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.common import (
-    ProcessSet,
-    TlsFiles,
-    find_leader_by_421,
-    http_call,
-    kraftkeeper_command,
-    kraftkeeper_config,
-    wait_until,
-)
+from bench.common import NOT_YET, find_leader_by_421, http_call, kraftkeeper_config
+from bench.load import TlsFiles
+from bench.procs import ProcessSet, kraftkeeper_command
 from quorum.localports import free_ports
 from quorum.security.pki import init_ca, issue_client, issue_node
+from testkit.polling import wait_until
 from testkit.revision import BaselineTree
 
 START_TIMEOUT = 60.0
@@ -108,7 +103,12 @@ class KraftKeeperCluster:
             self.format_node(i)
             self.start_node(i)
         for i, ep in enumerate(self.endpoints, start=1):
-            wait_until(partial(self._ready, i, ep), START_TIMEOUT, f"kraftkeeper node {i} /readyz")
+            wait_until(
+                f"kraftkeeper node {i} /readyz",
+                partial(self._ready, i, ep),
+                START_TIMEOUT,
+                errors=NOT_YET,
+            )
 
     def format_node(self, i: int) -> str:
         """``kraftkeeper format`` node ``i``'s directory; returns the new storage UUID (the last
@@ -265,7 +265,7 @@ class EtcdCluster:
                     return ep
             return None
 
-        return wait_until(find, START_TIMEOUT, "an etcd leader", interval=0.1)
+        return wait_until("an etcd leader", find, START_TIMEOUT, 0.1, errors=NOT_YET)
 
     def stop(self) -> None:
         self.procs.close()
@@ -305,7 +305,12 @@ class PySyncObjCluster:
                 argv.append("--no-batch")
             self.procs.spawn(f"pso-{i + 1}", argv)
         for i, ep in enumerate(self.endpoints, start=1):
-            wait_until(partial(self._ready, i, ep), START_TIMEOUT, f"pysyncobj node {i} /readyz")
+            wait_until(
+                f"pysyncobj node {i} /readyz",
+                partial(self._ready, i, ep),
+                START_TIMEOUT,
+                errors=NOT_YET,
+            )
 
     def _ready(self, i: int, ep: str) -> bool:
         self.procs.check_alive(f"pso-{i}")

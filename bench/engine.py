@@ -58,8 +58,9 @@ if __package__ in (None, ""):
 
 from bench.baseline import Pair, ratio_lines
 from bench.clusters import Cluster, EtcdCluster, KraftKeeperCluster, PySyncObjCluster
-from bench.common import LoadResult, have_wrk, sigterm_as_interrupt, value_bytes
+from bench.load import LoadResult, have_wrk, value_bytes
 from bench.measure import measure, measure_ceiling, measure_floor, measure_pair
+from bench.procs import sigterm_as_interrupt
 from bench.pysyncobj_node import pysyncobj_node
 from bench.results import Row, _tls_cost, ceiling_lines, render, results_json
 from testkit.revision import BaselineTree, export_tree, missing_start_flags

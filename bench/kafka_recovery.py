@@ -26,7 +26,7 @@ RemoveThenAdd, removes only a dead directory id; auto-join and the manual path d
 ``python -m bench.kafka_recovery [--modes watch-0,watch-default,auto-join,manual] [--rounds 2]
 [--roles follower,leader] [--workdir DIR] [--json FILE]``; prints a Markdown table, one row per
 mode and replaced role. The replacement, the watcher and the
-"whole voter set" check are ``kraftkeeper_reports.demo_kafka``'s, which ``kraftkeeper demo
+"whole voter set" check are ``kraftkeeper_reports.kafka_probe``'s, which ``kraftkeeper demo
 --engine kafka`` runs too.
 """
 
@@ -50,7 +50,7 @@ from kraftkeeper_operator.kafka.cluster import (
     kafka_tools_libs,
     metadata_quorum,
 )
-from kraftkeeper_reports.demo_kafka import (
+from kraftkeeper_reports.kafka_probe import (
     MAX_LAG,
     Probe,
     poll,

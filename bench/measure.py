@@ -18,17 +18,12 @@ from typing import Any
 
 from bench.baseline import Pair, median_run, round_order
 from bench.clusters import START_TIMEOUT, Cluster, KraftKeeperCluster, make_pki, probe_path
-from bench.common import (
-    LoadResult,
-    ProcessSet,
-    http_call,
-    run_asyncio_load,
-    run_load,
-    value_bytes,
-    wait_until,
-)
+from bench.common import NOT_YET, http_call
+from bench.load import LoadResult, run_asyncio_load, run_load, value_bytes
+from bench.procs import ProcessSet
 from bench.results import Row
 from quorum.localports import free_ports
+from testkit.polling import wait_until
 
 
 def measure(
@@ -139,7 +134,10 @@ def measure_ceiling(
         procs.spawn("noop", [sys.executable, "-m", "bench.common", "noop-server", "--port", str(port)])
         ep = f"127.0.0.1:{port}"
         wait_until(
-            lambda: http_call(ep, "GET", "/readyz", timeout=2)[0] == 200, START_TIMEOUT, "the no-op server"
+            "the no-op server",
+            lambda: http_call(ep, "GET", "/readyz", timeout=2)[0] == 200,
+            START_TIMEOUT,
+            errors=NOT_YET,
         )
         size = max(sizes)
         if tls:
@@ -167,9 +165,10 @@ def _tls_ceiling(procs: ProcessSet, work: Path, size: int, clients: int, duratio
     )
     ep = f"127.0.0.1:{port}"
     wait_until(
+        "the TLS no-op server",
         lambda: http_call(ep, "GET", "/readyz", timeout=2, tls=files)[0] == 200,
         START_TIMEOUT,
-        "the TLS no-op server",
+        errors=NOT_YET,
     )
     return run_load(ep, "kv", size, clients, duration, "asyncio", files)
 

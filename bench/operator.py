@@ -43,44 +43,26 @@ Apache Kafka rows: ``python -m bench.operator kafka [options]`` (bench/kafka_rec
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
-
-from quorum.localports import free_port_range
+from typing import TypeVar
 
 if __package__ in (None, ""):
     # Run as a file (`python bench/operator.py`): import `bench` from the repository root, and keep
     # this directory off the path, where operator.py would shadow the standard library's module.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from kraftkeeper_reports import vocabulary as ev
 
 from bench import kafka_recovery
-from testkit.polling import wait_until
+from bench.operator_cost import bench_cost
+from bench.operator_local import bench_recovery
 
-REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
-
-
-def poll(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
-    # Errors are transient here: a node restarting, the leader moving.
-    return wait_until(what, fn, timeout, every, errors=(Exception,))
-
-
 
 
 def pct(values: list[float], p: float) -> float:
@@ -88,270 +70,6 @@ def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
     return s[k]
-
-
-def http_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def describe(eps: list[str]) -> dict[str, Any]:
-    """The leader's describe (other nodes answer 421 with a hint; try each)."""
-    last: Exception | None = None
-    for ep in eps:
-        try:
-            data: dict[str, Any] = http_json(f"http://{ep}/v1/quorum/describe", 2.0)
-            return data
-        except Exception as e:
-            last = e
-    raise RuntimeError(f"no leader answered: {last}")
-
-
-@contextmanager
-def local_cluster(d: Path, nodes: int, extra: list[str]) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    base = free_port_range(nodes + 1)
-    log = d.parent / "operator-local.log"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quorum.cli",
-            "operator",
-            "local",
-            "--dir",
-            str(d),
-            "--nodes",
-            str(nodes),
-            "--base-port",
-            str(base),
-            *extra,
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        yield base, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-def read_events(d: Path) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for f in sorted((d / "events").rglob("*.jsonl")):
-        out += [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-    return out
-
-
-def ts_ms(e: dict[str, Any]) -> int:
-    from kraftkeeper_reports.events import parse_ts_ms
-
-    v = parse_ts_ms(e["ts"])
-    assert v is not None
-    return v
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def bench_recovery(k: int, stabilization: float, workdir: Path) -> dict[str, list[float]]:
-    from kraftkeeper_operator.local.cluster import ClusterLayout, replace_disk
-
-    d = workdir / "bench-local"
-    names = ("detection", "stabilisation", "deadline->add", "add", "commit->remove", "remove", "total")
-    rows: dict[str, list[float]] = {n: [] for n in names}
-    # --insecure: the bench reads the leader's describe over plain HTTP without a credential (as the
-    # real-path bench does with spec.tls.mode Disabled); the recovery's steps are the same.
-    extra = ["--stabilization-seconds", str(stabilization), "--insecure"]
-    with local_cluster(d, 3, extra) as (base, proc):
-        eps = [f"127.0.0.1:{base + i}" for i in (1, 2, 3)]
-        poll(
-            "a leader with 3 known voters",
-            lambda: (x := describe(eps)) and len(x["voters"]) == 3 and all(v["uuid"] for v in x["voters"]),
-            timeout=120,
-            every=0.2,
-        )
-        layout = ClusterLayout.load(d)
-        for i in range(k):
-            node = i % 3 + 1
-            new = replace_disk(layout, node)
-
-            def first_fetch(new: str = new, node: int = node) -> int | None:
-                x = describe(eps)
-                for o in x["observers"] + x["voters"]:
-                    if o["id"] == node and o["uuid"] == new and o["last_fetch_timestamp"] >= 0:
-                        return int(o["last_fetch_timestamp"])
-                return None
-
-            fetched = poll(f"first fetch of ({node}, {new})", first_fetch, timeout=120, every=0.02)
-
-            def completed(new: str = new) -> list[dict[str, Any]] | None:
-                evs = read_events(d)
-                done = [e for e in evs if e["type"] == ev.RECOVERY_COMPLETED and e["new_uuid"] == new]
-                if not done:
-                    return None
-                rid = done[0]["recovery_id"]
-                return [e for e in evs if e["recovery_id"] == rid]
-
-            evs = poll(f"recovery {i + 1} completed", completed, timeout=300, every=0.1)
-            at = {e["type"]: ts_ms(e) for e in evs}  # the last of each type wins
-            first = {e["type"]: ts_ms(e) for e in reversed(evs)}
-            rows["detection"].append((first[ev.DISK_REPLACEMENT_DETECTED] - fetched) / 1000)
-            rows["stabilisation"].append(
-                (at[ev.REPLICA_CAUGHT_UP] - first[ev.DISK_REPLACEMENT_DETECTED]) / 1000
-            )
-            caught = next(e for e in evs if e["type"] == ev.REPLICA_CAUGHT_UP)
-            deadline = int(caught["detail"]["stable_since_ms"]) + round(stabilization * 1000)
-            rows["deadline->add"].append((first[ev.ADD_VOTER_STARTED] - deadline) / 1000)
-            rows["add"].append((at[ev.ADD_VOTER_COMMITTED] - at[ev.ADD_VOTER_STARTED]) / 1000)
-            rows["commit->remove"].append(
-                (first[ev.REMOVE_VOTER_STARTED] - at[ev.ADD_VOTER_COMMITTED]) / 1000
-            )
-            rows["remove"].append((at[ev.REMOVE_VOTER_COMMITTED] - at[ev.REMOVE_VOTER_STARTED]) / 1000)
-            rows["total"].append((at[ev.RECOVERY_COMPLETED] - fetched) / 1000)
-            print(f"  recovery {i + 1}/{k}: node {node}, total {rows['total'][-1]:.3f} s", file=sys.stderr)
-        if proc.poll() is not None:
-            raise RuntimeError("operator local exited during the bench")
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def _api_requests(kube: Any) -> float:
-    st, text = kube.request("GET", "/metrics", accept="text/plain")
-    if st != 200:
-        raise RuntimeError(f"kube-apiserver /metrics: {st}")
-    total = 0.0
-    for line in str(text).splitlines():
-        if line.startswith("apiserver_request_total{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-@contextmanager
-def kube_apiserver() -> Iterator[Any]:
-    """etcd + kube-apiserver, started as the tests start them (:mod:`testkit.kubeapi`)."""
-    from testkit.kubeapi import KubeApiMissing, start_kube_apiserver
-
-    try:
-        cm = start_kube_apiserver()
-        env = cm.__enter__()
-    except KubeApiMissing as e:
-        raise RuntimeError(f"test kube-apiserver unavailable: {e}") from None
-    try:
-        yield env
-    finally:
-        cm.__exit__(None, None, None)
-
-
-def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
-    import psutil
-    import yaml
-
-    results: dict[str, float] = {}
-    with (
-        kube_apiserver() as kube,
-        local_cluster(workdir / "shared-quorum", 3, ["--no-recovery", "--insecure"]) as (base, _),
-    ):
-        crd = yaml.safe_load((REPO / "crds" / "kraftquorums.kraftkeeper.io.yaml").read_text())
-        st, body = kube.apply(crd)
-        assert st in (200, 201), body
-        poll(
-            "CRD served",
-            lambda: kube.request("GET", "/apis/kraftkeeper.io/v1alpha1/kraftquorums")[0] == 200,
-            timeout=60,
-            every=0.2,
-        )
-        ns = f"bench-{uuid.uuid4().hex[:6]}"
-        kube.request(
-            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-        )
-        overrides = {f"{ns}/q{j}/{k}": f"127.0.0.1:{base + k + 1}" for j in range(n) for k in range(3)}
-        eps = [f"127.0.0.1:{base + i}" for i in (1, 2, 3)]
-        poll("shared quorum leader", lambda: describe(eps)["leader_id"] > 0, timeout=120, every=0.2)
-        env = kube.env()
-        env.update(
-            KRAFTKEEPER_METRICS_PORT="0",
-            KRAFTKEEPER_ENDPOINT_OVERRIDES=json.dumps(overrides),
-            KRAFTKEEPER_RECONCILE_INTERVAL="2",
-        )
-        log = workdir / "operator-run.log"
-        op = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorum.cli",
-                "operator",
-                "run",
-                "--standalone",
-                "--namespace",
-                ns,
-                "--quiet",
-            ],
-            env=env,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            ps = psutil.Process(op.pid)
-            time.sleep(0.5)  # let the interpreter start before sampling (no assertion depends on it)
-            req0, cpu0, t0 = _api_requests(kube), sum(ps.cpu_times()[:2]), time.monotonic()
-            bench_requests = 1
-            for j in range(n):
-                st, body = kube.request(
-                    "POST",
-                    f"/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums",
-                    {
-                        "apiVersion": "kraftkeeper.io/v1alpha1",
-                        "kind": "KRaftQuorum",
-                        "metadata": {"name": f"q{j}"},
-                        # Plaintext like the shared quorum they all resolve to (--insecure).
-                        "spec": {"voters": 3, "recovery": {"stabilizationSeconds": 5},
-                                 "tls": {"mode": "Disabled"}},
-                    },
-                )
-                assert st == 201, body
-                bench_requests += 1
-
-            def all_running() -> bool:
-                nonlocal bench_requests
-                bench_requests += 1
-                st, lst = kube.request("GET", f"/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums")
-                items = lst.get("items", []) if st == 200 else []
-                return len(items) == n and all(
-                    (i.get("status") or {}).get("phase") == "Running" for i in items
-                )
-
-            poll(f"{n} quorums Running", all_running, timeout=600, every=1.0)
-            req1, cpu1, t1 = _api_requests(kube), sum(ps.cpu_times()[:2]), time.monotonic()
-            results["setup_seconds"] = t1 - t0
-            results["setup_requests"] = req1 - req0 - bench_requests
-            results["setup_cpu_seconds"] = cpu1 - cpu0
-            time.sleep(window)  # the steady-state window being measured (nothing polls during it)
-            req2, cpu2, t2 = _api_requests(kube), sum(ps.cpu_times()[:2]), time.monotonic()
-            results["steady_seconds"] = t2 - t1
-            results["steady_requests"] = req2 - req1 - 1
-            results["steady_cpu_seconds"] = cpu2 - cpu1
-            results["objects"] = n
-        finally:
-            op.send_signal(signal.SIGTERM)
-            try:
-                op.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(op.pid, signal.SIGKILL)
-                op.wait()
-    return results
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import use_uvloop
+from bench.procs import use_uvloop
 
 
 def pysyncobj_node(argv: Sequence[str]) -> int:

@@ -40,9 +40,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,8 +48,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 if __package__ in (None, ""):
     # Run as a file (`python bench/recovery.py`): import `bench` from the repository root, and keep
     # this directory off the path, where operator.py would shadow the standard library's module.
@@ -60,250 +55,28 @@ if __package__ in (None, ""):
 
 from bench.baseline import round_order
 from bench.clusters import KraftKeeperCluster
-from bench.common import TlsFiles, http_call, sigterm_as_interrupt, value_bytes, wait_until
+from bench.common import NOT_YET
+from bench.load import TlsFiles
+from bench.procs import sigterm_as_interrupt
+from bench.recovery_ops import (
+    MB,
+    admin,
+    copy_limit,
+    cpu_seconds,
+    describe,
+    describe_leader,
+    dir_bytes,
+    fill,
+    leader_endpoint,
+    parse_size,
+    replica_entry,
+    start_profilers,
+    stop_profilers,
+)
+from bench.recovery_results import RecoveryResult, render
 from quorum.security.pki import issue_client, load_ca
+from testkit.polling import wait_until
 from testkit.revision import BaselineTree, export_tree
-
-MB = 1_000_000
-# Said with every result: by default the nodes run without --tls-dir, so catch-up
-# crosses plaintext HTTP on loopback (``--tls``: mutual TLS). With node TLS (TLS 1.3,
-# AES-256-GCM) the leader also encrypts and the replica decrypts every byte (measured on this
-# project's VM: about 0.9 and 0.7 CPU s per GB, OpenSSL through the ssl module); sendfile is
-# impossible under TLS.
-TRANSPORT_NOTE = ("node-to-node transport: plaintext HTTP on loopback (nodes started without --tls-dir; "
-                  "--tls for mutual TLS)")
-TLS_NOTE = "node-to-node transport: mutual TLS on loopback (--tls: nodes started with --tls-dir)"
-
-
-@dataclass
-class RecoveryResult:
-    size_bytes: int
-    filled_bytes: int
-    leader_dir_bytes: int
-    received_bytes: int  # what the replaced replica holds after catch-up: the bytes it received
-    fill_s: float
-    catch_up_s: float
-    catch_up_mb_per_s: float
-    add_voter_s: float
-    remove_voter_s: float
-    total_s: float
-    restart_to_first_fetch_s: float
-    via_snapshot: bool
-    copy_s: float = 0.0
-    copy_mb_per_s: float = 0.0
-    catch_up_to_copy: float = 0.0  # catch-up MB/s / copy MB/s: the headline
-    leader_cpu_s: float = 0.0  # CPU seconds the leader and the replica spent during catch-up
-    replica_cpu_s: float = 0.0
-    rev: str = ""  # the --baseline revision that ran it; "" for the current code
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux ``/proc``; 0 elsewhere). On a
-    shared machine the CPU a catch-up costs varies far less than its wall time."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def dir_bytes(path: Path) -> int:
-    """Bytes in the files under ``path``; a file the running node removes meanwhile counts 0."""
-    total = 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file():
-                total += p.stat().st_size
-        except FileNotFoundError:
-            pass
-    return total
-
-
-def copy_limit(src: Path, dst: Path, fsync: bool) -> tuple[int, float]:
-    """Copy every file under ``src`` to ``dst`` (same disk) in 8 MB reads, fsyncing each file
-    (and the directory) when ``fsync``; returns (bytes, seconds). The plain-copy limit that
-    catch-up is compared with. Each file is read once untimed first (the engine frees a
-    catch-up's page cache once fsynced): the copy always reads from memory."""
-    chunk = 8 * 1024 * 1024
-    buf = bytearray(chunk)
-    total = 0
-    took = 0.0
-    dst.mkdir(parents=True)
-    for i, p in enumerate(sorted(q for q in src.rglob("*") if q.is_file())):
-        try:
-            fin = open(p, "rb")  # closed by the with below; the node may remove the file first
-        except FileNotFoundError:
-            continue
-        with fin:
-            while fin.readinto(buf):
-                pass
-            fin.seek(0)
-            t0 = time.monotonic()
-            with open(dst / f"{i:06d}-{p.name}", "wb") as fout:
-                while block := fin.read(chunk):
-                    fout.write(block)
-                    total += len(block)
-                fout.flush()
-                if fsync:
-                    os.fsync(fout.fileno())
-            took += time.monotonic() - t0
-    t0 = time.monotonic()
-    if fsync:
-        fd = os.open(dst, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return total, max(1e-6, took + time.monotonic() - t0)
-
-
-def parse_size(text: str) -> int:
-    """``10MB``, ``1GB``, ``500KB`` or a plain byte count (decimal units)."""
-    t = text.strip().upper().removesuffix("B")
-    mult = {"K": 1000, "M": MB, "G": 1000 * MB}.get(t[-1:], 1)
-    num = t[:-1] if t[-1:] in ("K", "M", "G") else t
-    try:
-        value = int(float(num) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"bad size {text!r}: expected e.g. 10MB, 1GB or a byte count"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: must be positive")
-    return value
-
-
-async def fill(endpoints: list[str], total: int, value_size: int, concurrency: int,
-               tls: TlsFiles | None = None) -> int:
-    """Write distinct keys until ``total`` value bytes are committed; returns bytes written.
-    Distinct keys keep the state (and so any snapshot) as large as the log."""
-    value = value_bytes(value_size)
-    count = (total + value_size - 1) // value_size
-    next_no = 0
-    leader = endpoints[0]
-    written = 0
-    timeout = aiohttp.ClientTimeout(total=60)
-    scheme = "https" if tls is not None else "http"
-    connector = aiohttp.TCPConnector(ssl=tls.context() if tls is not None else False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-
-        async def worker() -> None:
-            nonlocal next_no, leader, written
-            while next_no < count:
-                no = next_no
-                next_no += 1
-                for _attempt in range(50):
-                    target = leader
-                    try:
-                        url = f"{scheme}://{target}/v1/kv/fill-{no:09d}"
-                        async with session.put(url, data=value) as resp:
-                            body = await resp.read()
-                            if resp.status == 200:
-                                written += value_size
-                                break
-                            if resp.status == 421:
-                                hint = json.loads(body or b"{}").get("leader_endpoint")
-                                if hint:
-                                    leader = str(hint)
-                                    continue
-                            # 503 (timed out / leadership lost) or no hint yet: retry the same key;
-                            # re-writing a key is idempotent for the size of the log we want.
-                    except (TimeoutError, aiohttp.ClientError):
-                        pass
-                    await asyncio.sleep(0.1)
-                else:
-                    raise RuntimeError(f"could not write key fill-{no:09d} after 50 tries (leader {leader})")
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return written
-
-
-def describe(endpoint: str, tls: TlsFiles | None) -> dict[str, Any]:
-    status, body = http_call(endpoint, "GET", "/v1/quorum/describe", timeout=5, tls=tls)
-    if status != 200:
-        raise ValueError(f"describe on {endpoint}: HTTP {status}: {body[:200]!r}")
-    d: dict[str, Any] = json.loads(body)
-    return d
-
-
-def describe_leader(cluster: KraftKeeperCluster, hint: list[str]) -> dict[str, Any]:
-    """Describe from the leader (only the leader answers it); ``hint[0]`` caches the leader and
-    is refreshed when leadership moved, so polling survives an election."""
-    try:
-        return describe(hint[0], cluster.tls)
-    except (OSError, ValueError):
-        hint[0] = leader_endpoint(cluster)
-        return describe(hint[0], cluster.tls)
-
-
-def leader_endpoint(cluster: KraftKeeperCluster) -> str:
-    def find() -> str | None:
-        for ep in cluster.endpoints:
-            try:
-                d = describe(ep, cluster.tls)
-            except (OSError, ValueError):
-                continue
-            lid = d.get("leader_id")
-            for v in d.get("voters", []):
-                if v.get("id") == lid and v.get("endpoint"):
-                    return str(v["endpoint"])
-            if isinstance(lid, int) and 1 <= lid <= len(cluster.endpoints):
-                return cluster.endpoints[lid - 1]
-        return None
-
-    return wait_until(find, 60, "a leader in describe", interval=0.1)
-
-
-def admin(cluster: KraftKeeperCluster, method: str, path: str, body: bytes | None, timeout: float) -> float:
-    """Send a leader-only admin request, following 421; return seconds until the 200."""
-    deadline = time.monotonic() + timeout
-    target = leader_endpoint(cluster)
-    while True:
-        t0 = time.monotonic()
-        status, data = http_call(target, method, path, body, timeout=timeout,
-                                 headers={"Content-Type": "application/json"}, tls=cluster.tls)
-        took = time.monotonic() - t0
-        if status == 200:
-            return took
-        if status == 421 and time.monotonic() < deadline:
-            hint = json.loads(data or b"{}").get("leader_endpoint")
-            target = str(hint) if hint else leader_endpoint(cluster)
-            continue
-        raise RuntimeError(f"{method} {path} -> HTTP {status}: {data[:300].decode(errors='replace')}")
-
-
-def _replica(d: dict[str, Any], group: str, rid: int, uuid: str) -> dict[str, Any] | None:
-    for r in d.get(group, []):
-        if r.get("id") == rid and r.get("uuid") == uuid:
-            return dict(r)
-    return None
-
-
-def start_profilers(py_spy: str | None, out: Path, pids: dict[str, int]) -> list[subprocess.Popen[bytes]]:
-    """``py-spy record`` on each named process (the leader and the replaced replica) into
-    ``out/<name>.txt`` (collapsed stacks): where catch-up time goes, for ``--py-spy``."""
-    if py_spy is None:
-        return []
-    out.mkdir(parents=True, exist_ok=True)
-    return [
-        subprocess.Popen(
-            [py_spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--nonblocking",
-             "--output", str(out / f"{name}.txt")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        for name, pid in pids.items()
-    ]
-
-
-def stop_profilers(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 @dataclass
@@ -384,8 +157,13 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
                                 {f"{k}-{size // MB}MB": v for k, v in pids.items()})
 
     cached = [leader]
-    seen = wait_until(lambda: _replica(describe_leader(cluster, cached), "observers", victim, new), 120,
-                      f"observer ({victim}, {new}) in describe", interval=0.02)
+    seen = wait_until(
+        f"observer ({victim}, {new}) in describe",
+        lambda: replica_entry(describe_leader(cluster, cached), "observers", victim, new),
+        120,
+        0.02,
+        errors=NOT_YET,
+    )
     cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
     first_fetch_ms = float(seen.get("last_fetch_timestamp", -1))
     if first_fetch_ms <= 0:
@@ -393,13 +171,13 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
 
     def caught_up() -> float | None:
         cluster.procs.check_alive(f"node-{victim}")
-        r = _replica(describe_leader(cluster, cached), "observers", victim, new)
+        r = replica_entry(describe_leader(cluster, cached), "observers", victim, new)
         if r is not None and r.get("lag") == 0:
             return time.time() * 1000
         return None
 
     try:
-        caught_ms = wait_until(caught_up, 1800, "the new replica to catch up (lag 0)", interval=0.02)
+        caught_ms = wait_until("the new replica to catch up (lag 0)", caught_up, 1800, 0.02, errors=NOT_YET)
     finally:
         stop_profilers(profilers)
     cpu = {k: cpu_seconds(v) - cpu0[k] for k, v in pids.items()}
@@ -434,57 +212,6 @@ def _replace_and_time(cluster: KraftKeeperCluster, size: int, filled: int, fill_
         copy_s=copy_s, copy_mb_per_s=copy_rate, catch_up_to_copy=rate / copy_rate,
         leader_cpu_s=cpu["leader"], replica_cpu_s=cpu["replica"],
     )
-
-
-def render(results: list[RecoveryResult], tls: bool = False) -> str:
-    """The table, then one headline per size: catch-up as a fraction of the plain copy (the
-    median over the rounds, each round's ratio taken beside its own copy)."""
-    head = (f"{'engine':>8} {'log size':>9} {'received':>9} {'catch-up s':>10} {'MB/s':>7} {'copy MB/s':>9} "
-            f"{'ratio':>6} {'snapshot':>8} {'restart->fetch s':>16} {'add-voter ms':>12} "
-            f"{'remove-voter ms':>15} {'total s':>8} {'fill s':>7} {'lead cpu':>7} {'repl cpu':>8}")
-    lines = [TLS_NOTE if tls else TRANSPORT_NOTE, head, "-" * len(head)]
-    for r in results:
-        lines.append(
-            f"{'@' + r.rev if r.rev else 'current':>8} {r.size_bytes / MB:>7.0f}MB "
-            f"{r.received_bytes / MB:>7.1f}MB {r.catch_up_s:>10.2f} "
-            f"{r.catch_up_mb_per_s:>7.1f} {r.copy_mb_per_s:>9.1f} {r.catch_up_to_copy:>6.2f} "
-            f"{'yes' if r.via_snapshot else 'no':>8} {r.restart_to_first_fetch_s:>16.2f} "
-            f"{r.add_voter_s * 1000:>12.1f} {r.remove_voter_s * 1000:>15.1f} {r.total_s:>8.2f} "
-            f"{r.fill_s:>7.1f} {r.leader_cpu_s:>7.2f} {r.replica_cpu_s:>8.2f}"
-        )
-    lines.append("")
-    for size, rev in dict.fromkeys((r.size_bytes, r.rev) for r in results):
-        rs = [r for r in results if r.size_bytes == size and r.rev == rev]
-        ratio = statistics.median(r.catch_up_to_copy for r in rs)
-        rate = statistics.median(r.catch_up_mb_per_s for r in rs)
-        copy = statistics.median(r.copy_mb_per_s for r in rs)
-        cpu = statistics.median(r.replica_cpu_s / max(1e-9, r.received_bytes / (1000 * MB)) for r in rs)
-        who = f" @{rev}" if rev else ""
-        lines.append(f"{size / MB:.0f} MB{who}: catch-up at {ratio:.2f}x the plain copy of the same bytes "
-                     f"({rate:.0f} vs {copy:.0f} MB/s), replica {cpu:.2f} CPU s per GB, median of {len(rs)}")
-    lines.extend(compare_revs(results))
-    return "\n".join(lines)
-
-
-def compare_revs(results: list[RecoveryResult]) -> list[str]:
-    """With --baseline: per size, the current code's catch-up against REV's in the same run,
-    as the ratio of their medians (copy-relative and MB/s), with each round's pair."""
-    out: list[str] = []
-    for size in dict.fromkeys(r.size_bytes for r in results):
-        now = [r for r in results if r.size_bytes == size and not r.rev]
-        for rev in dict.fromkeys(r.rev for r in results if r.size_bytes == size and r.rev):
-            old = [r for r in results if r.size_bytes == size and r.rev == rev]
-            if not now or not old:
-                continue
-            x_copy = statistics.median(r.catch_up_to_copy for r in now) / max(
-                1e-9, statistics.median(r.catch_up_to_copy for r in old))
-            x_rate = statistics.median(r.catch_up_mb_per_s for r in now) / max(
-                1e-9, statistics.median(r.catch_up_mb_per_s for r in old))
-            pairs = ", ".join(f"{a.catch_up_mb_per_s / max(1e-9, b.catch_up_mb_per_s):.2f}"
-                              for a, b in zip(now, old, strict=False))
-            out.append(f"{size / MB:.0f} MB current / @{rev}: {x_copy:.2f}x (copy-relative), "
-                       f"{x_rate:.2f}x (MB/s); per round MB/s {pairs}")
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.baseline import Pair
-from bench.common import LoadResult
+from bench.load import LoadResult
 
 
 @dataclass

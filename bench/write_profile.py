@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench.clusters import KraftKeeperCluster
-from bench.common import run_load
+from bench.load import run_load
 
 # (bucket, substrings of a frame): the first bucket, from the leaf up, whose substring a frame
 # holds takes the sample.

@@ -11,8 +11,9 @@ from typing import Any
 
 from quorum.client import QuorumClient
 from quorum.security.clientconfig import load_client_config
+from testkit.polling import wait_until
 from testkit.tls import CLUSTER, issue_wrong_credentials, make_tls_dir
-from tests.engine.cluster import LocalCluster, poll
+from tests.engine.cluster import LocalCluster
 
 __all__ = ["CLUSTER", "TlsCluster", "issue_wrong_credentials", "make_tls_dir"]
 
@@ -44,4 +45,4 @@ class TlsCluster(LocalCluster):
             d: dict[str, Any] = self.call_as("admin.json", lambda q: q.describe())
             return d if d.get("leader_id", -1) >= 0 and d.get("high_watermark", 0) > 0 else None
 
-        return dict(poll(find, timeout, "a leader over TLS"))
+        return dict(wait_until("a leader over TLS", find, timeout, errors=(Exception,)))

@@ -19,225 +19,46 @@ three real Apache Kafka 4.x controllers.
 
 After each recovery the console prints the report's intervals for it, in the voter-change order
 it recorded and under the report's titles (``intervals``, ``demo_common.print_intervals``), and
-the demo's own wall clock from the controller's restart to a whole, caught-up voter set, measured the
-same way for both healers. The helpers here (:class:`Probe`, :func:`whole`, :func:`poll`,
-:func:`start_watcher`, :func:`stop_process`) are also what ``bench/kafka_recovery.py`` runs.
+the demo's own wall clock from the controller's restart to a whole, caught-up voter set, measured
+the same way for both healers. The controllers are watched and driven from outside with
+:mod:`kraftkeeper_reports.kafka_probe`, which ``bench/kafka_recovery.py`` also runs.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, base64_to_uuid
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity, kafka_libs
 from kraftkeeper_operator.kafka.wire import ClientSettings
 
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.demo_common import DemoError, free_base_port, print_intervals, read_events, say
-from kraftkeeper_reports.events import EventLogWriter, RecoveryEvent
+from kraftkeeper_reports.events import EventLogWriter
 from kraftkeeper_reports.intervals import fmt_ms
 from kraftkeeper_reports.job import run_report
+from kraftkeeper_reports.kafka_probe import (
+    POLL_S,
+    AutoJoinRecorder,
+    Probe,
+    poll,
+    replace_disk,
+    start_watcher,
+    stop_process,
+    wanted,
+    whole,
+)
 from quorum.security.pki import init_ca, issue_node, write_private
 
-T = TypeVar("T")
 CLUSTER = "kafka-demo"
-MAX_LAG = 100  # records behind the leader still counted as caught up (the watcher's default)
-POLL_S = 0.05  # DescribeQuorum from outside every 50 ms
 KAFKA_SH = Path(__file__).resolve().parents[2] / "scripts" / "kafka.sh"
-
-
-def uuid_of(directory_id: str | None) -> str:
-    """A Kafka directory id (base64url) as the canonical UUID our events and describe use."""
-    return str(base64_to_uuid(directory_id or ""))
-
-
-class Probe:
-    """DescribeQuorum from outside over one kept connection, for synchronous scripts."""
-
-    def __init__(self, k: KafkaControllers, settings: ClientSettings | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.q = KafkaQuorum(k.bootstrap, settings, timeout=3.0)
-        self.last_error = ""
-
-    def describe(self) -> dict[str, Any] | None:
-        try:
-            return self.loop.run_until_complete(self.q.describe())
-        except Exception as e:  # any failure is "no answer now"; callers poll again
-            self.last_error = f"{type(e).__name__}: {e}"
-            return None
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.q.close())
-        self.loop.close()
-
-
-def wanted(k: KafkaControllers) -> set[tuple[int, str]]:
-    """The voter set a healed quorum has: every controller with its current directory id."""
-    return {(i, uuid_of(c.directory_id())) for i, c in k.controllers.items()}
-
-
-def whole(k: KafkaControllers, probe: Probe, d: dict[str, Any] | None = None) -> bool:
-    """Every controller a voter with its current directory id, and every voter caught up."""
-    d = d if d is not None else probe.describe()
-    if d is None:
-        return False
-    return {(v["id"], v["uuid"]) for v in d["voters"]} == wanted(k) and all(
-        0 <= v["lag"] <= MAX_LAG for v in d["voters"]
-    )
-
-
-def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = POLL_S) -> T:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {within:g}s")
-
-
-def start_watcher(
-    k: KafkaControllers,
-    events: Path,
-    log: Path,
-    *,
-    port: int,
-    stabilization: float,
-    interval: float = 0.2,
-    extra: tuple[str, ...] = (),
-) -> subprocess.Popen[bytes]:
-    """``kraftkeeper operator watch`` against ``k``, returned once its first pass saw a healthy
-    quorum (``/status`` phase Running on 127.0.0.1:``port``)."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorum.cli",
-                "operator",
-                "watch",
-                "--kafka-bootstrap-controllers",
-                k.bootstrap,
-                "--events",
-                str(events),
-                "--stabilization-seconds",
-                f"{stabilization:g}",
-                "--interval",
-                f"{interval:g}",
-                "--metrics-port",
-                str(port),
-                *extra,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-    def running() -> bool:
-        if proc.poll() is not None:
-            raise DemoError(f"UNAVAILABLE: operator watch exited with {proc.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
-                return bool(json.loads(r.read()).get("phase") == "Running")
-        except OSError:
-            return False
-
-    try:
-        poll(running, 90, "the watcher's first healthy pass", 0.2)
-    except BaseException:
-        stop_process(proc)
-        raise
-    return proc
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-# The steps of an auto-join recovery visible from outside, in the order Kafka takes them (it
-# removes the old directory id first: it refuses a second directory id for a voter id).
-SEEN_ORDER = (
-    ev.DISK_REPLACEMENT_DETECTED,
-    ev.REPLICA_CAUGHT_UP,
-    ev.REMOVE_VOTER_COMMITTED,
-    ev.ADD_VOTER_COMMITTED,
-)
-
-
-class AutoJoinRecorder:
-    """One recovery by Kafka's auto-join, as recovery events recorded from outside: each step is
-    logged when DescribeQuorum first shows it (Kafka writes no such log). Detection: the new
-    directory id is listed (observer or voter); caught up: it is within ``MAX_LAG`` of the leader;
-    RemoveVoter / AddVoter committed: the old id left / the new id joined the voter set the leader
-    reports; completed: the whole voter set, every voter caught up (as the demo's wall clock).
-    Only committed steps are visible from outside, so no ``*_started`` events are written."""
-
-    def __init__(self, writer: EventLogWriter, rid: str, replica: int, old: str, new: str) -> None:
-        self.writer, self.rid, self.replica, self.old, self.new = writer, rid, replica, old, new
-        self.logged: set[str] = set()
-
-    def observe(self, d: dict[str, Any], want: set[tuple[int, str]]) -> bool:
-        """Log the steps ``d`` shows for the first time; True once the recovery is complete."""
-        voters = {(v["id"], v["uuid"]): v for v in d["voters"]}
-        listed = {**{(o["id"], o["uuid"]): o for o in d["observers"]}, **voters}
-        me = listed.get((self.replica, self.new))
-        steps: list[str] = []
-        if me is not None:
-            steps.append(ev.DISK_REPLACEMENT_DETECTED)
-            if 0 <= me["lag"] <= MAX_LAG:
-                steps.append(ev.REPLICA_CAUGHT_UP)
-        if ev.DISK_REPLACEMENT_DETECTED in self.logged or steps:
-            if (self.replica, self.old) not in voters:
-                steps.append(ev.REMOVE_VOTER_COMMITTED)
-            if (self.replica, self.new) in voters:
-                steps.append(ev.ADD_VOTER_COMMITTED)
-        done = set(voters) == want and all(0 <= v["lag"] <= MAX_LAG for v in voters.values())
-        if done:  # anything not seen on its own happened within the last poll: logged now
-            steps = [*SEEN_ORDER, ev.RECOVERY_COMPLETED]
-        now = int(time.time() * 1000)
-        for s in steps:
-            if s in self.logged:
-                continue
-            self.logged.add(s)
-            detail: dict[str, Any] = {}
-            if s == ev.DISK_REPLACEMENT_DETECTED:
-                detail = {
-                    "engine": "kafka",
-                    "order": "auto-join",
-                    "recorded_by": "kraftkeeper demo: DescribeQuorum every 50 ms",
-                }
-            self.writer.emit(
-                RecoveryEvent(
-                    s,
-                    self.rid,
-                    self.replica,
-                    self.old,
-                    self.new,
-                    d["leader_id"] if d["leader_id"] >= 0 else None,
-                    d["leader_epoch"] if d["leader_id"] >= 0 else None,
-                    detail,
-                ),
-                now,
-            )
-        return done
 
 
 def ensure_jars() -> Path:
@@ -278,33 +99,6 @@ def next_victim(leader: int, ids: list[int], replaced: list[int]) -> int:
     if not done and leader in ids:
         return leader
     return min(i for i in ids if i not in done)
-
-
-def replace_disk(
-    k: KafkaControllers,
-    probe: Probe,
-    n: int,
-    what: str,
-    note: Callable[[str], None] = say,
-    victim: int | None = None,
-) -> tuple[int, str, str]:
-    """Replacement ``n``: kill controller ``victim`` (default: a follower, they take turns), wipe
-    and re-format its disk, start it; returns (controller id, old UUID, new UUID). ``note`` tells
-    what is replaced, and whether it was the leader."""
-    d = poll(probe.describe, 60, "a leader")
-    if victim is None:
-        followers = sorted(i for i in k.controllers if i != d["leader_id"])
-        victim = followers[n % len(followers)]
-    old = uuid_of(k.controllers[victim].directory_id())
-    role = "the leader" if victim == d["leader_id"] else f"a follower; the leader is {d['leader_id']}"
-    note(
-        f"{what}: replacing the disk of controller {victim} ({role}, epoch {d['leader_epoch']}), "
-        f"old directory id {old[:8]}"
-    )
-    k.stop(victim, kill=True)
-    new = uuid_of(k.wipe_and_format(victim))
-    k.start(victim)
-    return victim, old, new
 
 
 def _voters_line(probe: Probe) -> str:

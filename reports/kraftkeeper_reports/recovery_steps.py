@@ -14,6 +14,7 @@ from typing import Final, NamedTuple
 
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.intervals import ADD_THEN_REMOVE, AUTO_JOIN
+from quorum.timefmt import rfc3339
 
 
 class Who(NamedTuple):
@@ -42,7 +43,7 @@ def line(day_start: int, who: Who, e: Ev) -> str:
     lid = "null" if leader is None else str(leader)
     lep = "null" if epoch is None else str(epoch)
     return (
-        f'{{"schema_version":1,"ts":"{ev.format_ts(day_start + at)}","cluster":"{cluster}",'
+        f'{{"schema_version":1,"ts":"{rfc3339(day_start + at, millis=True)}","cluster":"{cluster}",'
         f'"recovery_id":"{rid}","type":"{typ}","replica_id":{replica},"old_uuid":"{old}",'
         f'"new_uuid":"{new}","leader_id":{lid},"leader_epoch":{lep},"detail":{detail}}}'
     )
@@ -94,7 +95,7 @@ def voter_changes(s: Steps, order: str, voters: int, failed: str | None) -> None
     behind again or a lost quorum fails the recovery, then RemoveVoter. RemoveThenAdd (KIP-853,
     ``operator watch``): RemoveVoter, failed by a lost quorum, then AddVoter, failed by a replica
     behind again, with the voter set left one short. Auto-join is recorded from outside
-    (``demo_kafka.AutoJoinRecorder``): only committed steps, seen by a DescribeQuorum every 50 ms,
+    (``kafka_probe.AutoJoinRecorder``): only committed steps, seen by a DescribeQuorum every 50 ms,
     and Kafka never gives up."""
     rng = s.rng
     if order == AUTO_JOIN:  # Kafka's controller notices and removes the old id within its own period

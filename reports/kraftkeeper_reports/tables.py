@@ -4,10 +4,11 @@ imports the other.
 
 The tables are computed here, on the driver, from the per-recovery rows the Spark job collects
 (about one row per 7 events, as Arrow) and its bad-input groups: one Spark job instead of one
-per table. The big tables' columns are read as numpy arrays (:class:`Columns`: strings as codes,
-no Python object per recovery); only small results and the few rows a table shows (slowest,
-failures) become pandas frames. The definitions are those of ``kraftkeeper_reports.transform`` (the Spark
-versions of these tables are kept there; tests/reports compares both). No pyspark import: the
+per table. The big tables' columns are read as numpy arrays, strings as codes and no Python
+object per recovery (:mod:`kraftkeeper_reports.columns`, with the grouped statistics); only small
+results and the few rows a table shows (slowest, failures) become pandas frames. The definitions
+are those of ``kraftkeeper_reports.transform`` (the Spark versions of these tables are kept there;
+tests/reports compares both). No pyspark import: the
 renderer uses this module without Spark.
 """
 
@@ -23,12 +24,23 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from kraftkeeper_reports import events as ev
+from kraftkeeper_reports.columns import (
+    PERCENTILES,
+    Columns,
+    group_percentile,
+    group_sort,
+    group_stats,
+    is_value,
+    labelled,
+    merge_labels,
+    quantiles,
+    rows_frame,
+)
 from kraftkeeper_reports.intervals import PHASES
 
 ALL_CLUSTERS = "(all)"
 UNCLEAN = "unclean"  # the outcome of an unclean recovery (committed records may be lost)
 LIST_ROWS = 50  # at most this many failed / in-progress recoveries listed by name
-PERCENTILES = (0.5, 0.9, 0.99)
 UNSPECIFIED = "(not logged)"
 EXAMPLES_PER_REASON = 3
 
@@ -90,133 +102,6 @@ class ReportTables:
     in_progress: pd.DataFrame | None = None  # the recoveries still running, by name
 
 
-def _pct(s: Any, name: str, q: float) -> pd.Series:
-    """Exact percentile per group (``s`` a SeriesGroupBy), linear interpolation between ranks
-    (numpy's default, and Spark's ``percentile``)."""
-    out: pd.Series = s.quantile(q).rename(name)
-    return out
-
-
-class Columns:
-    """The per-recovery columns the small tables read, taken once from the Spark job's Arrow
-    rows as numpy arrays: a string column as codes into its few distinct values (-1 for null),
-    a number column as int64 with a validity mask. No per-recovery Python object is made: a
-    pandas frame of the 1.4 M recoveries of 10 M events (with its string columns as Python
-    strings) cost seconds and GiBs on the driver, and each table needs only a few columns."""
-
-    def __init__(self, rec: pa.Table) -> None:
-        self.rec = rec
-        self._codes: dict[str, tuple[np.ndarray, list[Any]]] = {}
-        self._ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        outcome, names = self.codes("outcome")
-        self.completed = _is(outcome, names, "completed")
-        self.failed = _is(outcome, names, "failed")
-
-    def codes(self, name: str) -> tuple[np.ndarray, list[Any]]:
-        """Codes (int64, -1 for null) into the column's distinct values (in first-seen order)."""
-        if name not in self._codes:
-            col = self.rec.column(name)
-            values = pc.drop_null(pc.unique(col))
-            codes = pc.fill_null(pc.index_in(col, value_set=values), -1).to_numpy()
-            self._codes[name] = (codes.astype(np.int64), values.to_pylist())
-        return self._codes[name]
-
-    def ints(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """The column as int64 (nulls as 0) and its validity mask."""
-        if name not in self._ints:
-            col = self.rec.column(name)
-            valid = col.is_valid().to_numpy(zero_copy_only=False)
-            self._ints[name] = (pc.fill_null(col, 0).to_numpy().astype(np.int64, copy=False), valid)
-        return self._ints[name]
-
-    def durations(self, phase: str) -> tuple[np.ndarray, np.ndarray]:
-        """The completed recoveries that have this phase: their row mask and durations (ms)."""
-        ms, valid = self.ints(f"{phase}_ms")
-        keep = self.completed & valid
-        return keep, ms[keep]
-
-
-def _is(codes: np.ndarray, names: list[Any], value: str) -> np.ndarray:
-    return codes == names.index(value) if value in names else np.zeros(len(codes), dtype=bool)
-
-
-def _merge_labels(codes: np.ndarray, names: list[Any], null: Any) -> tuple[np.ndarray, list[Any]]:
-    """Codes where null is the value ``null`` (a value equal to one of ``names`` shares its code)."""
-    labels = [*names, null]
-    uniq = list(dict.fromkeys(labels))
-    remap = np.array([uniq.index(x) for x in labels], dtype=np.int64)
-    return remap[np.where(codes < 0, len(names), codes)], uniq
-
-
-def _group_sort(codes: np.ndarray, ms: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """``ms`` (int64) sorted by group (``codes`` 0 .. n_groups-1) and within it, and each group's
-    size. One int64 sort of code * span + ms when that fits (a sort per group, or pandas'
-    grouped quantile that sorts once per percentile, took most of the driver's time)."""
-    counts = np.bincount(codes, minlength=n_groups).astype(np.int64)
-    if len(ms) == 0:
-        return ms, counts
-    if n_groups == 1:
-        return np.sort(ms), counts
-    lo = int(ms.min())
-    span = int(ms.max()) - lo + 1
-    if n_groups * span < 2**62:
-        key = codes * span
-        key -= lo
-        key += ms  # code * span + (ms - lo), in place: no temporary of a million values
-        key.sort()
-        # Each group's offset off again (code * span - lo, repeated over the group's rows).
-        key -= np.repeat(np.arange(n_groups, dtype=np.int64) * span - lo, counts)
-        return key, counts
-    return ms[np.lexsort((ms, codes))], counts
-
-
-def _quantiles(v: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
-    """The q-quantile of each group of sorted ``v`` (groups of ``counts`` values, in order),
-    interpolating linearly between the two nearest ranks as numpy's default, pandas' grouped
-    quantile and Spark's ``percentile`` do; NaN for an empty group. The arithmetic is pandas'
-    (lo + (hi - lo) * fraction), so the values are the ones it gave to the last bit."""
-    out = np.full(len(counts), np.nan)
-    has = counts > 0
-    n = counts[has]
-    starts = (np.cumsum(counts) - counts)[has]
-    pos = (n - 1) * q
-    lo = np.floor(pos).astype("int64")
-    hi = np.minimum(lo + 1, n - 1)
-    below, above = v[starts + lo].astype("float64"), v[starts + hi].astype("float64")
-    out[has] = below + (above - below) * (pos - lo)
-    return out
-
-
-def _stats(codes: np.ndarray, ms: np.ndarray, n_groups: int, with_min_mean: bool) -> dict[str, np.ndarray]:
-    """Recoveries, [min,] the PERCENTILES, max [and mean] of ``ms`` per group of ``codes`` (rows
-    of code -1 belong to no group), for the groups that have any row, as index "group"."""
-    kept = codes >= 0
-    if not kept.all():
-        codes, ms = codes[kept], ms[kept]
-    v, counts = _group_sort(codes, ms, n_groups)
-    has = counts > 0
-    starts = (np.cumsum(counts) - counts)[has]
-    last = starts + counts[has] - 1
-    out: dict[str, np.ndarray] = {"group": np.flatnonzero(has), "recoveries": counts[has]}
-    if with_min_mean:
-        out["min_ms"] = v[starts]
-    for p in PERCENTILES:
-        out[f"p{round(p * 100)}_ms"] = _quantiles(v, counts, p)[has]
-    out["max_ms"] = v[last]
-    if with_min_mean:
-        # bincount adds each group's values in row order, as before (the same float sums).
-        sums = np.bincount(codes, weights=ms.astype("float64"), minlength=n_groups)
-        out["mean_ms"] = sums[has] / counts[has]
-    return out
-
-
-def _labelled(stats: dict[str, np.ndarray], labels: dict[str, list[Any]]) -> pd.DataFrame:
-    """A frame of ``_stats`` output with its group numbers replaced by key columns."""
-    g = stats.pop("group")
-    keys = {k: np.array([v[i] for i in g], dtype=object) for k, v in labels.items()}
-    return pd.DataFrame({**keys, **stats})
-
-
 def phase_stats(cols: Columns) -> pd.DataFrame:
     """p50/p90/p99/max per phase, per cluster and over all clusters (cluster = "(all)")."""
     cluster, names = cols.codes("cluster")
@@ -225,9 +110,9 @@ def phase_stats(cols: Columns) -> pd.DataFrame:
         keep, ms = cols.durations(phase)
         if len(ms) == 0:
             continue
-        per = _labelled(_stats(cluster[keep], ms, len(names), True), {"cluster": names})
+        per = labelled(group_stats(cluster[keep], ms, len(names), True), {"cluster": names})
         every = np.zeros(len(ms), dtype=np.int64)
-        overall = _labelled(_stats(every, ms, 1, True), {"cluster": [ALL_CLUSTERS]})
+        overall = labelled(group_stats(every, ms, 1, True), {"cluster": [ALL_CLUSTERS]})
         out.append(pd.concat([per, overall]).assign(phase=phase))
     cols_ = ["cluster", "phase", "recoveries", "min_ms", *[f"p{round(p * 100)}_ms" for p in PERCENTILES],
              "max_ms", "mean_ms"]
@@ -272,23 +157,9 @@ def outcomes(cols: Columns) -> pd.DataFrame:
     return g.sort_values(["cluster", "outcome"]).reset_index(drop=True)
 
 
-def _frame(rec: pa.Table, mask: np.ndarray, columns: list[str]) -> pd.DataFrame:
-    """The rows of ``mask`` (few) as pandas, with the dtypes a frame of every row would give
-    them: an integer column with a null in any recovery is float64 there (pandas' NaN)."""
-    t = rec.select(columns).filter(pa.array(mask))
-    df: pd.DataFrame = t.to_pandas()
-    for c in columns:
-        if rec.column(c).null_count and not t.column(c).null_count:
-            if pa.types.is_integer(t.schema.field(c).type):
-                df[c] = df[c].astype("float64")
-            elif pa.types.is_boolean(t.schema.field(c).type):
-                df[c] = df[c].astype(object)
-    return df
-
-
 def failures(cols: Columns) -> pd.DataFrame:
     """Failed recoveries by reason (and cluster, with "(all)"), with the median time to give up."""
-    failed = _frame(cols.rec, cols.failed, ["cluster", "failure_reason", "give_up_ms"])
+    failed = rows_frame(cols.rec, cols.failed, ["cluster", "failure_reason", "give_up_ms"])
     out_cols = ["cluster", "failure_reason", "failures", "p50_give_up_ms"]
     if failed.empty:
         return pd.DataFrame(columns=out_cols)
@@ -296,7 +167,8 @@ def failures(cols: Columns) -> pd.DataFrame:
 
     def agg(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         g = df.groupby(keys)["ms"]
-        return pd.concat([g.size().rename("failures"), _pct(g, "p50_give_up_ms", 0.5)], axis=1).reset_index()
+        p50 = group_percentile(g, "p50_give_up_ms", 0.5)
+        return pd.concat([g.size().rename("failures"), p50], axis=1).reset_index()
 
     out = pd.concat([agg(f, ["cluster", "failure_reason"]),
                      agg(f, ["failure_reason"]).assign(cluster=ALL_CLUSTERS)])[out_cols]
@@ -315,14 +187,14 @@ def daily(cols: Columns) -> pd.DataFrame:
     n_days = len(days)
     has = np.bincount(code, minlength=n_days) > 0
     timed = ended & valid
-    v, counts = _group_sort(date[timed], ms[timed], n_days)
+    v, counts = group_sort(date[timed], ms[timed], n_days)
     out = pd.DataFrame({
         "date": np.array(days, dtype=object)[has],
         "recoveries": np.bincount(code, minlength=n_days)[has].astype("int64"),
         "completed": np.bincount(date[ended & cols.completed], minlength=n_days)[has].astype("int64"),
         "failed": np.bincount(date[ended & cols.failed], minlength=n_days)[has].astype("int64"),
-        "p50_total_ms": _quantiles(v, counts, 0.5)[has],
-        "p90_total_ms": _quantiles(v, counts, 0.9)[has],
+        "p50_total_ms": quantiles(v, counts, 0.5)[has],
+        "p90_total_ms": quantiles(v, counts, 0.9)[has],
     })
     out["failure_rate"] = out["failed"] / out["recoveries"]
     return out[out_cols].sort_values("date").reset_index(drop=True)
@@ -340,7 +212,7 @@ def slowest(cols: Columns, n: int = 20) -> pd.DataFrame:
         done = done & valid & (ms >= nth)
     out_cols = ["cluster", "recovery_id", "replica_id", "date", "engine", "order", *TS_COL.values(),
                 *[f"{p}_ms" for p in PHASES]]
-    top = _frame(cols.rec, done, out_cols)
+    top = rows_frame(cols.rec, done, out_cols)
     top = top.sort_values(["total_ms", "cluster", "recovery_id"], ascending=[False, True, True],
                           kind="stable").head(n)
     return top[out_cols].reset_index(drop=True)
@@ -349,8 +221,8 @@ def slowest(cols: Columns, n: int = 20) -> pd.DataFrame:
 def compare(cols: Columns) -> pd.DataFrame:
     """Per (engine, order, phase) over completed recoveries: count, p50/p90/p99, max. "(not
     logged)" where the events do not say the engine or order."""
-    engine, engines = _merge_labels(*cols.codes("engine"), UNSPECIFIED)
-    order, orders = _merge_labels(*cols.codes("order"), UNSPECIFIED)
+    engine, engines = merge_labels(*cols.codes("engine"), UNSPECIFIED)
+    order, orders = merge_labels(*cols.codes("order"), UNSPECIFIED)
     pair = engine * len(orders) + order
     labels = {"engine": [e for e in engines for _o in orders], "order": [o for _e in engines for o in orders]}
     out = []
@@ -358,8 +230,8 @@ def compare(cols: Columns) -> pd.DataFrame:
         keep, ms = cols.durations(phase)
         if len(ms) == 0:
             continue
-        stats = _stats(pair[keep], ms, len(engines) * len(orders), False)
-        out.append(_labelled(stats, labels).assign(phase=phase))
+        stats = group_stats(pair[keep], ms, len(engines) * len(orders), False)
+        out.append(labelled(stats, labels).assign(phase=phase))
     out_cols = ["engine", "order", "phase", "recoveries", *[f"p{round(p * 100)}_ms" for p in PERCENTILES],
                 "max_ms"]
     if not out:
@@ -383,11 +255,11 @@ def unclean(cols: Columns) -> pd.DataFrame:
     record committed only on the replicas that did not survive: past the survivor's log end
     offset (KIP-704's trade of durability for availability)."""
     outcome, names = cols.codes("outcome")
-    mask = _is(outcome, names, UNCLEAN)
+    mask = is_value(outcome, names, UNCLEAN)
     if not mask.any():
         return pd.DataFrame(columns=UNCLEAN_COLUMNS)
     t_un, t_done = TS_COL[ev.UNCLEAN_RECOVERY], TS_COL[ev.UNCLEAN_RECOVERY_COMPLETED]
-    df = _frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", "new_uuid", t_un, t_done,
+    df = rows_frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", "new_uuid", t_un, t_done,
                                  "unclean_detail"])
     rows = []
     for r in df.to_dict("records"):
@@ -443,7 +315,7 @@ def failed_list(cols: Columns, n: int = LIST_ROWS) -> pd.DataFrame:
     and the last step reached (before the failure)."""
     if not cols.failed.any():
         return pd.DataFrame(columns=FAILED_COLUMNS)
-    df = _frame(cols.rec, cols.failed, ["cluster", "recovery_id", "replica_id", "t_failed", "give_up_ms",
+    df = rows_frame(cols.rec, cols.failed, ["cluster", "recovery_id", "replica_id", "t_failed", "give_up_ms",
                                         "failure_reason", *[c for _, c in _STEPS]])
     df["last_step"] = _last_step(df)[0]
     df = df.sort_values(["t_failed", "cluster", "recovery_id"], ascending=[False, True, True], kind="stable")
@@ -454,10 +326,10 @@ def in_progress(cols: Columns, n: int = LIST_ROWS) -> pd.DataFrame:
     """The recoveries still running (no end logged), latest detection first (n of them): which
     replica, since when, and the last step logged so far."""
     outcome, names = cols.codes("outcome")
-    mask = _is(outcome, names, "in_progress")
+    mask = is_value(outcome, names, "in_progress")
     if not mask.any():
         return pd.DataFrame(columns=IN_PROGRESS_COLUMNS)
-    df = _frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", *[c for _, c in _STEPS]])
+    df = rows_frame(cols.rec, mask, ["cluster", "recovery_id", "replica_id", *[c for _, c in _STEPS]])
     df["last_step"], df["t_last_step"] = _last_step(df)
     df = df.sort_values(["t_detected", "cluster", "recovery_id"], ascending=[False, True, True],
                         kind="stable")

@@ -19,7 +19,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.baseline import Pair, median_run, ratio_lines, round_order  # noqa: E402
-from bench.common import LoadResult  # noqa: E402
+from bench.load import LoadResult  # noqa: E402
 from testkit.revision import export_tree, missing_start_flags  # noqa: E402
 
 

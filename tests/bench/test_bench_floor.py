@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common import LoadResult
 from bench.engine import floor_lines
+from bench.load import LoadResult
 from bench.measure import measure_floor
 from bench.results import Row
 

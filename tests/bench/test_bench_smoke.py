@@ -27,8 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import ProcessSet, _b64, _request_bytes, wrk_script  # noqa: E402
-from tests.polling import wait_until  # noqa: E402
+from bench.load import _b64, _request_bytes, wrk_script  # noqa: E402
+from bench.procs import ProcessSet  # noqa: E402
+from testkit.polling import wait_until  # noqa: E402
 
 NEEDS_PYSYNCOBJ = pytest.mark.skipif(
     importlib.util.find_spec("pysyncobj") is None, reason="pysyncobj (dev extra) is not installed"

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import LoadResult  # noqa: E402
 from bench.engine import Row, _tls_cost  # noqa: E402
+from bench.load import LoadResult  # noqa: E402
 
 
 def _res(wps: float, p99: float) -> LoadResult:

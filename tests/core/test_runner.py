@@ -19,8 +19,8 @@ from quorum.driver import AsyncRunner, Driver, Ports
 from quorum.driver.memory import DictStateMachine, QueueTransport, RecordingSink
 from quorum.storage.memory import MemoryLog
 from quorum.types import ErrorCode, KraftError
+from testkit.polling import async_wait_until, now
 from tests.core.util import CLUSTER, UUIDS, Storage, key
-from tests.polling import async_wait_until, now
 
 
 class WallClock:

@@ -21,9 +21,10 @@ from typing import Any
 import psutil
 
 from quorum.core import messages as m
+from quorum.localports import free_ports
 from quorum.runtime import wire
 from quorum.types import ErrorCode, OffsetAndEpoch
-from tests.engine.cluster import free_ports, poll
+from testkit.polling import wait_until
 
 # The node's own (KRaft's) election and fetch timeouts for the hostile clusters, not the shorter
 # ones of the other process tests: the attacks, the 4 MiB flood above all, load the 2-core test
@@ -321,7 +322,12 @@ def assert_intact(
     if same_leader:
         assert (after["leader_id"], after["leader_epoch"]) == (before["leader_id"], before["leader_epoch"])
     for ep in endpoints:  # polled: a node the test restarted may still be starting
-        poll(lambda ep=ep: request(ep, "GET", "/healthz", ctx=ctx)[0] == 200, 60, f"{ep} serving /healthz")
+        wait_until(
+            f"{ep} serving /healthz",
+            lambda ep=ep: request(ep, "GET", "/healthz", ctx=ctx)[0] == 200,
+            60,
+            errors=(Exception,),
+        )
     for k, v in keys.items():
         assert read(k) == v, k
     assert write("after-attack", b"ok") >= 0
@@ -334,4 +340,4 @@ def wait_stable(describe: Any, timeout: float = 60) -> dict[str, Any]:
         d: dict[str, Any] = describe()
         return d if d.get("leader_id", -1) >= 0 and d.get("high_watermark", 0) > 0 else None
 
-    return dict(poll(find, timeout, "a stable leader"))
+    return dict(wait_until("a stable leader", find, timeout, errors=(Exception,)))

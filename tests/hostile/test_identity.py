@@ -24,8 +24,9 @@ from quorum.runtime.peerstream import RPCS, STREAM_PATH, SUBPROTOCOL
 from quorum.security.pki import identity_from_cert, peer_hostname
 from quorum.security.tlsctx import client_context
 from quorum.storage.meta import load_meta
+from testkit.polling import wait_until
 from tests.hostile.fakes import rpc
-from tests.operator.operator_nodes import LocalCluster, poll
+from tests.operator.operator_nodes import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,12 @@ def test_a_replaced_disk_retires_its_certificate(tmp_path: Path) -> None:
     d = tmp_path / "idc"
     c = LocalCluster(d, 3, extra=["--stabilization-seconds", "1", "--live-window-seconds", "3"])
     try:
-        first = poll("a leader and 3 known voters", c.describe_all_known, timeout=90)
+        first = wait_until(
+            "a leader and 3 known voters",
+            c.describe_all_known,
+            timeout=90,
+            errors=(Exception,),
+        )
         cluster_id = load_meta(d / "node-1").cluster_id
         for i in (1, 2, 3):  # every node's credential names its own disk
             assert _storage_of(d / "tls" / f"node-{i}.crt") == load_meta(d / f"node-{i}").storage_uuid
@@ -65,7 +71,7 @@ def test_a_replaced_disk_retires_its_certificate(tmp_path: Path) -> None:
             keys = {(v["id"], v["uuid"]) for v in x["voters"]}
             return x if (victim, new) in keys and (victim, old) not in keys and len(keys) == 3 else None
 
-        before = poll("voters swapped to the new disk", swapped, timeout=150)
+        before = wait_until("voters swapped to the new disk", swapped, timeout=150, errors=(Exception,))
         assert _storage_of(d / "tls" / f"node-{victim}.crt") == new  # a new disk, a new credential
         assert _storage_of(stolen / "node.crt") == old
         leader, epoch = before["leader_id"], before["leader_epoch"]
@@ -111,7 +117,12 @@ def test_a_replaced_disk_retires_its_certificate(tmp_path: Path) -> None:
         # A current voter ahead of the epoch has no other way back than an election above its
         # epoch, which the same leader runs and wins with its followers' votes: the leader may
         # move to epoch + 2, never step down for another.
-        after = poll("a leader", lambda: (x := c.describe()) and x["leader_id"] > 0 and x, timeout=60)
+        after = wait_until(
+            "a leader",
+            lambda: (x := c.describe()) and x["leader_id"] > 0 and x,
+            timeout=60,
+            errors=(Exception,),
+        )
         assert after["leader_id"] == leader and after["leader_epoch"] in (epoch, epoch + 2), after
         assert {(v["id"], v["uuid"]) for v in after["voters"]} == {
             (v["id"], v["uuid"]) for v in before["voters"]

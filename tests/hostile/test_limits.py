@@ -20,8 +20,8 @@ from quorum.runtime import observe
 from quorum.runtime.limits import Limits
 from quorum.runtime.server import build_app, start_server
 from quorum.security.tlsctx import client_context, server_context
+from testkit.polling import async_wait_until, now
 from tests.engine.cluster import free_ports
-from tests.polling import async_wait_until, now
 from tests.tlsfixtures import make_tls_dir
 
 

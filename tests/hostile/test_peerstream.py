@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -19,16 +20,21 @@ from quorum.runtime import wire
 from quorum.runtime.peerstream import MAX_REQUEST_FRAME, RPCS, STREAM_PATH, SUBPROTOCOL
 from quorum.security.pki import peer_hostname
 from quorum.security.tlsctx import client_context
-from tests.engine.cluster import poll
+from testkit.polling import wait_until
 from tests.hostile.fakes import assert_intact, frame
-from tests.hostile.test_tls import KEYS, _ctx, cluster, tls_dir
+from tests.hostile.tlsattack import KEYS, ctx_as, running_tls_cluster
 from tests.tlsfixtures import CLUSTER, TlsCluster
 
 pytestmark = pytest.mark.slow
 
 HEAD = struct.Struct("<cHI")
-# The TLS half's cluster (three TLS nodes, its committed KEYS) and its credentials by name.
-__all__ = ["cluster", "tls_dir"]
+
+
+# A cluster as the TLS half's (three TLS nodes, its committed KEYS), this module's own: its checks
+# read the nodes' logs, which the TLS half's attacks would fill.
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
+    yield from running_tls_cluster(tmp_path_factory)
 
 
 async def _open(c: TlsCluster, node: int, who: str, **kw: Any) -> tuple[aiohttp.ClientSession, Any]:
@@ -37,7 +43,7 @@ async def _open(c: TlsCluster, node: int, who: str, **kw: Any) -> tuple[aiohttp.
         ws = await s.ws_connect(
             f"wss://{c.endpoint(node)}{STREAM_PATH}",
             protocols=(SUBPROTOCOL,),
-            ssl=_ctx(c, who),
+            ssl=ctx_as(c, who),
             server_hostname=peer_hostname(CLUSTER, node),
             **kw,
         )
@@ -81,7 +87,10 @@ def _intact(c: TlsCluster, before: dict[str, Any]) -> None:
 def test_nodes_talk_over_streams(cluster: TlsCluster) -> None:
     # every node accepted a stream from each of its peers (the log line of serve_stream)
     for i in cluster.procs:
-        poll(lambda i=i: "peer stream from replica" in cluster.log_text(i), 30, f"node {i} serving a stream")
+        wait_until(
+            f"node {i} serving a stream", lambda i=i: "peer stream from replica" in cluster.log_text(i), 30,
+            errors=(Exception,),
+        )
     text = "".join(cluster.log_text(i) for i in cluster.procs)
     assert "per-request HTTP" not in text
 

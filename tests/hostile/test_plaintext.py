@@ -1,8 +1,9 @@
 """The hostile-peer suite, plaintext half: three real node processes on loopback and
 an attacker with nothing but HTTP requests, raw sockets and a fake peer. These are the attacks
 about decoding, disruption and resources, which must hold even without authentication (the
-TLS half, tests/hostile/test_tls.py, repeats the identity attacks with certificates). Every
-test ends with the nodes serving, the committed keys intact and the voter set unchanged."""
+TLS half, tests/hostile/test_tls_peers.py and test_tls_clients.py, repeats the identity attacks
+with certificates). Every test ends with the nodes serving, the committed keys intact and the
+voter set unchanged."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ import pytest
 
 from quorum.client import QuorumClient
 from quorum.core import messages as m
+from quorum.localports import free_ports
 from quorum.runtime import wire
 from quorum.types import KraftError
-from tests.engine.cluster import LocalCluster, free_ports, poll, run_cli
+from testkit.polling import wait_until
+from tests.engine.cluster import LocalCluster, run_cli
 from tests.hostile.fakes import (
     NODE_DEFAULT_TIMEOUTS,
     FakeLeader,
@@ -193,7 +196,7 @@ def test_fetch_claiming_a_voter_with_another_endpoint(cluster: LocalCluster) -> 
             d = _state(cluster)
             return all(v["log_end_offset"] > offset for v in d["voters"])
 
-        poll(all_caught_up, 30, "every voter to replicate from the real leader")
+        wait_until("every voter to replicate from the real leader", all_caught_up, 30, errors=(Exception,))
         assert fake.hits == [], f"a node contacted the advertised fake endpoint: {fake.hits}"
     _intact(cluster, before)
 
@@ -263,8 +266,11 @@ def test_vote_at_the_int32_limit_then_restart(cluster: LocalCluster) -> None:
     _intact(cluster, before)
     cluster.kill(follower)
     cluster.start(follower)
-    poll(
-        lambda: request(cluster.endpoint(follower), "GET", "/readyz")[0] == 200, 60, "the restarted follower"
+    wait_until(
+        "the restarted follower",
+        lambda: request(cluster.endpoint(follower), "GET", "/readyz")[0] == 200,
+        60,
+        errors=(Exception,),
     )
     state = json.loads((cluster.data_dir(follower) / "__cluster_metadata-0" / "quorum-state").read_text())
     assert state.get("leader_epoch", 0) < 2**31 - 1, state
@@ -321,7 +327,13 @@ def test_half_sent_connections_are_closed(cluster: LocalCluster) -> None:
         # the node keeps serving new clients while they hang (the cap evicts the oldest)
         assert request(cluster.endpoint(leader), "GET", "/v1/kv/committed-0")[1] == KEYS["committed-0"]
         pid = cluster.procs[leader].pid
-        poll(lambda: _server_connections(pid, port) < 20, 60, "the half-sent connections to be closed", 0.5)
+        wait_until(
+            "the half-sent connections to be closed",
+            lambda: _server_connections(pid, port) < 20,
+            60,
+            0.5,
+            errors=(Exception,),
+        )
     finally:
         for s in socks:
             s.close()
@@ -344,7 +356,12 @@ def test_many_large_bodies_keep_memory_bounded_and_the_leader_leading(cluster: L
         socks, growth = hold_large_bodies(ep, cluster.procs[leader].pid)
         try:
             # generous, and within the 30 s body deadline that would end the flood
-            poll(lambda: probe.answered_since(began), 25, "a probe answered during the flood")
+            wait_until(
+                "a probe answered during the flood",
+                lambda: probe.answered_since(began),
+                25,
+                errors=(Exception,),
+            )
             assert buffered_body_bytes(ep) > 16 * 1024 * 1024
             # while they hold their bodies, ordinary clients are served
             assert request(ep, "PUT", "/v1/kv/small-during", b"fine")[0] == 200

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from quorum.security.tlsctx import client_context
-from tests.engine.cluster import poll
+from testkit.polling import wait_until
 from tests.hostile.fakes import http_metrics
 from tests.tlsfixtures import TlsCluster, make_tls_dir
 
@@ -92,4 +92,9 @@ def test_refused_large_body_is_answered_and_not_read(cluster: TlsCluster, who: s
     # the node serves, and its connection count comes back
     assert cluster.call_as("rw.json", lambda q: q.put("after-refusal", b"ok")) >= 0
     assert cluster.call_as("read.json", lambda q: q.get("after-refusal")) == b"ok"
-    poll(lambda: http_metrics(ep, metrics_ctx)["connections"] <= before, 30, "the refused connection to go")
+    wait_until(
+        "the refused connection to go",
+        lambda: http_metrics(ep, metrics_ctx)["connections"] <= before,
+        30,
+        errors=(Exception,),
+    )

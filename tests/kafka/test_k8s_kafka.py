@@ -18,31 +18,33 @@ fixtures), repairs three real Kafka 4.x controllers (tests/kafka fixtures) and r
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kraftkeeper_operator import failpoints
-from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
-from kraftkeeper_operator.kafka.wire import ClientSettings, parse_client_properties
 
 import tests.k8s.conftest as k8s_env
 from quorum.kafka.mapping import base64_to_uuid
+from quorum.localports import free_ports
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import Operator  # the operator runner tests/k8s uses (duplicate D2)
+from tests.kafka.k8s_kafka_support import (
+    KQ,
+    condition,
+    describe_now,
+    events_of,
+    kq,
+    secret,
+    status_of,
+    uuid_of,
+)
 from tests.kafka.test_kafka_security import make_pki
 
 pytestmark = [pytest.mark.slow, pytest.mark.k8s]
-
-KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
-PORTS = range(25000, 26000)  # this suite's port range on the shared machine
 
 
 # tests/k8s's etcd + kube-apiserver, but for this module only: stopped when it ends rather than at
@@ -62,89 +64,19 @@ def namespace(kube: KubeEnv) -> str:
     return k8s_env.namespace.__wrapped__(kube)  # type: ignore[no-any-return]
 
 
-def _port_in_range(taken: set[int]) -> int:
-    for p in PORTS:
-        if p in taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-            except OSError:
-                continue
-        taken.add(p)
-        return p
-    raise AssertionError("no free port in 25000-25999")
-
-
 @pytest.fixture
 def controllers(tmp_path: Path, kafka_jars: Path) -> Iterator[KafkaControllers]:
-    """Three SASL_SSL controllers (PEM CA and keystore, one PLAIN user) on ports 25000-25999."""
+    """Three SASL_SSL controllers (PEM CA and keystore, one PLAIN user) on free loopback ports."""
     pki = tmp_path / "pki"
     pki.mkdir()
     ca, ks = make_pki(pki)
     k = KafkaControllers(
         tmp_path / "kafka", kafka_jars, security=KafkaSecurity(ca, ks, "admin", "admin-secret")
     )
-    taken: set[int] = set()
-    for c in k.controllers.values():
-        c.port = _port_in_range(taken)
+    for c, port in zip(k.controllers.values(), free_ports(len(k.controllers)), strict=True):
+        c.port = port
     with k.running():
         yield k
-
-
-def kq(name: str, **kafka: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "kraftkeeper.io/v1alpha1",
-        "kind": "KRaftQuorum",
-        "metadata": {"name": name},
-        "spec": {"kafka": kafka},
-    }
-
-
-def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name},
-        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-    }
-
-
-def status_of(kube: KubeEnv, ns: str, name: str) -> dict[str, Any]:
-    st, body = kube.request("GET", KQ.format(ns=ns) + "/" + name)
-    assert st == 200, body
-    return dict(body.get("status") or {})
-
-
-def events_of(kube: KubeEnv, ns: str, name: str) -> list[dict[str, Any]]:
-    st, body = kube.request("GET", f"/api/v1/namespaces/{ns}/events")
-    assert st == 200, body
-    return [e for e in body["items"] if e["involvedObject"]["name"] == name]
-
-
-def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
-
-
-def uuid_of(k: KafkaControllers, i: int) -> str:
-    d = k.controllers[i].directory_id()
-    assert d is not None
-    return str(base64_to_uuid(d))
-
-
-def describe_now(k: KafkaControllers) -> dict[str, Any]:
-    """The leader's DescribeQuorum as the operator reads it (for a failure message)."""
-    assert k.security is not None
-    settings = ClientSettings.from_dict(parse_client_properties(k.security.client_properties(), "client"))
-
-    async def run() -> dict[str, Any]:
-        api = KafkaQuorum(k.bootstrap, settings)
-        try:
-            return {"now_ms": int(time.time() * 1000), **await api.describe()}
-        finally:
-            await api.close()
-
-    return asyncio.run(run())
 
 
 def test_schema_refuses_bad_kafka_specs(

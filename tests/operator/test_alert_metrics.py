@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from tests.operator.test_recovery import Rig, recovered
+from tests.operator.recovery_rig import Rig, recovered
 
 
 def _text(rig: Rig) -> str:

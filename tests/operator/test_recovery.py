@@ -4,11 +4,9 @@ steps, replica falling behind, majority down, bad policy)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.controller import ControllerStatus, RecoveryController
 from kraftkeeper_operator.core.recovery import (
     DescribeError,
     Order,
@@ -18,82 +16,11 @@ from kraftkeeper_operator.core.recovery import (
     Recovery,
     RecoveryPolicy,
 )
-from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
-from kraftkeeper_operator.testing.memory import InMemoryQuorum
 from prometheus_client import generate_latest
 
 from quorum.types import ErrorCode
-from tests.operator.helpers import FULL, Clock, OperatorCrash
-
-POLICY = RecoveryPolicy(stabilization_seconds=10, max_lag=10, timeout_seconds=300, live_window_seconds=3)
-
-
-class Rig:
-    def __init__(self, n: int = 3, policy: RecoveryPolicy = POLICY, records: Iterable[Recovery] = ()) -> None:
-        self.clock = Clock()
-        self.q = InMemoryQuorum(n, self.clock.ms)
-        self.sink = MemorySink()
-        self.metrics = OperatorMetrics()
-        self.saved: list[dict[str, Any]] = []
-        self.ctl = self.controller(policy, records)
-
-    def controller(
-        self, policy: RecoveryPolicy = POLICY, records: Iterable[Recovery] = ()
-    ) -> RecoveryController:
-        async def persist(recs: list[dict[str, Any]]) -> None:
-            self.saved = recs
-
-        return RecoveryController(
-            self.q,
-            policy,
-            cluster="test",
-            sink=self.sink,
-            metrics=self.metrics,
-            clock=self.clock,
-            records=records,
-            persist=persist,
-        )
-
-    async def step(self, seconds: float = 1.0) -> ControllerStatus:
-        self.clock.t += seconds
-        self.q.tick()
-        return await self.ctl.reconcile()
-
-    async def run_until(self, cond: Any, limit: int = 200) -> ControllerStatus:
-        for _ in range(limit):
-            st = await self.step()
-            if cond(st):
-                return st
-        raise AssertionError(f"condition not reached; events {self.sink.types()}")
-
-    def crash_on(self, op: str) -> None:
-        """The operator process dies when it next calls ``op`` on the quorum (before the call
-        reaches it): a step was recorded as started, never issued."""
-        real = getattr(self.q, op)
-
-        async def crash(*args: Any) -> Any:
-            setattr(self.q, op, real)  # once
-            raise OperatorCrash(op)
-
-        setattr(self.q, op, crash)
-
-    async def run_until_crash(self, limit: int = 200) -> None:
-        for _ in range(limit):
-            try:
-                await self.step()
-            except OperatorCrash:
-                return
-        raise AssertionError(f"the operator never reached the crash point; events {self.sink.types()}")
-
-    def voters(self) -> set[tuple[int, str]]:
-        return set(self.q.voters)
-
-    def changes(self) -> list[tuple[str, Any]]:
-        return [c for c in self.q.calls if c[0] != "describe"]
-
-
-def recovered(st: ControllerStatus) -> bool:
-    return any(r["phase"] == "Completed" for r in st.recoveries)
+from tests.operator.helpers import FULL
+from tests.operator.recovery_rig import Rig, recovered
 
 
 async def test_replaced_disk_is_recovered_add_then_remove() -> None:
@@ -184,58 +111,6 @@ async def test_second_disk_during_first_recovery_with_three_voters_waits_for_quo
         assert lost.status or (i < 3 and lost.reason == "LeaderElection"), (i, lost)
     assert rig.changes() == []
     assert not st.condition("Available").status
-
-
-async def test_operator_killed_between_add_and_remove_resumes_from_status() -> None:
-    rig = Rig()
-    old = rig.q.current(3).uuid
-    new = rig.q.replace_disk(3, lag=0)
-    rig.crash_on("remove_voter")
-    await rig.run_until_crash()
-    assert (3, old) in rig.voters() and (3, new) in rig.voters()
-    saved = [Recovery.from_dict(d) for d in rig.saved]
-    rig.ctl = rig.controller(records=saved)  # a new operator process, status restored
-    await rig.run_until(recovered)
-    assert rig.changes()[-1] == ("remove_voter", (3, old))
-    assert rig.voters() == {k for k in rig.voters() if k != (3, old)} and (3, new) in rig.voters()
-    assert rig.sink.types() == FULL  # no step logged twice
-
-
-async def test_operator_killed_between_add_and_remove_with_status_lost() -> None:
-    rig = Rig()
-    old = rig.q.current(3).uuid
-    new = rig.q.replace_disk(3, lag=0)
-    rig.crash_on("remove_voter")
-    await rig.run_until_crash()
-    for _ in range(5):  # the old voter stops looking live
-        rig.clock.t += 1
-        rig.q.tick()
-    rig.ctl = rig.controller(records=())  # nothing recorded survived: the quorum decides
-    await rig.run_until(recovered)
-    assert rig.changes()[-1] == ("remove_voter", (3, old))
-    assert (3, new) in rig.voters() and (3, old) not in rig.voters()
-    assert "recovery_resumed" in rig.sink.types()
-
-
-async def test_operator_killed_during_add_voter_call_outcome_unknown() -> None:
-    rig = Rig()
-    old = rig.q.current(3).uuid
-    new = rig.q.replace_disk(3, lag=0)
-    # The AddVoter commits, but the answer is lost (timeout): the next run reads the quorum.
-    rig.q.fail_next("add_voter", ErrorCode.REQUEST_TIMED_OUT, apply=True)
-    await rig.run_until(recovered)
-    assert [c for c in rig.changes() if c[0] == "add_voter"] == [("add_voter", (3, new))]
-    assert rig.changes()[-1] == ("remove_voter", (3, old))
-    assert rig.sink.types().count("add_voter_committed") == 1
-
-
-async def test_operator_killed_before_issuing_add_resumes() -> None:
-    rig = Rig()
-    rig.q.replace_disk(3, lag=0)
-    await rig.run_until(lambda s: any(r["phase"] == "CaughtUp" for r in s.recoveries) or bool(rig.changes()))
-    rig.ctl = rig.controller(records=[Recovery.from_dict(d) for d in rig.saved])
-    await rig.run_until(recovered)
-    assert [c[0] for c in rig.changes()] == ["add_voter", "remove_voter"]
 
 
 async def test_replica_falling_behind_resets_stabilisation() -> None:
@@ -388,19 +263,6 @@ def test_recovery_round_trips_through_status() -> None:
     assert crd["result"] == "InProgress" and crd["phaseSeconds"]["atAddStarted"] == 0.002
     back = Recovery.from_crd_status(crd)
     assert (back.add_started_ms, back.old_uuid, back.phase) == (7, "a", Phase.STABILIZING)
-
-
-async def test_operator_restart_from_crd_status_between_add_and_remove() -> None:
-    rig = Rig()
-    old = rig.q.current(3).uuid
-    rig.q.replace_disk(3, lag=0)
-    rig.crash_on("remove_voter")
-    await rig.run_until_crash()
-    crd = [Recovery.from_dict(d).to_crd_status() for d in rig.saved]  # what had been persisted
-    rig.ctl = rig.controller(records=[Recovery.from_crd_status(d) for d in crd])
-    await rig.run_until(recovered)
-    assert rig.changes()[-1] == ("remove_voter", (3, old))
-    assert rig.sink.types() == FULL
 
 
 async def test_removed_old_disk_listed_as_observer_is_not_a_new_replacement() -> None:

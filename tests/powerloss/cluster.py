@@ -12,7 +12,7 @@ from typing import Any
 
 from quorum.client import QuorumClient
 from quorum.security.clientconfig import load_client_config
-from tests.engine.cluster import poll
+from testkit.polling import wait_until
 from tests.powerloss.powerfs import PowerFs
 from tests.tlsfixtures import TlsCluster
 
@@ -39,7 +39,12 @@ class PowerCluster(TlsCluster):
         for i in nodes:
             self.disks[i].command("hold-sync")
         try:
-            poll(lambda: all(self.disks[i].stats()["held_syncs"] for i in nodes), within, "held fsyncs")
+            wait_until(
+                "held fsyncs",
+                lambda: all(self.disks[i].stats()["held_syncs"] for i in nodes),
+                within,
+                errors=(Exception,),
+            )
         except AssertionError:
             pass  # a node that wrote nothing meanwhile dies outside an fsync
         return [i for i in nodes if self.disks[i].stats()["held_syncs"]]

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.polling import wait_until
+from testkit.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 POWERFS_SH = REPO / "scripts" / "powerfs.sh"

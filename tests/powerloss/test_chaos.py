@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.cluster import poll
+from testkit.polling import wait_until
 from tests.powerloss.cluster import PowerCluster
 from tests.powerloss.history import Op, check_registers, duplicate_offsets, stale_reads
 from tests.powerloss.workload import OP_TIMEOUT, Workload
@@ -50,7 +50,12 @@ def _round(c: PowerCluster, rng: random.Random, crashed_before: list[int]) -> tu
     nodes = list(c.ports)
     if crashed_before and rng.random() < 0.25:
         # They restarted on what their page cache held; once they rejoined, that is lost.
-        poll(lambda: all(c.ready(i) for i in crashed_before), 60, f"nodes {crashed_before} ready again")
+        wait_until(
+            f"nodes {crashed_before} ready again",
+            lambda: all(c.ready(i) for i in crashed_before),
+            60,
+            errors=(Exception,),
+        )
         crash: list[int] = []
         power = crashed_before
         kind = "restarted last round: "
@@ -105,17 +110,26 @@ def test_acknowledged_writes_survive_crashes_and_power_losses(
     c.state()
     rounds: list[str] = []
     with Workload(c.client, seed) as load:
-        poll(lambda: load.acks >= 20, 60, "the first 20 acknowledged writes")
+        wait_until("the first 20 acknowledged writes", lambda: load.acks >= 20, 60, errors=(Exception,))
         crashed: list[int] = []
         for r in range(ROUNDS):
             began = time.monotonic()
             what, crashed = _round(c, rng, crashed)
             target = load.acks + PROGRESS
-            poll(lambda t=target: load.acks >= t, 90,
-                 f"{PROGRESS} writes acknowledged after round {r} ({what}; seed {seed})")
+            wait_until(
+                f"{PROGRESS} writes acknowledged after round {r} ({what}; seed {seed})",
+                lambda t=target: load.acks >= t,
+                90,
+                errors=(Exception,),
+            )
             rounds.append(f"{what} {time.monotonic() - began:.1f}s")
         target = load.acks + 20
-        poll(lambda t=target: load.acks >= t, 90, f"20 more writes acknowledged at the end (seed {seed})")
+        wait_until(
+            f"20 more writes acknowledged at the end (seed {seed})",
+            lambda t=target: load.acks >= t,
+            90,
+            errors=(Exception,),
+        )
     c.state()
     fresh = load.acknowledged_fresh_keys()
     final, lost = asyncio.run(_final_reads(c, load.registers, fresh))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.polling import wait_until
+from testkit.polling import wait_until
 from tests.powerloss.powerfs import PowerFs
 
 Mount = Callable[[str], PowerFs]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.cluster import poll
+from testkit.polling import wait_until
 from tests.powerloss.cluster import PowerCluster
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,12 @@ def test_restart_after_crash_does_not_count_unsynced_batches(
     disk = c.disks[f1]
     disk.command("hold-sync")
     held = PendingPut(c, "held", b"acknowledged only once f1 restarted")
-    poll(lambda: disk.stats()["held_syncs"] > 0, 30, f"node {f1}'s fsync of the new batch held")
+    wait_until(
+        f"node {f1}'s fsync of the new batch held",
+        lambda: disk.stats()["held_syncs"] > 0,
+        30,
+        errors=(Exception,),
+    )
     assert disk.stats()["dirty_files"] > 0, "the held batch is not in f1's page cache"
     c.fault(crash=[f1])  # inside its held fsync
     assert held.result is None, f"the write was answered before f1 restarted: {held.result!r}"
@@ -99,8 +104,12 @@ def test_restart_after_crash_does_not_count_unsynced_batches(
     c.config_path.write_text(json.dumps(cfg))
     c.start(f1)
     c.start(f2)
-    new_leader = poll(lambda: (lid := int(c.state()["leader_id"])) != leader and lid, 90,
-                      f"a leader among nodes {f1} and {f2}")
+    new_leader = wait_until(
+        f"a leader among nodes {f1} and {f2}",
+        lambda: (lid := int(c.state()["leader_id"])) != leader and lid,
+        90,
+        errors=(Exception,),
+    )
     _put(c, "after", b"written by the new leader")  # at the held batch's offset, if f1 lost it
 
     assert _get(c, "held") == b"acknowledged only once f1 restarted", (

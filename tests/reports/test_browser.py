@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.polling import async_wait_until
+from testkit.polling import async_wait_until
 from tests.reports.util import artefacts_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark]

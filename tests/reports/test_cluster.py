@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from testkit.polling import wait_until
 from tests.engine.cluster import free_ports
-from tests.polling import wait_until
 from tests.reports.test_ingest import rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]

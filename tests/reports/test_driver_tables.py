@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from kraftkeeper_reports import columns as cl
 from kraftkeeper_reports import tables as tb
 from kraftkeeper_reports.intervals import PHASES
 from kraftkeeper_reports.job import _rows
@@ -41,7 +42,7 @@ def _stats(df: pd.DataFrame, keys: list[str], with_min_mean: bool) -> pd.DataFra
     if with_min_mean:
         out["min_ms"] = v[starts]
     vf = v.astype("float64")
-    for p in tb.PERCENTILES:
+    for p in cl.PERCENTILES:
         pos = (counts - 1) * p
         lo = np.floor(pos).astype("int64")
         hi = np.minimum(lo + 1, counts - 1)
@@ -180,7 +181,7 @@ CASES = [(5_000, 1, 600_000), (300, 2, 600_000), (2_000, 3, 2**50), (40, 4, 1_00
 @pytest.mark.parametrize("n,seed,spread", CASES)
 def test_each_table_is_the_pandas_one(n: int, seed: int, spread: int) -> None:
     rec_tbl = recoveries(n, seed, spread)
-    rec, cols = rec_tbl.to_pandas(), tb.Columns(rec_tbl)
+    rec, cols = rec_tbl.to_pandas(), cl.Columns(rec_tbl)
     assert rec["total_ms"].isna().any() and rec["cluster"].isna().any()
     pd.testing.assert_frame_equal(tb.phase_stats(cols), ref_phase_stats(rec), check_exact=True)
     pd.testing.assert_frame_equal(tb.phase_histogram(cols), ref_histogram(rec), check_exact=True)
@@ -195,7 +196,7 @@ def test_each_table_is_the_pandas_one(n: int, seed: int, spread: int) -> None:
 def test_tables_without_completed_recoveries() -> None:
     t = recoveries(200, 5)
     t = t.set_column(t.schema.get_field_index("outcome"), "outcome", pa.array(["invalid"] * 200))
-    cols = tb.Columns(t)
+    cols = cl.Columns(t)
     assert tb.phase_stats(cols).empty and tb.compare(cols).empty and tb.phase_histogram(cols).empty
     assert tb.daily(cols).empty and tb.slowest(cols, 5).empty and tb.failures(cols).empty
     assert tb.outcomes(cols)["recoveries"].sum() == 200 - t.column("cluster").null_count
@@ -208,7 +209,7 @@ def test_group_sort_is_the_lexsort(spread: int) -> None:
     rng = np.random.default_rng(7)
     codes = rng.integers(0, 5, 10_000)
     ms = rng.integers(0, spread, 10_000, dtype=np.int64)
-    v, counts = tb._group_sort(codes, ms, 6)
+    v, counts = cl.group_sort(codes, ms, 6)
     assert v.tolist() == ms[np.lexsort((ms, codes))].tolist()
     assert counts.tolist() == [*np.bincount(codes).tolist(), 0]
 

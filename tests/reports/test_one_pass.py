@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from quorum.timefmt import rfc3339
+
 pytestmark = pytest.mark.spark
 
 TOP = 7
@@ -34,6 +36,7 @@ def _norm(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def both(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from kraftkeeper_reports import events as ev
+    from kraftkeeper_reports import spark_tables as st
     from kraftkeeper_reports import transform as tf
     from kraftkeeper_reports.generate import generate
     from kraftkeeper_reports.job import compute
@@ -56,7 +59,7 @@ def both(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     t0 = 1_790_000_000_000
 
     def at(rid: str, typ: str, ms: int) -> str:
-        ts = pd.Timestamp(t0 + ms, unit="ms", tz="UTC").strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        ts = rfc3339(t0 + ms, millis=True)
         return json.dumps(dict(good, recovery_id=rid, type=typ, ts=ts, detail={}))
 
     for rid, caught in (("r-three-late", (50, 150, 170)), ("r-three-early", (50, 60, 170)),
@@ -70,17 +73,17 @@ def both(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
 
     parsed = tf.parse_lines(tf.read_lines(spark, paths)).cache()
     recs = tf.sessionise(tf.events_of(parsed)).cache()
-    problems = tf.line_problems(parsed).unionByName(tf.recovery_problems(recs))
+    problems = tf.line_problems(parsed).unionByName(st.recovery_problems(recs))
     old = {
         "recoveries": recs.toPandas(),
-        "phase_stats": tf.phase_stats(recs).toPandas(),
-        "phase_histogram": tf.phase_histogram(recs).toPandas(),
-        "outcomes": tf.outcomes(recs).toPandas(),
-        "failures": tf.failures(recs).toPandas(),
-        "daily": tf.daily(recs).toPandas(),
-        "slowest": tf.slowest(recs, TOP).toPandas(),
-        "compare": tf.compare(recs).toPandas(),
-        "bad_input": tf.bad_input(problems).toPandas(),
+        "phase_stats": st.phase_stats(recs).toPandas(),
+        "phase_histogram": st.phase_histogram(recs).toPandas(),
+        "outcomes": st.outcomes(recs).toPandas(),
+        "failures": st.failures(recs).toPandas(),
+        "daily": st.daily(recs).toPandas(),
+        "slowest": st.slowest(recs, TOP).toPandas(),
+        "compare": st.compare(recs).toPandas(),
+        "bad_input": st.bad_input(problems).toPandas(),
         "all_examples": problems.groupBy("code").agg({"example": "collect_set"}).toPandas(),
         "lines": parsed.count(),
         "events": parsed.where("reason is null").count(),

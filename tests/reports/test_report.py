@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 from kraftkeeper_reports.job import main
 
+from quorum.timefmt import parse_rfc3339
+
 
 def tree_digest(root: Path) -> str:
     h = hashlib.sha256()
@@ -36,7 +38,7 @@ def independent(root: Path) -> dict[str, Any]:
                 continue
             if not isinstance(e, dict):
                 continue
-            ms = round(datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp() * 1000)
+            ms = parse_rfc3339(e["ts"])
             r = recs[(e["cluster"], e["recovery_id"])]
             r.setdefault(e["type"], ms)
             if e["type"] == "recovery_failed":

@@ -35,7 +35,8 @@ from quorum.core.recovery import plan_unclean_recovery
 from quorum.storage import recover_log
 from quorum.types import ReplicaKey
 from tests.sim.chaos import settle
-from tests.sim.harness import Node, Sim
+from tests.sim.harness import Sim
+from tests.sim.nodes import Node
 
 
 class ScenarioError(AssertionError):

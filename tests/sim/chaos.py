@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from tests.sim.harness import Node, Sim
+from tests.sim.harness import Sim
+from tests.sim.nodes import Node
 
 
 def chaos_action(sim: Sim, crash_rate: float = 0.0015, partition_rate: float = 0.0015) -> None:

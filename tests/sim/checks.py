@@ -23,7 +23,7 @@ from quorum.records import batch_header
 from quorum.types import AddVoter, ControlRecord, ErrorCode, LeaderRecovery, RemoveVoter, ReplicaKey
 
 if TYPE_CHECKING:
-    from tests.sim.harness import Node
+    from tests.sim.nodes import Node
 
 CLUSTER = "sim-cluster"
 

@@ -23,168 +23,35 @@ from __future__ import annotations
 
 import heapq
 import random
-import uuid as _uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from quorum.core.config import CoreConfig
-from quorum.core.messages import FetchRequest, Message, RpcFailed, is_request
+from quorum.core.messages import Message, RpcFailed, is_request
 from quorum.core.raft import RaftCore
-from quorum.core.ready import AdminResult, Outbound, ProposalResult, ReadResult, RoleChange
-from quorum.driver import Driver, Pending, Ports, StorageReader, load_latest_snapshot
+from quorum.driver import Driver, Ports, StorageReader, load_latest_snapshot
 from quorum.driver.memory import DictStateMachine
 from quorum.storage import recover_log
 from quorum.storage.memory import MemoryLog, MemoryQuorumStateStore, MemorySnapshotStore
-from quorum.types import KraftError, OffsetAndEpoch, QuorumState, ReplicaKey
+from quorum.types import OffsetAndEpoch
 from tests.sim.checks import CLUSTER, Checks, InvariantError
+from tests.sim.clients import ClientOps
+from tests.sim.nodes import (
+    Delivery,
+    Node,
+    SimClock,
+    SimQuorumState,
+    SimSink,
+    SimTransport,
+    counting,
+    uuid_for,
+)
 
-__all__ = ["CLUSTER", "InvariantError", "Node", "Sim"]
-
-
-def uuid_for(rng: random.Random) -> str:
-    return str(_uuid.UUID(int=rng.getrandbits(128), version=4))
-
-
-_COUNTING: dict[type[RaftCore], type[RaftCore]] = {}
-
-
-def counting(core_cls: type[RaftCore]) -> type[RaftCore]:
-    """``core_cls`` that records, each time it moves its high watermark as leader, the voter
-    set it counted: ``counted`` holds (old hw, new hw, voters) so the checks can judge an
-    acknowledgement against the set that committed its offset, not any set in force since."""
-    if core_cls not in _COUNTING:
-
-        class Counting(core_cls):  # type: ignore[misc,valid-type]
-            def set_hw(self, new_hw: int) -> None:
-                old = self.hw
-                super().set_hw(new_hw)
-                if self.hw > old and self.leader_state() is not None:
-                    crossed = (old, self.hw, frozenset(self.voters().voters))
-                    self.__dict__.setdefault("counted", []).append(crossed)
-
-        Counting.__name__ = f"Counting{core_cls.__name__}"
-        _COUNTING[core_cls] = Counting
-    return _COUNTING[core_cls]
+__all__ = ["CLUSTER", "InvariantError", "Sim"]
 
 
-@dataclass
-class Node:
-    id: int
-    uuid: str
-    log: MemoryLog = field(default_factory=MemoryLog)
-    qstore: MemoryQuorumStateStore = field(default_factory=lambda: MemoryQuorumStateStore(CLUSTER))
-    snapshots: MemorySnapshotStore = field(default_factory=MemorySnapshotStore)
-    sm: DictStateMachine = field(default_factory=DictStateMachine)
-    core: RaftCore | None = None
-    driver: Driver | None = None
-    pending: Pending | None = None  # a Ready whose persist (fsync) is in flight
-    applied: int = 0  # exclusive end of what the checks compared with the committed map
-    inbound: dict[int, tuple[int, int]] = field(default_factory=dict)  # local corr -> (src, orig)
-    next_in: int = 0
-    incarnation: int = 0
-    last_epoch_seen: int = 0
-    last_hw_seen: int = 0
-    initial: bool = True  # formatted for the new cluster (False: a replacement disk)
-    persisted_epoch: int = 0
-
-    @property
-    def key(self) -> ReplicaKey:
-        return ReplicaKey(self.id, self.uuid)
-
-    @property
-    def endpoint(self) -> str:
-        return f"node{self.id}:9000"
-
-    @property
-    def qs(self) -> QuorumState:
-        return self.qstore.load()
-
-    @property
-    def kv(self) -> dict[str, str]:
-        return self.sm.data
-
-
-class SimTransport:
-    def __init__(self, sim: Sim, node: Node) -> None:
-        self.sim, self.node = sim, node
-
-    def send(self, out: Outbound) -> None:
-        msg = out.message
-        if isinstance(msg, FetchRequest) and msg.fetch_offset > self.node.log.flushed_end_offset:
-            # The pipelining rule (quorum.core.replication): a claim beyond the fsynced
-            # log names only committed records, against the simulation's own record of what
-            # was committed (not the node's view of it).
-            if msg.fetch_offset > self.sim.committed_end:
-                self.sim.fail(
-                    "fetch-claims-durable",
-                    f"node {self.node.id} sends a Fetch at offset {msg.fetch_offset} but has fsynced "
-                    f"only up to {self.node.log.flushed_end_offset} and only "
-                    f"{self.sim.committed_end} records are committed",
-                )
-            self.sim.pipelined_fetches += 1
-        self.sim.send(self.node, out.destination_id, msg)
-
-
-class SimQuorumState:
-    """The node's quorum-state store, remembering the persisted epoch for the checks."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
-    def save(self, state: QuorumState) -> None:
-        self.node.qstore.save(state)
-        self.node.persisted_epoch = state.leader_epoch
-
-
-class SimSink:
-    """The driver's completions, handed to the simulation's checks with the node."""
-
-    def __init__(self, sim: Sim, node: Node) -> None:
-        self.sim, self.node = sim, node
-
-    def proposal_done(self, result: ProposalResult) -> None:
-        self.sim.on_proposal(self.node, result)
-
-    def read_done(self, result: ReadResult) -> None:
-        self.sim.on_read(result)
-
-    def admin_done(self, result: AdminResult) -> None:
-        self.sim.admin_results[result.request_id] = result
-        self.sim.note(f"admin {result.request_id} -> {result.error.value} {result.message}")
-
-    def role_changed(self, view: RoleChange) -> None:
-        self.sim.on_role(self.node, view)
-
-    def applied(self, applied_end: int, applied_epoch: int) -> None:
-        self.sim.on_applied(self.node, applied_end)
-
-    def recovery_needed(self) -> None:
-        self.sim.recovery_needed.add(self.node.id)
-
-    def note(self, message: str) -> None:
-        self.sim.errors.append(f"node {self.node.id}: {message}")
-
-
-class SimClock:
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
-
-    def now_ms(self) -> int:
-        return self.sim.now
-
-
-@dataclass(order=True)
-class Delivery:
-    at: int
-    seq: int
-    dest: int = field(compare=False)
-    src: int = field(compare=False)
-    incarnation: int = field(compare=False)  # of the destination when sent (requests) or of the sender
-    message: Message = field(compare=False)
-
-
-class Sim(Checks):
+class Sim(Checks, ClientOps):
     crash_points = False  # power loss also at fsync completion (chaos runs)
     kill_points = 0.0  # chance of a process crash at each fsync completion instead
 
@@ -532,87 +399,3 @@ class Sim(Checks):
             core.snapshot_taken(sid, min(n.log.log_start_offset, off))
             n.snapshots.delete_older_than(sid)
             self.note(f"node {n.id} snapshot {sid} log start {n.log.log_start_offset}")
-
-    # ------------------------------------------------------------------ clients & admin
-
-    def leader(self) -> Node | None:
-        best: Node | None = None
-        for n in self.nodes.values():
-            if n.core is not None and n.core.role_name == "leader":
-                if best is None or n.core.epoch > best.core.epoch:  # type: ignore[union-attr]
-                    best = n
-        return best
-
-    def write(self, count: int = 1) -> bool:
-        ld = self.leader()
-        if ld is None or ld.core is None:
-            return False
-        recs = []
-        for _ in range(count):
-            self.client_seq += 1
-            recs.append(f'{{"k": "k{self.client_seq % 17}", "v": "v{self.client_seq}"}}')
-        try:
-            last = ld.core.propose([r.encode() for r in recs], self.now)
-        except KraftError:
-            return False
-        self.proposals[(ld.id, ld.uuid, last, ld.core.epoch)] = recs
-        self.pump(ld)
-        return True
-
-    def read(self) -> int | None:
-        ld = self.leader()
-        if ld is None or ld.core is None:
-            return None
-        self.read_seq += 1
-        try:
-            ld.core.read_index(self.read_seq, self.now)
-        except KraftError:
-            return None
-        self.reads[self.read_seq] = self.max_acked
-        self.pump(ld)
-        return self.read_seq
-
-    def admin(self, op: str, arg: Any) -> int | None:
-        ld = self.leader()
-        if ld is None or ld.core is None:
-            return None
-        self.admin_seq += 1
-        rid = self.admin_seq
-        self.note(f"admin {rid}: {op} {arg} at leader {ld.id}")
-        if op == "add":
-            ld.core.add_voter(rid, arg, self.now)
-        elif op == "remove":
-            ld.core.remove_voter(rid, arg, self.now)
-        else:
-            ld.core.reassign(rid, arg, self.now)
-        self.pump(ld)
-        return rid
-
-    def wait_admin(self, rid: int | None, ms: int = 8000) -> Any:
-        if rid is None:
-            return None
-        end = self.now + ms
-        while self.now < end and rid not in self.admin_results:
-            self.run(self.step_ms)
-        return self.admin_results.get(rid)
-
-    def until(self, cond: Callable[[], bool], ms: int, action: Callable[[Sim], None] | None = None) -> bool:
-        end = self.now + ms
-        while self.now < end:
-            if cond():
-                return True
-            self.run(self.step_ms, action)
-        return cond()
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "now": self.now,
-            "committed": self.committed_end,
-            "pipelined_fetches": self.pipelined_fetches,
-            "deferred_fsyncs": self.deferred_fsyncs,
-            "cuts_with_unsynced": self.cuts_with_unsynced,
-            "kills_with_unsynced": self.kills_with_unsynced,
-            "leaders": len(self.leaders),
-            "errors": len(self.errors),
-        }

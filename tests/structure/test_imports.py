@@ -36,23 +36,7 @@ ROOTS = {
 SIZE_LIMIT = 450
 _ENGINE = "engine module: the engine is left alone while other work changes it"
 _EDITED = "operator module other work is editing now; split after that lands"
-_REPORT = "report module: split by role (tables, transforms) in the reports' own pass"
-_TEST = "test or bench module: split by scenario when next touched"
 OVERSIZE: dict[str, str] = {
-    "kraftkeeper_reports.demo_kafka": _REPORT,
-    "kraftkeeper_reports.events": _REPORT,
-    "kraftkeeper_reports.render": _REPORT,
-    "kraftkeeper_reports.tables": _REPORT,
-    "kraftkeeper_reports.transform": _REPORT,
-    "tests.hostile.test_tls": _TEST,
-    "tests.kafka.test_k8s_kafka": _TEST,
-    "tests.operator.test_recovery": _TEST,
-    "tests.sim.harness": _TEST,
-    "bench.common": _TEST,
-    "bench.operator": _TEST,
-    "bench.operator_real": _TEST,
-    "bench.recovery": _TEST,
-    "bench.report": _TEST,
 }
 
 # Two-way imports between packages that exist today, each with its reason; the test fails on any
