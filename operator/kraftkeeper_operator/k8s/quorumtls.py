@@ -187,7 +187,13 @@ class QuorumTls:
             # An expired certificate keeps its disk: only a missing or foreign one gets a new UUID.
             disk = self.disk_for(i, current.storage_uuid if current is not None and ours else None, not ours)
             missing = cert_due(pem, dt.timedelta(0), ident)
-            if i in renew or missing or (current is not None and disk != current.storage_uuid):
+            # A certificate naming another disk than its pod's is re-issued at once (its pod is
+            # then restarted by bind_disks); an unbound one (an older operator's) only when the
+            # rotation renews it: bound here, the rotation would no longer see it due, and its
+            # running node would keep the unbound one.
+            unbound = current is not None and current.storage_uuid is None and i not in self.reported
+            moved = current is not None and disk != current.storage_uuid and not unbound
+            if i in renew or missing or moved:
                 data[f"node-{i}.crt"], data[f"node-{i}.key"] = await asyncio.to_thread(ca.node, i, disk)
                 changed = True
                 log.info("%s: issued the certificate of replica %d (storage %s)", q.cluster, i, disk)
