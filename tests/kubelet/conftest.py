@@ -28,6 +28,7 @@ KK_NODE_TESTS=1 (set by ``./dev.sh test``) a missing install is a failure, not a
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -267,6 +268,27 @@ def quorum_available(cluster: NodeCluster, ns: str = QUORUM_NS, name: str = QUOR
             and all(v.get("uuid") for v in vs)):
         return st  # type: ignore[no-any-return]
     return None
+
+
+def quorum_pods(cluster: NodeCluster, ns: str = QUORUM_NS, instance: str | None = None
+                ) -> list[dict[str, Any]]:
+    """The quorum pods of namespace ``ns`` (of KRaftQuorum ``instance`` only, when given)."""
+    selector = "app.kubernetes.io/component=quorum"
+    if instance is not None:
+        selector = f"app.kubernetes.io/instance={instance},{selector}"
+    return cluster.get_json("pods", "-n", ns, "-l", selector)["items"]  # type: ignore[no-any-return]
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Ready and not being deleted (a terminating pod may still report Ready)."""
+    conds = {x["type"]: x["status"] for x in pod.get("status", {}).get("conditions") or []}
+    return pod.get("metadata", {}).get("deletionTimestamp") is None and conds.get("Ready") == "True"
+
+
+def secret_data(cluster: NodeCluster, name: str, ns: str = QUORUM_NS) -> dict[str, bytes] | None:
+    """Secret ``ns/name``'s data, decoded; None when it does not exist."""
+    obj = cluster.get_json("secret", name, "-n", ns)
+    return None if obj is None else {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
 
 
 def wait_available(cluster: NodeCluster, voters: int = 3) -> dict[str, Any]:

@@ -9,7 +9,9 @@ the operator's namespace asks for its certificates from that issuer; cert-manage
 pods serve with them (the operator reaches the quorum with its cert-manager credential, a client
 pod writes with its own). Then a renewal forced through cert-manager (the Issuing condition set on
 the node Certificates, as ``cmctl renew`` does) makes cert-manager issue new certificates, and the
-operator rolls the pods one at a time under continuous writes; every acknowledged write reads back.
+operator rolls the pods one at a time under continuous writes. Last, a follower's disk is replaced
+(pod and claim deleted): the new disk gets its own cert-manager certificate naming its new storage
+UUID and the recovery swaps the voter; every acknowledged write reads back.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,10 @@ from tests.kubelet.conftest import (
     REPO,
     NodeCluster,
     _lacking,
+    pod_ready,
     quorum_available,
+    quorum_pods,
+    secret_data,
 )
 from tests.kubelet.conftest import CLIENT_POD as DEMO_CLIENT
 from tests.kubelet.test_e2e import Writer, read_back, voter_uuids
@@ -84,28 +89,17 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _secret(c: NodeCluster, name: str, ns: str = QUORUM_NS) -> dict[str, bytes] | None:
-    obj = c.get_json("secret", name, "-n", ns)
-    return None if obj is None else {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
-
-
 def _ready(obj: dict[str, Any] | None) -> bool:
     conds = ((obj or {}).get("status") or {}).get("conditions") or []
     return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conds)
 
 
 def _pods(c: NodeCluster) -> dict[str, dict[str, Any]]:
-    items = c.get_json("pods", "-n", QUORUM_NS, "-l", f"app.kubernetes.io/instance={NAME},"
-                       "app.kubernetes.io/component=quorum")["items"]
-    return {p["metadata"]["name"]: p for p in items}
-
-
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    return pod.get("metadata", {}).get("deletionTimestamp") is None and _ready(pod)
+    return {p["metadata"]["name"]: p for p in quorum_pods(c, instance=NAME)}
 
 
 def _serial(c: NodeCluster, i: int) -> int | None:
-    d = _secret(c, f"{NAME}-node-{i}-tls") or {}
+    d = secret_data(c, f"{NAME}-node-{i}-tls") or {}
     return x509.load_pem_x509_certificate(d["tls.crt"]).serial_number if d.get("tls.crt") else None
 
 
@@ -169,6 +163,37 @@ def _cleanup(c: NodeCluster) -> None:
     c.kubectl("delete", "secret", CA_SECRET, "-n", CM_NS, "--ignore-not-found", check=False)
 
 
+def _replace_a_disk(c: NodeCluster, st: dict[str, Any], log: Callable[[], str]) -> None:
+    """A follower's pod deleted with its claim (a replaced disk): its node refuses the certificate
+    of the old disk, the operator puts the new disk's UUID in the Certificate's ``uris``,
+    cert-manager issues it, and the KIP-856 recovery swaps the voter (docs/operator.md
+    "Certificates bound to the disk")."""
+    i = next(v for v in sorted(voter_uuids(st)) if v != st["leaderId"])
+    old, done = voter_uuids(st)[i], len(st.get("recoveries") or [])
+    pod = f"{NAME}-{i - 1}"
+    c.kubectl("delete", "pvc", f"data-{pod}", "-n", QUORUM_NS, "--wait=false")
+    c.kubectl("delete", "pod", pod, "-n", QUORUM_NS, "--wait=false")
+
+    def recovered() -> dict[str, Any] | None:
+        s = quorum_available(c, name=NAME)
+        recs = (s or {}).get("recoveries") or []
+        ok = s is not None and len(recs) > done and recs[-1].get("result") == "Succeeded"
+        return s if ok and voter_uuids(s).get(i) not in (None, old) else None
+
+    final = c.wait_for(f"the recovery of replica {i} on a new disk", recovered, timeout=300, context=log)
+    new = voter_uuids(final)[i]
+    assert {k: u for k, u in voter_uuids(final).items() if k != i} == \
+        {k: u for k, u in voter_uuids(st).items() if k != i}
+    uris = c.get_json("certificate", f"{NAME}-node-{i}", "-n", QUORUM_NS)["spec"]["uris"]
+    assert any(u.endswith(f"/replica/{i}?storage={new}") for u in uris), (new, uris)
+    d = secret_data(c, f"{NAME}-node-{i}-tls") or {}
+    assert identity_from_cert(x509.load_pem_x509_certificate(d["tls.crt"])).storage_uuid == new
+    events = c.get_json("events", "-n", QUORUM_NS, "--field-selector",
+                        f"involvedObject.kind=KRaftQuorum,involvedObject.name={NAME}")["items"]
+    told = [e.get("message", "") for e in events if e["reason"] == "CertificateForNewDisk"]
+    assert any(f"replica {i} runs on a new disk (storage {new})" in m for m in told), told
+
+
 def test_cert_manager_issues_and_renews_the_quorum_certificates(
     node_cluster: NodeCluster, quorum_ns: str, cert_manager: Path, tmp_path: Path
 ) -> None:
@@ -192,14 +217,14 @@ def test_cert_manager_issues_and_renews_the_quorum_certificates(
                    timeout=180, context=log)
         issued = time.monotonic() - t0
         for i in (1, 2, 3):
-            d = _secret(c, f"{NAME}-node-{i}-tls")
+            d = secret_data(c, f"{NAME}-node-{i}-tls")
             assert d is not None
             cert = x509.load_pem_x509_certificate(d["tls.crt"])
             cert.verify_directly_issued_by(ca)  # signed by cert-manager with the ClusterIssuer's CA
             assert identity_from_cert(cert).replica_id == i
             assert "ca.key" not in d and x509.load_pem_x509_certificate(d["ca.crt"]) == ca
         # No CA of the operator's own in CertManager mode.
-        assert _secret(c, f"{NAME}-ca") is None and _secret(c, f"{NAME}-tls") is None
+        assert secret_data(c, f"{NAME}-ca") is None and secret_data(c, f"{NAME}-tls") is None
         st = c.wait_for(f"KRaftQuorum {NAME} Available over cert-manager's certificates",
                         lambda: quorum_available(c, name=NAME), timeout=300, context=log)
         available = time.monotonic() - t0
@@ -224,12 +249,12 @@ def test_cert_manager_issues_and_renews_the_quorum_certificates(
         def renewed_and_rolled() -> bool:
             nonlocal most_unready
             pods = _pods(c)
-            most_unready = max(most_unready, 3 - len([p for p in pods.values() if _pod_ready(p)]))
+            most_unready = max(most_unready, 3 - len([p for p in pods.values() if pod_ready(p)]))
             for n, p in pods.items():
                 if p["metadata"]["uid"] != old_uids.get(n) and n not in restarted:
                     restarted.append(n)
             new = all(_serial(c, i) not in (None, serials[i]) for i in (1, 2, 3))
-            return (new and len(restarted) == 3 and all(_pod_ready(p) for p in pods.values())
+            return (new and len(restarted) == 3 and all(pod_ready(p) for p in pods.values())
                     and quorum_available(c, name=NAME) is not None)
 
         c.wait_for("cert-manager renewed every node certificate and every pod rolled", renewed_and_rolled,
@@ -239,8 +264,13 @@ def test_cert_manager_issues_and_renews_the_quorum_certificates(
         final = quorum_available(c, name=NAME)
         assert final is not None and voter_uuids(final) == before, "a renewal restart keeps every identity"
         writer.wait_acked(len(writer.acked()), "a write acknowledged after the renewal")
+        t2 = time.monotonic()
+        _replace_a_disk(c, final, log)
+        replaced = time.monotonic() - t2
+        writer.wait_acked(len(writer.acked()), "a write acknowledged after the disk replacement")
         read_back(c, writer.stop(), pod=CLIENT_POD, bootstrap=BOOT)
         print(f"cert-manager: certificates issued in {issued:.1f} s, quorum Available in {available:.1f} s, "
-              f"forced renewal rolled 3 pods in {renewal:.1f} s (restart order {restarted})")
+              f"forced renewal rolled 3 pods in {renewal:.1f} s (restart order {restarted}), "
+              f"a replaced disk recovered with its own certificate in {replaced:.1f} s")
     finally:
         _cleanup(c)

@@ -97,10 +97,10 @@ class Writer:
     far (its output is read by a thread while it runs)."""
 
     def __init__(self, cluster: NodeCluster, prefix: str, pod: str = "client",
-                 bootstrap: str = CLIENT_BOOTSTRAP) -> None:
-        self.cluster, self.prefix, self.pod = cluster, prefix, pod
+                 bootstrap: str = CLIENT_BOOTSTRAP, namespace: str = QUORUM_NS) -> None:
+        self.cluster, self.prefix, self.pod, self.namespace = cluster, prefix, pod, namespace
         self.proc = subprocess.Popen(
-            [str(cluster.bin_dir / "kubectl"), "exec", "-n", QUORUM_NS, pod, "--",
+            [str(cluster.bin_dir / "kubectl"), "exec", "-n", namespace, pod, "--",
              "python", "-c", WRITER, prefix, bootstrap],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
         self.lines: list[str] = []
@@ -120,7 +120,8 @@ class Writer:
                               context=lambda: "\n".join(self.lines[-20:]))
 
     def stop(self) -> list[str]:
-        self.cluster.kubectl("exec", "-n", QUORUM_NS, self.pod, "--", "touch", f"/tmp/stop-{self.prefix}")
+        self.cluster.kubectl("exec", "-n", self.namespace, self.pod, "--", "touch",
+                             f"/tmp/stop-{self.prefix}")
         self.proc.wait(timeout=120)
         self._reader.join(timeout=30)
         assert "DONE" in self.lines, "the writer did not finish cleanly:\n" + "\n".join(self.lines[-30:])
@@ -128,8 +129,8 @@ class Writer:
 
 
 def read_back(cluster: NodeCluster, keys: list[str], pod: str = "client",
-              bootstrap: str = CLIENT_BOOTSTRAP) -> None:
-    proc = cluster.kubectl("exec", "-i", "-n", QUORUM_NS, pod, "--", "python", "-c", READER,
+              bootstrap: str = CLIENT_BOOTSTRAP, namespace: str = QUORUM_NS) -> None:
+    proc = cluster.kubectl("exec", "-i", "-n", namespace, pod, "--", "python", "-c", READER,
                            bootstrap, stdin="\n".join(keys), timeout=300)
     assert f"CHECKED {len(keys)} BAD 0" in proc.stdout, f"acknowledged writes lost:\n{proc.stdout[-4000:]}"
 

@@ -25,7 +25,9 @@ from tests.kubelet.conftest import (
     QUORUM_NS,
     REPO,
     NodeCluster,
+    pod_ready,
     quorum_available,
+    quorum_pods,
     wait_available,
 )
 from tests.kubelet.test_e2e import UUID, Writer, read_back, voter_uuids
@@ -36,15 +38,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark
 def _patch_spec(c: NodeCluster, spec: dict[str, Any]) -> None:
     c.kubectl("patch", "kraftquorum", QUORUM, "-n", QUORUM_NS, "--type=merge",
               "-p", json.dumps({"spec": spec}))
-
-
-def _quorum_pods(c: NodeCluster) -> list[dict[str, Any]]:
-    return c.get_json("pods", "-n", QUORUM_NS, "-l", "app.kubernetes.io/component=quorum")["items"]  # type: ignore[no-any-return]
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conds = {x["type"]: x["status"] for x in pod.get("status", {}).get("conditions") or []}
-    return pod.get("metadata", {}).get("deletionTimestamp") is None and conds.get("Ready") == "True"
 
 
 def test_scale_3_to_5_to_3_under_writes(node_cluster: NodeCluster, quorum_ns: str) -> None:
@@ -61,7 +54,7 @@ def test_scale_3_to_5_to_3_under_writes(node_cluster: NodeCluster, quorum_ns: st
     assert all(UUID.match(u) for u in voter_uuids(at5).values())
     # The three original voters keep their identities; only 4 and 5 are new.
     assert {i: u for i, u in voter_uuids(at5).items() if i <= 3} == before
-    c.wait_for("5 quorum pods Ready", lambda: len([p for p in _quorum_pods(c) if _ready(p)]) == 5,
+    c.wait_for("5 quorum pods Ready", lambda: len([p for p in quorum_pods(c) if pod_ready(p)]) == 5,
                timeout=120, context=c.describe)
     writer.wait_acked(len(writer.acked()), "a write acknowledged by the 5-voter quorum")
 
@@ -72,7 +65,7 @@ def test_scale_3_to_5_to_3_under_writes(node_cluster: NodeCluster, quorum_ns: st
 
     at3 = c.wait_for("3 voters Available again", back_to_3, timeout=420, context=c.describe)
     assert voter_uuids(at3) == before, at3["voters"]
-    c.wait_for("the StatefulSet scaled down to 3 pods", lambda: len(_quorum_pods(c)) == 3, timeout=180,
+    c.wait_for("the StatefulSet scaled down to 3 pods", lambda: len(quorum_pods(c)) == 3, timeout=180,
                context=c.describe)
     writer.wait_acked(len(writer.acked()), "a write acknowledged after the scale-down")
     read_back(c, writer.stop())
@@ -98,14 +91,14 @@ def test_image_change_rolls_one_pod_at_a_time(node_cluster: NodeCluster, quorum_
 
     def rolled() -> bool:
         nonlocal most_unready
-        pods = _quorum_pods(c)
-        most_unready = max(most_unready, 3 - len([p for p in pods if _ready(p)]))
+        pods = quorum_pods(c)
+        most_unready = max(most_unready, 3 - len([p for p in pods if pod_ready(p)]))
         status = (c.get_json("kraftquorum", QUORUM, "-n", QUORUM_NS) or {}).get("status") or {}
         lost = [x for x in status.get("conditions") or []
                 if x.get("type") == "QuorumLost" and x.get("status") == "True"]
         if lost and (not lost_reports or lost_reports[-1] != lost[0].get("message")):
             lost_reports.append(str(lost[0].get("message")))
-        new = [p for p in pods if p["spec"]["containers"][0]["image"] == new_image and _ready(p)]
+        new = [p for p in pods if p["spec"]["containers"][0]["image"] == new_image and pod_ready(p)]
         return len(new) == 3 and bool(quorum_available(c))
 
     c.wait_for("every pod on the new image, Ready, the quorum Available", rolled, timeout=600,

@@ -8,7 +8,6 @@ acknowledged write reads back.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 from typing import Any
@@ -22,7 +21,10 @@ from tests.kubelet.conftest import (
     QUORUM,
     QUORUM_NS,
     NodeCluster,
+    pod_ready,
     quorum_available,
+    quorum_pods,
+    secret_data,
     wait_available,
 )
 from tests.kubelet.test_e2e import CLIENT_BOOTSTRAP, Writer, kv, read_back, voter_uuids
@@ -51,9 +53,9 @@ except Exception as e:
 
 
 def _secret(c: NodeCluster, name: str) -> dict[str, bytes]:
-    obj = c.get_json("secret", name, "-n", QUORUM_NS)
-    assert obj is not None, f"Secret {QUORUM_NS}/{name} does not exist"
-    return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    data = secret_data(c, name)
+    assert data is not None, f"Secret {QUORUM_NS}/{name} does not exist"
+    return data
 
 
 def _not_after(pem: bytes) -> dt.datetime:
@@ -61,13 +63,7 @@ def _not_after(pem: bytes) -> dt.datetime:
 
 
 def _quorum_pods(c: NodeCluster) -> dict[str, dict[str, Any]]:
-    items = c.get_json("pods", "-n", QUORUM_NS, "-l", "app.kubernetes.io/component=quorum")["items"]
-    return {p["metadata"]["name"]: p for p in items}
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conds = {x["type"]: x["status"] for x in pod.get("status", {}).get("conditions") or []}
-    return pod.get("metadata", {}).get("deletionTimestamp") is None and conds.get("Ready") == "True"
+    return {p["metadata"]["name"]: p for p in quorum_pods(c)}
 
 
 def test_tls_is_on_by_default_and_clients_need_a_credential(node_cluster: NodeCluster,
@@ -135,13 +131,13 @@ def test_certificate_renewal_one_pod_at_a_time_under_writes(node_cluster: NodeCl
     def renewed_and_back() -> dict[str, bytes] | None:
         nonlocal most_unready
         pods = _quorum_pods(c)
-        most_unready = max(most_unready, 3 - len([p for p in pods.values() if _ready(p)]))
+        most_unready = max(most_unready, 3 - len([p for p in pods.values() if pod_ready(p)]))
         for name, p in pods.items():
             if p["metadata"]["uid"] != old_uids.get(name) and name not in restarted_order:
                 restarted_order.append(name)
         now = _secret(c, f"{QUORUM}-tls")
         renewed = [i for i in (1, 2, 3) if now[f"node-{i}.crt"] != old_certs[f"node-{i}.crt"]]
-        done = (len(renewed) == 3 and len(restarted_order) == 3 and all(_ready(p) for p in pods.values())
+        done = (len(renewed) == 3 and len(restarted_order) == 3 and all(pod_ready(p) for p in pods.values())
                 and quorum_available(c))
         return now if done else None
 

@@ -58,16 +58,25 @@ log = logging.getLogger("kraftkeeper.operator")
 
 
 async def pods_ready(kube: KubeApi, q: QuorumSpec, replicas: int) -> bool:
-    """Every pod of the StatefulSet Ready, when its controller reports it: the rotator's "back in
-    the quorum" (the node fetched again) comes before the kubelet's readiness probe passes, and
-    restarting the next pod then would leave two pods unready at once (as a StatefulSet roll
-    never does). No status reported (no controller: stand-in nodes in tests) -> the quorum's view
-    alone decides."""
-    sts = await kube.read_statefulset(q.namespace, q.name)
-    st = (sts or {}).get("status") or {}
+    """Every pod of the StatefulSet Ready and no roll of it pending, when its controller reports
+    it: the rotator's "back in the quorum" (the node fetched again) comes before the kubelet's
+    readiness probe passes, and restarting the next pod then would leave two pods unready at once
+    (as a StatefulSet roll never does). A roll (a new pod template: an image change, an operator
+    upgrade) is the StatefulSet controller's own one-pod-at-a-time restart, which does not wait
+    for pods the operator deletes (with podManagementPolicy Parallel it replaces the highest
+    outdated ordinal whatever the others' state): the rotation waits until that roll is done,
+    so the two never take down a pod each. No status reported (no controller: stand-in nodes in
+    tests) -> the quorum's view alone decides."""
+    sts = await kube.read_statefulset(q.namespace, q.name) or {}
+    st = sts.get("status") or {}
     if "observedGeneration" not in st:
         return True
-    return int(st.get("readyReplicas") or 0) >= replicas
+    rolled = (
+        int(st["observedGeneration"]) >= int((sts.get("metadata") or {}).get("generation") or 0)
+        and st.get("currentRevision") == st.get("updateRevision")
+        and int(st.get("updatedReplicas") or 0) >= replicas
+    )
+    return rolled and int(st.get("readyReplicas") or 0) >= replicas
 
 
 WAIT_S = 5
@@ -178,7 +187,13 @@ class QuorumTls:
             # An expired certificate keeps its disk: only a missing or foreign one gets a new UUID.
             disk = self.disk_for(i, current.storage_uuid if current is not None and ours else None, not ours)
             missing = cert_due(pem, dt.timedelta(0), ident)
-            if i in renew or missing or (current is not None and disk != current.storage_uuid):
+            # A certificate naming another disk than its pod's is re-issued at once (its pod is
+            # then restarted by bind_disks); an unbound one (an older operator's) only when the
+            # rotation renews it: bound here, the rotation would no longer see it due, and its
+            # running node would keep the unbound one.
+            unbound = current is not None and current.storage_uuid is None and i not in self.reported
+            moved = current is not None and disk != current.storage_uuid and not unbound
+            if i in renew or missing or moved:
                 data[f"node-{i}.crt"], data[f"node-{i}.key"] = await asyncio.to_thread(ca.node, i, disk)
                 changed = True
                 log.info("%s: issued the certificate of replica %d (storage %s)", q.cluster, i, disk)
