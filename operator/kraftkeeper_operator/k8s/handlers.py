@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import failpoints
 from ..kafka.watchdog import watched
+from . import kafkaquorums  # noqa: F401  (its import registers the Kafka daemon with kopf)
 from .kafkaspec import is_kafka, reconcile_kafka, unavailable_condition
 from .kube import KubeApi
 from .manifests import (
