@@ -127,10 +127,16 @@ def test_raw_appends_in_a_worker_thread_while_the_loop_deletes_a_prefix(tmp_path
     leader, _batches = _leader_log(tmp_path / "leader")
     follower = SegmentedLog(tmp_path / "follower", segment_bytes=256 * 1024, fsync=False)
     errors: list[BaseException] = []
+    # The writer holds back its last quarter until a deletion has taken effect, so a prefix is
+    # always deleted while appends are still running (a loaded machine could otherwise let the
+    # writer finish before the loop's first deletion crossed a segment).
+    deleted = threading.Event()
 
     def writer() -> None:
         try:
             while follower.end_offset < leader.end_offset:
+                if follower.end_offset >= leader.end_offset * 3 // 4:
+                    deleted.wait(60)
                 data = leader.read(follower.end_offset, 64 * 1024)
                 decoded, _used = records.decode_batches(data)
                 follower.append_batches(data, [b.info for b in decoded])
@@ -143,6 +149,8 @@ def test_raw_appends_in_a_worker_thread_while_the_loop_deletes_a_prefix(tmp_path
     while t.is_alive():
         follower.delete_before(follower.end_offset // 2)
         deletes += 1
+        if follower.log_start_offset > 0:
+            deleted.set()
     t.join()
     try:
         assert not errors, errors
