@@ -25,6 +25,7 @@ from quorum.runtime.server import build_app, start_server
 from quorum.runtime.transport import HttpTransport, Transport
 from quorum.security.nodetls import NodeTls, check_plaintext_listen, load_node_tls
 from quorum.storage.meta import load_meta
+from quorum.timefmt import rfc3339
 from quorum.types import ErrorCode, KraftError
 
 
@@ -37,7 +38,8 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         obj = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            # UTC, as the Z says (logging's own formatTime would give local time).
+            "ts": rfc3339(int(record.created * 1000), millis=True),
             "level": record.levelname,
             "logger": record.name,
             "node": self.node,
