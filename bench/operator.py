@@ -34,7 +34,9 @@ re-creation, volume, container start), the pod's own start (format, node start, 
 the operator's phases, each with its share of the total, printed next to the local-mode split of
 the same invocation;
 operator CPU and API requests with 100 objects, pods running for 3 of them). Needs root and
-``scripts/k8s-node.sh install``.
+``scripts/k8s-node.sh install``. ``recovery --real --kafka``: Kafka controller pods replaced
+instead (bench/kafka_real.py: the same Kubernetes phases, the controller's own start, the
+operator's RemoveRaftVoter / AddRaftVoter).
 
 Run from the repository root: ``python -m bench.operator [recovery|cost|all] [options]``; the
 Apache Kafka rows: ``python -m bench.operator kafka [options]`` (bench/kafka_recovery.py).
@@ -93,9 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--real", action="store_true",
                    help="also on a real single-node Kubernetes (scripts/k8s-node.sh), next to local mode")
+    p.add_argument("--kafka", action="store_true",
+                   help="with --real: replace Kafka controller pods instead (bench/kafka_real.py)")
     a = p.parse_args(argv)
     if a.recoveries < 1 or a.objects < 1:
         p.error("--recoveries and --objects must be >= 1")
+    if a.kafka:
+        if not a.real or a.what != "recovery":
+            p.error("--kafka needs `recovery --real`")
+        return main_real_kafka(a.recoveries)
     if a.real:
         if a.stabilization_seconds != round(a.stabilization_seconds):
             p.error("--real needs a whole --stabilization-seconds (spec.recovery.stabilizationSeconds)")
@@ -177,6 +185,28 @@ def main_real(a: argparse.Namespace) -> int:
               f"{cost['steady_requests_per_s']:.2f} API requests/s "
               f"(others {cost['steady_other_requests_per_s']:.2f}/s), "
               f"operator CPU {cost['steady_cpu_percent']:.1f} %")
+    return 0
+
+
+def main_real_kafka(recoveries: int) -> int:
+    """``recovery --real --kafka``: Kafka controller pods replaced on the real cluster."""
+    from bench.kafka_real import KUBE_PHASES, OPERATOR_PHASES, PHASES, POD_PHASES
+    from bench.kafka_real import run as run_kafka
+
+    rows = run_kafka(recoveries)
+    total = statistics.median(rows["total"])
+    print(f"\nKafka controller pod replaced, {recoveries} replacements, stabilisation 0 (seconds, from "
+          "`kubectl delete pvc,pod`)")
+    print(f"{'phase':<18}{'p50':>8}{'share':>7}{'min':>8}{'max':>8}")
+    for name in PHASES:
+        v = rows[name]
+        share = f"{100 * statistics.median(v) / total:>6.0f}%" if name != "total" else " " * 7
+        print(f"{name:<18}{statistics.median(v):>8.2f}{share}{min(v):>8.2f}{max(v):>8.2f}")
+    parts = {what: sum(statistics.median(rows[p]) for p in phases)
+             for what, phases in (("Kubernetes", KUBE_PHASES), ("the pod's own start", POD_PHASES),
+                                  ("the operator", OPERATOR_PHASES))}
+    print("; ".join(f"{what} {s:.2f} s ({100 * s / total:.0f}%)" for what, s in parts.items())
+          + f"; total p50 {total:.2f} s")
     return 0
 
 

@@ -39,8 +39,14 @@ template="${KAFKA_CONFIG_TEMPLATE:-/etc/kafka/config/server.properties}"
 config="${KAFKA_CONFIG_OUT:-/tmp/server.properties}"
 libs='/opt/kafka/libs/*'
 heap="${KAFKA_HEAP_OPTS:--Xmx256m -Xms64m}"
+# DNS answers cached for 1 s, failures not at all (the JVM's defaults: 30 s and 10 s). A replaced
+# controller pod comes back under its old name with a new IP: with the default cache the leader
+# keeps connecting to the old address for up to 30 s, and AddRaftVoter, which needs the leader to
+# reach the new controller (an ApiVersions request to its listener, KIP-853), fails for as long.
+# A controller resolves a peer only when it (re)connects, so the short cache costs little.
 # shellcheck disable=SC2206
 jvm=($heap -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true
+     -Dsun.net.inetaddr.ttl=1 -Dsun.net.inetaddr.negative.ttl=0
      -Dlog4j2.configurationFile=/opt/kafka/log4j2.properties)
 
 [ -n "${POD_NAME:-}" ] || die "POD_NAME is not set (use the downward API: metadata.name)"

@@ -13,6 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kraftkeeper_operator.core.policy import Order
+from kraftkeeper_operator.core.records import Action, ActionKind, Recovery, record_finished
 from kraftkeeper_operator.core.recovery import Phase
 from kraftkeeper_operator.kafka.backend import parse_bootstrap
 from kraftkeeper_operator.kafka.watch import records_from_event_log
@@ -50,6 +52,33 @@ def test_kafka_errors_map_onto_the_controller_rules() -> None:
     assert kafka_error(31, None, "x").code is ErrorCode.PERMISSION_DENIED
     e = kafka_error(9999, "odd", "AddRaftVoter(3, u)")
     assert e.code is ErrorCode.UNKNOWN_SERVER_ERROR and "KAFKA_ERROR_9999" in e.message and "odd" in e.message
+
+
+def test_add_after_remove_retries_every_second_while_others_back_off() -> None:
+    """RemoveThenAdd between its steps (Kafka's order): the quorum is one voter short, and the
+    AddRaftVoter's usual failure (the leader cannot reach the new controller yet) clears by
+    itself, so it is retried every second; any other retryable failure still doubles."""
+    def retries(rec: Recovery, kind: ActionKind) -> list[int]:
+        out = []
+        for now in (10_000, 20_000, 30_000, 40_000, 50_000):
+            action = Action(kind, 2, "n", rec.recovery_id)
+            record_finished(rec, action, "REQUEST_TIMED_OUT", now, "", Order.REMOVE_THEN_ADD)
+            assert rec.retry_at_ms is not None
+            out.append(rec.retry_at_ms - now)
+        return out
+
+    removed = Recovery("r1", 2, "o", "n", Phase.REMOVED, 0, remove_started_ms=1, remove_committed_ms=2)
+    assert retries(removed, ActionKind.ADD_VOTER) == [1000] * 5
+    assert removed.phase is Phase.REMOVED and removed.attempts == 5
+    # The removal itself, and an AddVoter with the old voter still in place, back off as before.
+    assert retries(Recovery("r2", 2, "o", "n", Phase.CAUGHT_UP, 0), ActionKind.REMOVE_VOTER) == [
+        1000, 2000, 4000, 8000, 16000]
+    assert retries(Recovery("r3", 2, "o", "n", Phase.CAUGHT_UP, 0), ActionKind.ADD_VOTER) == [
+        1000, 2000, 4000, 8000, 16000]
+    # A refusal still fails the recovery at once, retry or not.
+    record_finished(removed, Action(ActionKind.ADD_VOTER, 2, "n", "r1"), "INVALID_REQUEST", 60_000, "no",
+                    Order.REMOVE_THEN_ADD)
+    assert removed.phase is Phase.FAILED
 
 
 def test_bootstrap_list_is_validated() -> None:

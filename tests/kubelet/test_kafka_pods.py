@@ -236,7 +236,9 @@ def test_kafka_controller_pod_replaced_and_healed(node_cluster: NodeCluster, kaf
     new = voters[victim]
     rec = next(r for r in s["recoveries"] if r.get("newUuid") == new)
     print(f"\nKafka controller pod {pod}: `kubectl delete pvc,pod` to recovery Succeeded in {took:.2f} s; "
-          f"{pod_phases(c, pod, wall0)}; the operator's swap {rec.get('phaseSeconds', {}).get('total')} s")
+          f"{pod_phases(c, pod, wall0)}; the operator's swap {rec.get('phaseSeconds', {}).get('total')} s "
+          f"(RemoveRaftVoter {rec.get('phaseSeconds', {}).get('removeVoter')} s, "
+          f"AddRaftVoter {rec.get('phaseSeconds', {}).get('addVoter')} s with its retries)")
     assert set(voters) == {0, 1, 2} and len(s["voters"]) == 3, s["voters"]
     others = {i for i in voters if i != victim}
     assert {i: voters[i] for i in others} == {i: before[i] for i in others}

@@ -234,6 +234,12 @@ _RETRYABLE = frozenset(
     }
 )
 _BACKOFF_MAX_MS = 30_000
+# The AddVoter of RemoveThenAdd, once the old voter is removed: the quorum runs one voter short
+# until it commits, so it is retried every second instead of backing off. Its usual transient
+# failure is Kafka's leader not reaching the new controller yet (REQUEST_TIMED_OUT: the
+# ApiVersions request AddRaftVoter sends to the new voter, KIP-853), which clears by itself; the
+# doubling back-off added up to 16 s of waiting after it had (seen on a kubelet: 39 s AddVoter).
+_SHORT_VOTER_RETRY_MS = 1_000
 
 
 def record_started(rec: Recovery, action: Action, now_ms: int) -> list[Event]:
@@ -257,14 +263,18 @@ def record_finished(
     rec: Recovery, action: Action, error_code: str | None, now_ms: int, message: str, order: Order
 ) -> list[Event]:
     """Record the outcome of an issued change. ``error_code`` None = committed. A retryable
-    error backs off (1 s doubling to 30 s) and leaves the phase for the next observation to
+    error backs off (1 s doubling to 30 s; a flat 1 s for an AddVoter after its recovery removed
+    the old voter) and leaves the phase for the next observation to
     settle from the quorum; a refusal fails the recovery with the engine's message."""
     events: list[Event] = []
     done = _DONE_ADD if action.kind is ActionKind.ADD_VOTER else _DONE_REMOVE
     if error_code is not None and error_code not in done and error_code != "REPLICA_NOT_CAUGHT_UP":
         if error_code in _RETRYABLE:
             rec.attempts += 1
-            rec.retry_at_ms = now_ms + min(_BACKOFF_MAX_MS, 1000 * 2 ** (rec.attempts - 1))
+            wait = min(_BACKOFF_MAX_MS, 1000 * 2 ** (rec.attempts - 1))
+            if action.kind is ActionKind.ADD_VOTER and rec.remove_committed_ms is not None:
+                wait = _SHORT_VOTER_RETRY_MS
+            rec.retry_at_ms = now_ms + wait
             return events
         op = "AddVoter" if action.kind is ActionKind.ADD_VOTER else "RemoveVoter"
         rec.finish(
