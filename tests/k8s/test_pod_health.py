@@ -106,3 +106,31 @@ def test_a_crash_looping_pod_is_reported_once_per_episode(
     )
     assert len(events_of(kube, ns, uid, "PodCrashLooping")) == 1
     assert operator.proc.poll() is None, operator.tail()
+
+
+def test_a_node_coming_up_is_told_apart_from_ready_crashed_and_old_ones() -> None:
+    """node_starting: the quorum's daemon describes often only while a node container runs, its
+    pod is not Ready, and it started within the window (quorums.py next_pass_in)."""
+    from kraftkeeper_operator.k8s.podhealth import node_starting
+
+    now = 1_800_000_000_000
+
+    def pod(started_ms: int | None, ready: bool = False, deleting: bool = False,
+            container: str = "node") -> dict[str, Any]:
+        state = {"running": {"startedAt": rfc3339(started_ms)}} if started_ms is not None else \
+            {"waiting": {"reason": "CrashLoopBackOff"}}
+        meta: dict[str, Any] = {"name": "demo-0"}
+        if deleting:
+            meta["deletionTimestamp"] = rfc3339(now)
+        return {"metadata": meta, "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": container, "state": state}]}}
+
+    assert node_starting([pod(now - 2_000)], now, 30)
+    assert node_starting([pod(now - 60_000, ready=True), pod(now - 500)], now, 30)
+    assert not node_starting([pod(now - 2_000, ready=True)], now, 30)  # up: the probe said so
+    assert not node_starting([pod(now - 31_000)], now, 30)  # not Ready for long: no fast polling
+    assert not node_starting([pod(None)], now, 30)  # crash-looping: nothing runs
+    assert not node_starting([pod(now - 2_000, deleting=True)], now, 30)
+    assert not node_starting([pod(now - 2_000, container="tls")], now, 30)
+    assert not node_starting([], now, 30)

@@ -81,6 +81,27 @@ def test_add_after_remove_retries_every_second_while_others_back_off() -> None:
     assert removed.phase is Phase.FAILED
 
 
+def test_daemon_describes_often_only_while_a_voter_recently_went_quiet() -> None:
+    """The Kafka daemon's fast polling (kafkaquorums.py): a follower silent for more than a
+    second but less than QUIET_FOR_S; never for the leader, a fetching voter or one long gone."""
+    from kraftkeeper_operator.core.view import QuorumView, Replica
+    from kraftkeeper_operator.k8s.kafkaquorums import QUIET_FOR_S, voter_recently_quiet
+
+    now = 1_800_000_000_000
+
+    def view(*fetched_ago_ms: int) -> QuorumView:
+        voters = tuple(Replica(i, f"u{i}", last_fetch_ms=now - ago if ago >= 0 else -1)
+                       for i, ago in enumerate(fetched_ago_ms))
+        return QuorumView(leader_id=0, leader_epoch=1, high_watermark=5, voters=voters, observers=())
+
+    assert voter_recently_quiet(view(0, 100, 2_000), now)
+    assert not voter_recently_quiet(view(0, 100, 400), now)  # everyone fetching
+    assert not voter_recently_quiet(view(5_000, 100, 300), now)  # the leader's own entry never counts
+    assert not voter_recently_quiet(view(0, 100, int(QUIET_FOR_S * 1000) + 1), now)  # gone for long
+    assert not voter_recently_quiet(view(0, 100, -1), now)  # never fetched: nothing to wait for
+    assert not voter_recently_quiet(None, now)
+
+
 def test_bootstrap_list_is_validated() -> None:
     assert parse_bootstrap("a:1, b:2") == [("a", 1), ("b", 2)]
     assert parse_bootstrap("[::1]:9093") == [("::1", 9093)]

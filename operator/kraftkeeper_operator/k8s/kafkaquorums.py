@@ -44,6 +44,7 @@ import kopf
 
 from ..controller import ControllerStatus, RecoveryController
 from ..core.status import progress_status, status_changed
+from ..core.view import QuorumView
 from ..kafka.backend import KafkaQuorum
 from ..kafka.clientconf import fingerprint, settings_from_secret
 from ..kafka.watchdog import stale_conditions, watched, within
@@ -66,6 +67,26 @@ SECRET_REFRESH_S = 10.0
 # All of a pass's Kubernetes API calls together, in the watchdog's budget (watchdog.py; each call
 # alone is bounded by its KUBE_CALL_S).
 KUBE_SLACK_S = 60.0
+# A voter that went quiet (no fetch for QUIET_AFTER_MS) less than QUIET_FOR_S ago may be a
+# controller whose volume is being replaced: its successor's first fetch is seconds away, and
+# nothing else announces it (the controllers' pods are the user's; no pod event reaches this
+# daemon), so the leader is described every QUIET_POLL_S instead of every interval until then.
+QUIET_AFTER_MS = 1_000
+QUIET_FOR_S = 60.0
+QUIET_POLL_S = 0.25
+
+
+def voter_recently_quiet(view: QuorumView | None, now_ms: int) -> bool:
+    """A voter other than the leader last fetched between QUIET_AFTER_MS and QUIET_FOR_S ago."""
+    if view is None:
+        return False
+    return any(
+        v.id != view.leader_id and 0 <= v.last_fetch_ms and QUIET_AFTER_MS < now_ms - v.last_fetch_ms
+        < QUIET_FOR_S * 1000
+        for v in view.voters
+    )
+
+
 @dataclass
 class KafkaManaged:
     """One KRaftQuorum with ``spec.kafka`` as its daemon keeps it."""
@@ -188,7 +209,10 @@ class KafkaDaemon:
         st = await self.m.controller.reconcile()
         await self.ownership.report(self.ctx.kube, self.body, st, owner)
         await self._write_status(st)
-        return self.m.controller.wake_in(self.ctx.interval)
+        pause = self.m.controller.wake_in(self.ctx.interval)
+        if voter_recently_quiet(self.m.controller.last_view, self.m.controller.now_ms()):
+            return min(pause, QUIET_POLL_S)
+        return pause
 
     async def _read_secret(self, q: KafkaSpec) -> tuple[str, str] | None:
         """(fingerprint, "") with self.secret updated, or ("", problem). None: keep the client."""

@@ -11,14 +11,21 @@ Warning Event is posted once per episode, not once per pass.
 While its pod crash-loops, a replica is never taken as a disk replacement (recovery.py
 ``RecoveryBook.suspect_ids``): a process that starts, fetches for a moment and dies is no disk to
 promote, and a volume of another cluster must never join this quorum.
+
+A node coming up (:func:`node_starting`: its container running, the pod not Ready yet) makes the
+quorum's daemon describe the leader more often for a while, so a replaced disk's new replica is
+seen right after its first fetch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from quorum.timefmt import parse_rfc3339
 
 CRASH_LOOP = "CrashLoopBackOff"
 NODE_CONTAINER = "node"
@@ -28,6 +35,13 @@ _DISK_MISMATCH = re.compile(
     r"([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})"
 )
 MESSAGE_CHARS = 200  # of a container's last termination message, in status and Events
+# While a quorum pod's node has started but is not Ready (node_starting; at most STARTING_FOR_S
+# after its start) quorums.py describes the leader every STARTING_POLL_S instead of every interval:
+# a replaced disk's new replica is seen within that of its first fetch, not up to an interval (2 s)
+# later. The pod's own events come too early (container started) or late (Ready, a readiness
+# probe period on), so only a describe shows the moment.
+STARTING_POLL_S = 0.2
+STARTING_FOR_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,24 @@ def corrupt_log_of_pod(pod: Mapping[str, Any]) -> str | None:
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def node_starting(pods: Iterable[Mapping[str, Any]], now_ms: int, within_s: float) -> bool:
+    """A pod's node container started less than ``within_s`` ago and the pod is not Ready yet:
+    a node is coming up (a replaced disk's first fetch is a second or so away), which only a
+    describe of the leader shows; its readiness probe says so seconds later, its next pod event
+    maybe never. Pods being deleted do not count."""
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp") or pod_ready(pod):
+            continue
+        for c in _statuses(pod):
+            if c.get("name") != NODE_CONTAINER:
+                continue
+            started = ((c.get("state") or {}).get("running") or {}).get("startedAt")
+            with contextlib.suppress(ValueError, TypeError):
+                if started and 0 <= now_ms - parse_rfc3339(str(started)) < within_s * 1000:
+                    return True
+    return False
 
 
 class CrashLoops:

@@ -39,7 +39,7 @@ from ..telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, Stdout
 from .damage import handle_damaged_logs
 from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, KubeEventSink
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
-from .podhealth import CrashLoops
+from .podhealth import STARTING_FOR_S, STARTING_POLL_S, CrashLoops, node_starting
 from .podwatch import PodWatch
 from .quorumtls import QuorumTls
 from .unclean import STATUS_PREFIX, UncleanCoordinator, gone_replicas
@@ -342,11 +342,14 @@ def _idle_backoff(ctx: OperatorContext, m: Managed, st: ControllerStatus) -> flo
 
 def next_pass_in(ctx: OperatorContext, key: str) -> float:
     """Seconds until the resource's next daemon pass (its idle back-off, a recovery deadline,
-    or the interval)."""
+    or the interval; :data:`STARTING_POLL_S` while a node is coming up)."""
     m = ctx.managed.get(key)
     if m is None:
         return ctx.interval
-    return m.idle_backoff or m.controller.wake_in(ctx.interval)
+    pause = m.idle_backoff or m.controller.wake_in(ctx.interval)
+    if node_starting(m.pods, m.controller.now_ms(), STARTING_FOR_S):
+        return min(pause, STARTING_POLL_S)
+    return pause
 
 
 async def _check_pods(ctx: OperatorContext, m: Managed) -> CrashLoops:
