@@ -202,16 +202,45 @@ build_report_image() {
   version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/pyproject.toml" | head -n1)"
   local report_image="${KK_REPORT_IMAGE:-kraftkeeper-report:$version}"
   ctx="$here/dist/report-image"
-  mkdir -p "$ctx/wheels"
+  mkdir -p "$ctx/wheels" "$ctx/app"
   cp "$here/images/report/Dockerfile" "$ctx/"
-  rm -f "$ctx"/wheels/kraftkeeper-*.whl
-  # As build_wheels: from a copy of the sources; the dependency wheels stay in the context
-  # between runs (pip's own cache makes the second run quick).
+  rm -f "$ctx"/wheels/kraftkeeper-*.whl "$ctx"/app/*.whl
+  # As build_wheels: from a copy of the sources. The dependency wheels stay in the context
+  # between runs.
   stage="$(mktemp -d)"
   tar -C "$here" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md quorum operator reports \
     | tar -C "$stage" -xf -
-  log "building kraftkeeper[spark] wheels into $ctx/wheels"
-  "$python" -m pip wheel -q "$stage[spark]" -w "$ctx/wheels"
+  # Two layers: the dependencies (PySpark's jars most of the image) pinned by
+  # wheels/requirements.txt, then kraftkeeper's own wheel from app/. A change to our code leaves
+  # wheels/ as it was, so docker reuses the dependency layer (a layer's cache key is the content
+  # it bind-mounts) and reinstalls one small wheel; the dependencies are resolved again only when
+  # pyproject.toml changes.
+  local deps_key
+  deps_key="$(sha256sum "$here/pyproject.toml" | cut -c1-16)"
+  if [ -f "$ctx/wheels/requirements.txt" ] && [ "$(cat "$ctx/deps.key" 2>/dev/null)" = "$deps_key" ]; then
+    log "building the kraftkeeper wheel into $ctx/app (dependencies as pinned in wheels/requirements.txt)"
+    "$python" -m pip wheel -q --no-deps "$stage" -w "$ctx/app"
+  else
+    log "building kraftkeeper[spark] wheels into $ctx/wheels"
+    "$python" -m pip wheel -q "$stage[spark]" -w "$ctx/wheels"
+    mv "$ctx"/wheels/kraftkeeper-*.whl "$ctx/app/"
+    "$python" - "$ctx" <<'PY'
+import json, subprocess, sys
+from pathlib import Path
+ctx = Path(sys.argv[1])
+app = next((ctx / "app").glob("kraftkeeper-*.whl"))
+out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+                      "--no-index", "--find-links", str(ctx / "wheels"), "--report", "-",
+                      f"kraftkeeper[spark] @ {app.as_uri()}"], check=True, capture_output=True, text=True)
+pins = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(out.stdout)["install"]
+              if i["metadata"]["name"] != "kraftkeeper")
+new = "".join(p + "\n" for p in pins)
+req = ctx / "wheels" / "requirements.txt"
+if not req.exists() or req.read_text() != new:  # rewritten only on a change: its bytes are a cache key
+    req.write_text(new)
+PY
+    echo "$deps_key" > "$ctx/deps.key"
+  fi
   rm -rf "$stage"
   log "docker build $report_image (base $report_base_image)"
   DOCKER_BUILDKIT=1 docker build -q --build-arg "BASE_IMAGE=$report_base_image" -t "$report_image" "$ctx" >/dev/null

@@ -100,6 +100,11 @@ class Layout:
         return self.root / "staging"
 
     @property
+    def partials(self) -> Path:
+        """Per-batch partial aggregates (``partials``): derived from the tables, never counted."""
+        return self.root / "partials"
+
+    @property
     def inputs(self) -> Path:
         return self.root / "inputs.json"
 
@@ -417,24 +422,10 @@ def ledger(lay: Layout) -> dict[str, int]:
     return out
 
 
-def read_parsed(spark: SparkSession, lay: Layout) -> DataFrame | None:
-    """Both tables as parsed rows (``parse.PARSED_COLUMNS``), or None while both are empty."""
-    parts = []
-    if any(lay.events.rglob("*.parquet")):
-        parts.append(spark.read.parquet(str(lay.events)).select(*parse.PARSED_COLUMNS))
-    if any(lay.quarantine.glob("*.parquet")):
-        parts.append(spark.read.parquet(str(lay.quarantine)).select(*parse.PARSED_COLUMNS))
-    if not parts:
-        return None
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return out
-
-
 def reset(lay: Layout) -> None:
-    """``--full``: forget everything ingested (the tables, checkpoint, landing links)."""
-    for d in (lay.events, lay.quarantine, lay.checkpoint, lay.batches, lay.landing, lay.staging):
+    """``--full``: forget everything ingested (the tables, checkpoint, landing links, partials)."""
+    for d in (lay.events, lay.quarantine, lay.checkpoint, lay.batches, lay.landing, lay.staging,
+              lay.partials):
         shutil.rmtree(d, ignore_errors=True)
     lay.inputs.unlink(missing_ok=True)
     lay.landed.unlink(missing_ok=True)

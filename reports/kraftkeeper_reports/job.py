@@ -48,6 +48,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kraftkeeper_reports import ingest as ing
+from kraftkeeper_reports import partials
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
 from kraftkeeper_reports.session import build_session, jvm_costs, jvm_exit_code, jvm_failure
@@ -155,13 +156,14 @@ def compute(
     return finish(tf.one_pass(parsed).toArrow(), run, Input(spark, parsed))
 
 
-def finish(result: pa.Table, run: Run, source: Input | None = None) -> ReportTables:
+def finish(result: pa.Table, run: Run, source: Input | None = None,
+           job: str = "read, parse, validate and aggregate every line (one Spark job)") -> ReportTables:
     """The driver's part of :func:`compute`, from the Spark job's Arrow rows: the small tables,
     and the per-recovery table under ``run.out`` when given, written by a second thread while
     the small tables are computed and ``run.then`` (given them) runs. ``source`` is used only
     when some row's count of events after the end is not exact (see :func:`_exact_after_end`)."""
     step = run.timer
-    step("read, parse, validate and aggregate every line (one Spark job)")
+    step(job)
     is_rec = pc.is_null(result.column("pcode"))
     groups = result.filter(pc.invert(is_rec)).select(list(tf.PROBLEM_COLUMNS)).to_pandas()
     rec_tbl = _exact_after_end(source, _rows(result, is_rec).drop_columns(list(tf.PROBLEM_COLUMNS)))
@@ -280,13 +282,17 @@ def compute_state(
     spark: SparkSession, paths: list[str], lay: ing.Layout, run: Run,
 ) -> tuple[ReportTables, ing.Ingested]:
     """The incremental report: ingest what is new into the tables under ``lay`` (exactly once,
-    ``ingest``), then one Spark job over the tables (``one_pass``)."""
+    ``ingest``), aggregate each new batch's lines once (``partials``), then one Spark job
+    merging every batch's partial (``transform.merge_partials``)."""
     done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
     run.timer(f"ingested {done.events + done.quarantined:,} new lines in {done.batches} batch(es)")
-    parsed = ing.read_parsed(spark, lay)
-    if parsed is None:
+    n = partials.ensure(spark, lay)
+    run.timer(f"partial aggregates of {n} batch(es) written")
+    parsed, merged = partials.read_parsed(spark, lay), partials.read(spark, lay)
+    if parsed is None or merged is None:
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
-    return finish(tf.one_pass(parsed).toArrow(), run, Input(spark, parsed)), done
+    merging = "merge every batch's partial (one Spark job)"
+    return finish(tf.merge_partials(merged).toArrow(), run, Input(spark, parsed), merging), done
 
 
 @contextlib.contextmanager

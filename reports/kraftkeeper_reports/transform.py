@@ -363,18 +363,29 @@ def one_pass(parsed: DataFrame) -> DataFrame:
     second merges those few rows per recovery (and per bad-input code), where the string picks
     (min_by and the like) are cheap. A string in an aggregation buffer (min_by, first,
     collect_list) makes Spark fall back to a sort-based or interpreted aggregation over every
-    line: measured as most of the job's time."""
+    line: measured as most of the job's time.
+
+    The two halves are :func:`partial_rows` and :func:`merge_partials`; the incremental report
+    keeps the first half's rows per ingested batch (``partials``) and runs only the second over
+    them."""
+    return merge_partials(partial_rows(parsed))
+
+
+_KEY = ("cluster", "recovery_id", "pcode", "pnote")
+_STRINGS = ("old_uuid", "new_uuid", "failure_reason", "engine", "order", "info", "example", "message")
+
+
+def partial_rows(parsed: DataFrame) -> DataFrame:
+    """:func:`one_pass`'s first aggregation: numbers only in its buffers, the strings in its key.
+    Its rows merge associatively (min, max, sum, count), so the rows of two sets of lines
+    merged by :func:`merge_partials` equal those of both sets at once."""
     rows = _line_rows(parsed)
-    key = ["cluster", "recovery_id", "pcode", "pnote"]
-    strings = ["old_uuid", "new_uuid", "failure_reason", "engine", "order", "info", "example", "message"]
     per_type: list[Column] = []
-    merged: list[Column] = []
     for i, t in enumerate(ev.KNOWN_TYPES):
         ts = F.when(F.col("tix") == i, F.col("ts_ms"))
         first, last, sm, n = _per_type(t)
         per_type += [F.min(ts).alias(first), F.max(ts).alias(last), F.sum(ts).alias(sm), F.count(ts).alias(n)]
-        merged += [F.min(first).alias(first), F.max(last).alias(last), F.sum(sm).alias(sm), F.sum(n).alias(n)]
-    g1 = rows.groupBy(*key, *strings).agg(
+    return rows.groupBy(*_KEY, *_STRINGS).agg(
         *per_type,
         F.count("tix").alias("n_events"),
         F.min("replica_id").alias("replica_id"),
@@ -383,6 +394,16 @@ def one_pass(parsed: DataFrame) -> DataFrame:
         F.max("ts_ms").alias("max_ts"),
         F.count("pcode").alias("n_problem"),
     )
+
+
+def merge_partials(g1: DataFrame) -> DataFrame:
+    """:func:`one_pass`'s second aggregation over :func:`partial_rows`' rows (of one run or of
+    many batches): a row per recovery and per bad-input code (:func:`one_pass`)."""
+    key = list(_KEY)
+    merged: list[Column] = []
+    for t in ev.KNOWN_TYPES:
+        first, last, sm, n = _per_type(t)
+        merged += [F.min(first).alias(first), F.max(last).alias(last), F.sum(sm).alias(sm), F.sum(n).alias(n)]
     h = F.when(F.col("pcode").isNotNull(), F.xxhash64("example"))
     # The merge is a sort aggregation (string picks); repartitioning by its keys first lets Spark
     # sort once, after the shuffle, instead of also sorting for a partial aggregation before it

@@ -130,3 +130,19 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
     assert rows(out / "state") == rows(full / "state")
     with pytest.raises(ReportError, match="built from other inputs"):
         run_report([str(log)], str(out))
+    # Three partials merged (one per batch) give the per-recovery rows of one partial of all.
+    assert sorted(p.name for p in (out / "state" / "partials").iterdir()) == ["b0", "b1", "b2"]
+    assert [p.name for p in (full / "state" / "partials").iterdir()] == ["b0"]
+    assert _recoveries(out) == _recoveries(full)
+    # A partial is a cache: one lost, and one left half-written by a kill, are made again.
+    shutil.rmtree(out / "state" / "partials" / "b1")
+    (out / "state" / "partials" / ".b2.tmp").mkdir()
+    (out / "state" / "partials" / ".b2.tmp" / "part-0.parquet").write_bytes(b"PAR1 torn")
+    run_report([str(src)], str(out))
+    assert sorted(p.name for p in (out / "state" / "partials").iterdir()) == ["b0", "b1", "b2"]
+    assert _summary(out) == summary and _recoveries(out) == _recoveries(full)
+
+
+def _recoveries(out: Path) -> list[tuple[Any, ...]]:
+    t = pq.read_table(out / "tables" / "recoveries.parquet")
+    return sorted(tuple(json.dumps(v, default=str) for v in r.values()) for r in t.to_pylist())

@@ -1,0 +1,109 @@
+"""The report's reads of the ingested state: both tables as parsed rows (``read_parsed``), and
+per-batch partial aggregates of them, so a daily run aggregates the lines it ingested and not
+every line again.
+
+The report's Spark job is two aggregations (``transform.one_pass``): the first over every line
+(``transform.partial_rows``, numbers only in its buffers), the second merging its few rows per
+recovery (``transform.merge_partials``). The first costs most of the job and its rows merge
+associatively, so this module keeps them per committed batch, under ``state/partials/b<N>``,
+and the report merges the partials of every batch: a run that ingested one new day computes one
+small partial and merges about one row per recovery, instead of aggregating all the lines.
+
+A committed batch never changes (its files carry its number, ``ingest``), so its partial is a
+cache keyed by that number. It is written to a hidden temporary directory and renamed into
+place: it is whole or absent, and a run killed while writing one leaves only the temporary
+directory, which the next run removes. ``--full`` drops the partials with the tables
+(``ingest.reset``). Invariant: ``merge_partials`` over the partials of batches 0..N gives the
+rows ``one_pass`` gives over the same batches' rows read together.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from kraftkeeper_reports import ingest as ing
+from kraftkeeper_reports import parse
+from kraftkeeper_reports import transform as tf
+from quorum.storage.atomic import fsync_dir
+
+
+def read_parsed(spark: SparkSession, lay: ing.Layout) -> DataFrame | None:
+    """Both tables as parsed rows (``parse.PARSED_COLUMNS``), or None while both are empty."""
+    parts = []
+    if any(lay.events.rglob("*.parquet")):
+        parts.append(spark.read.parquet(str(lay.events)).select(*parse.PARSED_COLUMNS))
+    if any(lay.quarantine.glob("*.parquet")):
+        parts.append(spark.read.parquet(str(lay.quarantine)).select(*parse.PARSED_COLUMNS))
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _batch_numbers(lay: ing.Layout) -> list[int]:
+    """The committed batches (``batches/<N>.json``), in order."""
+    if not lay.batches.exists():
+        return []
+    return sorted(int(p.stem) for p in lay.batches.glob("*.json") if p.stem.isdigit())
+
+
+def _batch_rows(spark: SparkSession, lay: ing.Layout, n: int) -> DataFrame | None:
+    """Batch ``n``'s parsed rows from both tables (``parse.PARSED_COLUMNS``), None if it has none."""
+    parts = []
+    events = sorted(lay.events.glob(f"*/b{n}-*.parquet"))
+    if events:
+        parts.append(spark.read.option("basePath", str(lay.events)).parquet(*map(str, events))
+                     .select(*parse.PARSED_COLUMNS))
+    quarantined = sorted(lay.quarantine.glob(f"b{n}-*.parquet"))
+    if quarantined:
+        parts.append(spark.read.parquet(*map(str, quarantined)).select(*parse.PARSED_COLUMNS))
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def ensure(spark: SparkSession, lay: ing.Layout) -> int:
+    """Write the partial of every committed batch that has none yet; how many were written."""
+    root = lay.partials
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".b*.tmp"):  # left by a run killed while writing a partial
+        shutil.rmtree(stale, ignore_errors=True)
+    written = 0
+    for n in _batch_numbers(lay):
+        final = root / f"b{n}"
+        if final.exists():
+            continue
+        rows = _batch_rows(spark, lay, n)
+        if rows is None:
+            continue
+        tmp = root / f".b{n}.tmp"
+        tf.partial_rows(rows).write.mode("overwrite").parquet(str(tmp))
+        for f in tmp.glob("*.parquet"):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(tmp)
+        os.replace(tmp, final)
+        fsync_dir(root)
+        written += 1
+    return written
+
+
+def read(spark: SparkSession, lay: ing.Layout) -> DataFrame | None:
+    """Every batch's partial (after :func:`ensure`), None while no batch has rows."""
+    done: list[Path] = [lay.partials / f"b{n}" for n in _batch_numbers(lay)]
+    done = [p for p in done if p.exists()]
+    if not done:
+        return None
+    return spark.read.parquet(*map(str, done))
