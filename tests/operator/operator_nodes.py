@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,8 @@ from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_MOUNT, DATA_DIR
 from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT
 
 from quorum.localports import free_port_range
-from tests.polling import wait_until
+from testkit.launchers import kraftkeeper_argv, start_operator_local, stop_process, tail_of
+from testkit.polling import wait_until
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ def kk(
     if client_config is not None:
         env["KRAFTKEEPER_CLIENT_CONFIG"] = str(client_config)
     return subprocess.run(
-        [sys.executable, "-m", "quorum.cli", *args],
+        kraftkeeper_argv(*args),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -102,28 +102,8 @@ class LocalCluster:
             (d / "cluster.json").write_text(
                 json.dumps({"cluster_id": cluster_id, "nodes": self.nodes, "base_port": base}) + "\n"
             )
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorum.cli",
-                "operator",
-                "local",
-                "--dir",
-                str(d),
-                "--nodes",
-                str(self.nodes),
-                "--base-port",
-                str(base),
-                "--interval",
-                "0.3",
-                *(["--insecure"] if self.insecure else []),
-                *self._extra,
-            ],
-            stdout=self.log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        extra = ["--interval", "0.3", *(["--insecure"] if self.insecure else []), *self._extra]
+        self.proc = start_operator_local(d, self.nodes, base, extra, self.log)
 
     def _lost_its_port(self) -> bool:
         """Whether the operator exited because its status port was taken (waits until it
@@ -183,27 +163,6 @@ class LocalCluster:
 
     def tail(self, n: int = 40) -> str:
         return tail_of(self.log, n)
-
-
-def stop_process(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:
-    """SIGTERM, then after ``grace_s`` SIGKILL to the whole process group (it was started in a
-    session of its own); the exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return int(proc.returncode or 0)
-
-
-def tail_of(log: Path, n: int = 40) -> str:
-    """The last ``n`` lines of a process's log ("" before it exists)."""
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 def hold(d: Path, node: int) -> Path:
