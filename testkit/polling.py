@@ -14,6 +14,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# For a condition that asks processes which restart, move their leader or are still starting:
+# any error means "not yet" (kept as the last value, so the failure names it).
+ANY_ERROR: tuple[type[BaseException], ...] = (Exception,)
+
 
 class _Poll:
     """The state both loops share: the deadline, the last value seen, and the failure message."""
@@ -62,15 +66,15 @@ def wait_until(
 async def async_wait_until(
     what: str,
     cond: Callable[[], Awaitable[T | None]],
-    within: float,
+    timeout: float,
     interval: float = 0.05,
     *,
     errors: tuple[type[BaseException], ...] = (),
     context: Callable[[], str] | None = None,
 ) -> T:
     """:func:`wait_until` for a coroutine condition, inside a running event loop (the loop keeps
-    serving while it waits): the same rules and failure message; ``within`` is the deadline (s)."""
-    p = _Poll(what, within, errors, context)
+    serving while it waits): the same arguments, rules and failure message."""
+    p = _Poll(what, timeout, errors, context)
     while True:
         try:
             p.last = value = await cond()

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +20,7 @@ from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT
 
 from quorum.localports import free_port_range
 from testkit.launchers import kraftkeeper_argv, start_operator_local, stop_process, tail_of
-from testkit.polling import wait_until
+from testkit.polling import ANY_ERROR, wait_until
 
 T = TypeVar("T")
 
@@ -36,11 +35,6 @@ def engine_missing() -> str | None:
     return None
 
 
-
-
-def poll(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
-    # Keeps polling through transient errors and reports the last one.
-    return wait_until(what, fn, timeout, every, errors=(Exception,))
 
 
 def kk(
@@ -118,7 +112,7 @@ class LocalCluster:
                 return False
             return True
 
-        poll("operator local serving /status (or exited)", settled, timeout=120)
+        wait_until("operator local serving /status (or exited)", settled, 120, errors=ANY_ERROR)
         return self.proc.poll() is not None and "address already in use" in self.tail(5)
 
     def endpoint(self, i: int) -> str:
@@ -130,7 +124,7 @@ class LocalCluster:
 
     def kk(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         if self.client_config is not None:
-            poll("client.json written", self.client_config.exists, timeout=60)
+            wait_until("client.json written", self.client_config.exists, 60, errors=ANY_ERROR)
         return kk(*args, timeout=timeout, client_config=self.client_config)
 
     def bootstrap(self) -> str:
@@ -213,6 +207,12 @@ def run_format_container(
 STALE_NODE_CONFIG = {"raft": {"fetch_timeout_ms": 8000}}
 
 
+def wait_held_stopped(d: Path, node: int) -> None:
+    """Wait until the supervisor of the local cluster in ``d`` stopped held node ``node``."""
+    f = d / "control" / f"node-{node}.stopped"
+    wait_until(f"node {node} stopped", f.exists, 60, 0.05)
+
+
 def log_state(endpoint: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{endpoint}/v1/node/log-state", timeout=3) as r:
         data: dict[str, Any] = json.loads(r.read())
@@ -240,13 +240,13 @@ def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]
     Running: A (last epoch e, the longest log) and B (last epoch > e, shorter). Returns (A, B).
     Hold files are appended to ``holds`` (the caller deletes them)."""
     ids = list(range(1, c.nodes + 1))
-    first = poll("a leader with every voter's UUID known", c.describe_all_known, timeout=120)
+    first = wait_until("a leader with every voter's UUID known", c.describe_all_known, 120, errors=ANY_ERROR)
     a = int(first["leader_id"])
     others = [i for i in ids if i != a]
     held = {i: hold(c.dir, i) for i in others}
     holds.extend(held.values())
     for i in others:
-        poll(f"node {i} stopped", lambda i=i: (c.dir / "control" / f"node-{i}.stopped").exists(), 60, 0.05)
+        wait_held_stopped(c.dir, i)
     before = log_state(c.endpoint(a))
     assert before["role"] == "leader", f"node {a} resigned before the stale writes: {before}"
     writers = [
@@ -257,43 +257,48 @@ def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]
     ]
     for t in writers:  # at once: the window closes at A's fetch timeout
         t.start()
-    stale = poll(
+    stale = wait_until(
         f"node {a} appended the stale writes",
         lambda: (s := log_state(c.endpoint(a)))["end_offset"] >= before["end_offset"] + 20 and s,
-        timeout=30,
+        30,
+        errors=ANY_ERROR,
     )
     for t in writers:
         t.join()
     holds.append(hold(c.dir, a))
-    poll(f"node {a} stopped", lambda: (c.dir / "control" / f"node-{a}.stopped").exists(), 60, 0.05)
+    wait_held_stopped(c.dir, a)
     b, rest = others[0], others[1:3]
     for i in (b, *rest):
         held[i].unlink()
     eps = ",".join(c.endpoint(i) for i in (b, *rest))
-    put = poll(
+    put = wait_until(
         "fresh = yes committed at a newer epoch",
         lambda: (p := c.kk("kv", "put", "--bootstrap", eps, "fresh", "yes")).returncode == 0 and p,
-        timeout=120,
-        every=0.5,
+        120,
+        0.5,
+        errors=ANY_ERROR,
     )
     assert put.returncode == 0
-    fresh = poll(
+    fresh = wait_until(
         f"node {b} has the committed write",
         lambda: (
             (s := log_state(c.endpoint(b)))["high_watermark"] >= s["end_offset"] > 0
             and s["last_epoch"] > stale["last_epoch"]
             and s
         ),
-        timeout=60,
+        60,
+        errors=ANY_ERROR,
     )
     for i in rest:
         holds.append(hold(c.dir, i))
-        poll(f"node {i} stopped", lambda i=i: (c.dir / "control" / f"node-{i}.stopped").exists(), 60, 0.05)
+        wait_held_stopped(c.dir, i)
     # B may be the leader; alone it resigns after its fetch timeout. Only then may A come back,
     # or A would follow B and lose its stale tail before anyone looked at it.
-    poll(f"node {b} not leading", lambda: log_state(c.endpoint(b))["role"] != "leader", timeout=60)
+    wait_until(
+        f"node {b} not leading", lambda: log_state(c.endpoint(b))["role"] != "leader", 60, errors=ANY_ERROR,
+    )
     holds[holds.index(c.dir / "control" / f"node-{a}.hold")].unlink()
-    st = poll(f"node {a} back", lambda: log_state(c.endpoint(a)), timeout=60)
+    st = wait_until(f"node {a} back", lambda: log_state(c.endpoint(a)), 60, errors=ANY_ERROR)
     # The case under test: the longer log is the stale one.
     assert st["end_offset"] > fresh["end_offset"] and st["last_epoch"] < fresh["last_epoch"], (st, fresh)
     return a, b
