@@ -66,15 +66,17 @@ def wait_until(
 async def async_wait_until(
     what: str,
     cond: Callable[[], Awaitable[T | None]],
-    timeout: float,
+    within: float,
     interval: float = 0.05,
     *,
     errors: tuple[type[BaseException], ...] = (),
     context: Callable[[], str] | None = None,
 ) -> T:
     """:func:`wait_until` for a coroutine condition, inside a running event loop (the loop keeps
-    serving while it waits): the same arguments, rules and failure message."""
-    p = _Poll(what, timeout, errors, context)
+    serving while it waits): the same arguments in the same order, rules and failure message (the
+    deadline is named ``within`` only because an async ``timeout`` parameter reads as an
+    asyncio timeout)."""
+    p = _Poll(what, within, errors, context)
     while True:
         try:
             p.last = value = await cond()
