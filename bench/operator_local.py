@@ -18,8 +18,7 @@ from typing import Any
 
 from kraftkeeper_reports import vocabulary as ev
 
-from quorum.localports import free_port_range
-from testkit.launchers import start_operator_local, stop_process
+from testkit.launchers import reported_base_port, start_operator_local, stop_process
 from testkit.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,10 +47,10 @@ def describe(eps: list[str]) -> dict[str, Any]:
 
 @contextmanager
 def local_cluster(d: Path, nodes: int, extra: list[str]) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    base = free_port_range(nodes + 1)
-    proc = start_operator_local(d, nodes, base, extra, d.parent / "operator-local.log")
+    log = d.parent / "operator-local.log"
+    proc = start_operator_local(d, nodes, 0, extra, log)
     try:
-        yield base, proc
+        yield reported_base_port(d, proc, log), proc
     finally:
         stop_process(proc)
 

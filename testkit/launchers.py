@@ -9,6 +9,7 @@ benches' timing); the command lines and the stop rule live here once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from testkit.polling import wait_until
+
 __all__ = [
-    "kraftkeeper_argv", "spawn", "start_operator_local", "start_operator_run", "stop_process", "tail_of",
+    "kraftkeeper_argv", "reported_base_port", "spawn", "start_operator_local", "start_operator_run",
+    "stop_process", "tail_of",
 ]
 
 
@@ -44,11 +48,29 @@ def spawn(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) 
 def start_operator_local(
     d: Path, nodes: int, base_port: int, extra: Sequence[str], log: Path
 ) -> subprocess.Popen[bytes]:
-    """``kraftkeeper operator local --dir d --nodes N --base-port P [extra...]``."""
+    """``kraftkeeper operator local --dir d --nodes N --base-port P [extra...]``. ``base_port`` 0:
+    the operator chooses a free block and binds its port before it writes the block into
+    ``d/cluster.json`` (:func:`reported_base_port` waits for it)."""
     argv = kraftkeeper_argv(
         "operator", "local", "--dir", str(d), "--nodes", str(nodes), "--base-port", str(base_port), *extra
     )
     return spawn(argv, log)
+
+
+def reported_base_port(d: Path, proc: subprocess.Popen[Any], log: Path, timeout: float = 120) -> int:
+    """The base port ``operator local`` (started with ``--base-port 0``) chose for ``d``, once it
+    wrote it to ``d/cluster.json`` (its port is listening by then). Fails with the log's tail if
+    the operator exits first."""
+
+    def base() -> int | None:
+        if proc.poll() is not None:
+            raise AssertionError(f"operator local exited with {proc.returncode}:\n{tail_of(log)}")
+        try:
+            return int(json.loads((d / "cluster.json").read_text())["base_port"]) or None
+        except (OSError, ValueError, KeyError):
+            return None  # not written yet, or written by the caller with base_port 0
+
+    return wait_until(f"operator local to report its ports in {d}/cluster.json", base, timeout, 0.05)
 
 
 def start_operator_run(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -18,8 +17,13 @@ from typing import Any, TypeVar
 from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_MOUNT, DATA_DIR
 from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT
 
-from quorum.localports import free_port_range
-from testkit.launchers import kraftkeeper_argv, start_operator_local, stop_process, tail_of
+from testkit.launchers import (
+    kraftkeeper_argv,
+    reported_base_port,
+    start_operator_local,
+    stop_process,
+    tail_of,
+)
 from testkit.polling import ANY_ERROR, wait_until
 
 T = TypeVar("T")
@@ -74,46 +78,19 @@ class LocalCluster:
         self.log = d.parent / f"{d.name}-operator.log"
         self._extra = list(extra or [])
         # A given base port: supervising an existing cluster directory again (it is fixed there).
-        if base_port is not None:
-            self._start(d, base_port, cluster_id)
-            return
-        # A drawn one is free only until the operator binds it, seconds later on a loaded machine
-        # (its status server binds it after formatting the nodes); another test drawing ports in
-        # between takes it now and then. Such a start is redone on a fresh directory and block:
-        # a collision between tests, not the behaviour under test.
-        for attempt in range(3):
-            self._start(d, free_port_range(nodes + 1), cluster_id)
-            if attempt == 2 or not self._lost_its_port():
-                return
-            shutil.rmtree(d, ignore_errors=True)
-
-    def _start(self, d: Path, base: int, cluster_id: str | None) -> None:
-        self.base = base
+        # Otherwise the operator chooses a free block, binds its own port and only then reports
+        # the block in cluster.json (no other process can take that port in between).
         if cluster_id is not None:
             # Stand-in for pods: the cluster id the StatefulSet's format command uses, so that the
-            # pod's real init container accepts these node directories (--ignore-formatted checks it).
+            # pod's real init container accepts these node directories (--ignore-formatted checks
+            # it). Base port 0: chosen by the operator at its first start.
             d.mkdir(parents=True, exist_ok=True)
             (d / "cluster.json").write_text(
-                json.dumps({"cluster_id": cluster_id, "nodes": self.nodes, "base_port": base}) + "\n"
+                json.dumps({"cluster_id": cluster_id, "nodes": self.nodes, "base_port": 0}) + "\n"
             )
-        extra = ["--interval", "0.3", *(["--insecure"] if self.insecure else []), *self._extra]
-        self.proc = start_operator_local(d, self.nodes, base, extra, self.log)
-
-    def _lost_its_port(self) -> bool:
-        """Whether the operator exited because its status port was taken (waits until it
-        either serves ``/status`` or exits)."""
-
-        def settled() -> bool:
-            if self.proc.poll() is not None:
-                return True
-            try:
-                self.status()
-            except OSError:
-                return False
-            return True
-
-        wait_until("operator local serving /status (or exited)", settled, 120, errors=ANY_ERROR)
-        return self.proc.poll() is not None and "address already in use" in self.tail(5)
+        extra_args = ["--interval", "0.3", *(["--insecure"] if self.insecure else []), *self._extra]
+        self.proc = start_operator_local(d, self.nodes, base_port or 0, extra_args, self.log)
+        self.base = base_port or reported_base_port(d, self.proc, self.log)
 
     def endpoint(self, i: int) -> str:
         return f"127.0.0.1:{self.base + i}"
