@@ -51,7 +51,7 @@ from ..core.view import QuorumView
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, OperatorMetrics
 from .cluster import DEFAULT_BASE_PORT, ClusterLayout, pid_alive, replace_disk, write_atomic
-from .statusport import HOST, bind_free_block, bind_status
+from .statusport import HOST, PortUnavailable, bind_free_block, bind_status
 from .supervisor import Supervisor
 from .tls import LocalTls, add_tls_args, remove_client_json, tls_from_args
 from .unclean import LocalUnclean
@@ -285,10 +285,7 @@ def _claim_ports(d: Path, nodes: int | None, requested: int | None) -> tuple[Clu
                 raise
         requested = None
     layout = ClusterLayout.load_or_create(d, nodes, requested)
-    try:
-        return layout, bind_status(layout.base_port)
-    except OSError as e:
-        raise OSError(f"{HOST}:{layout.base_port}: {e.strerror or e}") from None
+    return layout, bind_status(layout.base_port)
 
 
 def local_main(argv: list[str]) -> int:
@@ -331,7 +328,7 @@ def local_main(argv: list[str]) -> int:
     except KraftError as e:
         sys.stderr.write(f"INVALID_REQUEST: --node-config {a.node_config}: {e.message}\n")
         return 2
-    except (RuntimeError, OSError) as e:  # the status port is taken, or no free block was found
+    except PortUnavailable as e:  # the port is taken, or no free block was found
         sys.stderr.write(f"UNAVAILABLE: operator port: {e}\n")
         return 1
     log.info("operator local: %s on %s:%d, node i on port %d+i", layout.dir, HOST, layout.base_port,

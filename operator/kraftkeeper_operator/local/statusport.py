@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 
-from quorum.localports import free_port_range
+from quorum.localports import NoFreePorts, free_port_range
 
 __all__ = ["HOST", "bind_free_block", "bind_status"]
 
@@ -24,9 +24,13 @@ HOST = "127.0.0.1"
 _DRAWS = 20
 
 
+class PortUnavailable(RuntimeError):
+    """The operator port cannot be listened on (the message names it and why)."""
+
+
 def bind_status(port: int) -> socket.socket:
     """A socket listening on ``HOST:port``, bound as aiohttp binds (``SO_REUSEADDR``, so a port in
-    TIME_WAIT is fine); :class:`OSError` ("address already in use") if another socket listens."""
+    TIME_WAIT is fine); :class:`PortUnavailable` if another socket listens there."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -34,19 +38,22 @@ def bind_status(port: int) -> socket.socket:
         # Listening, not only bound: on Linux another SO_REUSEADDR socket may bind a port that is
         # bound but not listening, and the allocator's probe counts only listeners as taken.
         s.listen(128)
-    except BaseException:
+    except OSError as e:
         s.close()
-        raise
+        raise PortUnavailable(f"{HOST}:{port}: {e.strerror or e}") from None
     return s
 
 
 def bind_free_block(nodes: int) -> tuple[int, socket.socket]:
     """A base port whose block ``base .. base+nodes`` was free, with ``base`` already listening."""
-    last: OSError | None = None
+    last: PortUnavailable | None = None
     for _ in range(_DRAWS):
-        base = free_port_range(nodes + 1, HOST)
+        try:
+            base = free_port_range(nodes + 1, HOST)
+        except NoFreePorts as e:
+            raise PortUnavailable(str(e).removeprefix("UNAVAILABLE: ")) from None
         try:
             return base, bind_status(base)
-        except OSError as e:  # taken between the probe and the bind: draw again
+        except PortUnavailable as e:  # taken between the probe and the bind: draw again
             last = e
-    raise OSError(f"no free block of {nodes + 1} loopback ports could be bound ({last})")
+    raise PortUnavailable(f"no free block of {nodes + 1} loopback ports could be bound (last: {last})")
