@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testkit.polling import wait_until
+
 QUOTA_ON = 1024 * 1024
 QUOTA_OFF = 1 << 62
 
@@ -118,15 +120,10 @@ def one_run(port: int, quota: int, tls_dir: Path | None) -> dict[str, float]:
         ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
         ctx.check_hostname = False
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _get(port, "/healthz", ctx)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_until(
+            f"the flood server on port {port} answering /healthz",
+            lambda: _get(port, "/healthz", ctx) or True, 30, 0.1, errors=(OSError,),
+        )
         worst, stop = [0.0], threading.Event()
 
         def probe() -> None:

@@ -42,7 +42,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from kraftkeeper_operator.kafka.backend import uuid_to_base64
 from kraftkeeper_operator.kafka.cluster import (
     KafkaControllers,
     free_port,
@@ -59,6 +58,8 @@ from kraftkeeper_reports.kafka_probe import (
     stop_process,
     whole,
 )
+
+from quorum.kafka.mapping import uuid_to_base64
 
 MODES = ("watch-0", "watch-default", "auto-join", "manual")
 ROLES = ("follower", "leader")

@@ -6,8 +6,6 @@ window (``python -m bench.operator --cost``; :mod:`bench.operator` is the comman
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.operator_local import REPO, TRANSIENT, describe, local_cluster, stop
+from bench.operator_local import REPO, TRANSIENT, describe, local_cluster
+from testkit.launchers import start_operator_run, stop_process
 from testkit.polling import wait_until
 
 
@@ -79,24 +78,7 @@ def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
             KRAFTKEEPER_ENDPOINT_OVERRIDES=json.dumps(overrides),
             KRAFTKEEPER_RECONCILE_INTERVAL="2",
         )
-        log = workdir / "operator-run.log"
-        op = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorum.cli",
-                "operator",
-                "run",
-                "--standalone",
-                "--namespace",
-                ns,
-                "--quiet",
-            ],
-            env=env,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        op = start_operator_run(env, ns, workdir / "operator-run.log")
         try:
             ps = psutil.Process(op.pid)
             time.sleep(0.5)  # let the interpreter start before sampling (no assertion depends on it)
@@ -139,5 +121,5 @@ def bench_cost(n: int, window: float, workdir: Path) -> dict[str, float]:
             results["steady_cpu_seconds"] = cpu2 - cpu1
             results["objects"] = n
         finally:
-            stop(op)
+            stop_process(op)
     return results

@@ -8,8 +8,6 @@ line.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -20,7 +18,7 @@ from typing import Any
 
 from kraftkeeper_reports import vocabulary as ev
 
-from quorum.localports import free_port_range
+from testkit.launchers import reported_base_port, start_operator_local, stop_process
 from testkit.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,42 +47,12 @@ def describe(eps: list[str]) -> dict[str, Any]:
 
 @contextmanager
 def local_cluster(d: Path, nodes: int, extra: list[str]) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    base = free_port_range(nodes + 1)
     log = d.parent / "operator-local.log"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quorum.cli",
-            "operator",
-            "local",
-            "--dir",
-            str(d),
-            "--nodes",
-            str(nodes),
-            "--base-port",
-            str(base),
-            *extra,
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = start_operator_local(d, nodes, 0, extra, log)
     try:
-        yield base, proc
+        yield reported_base_port(d, proc, log), proc
     finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the operator's own clean stop), then SIGKILL to its process group after 30 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process(proc)
 
 
 def read_events(d: Path) -> list[dict[str, Any]]:

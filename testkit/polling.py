@@ -14,6 +14,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# For a condition that asks processes which restart, move their leader or are still starting:
+# any error means "not yet" (kept as the last value, so the failure names it).
+ANY_ERROR: tuple[type[BaseException], ...] = (Exception,)
+
 
 class _Poll:
     """The state both loops share: the deadline, the last value seen, and the failure message."""
@@ -69,7 +73,9 @@ async def async_wait_until(
     context: Callable[[], str] | None = None,
 ) -> T:
     """:func:`wait_until` for a coroutine condition, inside a running event loop (the loop keeps
-    serving while it waits): the same rules and failure message; ``within`` is the deadline (s)."""
+    serving while it waits): the same arguments in the same order, rules and failure message (the
+    deadline is named ``within`` only because an async ``timeout`` parameter reads as an
+    asyncio timeout)."""
     p = _Poll(what, within, errors, context)
     while True:
         try:

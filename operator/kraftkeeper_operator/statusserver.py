@@ -14,6 +14,7 @@ UUID are dropped and any UUID inside a message is replaced by ``<storage uuid>``
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -71,11 +72,14 @@ class StatusServer:
         )
         return app
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
+        """Serve on ``host:port``, or on ``sock`` when given (already listening there: bound by
+        the caller before it reported the port)."""
         runner = web.AppRunner(self.app(), access_log=None)
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port).start()
+            site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, host, port)
+            await site.start()
         except BaseException:
             await runner.cleanup()
             raise

@@ -45,6 +45,7 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse  # t
 from quorum.security.nodetls import is_loopback_host
 from quorum.types import ErrorCode, KraftError
 
+from .frames import REQUEST_HEADER_BYTES, FrameIdle, FrameSizeError, FrameStalled, read_frame
 from .limits import KafkaLimits
 from .mapping import UNSUPPORTED_VERSION, describe_quorum_response, kafka_code
 from .schemas import SchemaJarMissing, membership_messages
@@ -154,35 +155,22 @@ class KafkaWireServer:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(lim.idle_timeout_s):
-                        head = await reader.readexactly(4)
+                    body = await read_frame(
+                        reader,
+                        min_size=REQUEST_HEADER_BYTES,
+                        max_size=lim.max_frame,
+                        idle_timeout=lim.idle_timeout_s,
+                        read_timeout=lim.read_timeout_s,
+                    )
                 except asyncio.IncompleteReadError:
                     return  # the client closed the connection
-                except TimeoutError:
-                    lim.timed_out += 1
-                    log.info("Kafka listener: closing %s: idle for %.0fs", peer, lim.idle_timeout_s)
-                    return
-                (size,) = struct.unpack(">i", head)
-                if not 8 <= size <= lim.max_frame:
+                except FrameSizeError as e:
                     lim.refused_frames += 1
-                    log.warning(
-                        "Kafka listener: closing %s: request frame of %d bytes (limit %d)",
-                        peer,
-                        size,
-                        lim.max_frame,
-                    )
+                    log.warning("Kafka listener: closing %s: request %s", peer, e)
                     return
-                try:
-                    async with asyncio.timeout(lim.read_timeout_s):
-                        body = await reader.readexactly(size)
-                except TimeoutError:
+                except (FrameIdle, FrameStalled) as e:
                     lim.timed_out += 1
-                    log.info(
-                        "Kafka listener: closing %s: a %d-byte frame not received within %.0fs",
-                        peer,
-                        size,
-                        lim.read_timeout_s,
-                    )
+                    log.info("Kafka listener: closing %s: %s", peer, e)
                     return
                 try:
                     out = await self._dispatch(body, peer)

@@ -16,7 +16,7 @@ from typing import Any
 
 from quorum.client import QuorumClient
 from quorum.localports import free_ports
-from tests.polling import wait_until
+from testkit.polling import ANY_ERROR, wait_until
 
 KK = [sys.executable, "-m", "quorum.cli"]
 
@@ -28,13 +28,6 @@ def run_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.C
     if check and p.returncode != 0:
         raise AssertionError(f"kraftkeeper {' '.join(args)} failed ({p.returncode}): {p.stderr}")
     return p
-
-
-def poll(
-    cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.05
-) -> Any:
-    """Poll until ``cond()`` is truthy; return its value or fail naming ``what``."""
-    return wait_until(what, cond, timeout, interval, errors=(Exception,))
 
 
 class LocalCluster:
@@ -187,7 +180,9 @@ class LocalCluster:
             d = self.describe()
             return d["leader_id"] if d.get("leader_id", -1) >= 0 and d.get("high_watermark", 0) > 0 else None
 
-        return int(poll(find, timeout, "a leader with a committed high watermark"))
+        return int(wait_until(
+            "a leader with a committed high watermark", find, timeout, 0.05, errors=ANY_ERROR,
+        ))
 
     def __enter__(self) -> LocalCluster:
         return self

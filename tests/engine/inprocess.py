@@ -14,7 +14,7 @@ from quorum.runtime.node import Node
 from quorum.runtime.transport import InProcessTransport
 from quorum.storage.meta import format_dir
 from quorum.types import KraftError
-from tests.polling import async_wait_until, now
+from testkit.polling import async_wait_until, now
 
 
 async def until(cond: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:

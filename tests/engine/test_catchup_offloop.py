@@ -21,8 +21,8 @@ from quorum.runtime.config import NodeConfig
 from quorum.runtime.kv import KVStore, decode_snapshot, encode_put
 from quorum.runtime.statemachine import Applier
 from quorum.types import ErrorCode, KraftError
+from testkit.polling import now
 from tests.engine.inprocess import InProcessCluster, until
-from tests.polling import now
 
 VOTERS = {i: f"node-{i}.test:{28100 + i}" for i in (1, 2, 3)}
 OBSERVER = "node-4.test:28104"

@@ -16,8 +16,8 @@ from quorum.core.ready import Outbound
 from quorum.driver.ports import Transport
 from quorum.runtime.config import NodeConfig
 from quorum.runtime.node import Node
+from testkit.polling import now
 from tests.engine.inprocess import InProcessCluster, until
-from tests.polling import now
 
 VOTERS = {i: f"node-{i}.test:{28200 + i}" for i in (1, 2, 3)}
 OBSERVER = "node-4.test:28204"

@@ -19,8 +19,8 @@ from quorum.runtime.node import Node
 from quorum.runtime.transport import InProcessTransport
 from quorum.storage.meta import format_dir
 from quorum.types import ErrorCode, KraftError
+from testkit.polling import now
 from tests.engine.inprocess import InProcessCluster, leader_among, until
-from tests.polling import now
 
 ENDPOINTS = {i: f"node-{i}.test:{9000 + i}" for i in (1, 2, 3)}
 

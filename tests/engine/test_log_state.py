@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.cluster import LocalCluster, poll
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import LocalCluster
 from tests.engine.http import call
 
 pytestmark = pytest.mark.slow
@@ -25,7 +26,7 @@ def test_log_state_served_by_every_node(cluster: LocalCluster) -> None:
         # followers learn the high watermark with their next fetch
         return bodies if all(b["high_watermark"] > offset for b in bodies.values()) else None
 
-    got = poll(states, 30, "every node's log-state past the write")
+    got = wait_until("every node's log-state past the write", states, 30, 0.05, errors=ANY_ERROR)
     leader_state = got[leader]
     for i, body in got.items():
         assert set(body) == FIELDS, body

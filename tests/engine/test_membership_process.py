@@ -12,7 +12,8 @@ import pytest
 
 from quorum.client import QuorumClient
 from quorum.types import KraftError
-from tests.engine.cluster import LocalCluster, poll, run_cli
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import LocalCluster, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +63,17 @@ def test_disk_replacement_of_node_3_with_10000_keys(tmp_path: Path, replace_lead
                     c.kill(other)
                     c.kill(cur, 15)
                     c.start(cur)
-                    poll(lambda: c.describe()["leader_id"] > 0, 30, "a leader of nodes 3 and " + str(cur))
+                    wait_until(
+                        "a leader of nodes 3 and " + str(cur),
+                        lambda: c.describe()["leader_id"] > 0,
+                        30,
+                        0.05,
+                        errors=ANY_ERROR,
+                    )
                     c.start(other)
                 return False
 
-            poll(three_leads, 90, "node 3 to become leader", interval=0.5)
+            wait_until("node 3 to become leader", three_leads, 90, 0.5, errors=ANY_ERROR)
         asyncio.run(_write_keys(c.bootstrap, 10_000))
         old = c.uuids[3]
         new = c.replace_disk(3)
@@ -75,7 +82,7 @@ def test_disk_replacement_of_node_3_with_10000_keys(tmp_path: Path, replace_lead
             d = c.describe()
             return d if any(o["id"] == 3 and o["uuid"] == new for o in d["observers"]) else None
 
-        d = poll(observer, 60, "observer (3, new UUID) in describe --json")
+        d = wait_until("observer (3, new UUID) in describe --json", observer, 60, 0.05, errors=ANY_ERROR)
         assert (3, old) in _voter_keys(d) and (3, new) not in _voter_keys(d)
         out = run_cli("quorum", "describe", "--bootstrap", c.bootstrap, "--json").stdout
         assert new in out
@@ -117,10 +124,11 @@ def test_reassignment_3_to_5_to_3_under_write_load(tmp_path: Path) -> None:
         t = threading.Thread(target=writer, daemon=True)
         t.start()
         try:
-            poll(lambda: len(acked) > 50, 30, "writes flowing")
+            wait_until("writes flowing", lambda: len(acked) > 50, 30, 0.05, errors=ANY_ERROR)
             # A target must be a voter or a caught-up observer; 4 and 5 may still be
             # catching up, so retry until the leader accepts it
-            poll(
+            wait_until(
+                "the reassignment to 1-5 accepted",
                 lambda: (
                     run_cli(
                         "quorum", "reassign", "--bootstrap", c.bootstrap, "--voters", "1,2,3,4,5", check=False
@@ -128,30 +136,42 @@ def test_reassignment_3_to_5_to_3_under_write_load(tmp_path: Path) -> None:
                     == 0
                 ),
                 60,
-                "the reassignment to 1-5 accepted",
                 0.5,
+                errors=ANY_ERROR,
             )
-            poll(
+            wait_until(
+                "five voters",
                 lambda: (
                     {v["id"] for v in c.describe()["voters"]} == {1, 2, 3, 4, 5}
                     and c.describe()["target_voters"] is None
                 ),
                 120,
-                "five voters",
+                0.05,
+                errors=ANY_ERROR,
             )
             n5 = len(acked)
-            poll(lambda: len(acked) > n5 + 50, 30, "writes flowing with five voters")
+            wait_until(
+                "writes flowing with five voters", lambda: len(acked) > n5 + 50, 30, 0.05, errors=ANY_ERROR,
+            )
             run_cli("quorum", "reassign", "--bootstrap", c.bootstrap, "--voters", "1,2,3")
-            poll(
+            wait_until(
+                "back to three voters",
                 lambda: (
                     {v["id"] for v in c.describe()["voters"]} == {1, 2, 3}
                     and c.describe()["target_voters"] is None
                 ),
                 120,
-                "back to three voters",
+                0.05,
+                errors=ANY_ERROR,
             )
             n3 = len(acked)
-            poll(lambda: len(acked) > n3 + 50, 30, "writes flowing with three voters again")
+            wait_until(
+                "writes flowing with three voters again",
+                lambda: len(acked) > n3 + 50,
+                30,
+                0.05,
+                errors=ANY_ERROR,
+            )
         finally:
             stop.set()
             t.join(60)
@@ -174,5 +194,7 @@ def test_reassign_cancel_and_describe_progress(tmp_path: Path) -> None:
         assert d["target_voters"] is None
         assert {v["id"] for v in d["voters"]} == {1, 2, 3}
         run_cli("quorum", "reassign", "--bootstrap", c.bootstrap, "--cancel")  # nothing to cancel
-        poll(lambda: c.describe()["target_voters"] is None, 30, "no reassignment")
+        wait_until(
+            "no reassignment", lambda: c.describe()["target_voters"] is None, 30, 0.05, errors=ANY_ERROR,
+        )
         assert {v["id"] for v in c.describe()["voters"]} == {1, 2, 3}

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from quorum.types import ErrorCode, KraftError
+from testkit.polling import ANY_ERROR, wait_until
 from testkit.revision import BaselineTree, export_tree
-from tests.engine.cluster import KK, poll
+from tests.engine.cluster import KK
 from tests.tlsfixtures import TlsCluster, make_tls_dir
 
 pytestmark = pytest.mark.slow
@@ -73,7 +74,7 @@ def _write(c: MixedCluster, key: str) -> None:
             return False
         return True
 
-    poll(put, 90, f"an acknowledged put of {key}")
+    wait_until(f"an acknowledged put of {key}", put, 90, 0.05, errors=ANY_ERROR)
 
 
 def test_old_and_new_nodes_in_one_cluster(cluster: MixedCluster) -> None:
@@ -85,12 +86,30 @@ def test_old_and_new_nodes_in_one_cluster(cluster: MixedCluster) -> None:
     c.start(2)
     leader = c.state(90)["leader_id"]
     assert leader in (1, 2)
-    poll(lambda: "peer stream from replica" in c.log_text(3 - leader), 30, "a stream between the new nodes")
+    wait_until(
+        "a stream between the new nodes",
+        lambda: "peer stream from replica" in c.log_text(3 - leader),
+        30,
+        0.05,
+        errors=ANY_ERROR,
+    )
     # the old node joins: the new leader reaches it over HTTP, it fetches over HTTP
     c.start(OLD)
     _write(c, "mixed-all")
-    poll(lambda: "has no peer stream" in c.log_text(leader), 30, f"node {leader} falling back to HTTP")
-    poll(lambda: min(v["log_end_offset"] for v in c.state(30)["voters"]) > 0, 60, "the old node caught up")
+    wait_until(
+        f"node {leader} falling back to HTTP",
+        lambda: "has no peer stream" in c.log_text(leader),
+        30,
+        0.05,
+        errors=ANY_ERROR,
+    )
+    wait_until(
+        "the old node caught up",
+        lambda: min(v["log_end_offset"] for v in c.state(30)["voters"]) > 0,
+        60,
+        0.05,
+        errors=ANY_ERROR,
+    )
     assert "peer stream" not in c.log_text(OLD)
     # each new node with the old one alone: a leader, commits, every key readable
     for down, up in ((1, None), (2, 1)):

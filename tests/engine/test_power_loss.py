@@ -20,8 +20,8 @@ import pytest
 
 from quorum.client import QuorumClient
 from quorum.types import KraftError
-from tests.engine.cluster import LocalCluster, poll
-from tests.polling import async_wait_until
+from testkit.polling import ANY_ERROR, async_wait_until, wait_until
+from tests.engine.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,13 @@ def test_acknowledged_writes_survive_majority_power_loss(tmp_path: Path) -> None
         with WriteLoad(c.bootstrap) as load:
             for what in ("leader+follower", "followers", "all", "leader+follower"):
                 target = load.acks() + 200
-                poll(lambda t=target: load.acks() >= t, 60, f"200 more acknowledged writes before {what!r}")
+                wait_until(
+                    f"200 more acknowledged writes before {what!r}",
+                    lambda t=target: load.acks() >= t,
+                    60,
+                    0.05,
+                    errors=ANY_ERROR,
+                )
                 leader = c.leader()
                 followers = [i for i in c.ports if i != leader]
                 victims = {
@@ -117,7 +123,13 @@ def test_acknowledged_writes_survive_majority_power_loss(tmp_path: Path) -> None
                     c.start(i)
                 c.leader(timeout=60)
             target = load.acks() + 100
-            poll(lambda t=target: load.acks() >= t, 60, "writes acknowledged after the last restart")
+            wait_until(
+                "writes acknowledged after the last restart",
+                lambda t=target: load.acks() >= t,
+                60,
+                0.05,
+                errors=ANY_ERROR,
+            )
         acked = dict(load.acked)
         got = asyncio.run(_read_back(c.bootstrap, acked))
     lost = sorted(k for k, v in acked.items() if got[k] != v)

@@ -12,7 +12,8 @@ import pytest
 
 from quorum.client import QuorumClient
 from quorum.types import ErrorCode, KraftError
-from tests.engine.cluster import LocalCluster, poll, run_cli
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import LocalCluster, run_cli
 from tests.engine.http import call
 
 pytestmark = pytest.mark.slow
@@ -62,12 +63,14 @@ def test_kill_leader_keeps_every_acknowledged_key(cluster: LocalCluster) -> None
     acked = asyncio.run(_put_many(cluster.bootstrap, range(300)))
     assert len(acked) == 300
     cluster.kill(leader)
-    new_leader = poll(
+    new_leader = wait_until(
+        "a new leader",
         lambda: (lambda d: d["leader_id"] if d["leader_id"] not in (-1, leader) else None)(
             cluster.describe()
         ),
         30,
-        "a new leader",
+        0.05,
+        errors=ANY_ERROR,
     )
     assert new_leader != leader
 
@@ -80,10 +83,12 @@ def test_kill_leader_keeps_every_acknowledged_key(cluster: LocalCluster) -> None
     # The old leader comes back and catches up.
     cluster.start(leader)
     hw = cluster.describe()["high_watermark"]
-    poll(
+    wait_until(
+        "the old leader to catch up",
         lambda: any(v["id"] == leader and v["log_end_offset"] >= hw for v in cluster.describe()["voters"]),
         30,
-        "the old leader to catch up",
+        0.05,
+        errors=ANY_ERROR,
     )
 
 
@@ -94,24 +99,34 @@ def test_restarted_node_catches_up_through_snapshot(tmp_path: Path) -> None:
         lagging = 3 if c.leader() != 3 else 2
         # Writes start once every voter holds the bootstrap voter set (KIP-856): before that,
         # killing a voter would leave the other two refusing writes until it returns.
-        poll(lambda: c.call(lambda cl: cl.put("warm-up", b"1"), timeout=5) >= 0, 60, "a first write")
+        wait_until(
+            "a first write",
+            lambda: c.call(lambda cl: cl.put("warm-up", b"1"), timeout=5) >= 0,
+            60,
+            0.05,
+            errors=ANY_ERROR,
+        )
         c.kill(lagging)
         acked = asyncio.run(_put_many(c.bootstrap, range(2000), value=b"x" * 50))
         assert len(acked) == 2000
         # Wait until the others have snapshotted and dropped old segments.
-        poll(
+        wait_until(
+            "a snapshot on a live node",
             lambda: any(
                 p.name.endswith(".checkpoint") for p in c.data_dir(1 if lagging != 1 else 2).rglob("*")
             ),
             30,
-            "a snapshot on a live node",
+            0.05,
+            errors=ANY_ERROR,
         )
         c.start(lagging)
         hw = c.describe()["high_watermark"]
-        poll(
+        wait_until(
+            "the lagging node to catch up",
             lambda: any(v["id"] == lagging and v["log_end_offset"] >= hw for v in c.describe()["voters"]),
             60,
-            "the lagging node to catch up",
+            0.05,
+            errors=ANY_ERROR,
         )
         assert any(p.name.endswith(".checkpoint") for p in c.data_dir(lagging).rglob("*"))
         # Kill the others: the snapshot-restored node must still serve all keys with one peer.
@@ -135,7 +150,9 @@ def test_disk_replacement_add_then_remove(cluster: LocalCluster) -> None:
         d = cluster.describe()
         return [o for o in d["observers"] if o["id"] == victim and o["uuid"] == new]
 
-    poll(observer_seen, 30, "the replaced node as an observer with its new UUID")
+    wait_until(
+        "the replaced node as an observer with its new UUID", observer_seen, 30, 0.05, errors=ANY_ERROR,
+    )
     run_cli("quorum", "add-voter", "--bootstrap", cluster.bootstrap, "--id", str(victim), "--uuid", new)
     d = cluster.describe()
     assert (victim, new) in {(v["id"], v["uuid"]) for v in d["voters"]}
@@ -220,7 +237,13 @@ def test_format_twice_refused_and_prints_uuid(tmp_path: Path) -> None:
 def test_graceful_shutdown_of_leader_elects_successor(cluster: LocalCluster) -> None:
     leader = cluster.leader()
     cluster.kill(leader, signal.SIGTERM)
-    poll(lambda: cluster.describe()["leader_id"] not in (-1, leader), 15, "a successor leader")
+    wait_until(
+        "a successor leader",
+        lambda: cluster.describe()["leader_id"] not in (-1, leader),
+        15,
+        0.05,
+        errors=ANY_ERROR,
+    )
 
 
 def test_corrupt_segment_middle_stops_node_with_clear_error(cluster: LocalCluster) -> None:
@@ -249,10 +272,12 @@ def test_corrupt_segment_middle_stops_node_with_clear_error(cluster: LocalCluste
     seg.write_bytes(saved)
     cluster.start(victim)
     hw = cluster.describe()["high_watermark"]
-    poll(
+    wait_until(
+        "the repaired node to catch up",
         lambda: any(v["id"] == victim and v["log_end_offset"] >= hw for v in cluster.describe()["voters"]),
         30,
-        "the repaired node to catch up",
+        0.05,
+        errors=ANY_ERROR,
     )
 
 
@@ -304,7 +329,13 @@ def test_wrong_cluster_id_rpc_is_refused(cluster: LocalCluster) -> None:
 
     cluster.leader()
     # node 1 may still be starting when the other two elected a leader
-    poll(lambda: call(cluster.endpoint(1), "GET", "/readyz")[0] == 200, 30, "node 1 ready")
+    wait_until(
+        "node 1 ready",
+        lambda: call(cluster.endpoint(1), "GET", "/readyz")[0] == 200,
+        30,
+        0.05,
+        errors=ANY_ERROR,
+    )
     req = m.FetchRequest(1, "other-cluster", 9, None, 0, 0, 0, 0, 1024)
 
     async def send() -> Any:

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine.cluster import LocalCluster, poll
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import LocalCluster
 from tests.engine.http import call
 
 pytestmark = pytest.mark.slow
@@ -52,8 +53,14 @@ def _restart(c: LocalCluster, i: int, sig: int) -> None:
     c.start(i)
     # The bound starts once the node answers at all (start-up is Python imports and storage
     # recovery, not what this test is about) and the quorum has a leader.
-    poll(lambda: call(c.endpoint(i), "GET", "/healthz", timeout=2)[0] == 200, 60, f"node {i} serving")
-    poll(lambda: _leader_now(c), 60, "a leader")
+    wait_until(
+        f"node {i} serving",
+        lambda: call(c.endpoint(i), "GET", "/healthz", timeout=2)[0] == 200,
+        60,
+        0.05,
+        errors=ANY_ERROR,
+    )
+    wait_until("a leader", lambda: _leader_now(c), 60, 0.05, errors=ANY_ERROR)
 
 
 @pytest.mark.parametrize("kind", ["follower", "leader"])
@@ -61,15 +68,17 @@ def test_restarted_node_is_ready_with_the_right_leader(tmp_path: Path, kind: str
     with LocalCluster(tmp_path, 3, config={"raft": {"fetch_timeout_ms": FETCH_TIMEOUT_MS}}).up() as c:
         c.leader()
         for sig in (signal.SIGKILL, signal.SIGTERM):
-            leader = poll(lambda: _leader_now(c), 60, "a leader")
+            leader = wait_until("a leader", lambda: _leader_now(c), 60, 0.05, errors=ANY_ERROR)
             i = leader if kind == "leader" else next(n for n in c.ports if n != leader)
             key = f"k-{kind}-{int(sig)}"
             assert c.call(lambda cl, key=key: cl.put(key, b"1")) >= 0
             _restart(c, i, sig)
-            view = poll(
+            view = wait_until(
+                f"restarted node {i} ({kind}, signal {int(sig)}) ready with the leader in its view",
                 lambda i=i: _view_ok(c, i),
                 FETCH_TIMEOUT_MS / 1000,
-                f"restarted node {i} ({kind}, signal {int(sig)}) ready with the leader in its view",
+                0.05,
+                errors=ANY_ERROR,
             )
             assert view["ready"] is True
             # And it replicates: a write after the restart reads back from the quorum.

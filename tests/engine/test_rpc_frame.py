@@ -18,7 +18,7 @@ from quorum.runtime import wire
 from quorum.runtime.server import build_app, start_server
 from quorum.runtime.transport import HttpTransport, InProcessTransport
 from quorum.types import ErrorCode
-from tests.polling import async_wait_until
+from testkit.polling import async_wait_until
 
 
 def _response(cid: int, size: int) -> m.FetchResponse:

@@ -16,8 +16,8 @@ from quorum.runtime.node import Node
 from quorum.runtime.server import build_app, start_server
 from quorum.runtime.transport import InProcessTransport
 from quorum.storage.meta import format_dir
+from testkit.polling import async_wait_until
 from tests.engine.cluster import free_ports
-from tests.polling import async_wait_until
 
 
 async def _scenario(tmp_path: Path) -> None:

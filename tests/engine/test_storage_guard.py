@@ -19,7 +19,8 @@ import pytest
 from quorum.client import QuorumClient
 from quorum.storage import METADATA_DIR
 from quorum.storage.log import SegmentedLog
-from tests.engine.cluster import KK, LocalCluster, free_ports, poll, run_cli
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import KK, LocalCluster, free_ports, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,7 @@ def _all_caught_up(c: LocalCluster) -> None:
         d = c.describe()
         return all(v["log_end_offset"] >= d["high_watermark"] for v in d["voters"]) and len(d["voters"]) == 3
 
-    poll(done, 30, "every voter caught up")
+    wait_until("every voter caught up", done, 30, 0.05, errors=ANY_ERROR)
 
 
 def test_one_process_per_data_directory_of_its_own(tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def _add_when_observer(c: LocalCluster, endpoint: str, i: int) -> None:
         obs = asyncio.run(d())["observers"]
         return any(o["id"] == i and o["uuid"] == c.uuids[i] for o in obs)  # type: ignore[attr-defined,index]
 
-    poll(observing, 60, f"node {i} ({c.uuids[i]}) as an observer")
+    wait_until(f"node {i} ({c.uuids[i]}) as an observer", observing, 60, 0.05, errors=ANY_ERROR)
     run_cli("quorum", "add-voter", "--bootstrap", endpoint, "--id", str(i), "--uuid", c.uuids[i], timeout=120)
 
 
@@ -115,7 +116,9 @@ def _damage_last_batches(c: LocalCluster, i: int, rng: random.Random) -> str:
 
 def _exits_corrupt(c: LocalCluster, i: int, segment: str) -> None:
     proc = c.procs[i]
-    poll(lambda: proc.poll() is not None, 60, f"node {i} to stop on its damaged log")
+    wait_until(
+        f"node {i} to stop on its damaged log", lambda: proc.poll() is not None, 60, 0.05, errors=ANY_ERROR,
+    )
     text = c.log_text(i)
     assert proc.returncode != 0 and "CORRUPT_LOG" in text and segment in text, text[-2000:]
     assert re.search(r"position \d+ \(offset \d+\)", text), text[-2000:]
@@ -179,7 +182,7 @@ def test_damaged_majority_recovers_from_the_undamaged_replica(tmp_path: Path) ->
 
             return asyncio.run(d())["leader_recovery_state"] == "RECOVERED"
 
-        poll(recovered, 60, "node 3 to finish its unclean recovery")
+        wait_until("node 3 to finish its unclean recovery", recovered, 60, 0.05, errors=ANY_ERROR)
         assert _read(solo, acked) == acked
         for i in (1, 2):
             c.replace_disk(i)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from quorum.client import QuorumClient
-from tests.engine.cluster import LocalCluster, poll, run_cli
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import LocalCluster, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,13 @@ def test_recover_unclean_survivor_becomes_sole_voter_then_grows(tmp_path: Path) 
 
         asyncio.run(fill())
         hw = c.describe()["high_watermark"]
-        poll(lambda: all(v["log_end_offset"] >= hw for v in c.describe()["voters"]), 30, "all caught up")
+        wait_until(
+            "all caught up",
+            lambda: all(v["log_end_offset"] >= hw for v in c.describe()["voters"]),
+            30,
+            0.05,
+            errors=ANY_ERROR,
+        )
         # Nodes 2 and 3 are lost for good; node 1 survives but is stopped.
         for i in (1, 2, 3):
             c.kill(i)
@@ -45,12 +52,14 @@ def test_recover_unclean_survivor_becomes_sole_voter_then_grows(tmp_path: Path) 
             async with QuorumClient(solo, timeout=10) as cl:
                 return await cl.describe()
 
-        d = poll(
+        d = wait_until(
+            "the survivor to finish recovery",
             lambda: (lambda x: x if x["leader_recovery_state"] == "RECOVERED" else None)(
                 asyncio.run(describe())
             ),
             60,
-            "the survivor to finish recovery",
+            0.05,
+            errors=ANY_ERROR,
         )
         assert d["leader_id"] == 1
         assert [(v["id"], v["uuid"]) for v in d["voters"]] == [(1, c.uuids[1])]  # type: ignore[union-attr]
@@ -69,6 +78,6 @@ def test_recover_unclean_survivor_becomes_sole_voter_then_grows(tmp_path: Path) 
             obs = asyncio.run(describe())["observers"]
             return next((o["uuid"] for o in obs if o["id"] == 2), None)  # type: ignore[union-attr]
 
-        new2 = poll(observer, 60, "node 2 as an observer")
+        new2 = wait_until("node 2 as an observer", observer, 60, 0.05, errors=ANY_ERROR)
         run_cli("quorum", "add-voter", "--bootstrap", solo, "--id", "2", "--uuid", str(new2), timeout=120)
         assert {v["id"] for v in asyncio.run(describe())["voters"]} == {1, 2}  # type: ignore[union-attr]

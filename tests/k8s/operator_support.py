@@ -5,16 +5,15 @@ and read a resource and its status."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testkit.launchers import start_operator_run, stop_process, tail_of
 from tests.k8s.conftest import KubeEnv, free_port
-from tests.operator.operator_nodes import LocalCluster, stop_process, tail_of
+from tests.operator.operator_nodes import LocalCluster
 
 KQ = "/apis/kraftkeeper.io/v1alpha1/namespaces/{ns}/kraftquorums"
 
@@ -34,23 +33,7 @@ class Operator:
             KRAFTKEEPER_DEFAULT_IMAGE="kraftkeeper:test",
         )
         self.log = log
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorum.cli",
-                "operator",
-                "run",
-                "--standalone",
-                "--namespace",
-                ns,
-                "--verbose",
-            ],
-            env=env,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc = start_operator_run(env, ns, log, verbose=True)
 
     def stop(self) -> None:
         stop_process(self.proc)

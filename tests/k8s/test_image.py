@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.polling import wait_until
 from tests.conftest import ImageBuild
-from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("KK_CACHE", str(Path.home() / ".cache" / "kraftkeeper")))

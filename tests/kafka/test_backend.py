@@ -12,7 +12,7 @@ from kraftkeeper_operator.kafka.cluster import KafkaControllers
 
 from quorum.kafka.mapping import base64_to_uuid, uuid_to_base64
 from quorum.types import ErrorCode, KraftError
-from tests.polling import async_wait_until
+from testkit.polling import async_wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -28,8 +28,9 @@ from kraftkeeper_operator.kafka.cluster import free_port, metadata_quorum
 
 from quorum.kafka.listener import NodeKafkaListener
 from quorum.types import ErrorCode, KraftError
+from testkit.polling import wait_until
 from tests.engine.cluster import LocalCluster
-from tests.kafka.watcher import poll
+from tests.kafka.watcher import NOT_YET
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ class Gateway:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return True
 
-        poll(up, 60, "the Kafka listener")
+        wait_until("the Kafka listener", up, 60, errors=NOT_YET)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -166,7 +167,7 @@ def test_kafka_tool_remove_and_add_controller(quorum: tuple[LocalCluster, Gatewa
     def observer() -> bool:
         return any(o["id"] == node and o["uuid"] == new and o["lag"] == 0 for o in c.describe()["observers"])
 
-    poll(observer, 60, "the replaced node caught up as an observer")
+    wait_until("the replaced node caught up as an observer", observer, 60, errors=NOT_YET)
     status = parse_status(tool(gw.port, "describe", "--status").stdout)
     assert {"id": node, "directoryId": b64(new)}.items() <= next(
         o for o in status["CurrentObservers"] if o["id"] == node
@@ -244,7 +245,12 @@ def test_unknown_apis_and_versions_get_kafka_answers(quorum: tuple[LocalCluster,
     # A key nobody knows cannot be answered in its own format: the connection is closed, and
     # the listener logs why.
     assert _exchange(gw.port, struct.pack(">ihhih", 10, 999, 0, 9, -1)) is None
-    poll(lambda: "API key 999 v0 is not served" in gw.log.read_text(), 30, "the listener's log line")
+    wait_until(
+        "the listener's log line",
+        lambda: "API key 999 v0 is not served" in gw.log.read_text(),
+        30,
+        errors=NOT_YET,
+    )
 
 
 async def test_node_listener_serves_our_own_kafka_client(quorum: tuple[LocalCluster, Gateway]) -> None:
@@ -288,14 +294,19 @@ def test_listener_caps_connections_frames_and_stalled_reads(quorum: tuple[LocalC
         s.sendall(struct.pack(">i", 16 * 1024 * 1024) + b"\0" * (1 << 20))
         big.append(s)
     for s in big:
-        poll(lambda s=s: _closed(s), 30, "an oversized frame's connection closed")
+        wait_until("an oversized frame's connection closed", lambda s=s: _closed(s), 30, errors=NOT_YET)
         s.close()
     held = [socket.create_connection(("127.0.0.1", gw.port), timeout=10) for _ in range(40)]
     try:
         for s in held:
             s.sendall(struct.pack(">i", 1000))  # announced, never sent
         # the ones over the cap are closed at once, the rest at the read deadline
-        poll(lambda: all(_closed(s) for s in held), 60, "capped and stalled connections closed")
+        wait_until(
+            "capped and stalled connections closed",
+            lambda: all(_closed(s) for s in held),
+            60,
+            errors=NOT_YET,
+        )
     finally:
         for s in held:
             s.close()

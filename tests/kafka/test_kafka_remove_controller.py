@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from quorum.localports import free_ports
-from tests.engine.cluster import LocalCluster, poll
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import LocalCluster
 from tests.kafka.test_kafka_listen import b64, parse_status, tool
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ def test_remove_controller_without_replacement_shrinks_the_quorum(cluster: Kafka
         v = _voters(c)
         return v if "None" not in v.values() else None
 
-    before = poll(known, 60, "every voter's storage UUID known to the leader")
+    before = wait_until("every voter's storage UUID known to the leader", known, 60, 0.05, errors=ANY_ERROR)
 
     def remove(i: int, check: bool = True) -> subprocess.CompletedProcess[str]:
         # "=": a base64url directory id may start with "-", which the tool would read as an option.

@@ -17,7 +17,8 @@ from cryptography.x509.oid import NameOID
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity
 
 from quorum.kafka.mapping import base64_to_uuid
-from tests.kafka.watcher import Watcher, poll
+from testkit.polling import wait_until
+from tests.kafka.watcher import NOT_YET, Watcher
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +104,9 @@ def test_watch_over_sasl_ssl(secure_controllers: KafkaControllers, tmp_path: Pat
             k.bootstrap, tmp_path / f"events-{props.stem}", "--kafka-client-config", str(props)
         ).start()
         try:
-            st = poll(lambda w=w: (s := w.status()).get("error") and s, 60, "an error status")
+            st = wait_until(
+                "an error status", lambda w=w: (s := w.status()).get("error") and s, 60, errors=NOT_YET,
+            )
             assert st["phase"] == "QuorumLost" and why in st["error"], st
             w.passes_after(3)
             assert w.events_list() == []
@@ -114,21 +117,25 @@ def test_watch_over_sasl_ssl(secure_controllers: KafkaControllers, tmp_path: Pat
         k.bootstrap, tmp_path / "events", "--kafka-client-config", str(good), "--stabilization-seconds", "0"
     ).start()
     try:
-        poll(lambda: w.status().get("phase") == "Running", 120, "a healthy SASL_SSL quorum")
+        wait_until(
+            "a healthy SASL_SSL quorum", lambda: w.status().get("phase") == "Running", 120, errors=NOT_YET,
+        )
         leader = w.status()["leaderId"]
         victim = next(i for i in k.controllers if i != leader)
         new = str(base64_to_uuid(k.replace_disk(victim)))
-        poll(
+        wait_until(
+            "the replaced controller healed over SASL_SSL",
             lambda: any(e["type"] == "recovery_completed" and e["new_uuid"] == new for e in w.events_list()),
             180,
-            "the replaced controller healed over SASL_SSL",
+            errors=NOT_YET,
         )
-        voters = poll(
+        voters = wait_until(
+            "the watcher's status showing the new voter",
             lambda: (
                 (vs := {(v["id"], v["uuid"]) for v in w.status()["voters"]}) and (victim, new) in vs and vs
             ),
             60,
-            "the watcher's status showing the new voter",
+            errors=NOT_YET,
         )
         assert len(voters) == 3
     finally:

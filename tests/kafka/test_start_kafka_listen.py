@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from kraftkeeper_operator.kafka.cluster import free_port
 
+from testkit.polling import wait_until
 from tests.kafka.test_kafka_listen import b64, parse_status, tool
-from tests.kafka.watcher import poll
+from tests.kafka.watcher import NOT_YET
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,7 @@ def node(tmp_path: Path, kafka_jars: Path) -> Iterator[tuple[str, int, subproces
             with socket.create_connection(("127.0.0.1", kport), timeout=1):
                 return True
 
-        poll(up, 60, "the node's Kafka listener")
+        wait_until("the node's Kafka listener", up, 60, errors=NOT_YET)
         yield uuid, kport, p
     finally:
         p.terminate()
@@ -74,7 +75,7 @@ def test_start_with_kafka_listen_answers_kafka_tool(node: tuple[str, int, subpro
         out = tool(kport, "describe", "--status", check=False)
         return parse_status(out.stdout) if out.returncode == 0 else None
 
-    status = poll(described, 120, "kafka-metadata-quorum describe --status")
+    status = wait_until("kafka-metadata-quorum describe --status", described, 120, errors=NOT_YET)
     assert status["ClusterId"] == "kafka-listen-test" and status["LeaderId"] == "1"
     assert [(v["id"], v["directoryId"]) for v in status["CurrentVoters"]] == [(1, b64(uuid))]  # type: ignore[union-attr]
 

@@ -18,9 +18,9 @@ from kraftkeeper_operator.kafka.cluster import (
 )
 
 from quorum.kafka.mapping import base64_to_uuid
+from testkit.polling import wait_until
 from tests.kafka.test_watch import describe, whole
-from tests.kafka.watcher import context_of, poll
-from tests.polling import wait_until
+from tests.kafka.watcher import NOT_YET, context_of
 
 FATAL = (
     "[2026-11-27 13:40:00,123] ERROR Encountered fatal fault: Unexpected error in raft IO thread "
@@ -125,16 +125,24 @@ def test_a_replaced_leader_that_halts_is_restarted_and_healed(kafka_jars: Path, 
     # loaded 2-core machine, and the survivors must not elect a new leader before it is back.
     k = KafkaControllers(tmp_path / "kafka", kafka_jars, fetch_timeout_ms=30000)
     with k.running():
-        d = poll(lambda: whole(k), 120, "three caught-up voters", context=context_of(k))
+        d = wait_until("three caught-up voters", lambda: whole(k), 120, errors=NOT_YET, context=context_of(k))
         leader = d["leader_id"]
         new = str(base64_to_uuid(k.replace_disk(leader)))
-        crash = poll(lambda: next((x for x in k.crashes if x.node_id == leader), None), 120,
-                     f"controller {leader} halting on its old leadership", context=context_of(k))
+        crash = wait_until(
+            f"controller {leader} halting on its old leadership",
+            lambda: next((x for x in k.crashes if x.node_id == leader), None),
+            120,
+            errors=NOT_YET,
+            context=context_of(k),
+        )
         assert "inconsistent with current leader" in crash.fatal, crash
-        after = poll(
+        after = wait_until(
+            f"controller {leader} fetching as an observer with {new}",
             lambda: (x := describe(k))["leader_id"] != leader
             and any((o["id"], o["uuid"]) == (leader, new) for o in x["observers"]) and x,
-            180, f"controller {leader} fetching as an observer with {new}", context=context_of(k),
+            180,
+            errors=NOT_YET,
+            context=context_of(k),
         )
         assert after["leader_epoch"] > d["leader_epoch"]
         assert k.controllers[leader].running() and k.controllers[leader].starts >= 2

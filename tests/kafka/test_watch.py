@@ -17,7 +17,8 @@ from kraftkeeper_operator.kafka.cluster import KafkaControllers
 from kraftkeeper_operator.kafka.watch import FAILPOINT_ENV, FAILPOINT_EXIT
 
 from quorum.kafka.mapping import base64_to_uuid
-from tests.kafka.watcher import Watcher, context_of, poll
+from testkit.polling import wait_until
+from tests.kafka.watcher import NOT_YET, Watcher, context_of
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def recovery_of(w: Watcher, replica: int, new: str) -> list[dict[str, Any]]:
             for e in w.events_list()
         )
 
-    poll(ended, 60, f"the end of the recovery of ({replica}, {new}) in the event log")
+    wait_until(f"the end of the recovery of ({replica}, {new}) in the event log", ended, 60, errors=NOT_YET)
     evs = w.events_list()
     ids = {e["recovery_id"] for e in evs if e["replica_id"] == replica and e["new_uuid"] == new}
     assert len(ids) == 1, f"expected one recovery of ({replica}, {new}), got {ids}"
@@ -81,7 +82,7 @@ def test_watch_heals_the_leader_then_another_controller(
     kafka_controllers: KafkaControllers, tmp_path: Path
 ) -> None:
     k = kafka_controllers
-    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    d = wait_until("three caught-up voters", lambda: whole(k), 120, errors=NOT_YET)
     w = Watcher(k.bootstrap, tmp_path / "events", "--stabilization-seconds", "1").start()
     try:
         first = d["leader_id"]
@@ -92,13 +93,24 @@ def test_watch_heals_the_leader_then_another_controller(
             # survivors still name it leader: Kafka 4.4 halts such a controller (see
             # kafka/cluster.py); the supervisor starts it again, as a kubelet would.
             new = str(base64_to_uuid(k.replace_disk(victim)))
-            healed = poll(lambda: whole(k), 180, f"controller {victim} healed", context=context_of(k, w))
+            healed = wait_until(
+                f"controller {victim} healed",
+                lambda: whole(k),
+                180,
+                errors=NOT_YET,
+                context=context_of(k, w),
+            )
             assert (victim, new) in {(v["id"], v["uuid"]) for v in healed["voters"]}
             evs = recovery_of(w, victim, new)
             assert [e["type"] for e in evs] == SUCCESS
             assert {e["old_uuid"] for e in evs} == {old}
             assert {e["cluster"] for e in evs} == {k.cluster_id}
-        st = poll(lambda: (s := w.status())["phase"] == "Running" and s, 60, "the watcher's Running status")
+        st = wait_until(
+            "the watcher's Running status",
+            lambda: (s := w.status())["phase"] == "Running" and s,
+            60,
+            errors=NOT_YET,
+        )
         assert st["cluster"] == k.cluster_id
         metric = f'kraftkeeper_operator_recoveries_total{{quorum="{k.cluster_id}",result="completed"}} 2.0'
         assert metric in w.metrics()
@@ -111,7 +123,7 @@ def test_watch_killed_between_remove_and_add_resumes(
     kafka_controllers: KafkaControllers, tmp_path: Path, lose_state: bool
 ) -> None:
     k = kafka_controllers
-    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    d = wait_until("three caught-up voters", lambda: whole(k), 120, errors=NOT_YET)
     events = tmp_path / "events"
     # The failpoint kills the watcher (no clean-up) right after RemoveRaftVoter committed and
     # was recorded, just before it would start AddRaftVoter.
@@ -135,7 +147,7 @@ def test_watch_killed_between_remove_and_add_resumes(
         (events / "_watch-state.json").unlink()
     w2 = Watcher(k.bootstrap, events, "--stabilization-seconds", "0").start()
     try:
-        healed = poll(lambda: whole(k), 180, f"controller {victim} added back")
+        healed = wait_until(f"controller {victim} added back", lambda: whole(k), 180, errors=NOT_YET)
         assert (victim, new) in {(v["id"], v["uuid"]) for v in healed["voters"]}
         assert [e["type"] for e in recovery_of(w2, victim, new)] == SUCCESS
     finally:
@@ -144,20 +156,29 @@ def test_watch_killed_between_remove_and_add_resumes(
 
 def test_watch_majority_down_attempts_nothing(kafka_controllers: KafkaControllers, tmp_path: Path) -> None:
     k = kafka_controllers
-    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    d = wait_until("three caught-up voters", lambda: whole(k), 120, errors=NOT_YET)
     w = Watcher(k.bootstrap, tmp_path / "events", "--stabilization-seconds", "0").start()
     try:
-        poll(lambda: w.status().get("phase") == "Running", 60, "watcher sees a healthy quorum")
+        wait_until(
+            "watcher sees a healthy quorum", lambda: w.status().get("phase") == "Running", 60, errors=NOT_YET,
+        )
         down = [i for i in k.controllers if i != d["leader_id"]]
         for i in down:
             k.stop(i, kill=True)
         # Wait until the watcher sees the majority gone: for the live window after a kill, a
         # voter's last fetch is still recent and counts it live (the policy's
         # live_window_seconds), so a replacement caught up inside that window could be acted on.
-        poll(lambda: w.status().get("phase") == "QuorumLost", 120, "QuorumLost reported")
+        wait_until(
+            "QuorumLost reported", lambda: w.status().get("phase") == "QuorumLost", 120, errors=NOT_YET,
+        )
         # One of the lost controllers even comes back on a new disk: still no majority.
         k.replace_disk(down[0])
-        st = poll(lambda: (s := w.status()).get("phase") == "QuorumLost" and s, 120, "QuorumLost reported")
+        st = wait_until(
+            "QuorumLost reported",
+            lambda: (s := w.status()).get("phase") == "QuorumLost" and s,
+            120,
+            errors=NOT_YET,
+        )
         lost = next(c for c in st["conditions"] if c["type"] == "QuorumLost")
         assert lost["status"] == "True" and lost["message"]
         w.passes_after(5)
@@ -170,7 +191,7 @@ def test_watch_majority_down_attempts_nothing(kafka_controllers: KafkaController
 
 def test_retired_directory_id_is_never_re_added(kafka_controllers: KafkaControllers, tmp_path: Path) -> None:
     k = kafka_controllers
-    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    d = wait_until("three caught-up voters", lambda: whole(k), 120, errors=NOT_YET)
     w = Watcher(k.bootstrap, tmp_path / "events", "--stabilization-seconds", "0").start()
     try:
         victim = next(i for i in k.controllers if i != d["leader_id"])
@@ -180,14 +201,16 @@ def test_retired_directory_id_is_never_re_added(kafka_controllers: KafkaControll
         shutil.copytree(k.controllers[victim].data_dir, backup)
         new = str(base64_to_uuid(k.wipe_and_format(victim)))
         k.start(victim)
-        poll(lambda: whole(k), 180, f"controller {victim} healed")
+        wait_until(f"controller {victim} healed", lambda: whole(k), 180, errors=NOT_YET)
         assert [e["type"] for e in recovery_of(w, victim, new)] == SUCCESS
 
         # The watcher restarts and its state file is lost: the event log still names the retired id.
         w.stop()
         (tmp_path / "events" / "_watch-state.json").unlink()
         w = Watcher(k.bootstrap, tmp_path / "events", "--stabilization-seconds", "0").start()
-        poll(lambda: "1 recoveries taken from the event log" in w.log.read_text(), 60, "log")
+        wait_until(
+            "log", lambda: "1 recoveries taken from the event log" in w.log.read_text(), 60, errors=NOT_YET,
+        )
 
         # The old disk comes back (a stale volume re-attached): same id, the retired directory id.
         k.stop(victim, kill=True)
@@ -203,7 +226,7 @@ def test_retired_directory_id_is_never_re_added(kafka_controllers: KafkaControll
                 for o in st["observers"]
             )
 
-        poll(old_is_live_observer, 120, "the old disk fetching as an observer")
+        wait_until("the old disk fetching as an observer", old_is_live_observer, 120, errors=NOT_YET)
         w.passes_after(10)
         now = describe(k)
         assert (victim, new) in {(v["id"], v["uuid"]) for v in now["voters"]}
@@ -218,20 +241,23 @@ def test_watch_through_a_broker_only(kafka_controllers: KafkaControllers, tmp_pa
     """Only a broker's address is given: the broker forwards DescribeQuorum, RemoveRaftVoter and
     AddRaftVoter to the active controller."""
     k = kafka_controllers
-    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    d = wait_until("three caught-up voters", lambda: whole(k), 120, errors=NOT_YET)
     broker = k.add_broker()
     w = Watcher(
         broker.endpoint, tmp_path / "events", "--stabilization-seconds", "0", flag="--kafka-bootstrap-servers"
     ).start()
     try:
-        poll(
+        wait_until(
+            "the watcher sees the quorum through the broker",
             lambda: w.status().get("phase") == "Running",
             120,
-            "the watcher sees the quorum through the broker",
+            errors=NOT_YET,
         )
         victim = next(i for i in k.controllers if i != d["leader_id"])
         new = str(base64_to_uuid(k.replace_disk(victim)))
-        healed = poll(lambda: whole(k), 180, f"controller {victim} healed through the broker")
+        healed = wait_until(
+            f"controller {victim} healed through the broker", lambda: whole(k), 180, errors=NOT_YET,
+        )
         assert (victim, new) in {(v["id"], v["uuid"]) for v in healed["voters"]}
         evs = recovery_of(w, victim, new)
         assert [e["type"] for e in evs] == SUCCESS and {e["cluster"] for e in evs} == {k.cluster_id}
@@ -245,7 +271,7 @@ def test_add_then_remove_is_refused_by_kafka_and_changes_nothing(
     """Kafka keeps one directory id per voter id: AddThenRemove ends in recovery_failed naming
     DUPLICATE_VOTER, and the voter set is left as it was (the reason RemoveThenAdd is the default)."""
     k = kafka_controllers
-    d = poll(lambda: whole(k), 120, "three caught-up voters")
+    d = wait_until("three caught-up voters", lambda: whole(k), 120, errors=NOT_YET)
     w = Watcher(
         k.bootstrap, tmp_path / "events", "--stabilization-seconds", "0", "--order", "AddThenRemove"
     ).start()

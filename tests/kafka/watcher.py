@@ -16,16 +16,15 @@ from typing import Any, TypeVar
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, free_port
 
 from quorum.types import KraftError
-from tests.polling import wait_until
+from testkit.polling import wait_until
 
 T = TypeVar("T")
 
 
-def poll(
-    cond: Callable[[], T | None], within: float, what: str, interval: float = 0.2,
-    context: Callable[[], str] | None = None,
-) -> T:
-    return wait_until(what, cond, within, interval, errors=(OSError, ValueError, KraftError), context=context)
+# What counts as "not yet" while waiting on a Kafka controller or the watcher: a connection that
+# fails, a body that does not parse, a Kafka error answer. An AssertionError (the watcher exited)
+# ends the wait at once.
+NOT_YET: tuple[type[BaseException], ...] = (OSError, ValueError, KraftError)
 
 
 def context_of(k: KafkaControllers, w: Watcher | None = None, lines: int = 15) -> Callable[[], str]:
@@ -83,7 +82,7 @@ class Watcher:
                 stderr=subprocess.STDOUT,
                 env=self.env,
             )
-        poll(lambda: self.status().get("passes", 0) > 0, 60, "the watcher's first pass")
+        wait_until("the watcher's first pass", lambda: self.status().get("passes", 0) > 0, 60, errors=NOT_YET)
         return self
 
     def status(self) -> dict[str, Any]:
@@ -102,7 +101,12 @@ class Watcher:
     def passes_after(self, n: int) -> int:
         """Wait until ``n`` more passes have run; returns the pass count."""
         start = self.status()["passes"]
-        return poll(lambda: (p := self.status()["passes"]) >= start + n and p, 60, f"{n} watcher passes")
+        return wait_until(
+            f"{n} watcher passes",
+            lambda: (p := self.status()["passes"]) >= start + n and p,
+            60,
+            errors=NOT_YET,
+        )
 
     def stop(self, kill: bool = False) -> None:
         p = self.proc

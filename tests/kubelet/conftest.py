@@ -40,8 +40,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from testkit.polling import wait_until
 from tests.conftest import ImageBuild
-from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_SH = REPO / "scripts" / "k8s-node.sh"

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import yaml
 
+from testkit.polling import wait_until
 from tests.alerts.promql import dashboard, dashboard_exprs, metric_names, rule_exprs, rule_groups, tool
 from tests.kubelet.conftest import OPERATOR_NS, QUORUM, QUORUM_NS, NodeCluster, wait_available
 from tests.kubelet.test_e2e import Writer, read_back, voter_uuids
-from tests.polling import wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 

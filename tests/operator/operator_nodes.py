@@ -7,21 +7,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_MOUNT, DATA_DIR
 from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT
 
-from quorum.localports import free_port_range
-from tests.polling import wait_until
+from testkit.launchers import (
+    kraftkeeper_argv,
+    reported_base_port,
+    start_operator_local,
+    stop_process,
+    tail_of,
+)
+from testkit.polling import ANY_ERROR, wait_until
 
 T = TypeVar("T")
 
@@ -38,11 +41,6 @@ def engine_missing() -> str | None:
 
 
 
-def poll(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
-    # Keeps polling through transient errors and reports the last one.
-    return wait_until(what, fn, timeout, every, errors=(Exception,))
-
-
 def kk(
     *args: str, timeout: float = 60.0, client_config: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -51,7 +49,7 @@ def kk(
     if client_config is not None:
         env["KRAFTKEEPER_CLIENT_CONFIG"] = str(client_config)
     return subprocess.run(
-        [sys.executable, "-m", "quorum.cli", *args],
+        kraftkeeper_argv(*args),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -80,66 +78,19 @@ class LocalCluster:
         self.log = d.parent / f"{d.name}-operator.log"
         self._extra = list(extra or [])
         # A given base port: supervising an existing cluster directory again (it is fixed there).
-        if base_port is not None:
-            self._start(d, base_port, cluster_id)
-            return
-        # A drawn one is free only until the operator binds it, seconds later on a loaded machine
-        # (its status server binds it after formatting the nodes); another test drawing ports in
-        # between takes it now and then. Such a start is redone on a fresh directory and block:
-        # a collision between tests, not the behaviour under test.
-        for attempt in range(3):
-            self._start(d, free_port_range(nodes + 1), cluster_id)
-            if attempt == 2 or not self._lost_its_port():
-                return
-            shutil.rmtree(d, ignore_errors=True)
-
-    def _start(self, d: Path, base: int, cluster_id: str | None) -> None:
-        self.base = base
+        # Otherwise the operator chooses a free block, binds its own port and only then reports
+        # the block in cluster.json (no other process can take that port in between).
         if cluster_id is not None:
             # Stand-in for pods: the cluster id the StatefulSet's format command uses, so that the
-            # pod's real init container accepts these node directories (--ignore-formatted checks it).
+            # pod's real init container accepts these node directories (--ignore-formatted checks
+            # it). Base port 0: chosen by the operator at its first start.
             d.mkdir(parents=True, exist_ok=True)
             (d / "cluster.json").write_text(
-                json.dumps({"cluster_id": cluster_id, "nodes": self.nodes, "base_port": base}) + "\n"
+                json.dumps({"cluster_id": cluster_id, "nodes": self.nodes, "base_port": 0}) + "\n"
             )
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorum.cli",
-                "operator",
-                "local",
-                "--dir",
-                str(d),
-                "--nodes",
-                str(self.nodes),
-                "--base-port",
-                str(base),
-                "--interval",
-                "0.3",
-                *(["--insecure"] if self.insecure else []),
-                *self._extra,
-            ],
-            stdout=self.log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def _lost_its_port(self) -> bool:
-        """Whether the operator exited because its status port was taken (waits until it
-        either serves ``/status`` or exits)."""
-
-        def settled() -> bool:
-            if self.proc.poll() is not None:
-                return True
-            try:
-                self.status()
-            except OSError:
-                return False
-            return True
-
-        poll("operator local serving /status (or exited)", settled, timeout=120)
-        return self.proc.poll() is not None and "address already in use" in self.tail(5)
+        extra_args = ["--interval", "0.3", *(["--insecure"] if self.insecure else []), *self._extra]
+        self.proc = start_operator_local(d, self.nodes, base_port or 0, extra_args, self.log)
+        self.base = base_port or reported_base_port(d, self.proc, self.log)
 
     def endpoint(self, i: int) -> str:
         return f"127.0.0.1:{self.base + i}"
@@ -150,7 +101,7 @@ class LocalCluster:
 
     def kk(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         if self.client_config is not None:
-            poll("client.json written", self.client_config.exists, timeout=60)
+            wait_until("client.json written", self.client_config.exists, 60, errors=ANY_ERROR)
         return kk(*args, timeout=timeout, client_config=self.client_config)
 
     def bootstrap(self) -> str:
@@ -183,27 +134,6 @@ class LocalCluster:
 
     def tail(self, n: int = 40) -> str:
         return tail_of(self.log, n)
-
-
-def stop_process(proc: subprocess.Popen[Any], grace_s: float = 30) -> int:
-    """SIGTERM, then after ``grace_s`` SIGKILL to the whole process group (it was started in a
-    session of its own); the exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return int(proc.returncode or 0)
-
-
-def tail_of(log: Path, n: int = 40) -> str:
-    """The last ``n`` lines of a process's log ("" before it exists)."""
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 def hold(d: Path, node: int) -> Path:
@@ -254,6 +184,12 @@ def run_format_container(
 STALE_NODE_CONFIG = {"raft": {"fetch_timeout_ms": 8000}}
 
 
+def wait_held_stopped(d: Path, node: int) -> None:
+    """Wait until the supervisor of the local cluster in ``d`` stopped held node ``node``."""
+    f = d / "control" / f"node-{node}.stopped"
+    wait_until(f"node {node} stopped", f.exists, 60, 0.05)
+
+
 def log_state(endpoint: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{endpoint}/v1/node/log-state", timeout=3) as r:
         data: dict[str, Any] = json.loads(r.read())
@@ -281,13 +217,13 @@ def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]
     Running: A (last epoch e, the longest log) and B (last epoch > e, shorter). Returns (A, B).
     Hold files are appended to ``holds`` (the caller deletes them)."""
     ids = list(range(1, c.nodes + 1))
-    first = poll("a leader with every voter's UUID known", c.describe_all_known, timeout=120)
+    first = wait_until("a leader with every voter's UUID known", c.describe_all_known, 120, errors=ANY_ERROR)
     a = int(first["leader_id"])
     others = [i for i in ids if i != a]
     held = {i: hold(c.dir, i) for i in others}
     holds.extend(held.values())
     for i in others:
-        poll(f"node {i} stopped", lambda i=i: (c.dir / "control" / f"node-{i}.stopped").exists(), 60, 0.05)
+        wait_held_stopped(c.dir, i)
     before = log_state(c.endpoint(a))
     assert before["role"] == "leader", f"node {a} resigned before the stale writes: {before}"
     writers = [
@@ -298,43 +234,48 @@ def make_stale_longer_log(c: LocalCluster, holds: list[Path]) -> tuple[int, int]
     ]
     for t in writers:  # at once: the window closes at A's fetch timeout
         t.start()
-    stale = poll(
+    stale = wait_until(
         f"node {a} appended the stale writes",
         lambda: (s := log_state(c.endpoint(a)))["end_offset"] >= before["end_offset"] + 20 and s,
-        timeout=30,
+        30,
+        errors=ANY_ERROR,
     )
     for t in writers:
         t.join()
     holds.append(hold(c.dir, a))
-    poll(f"node {a} stopped", lambda: (c.dir / "control" / f"node-{a}.stopped").exists(), 60, 0.05)
+    wait_held_stopped(c.dir, a)
     b, rest = others[0], others[1:3]
     for i in (b, *rest):
         held[i].unlink()
     eps = ",".join(c.endpoint(i) for i in (b, *rest))
-    put = poll(
+    put = wait_until(
         "fresh = yes committed at a newer epoch",
         lambda: (p := c.kk("kv", "put", "--bootstrap", eps, "fresh", "yes")).returncode == 0 and p,
-        timeout=120,
-        every=0.5,
+        120,
+        0.5,
+        errors=ANY_ERROR,
     )
     assert put.returncode == 0
-    fresh = poll(
+    fresh = wait_until(
         f"node {b} has the committed write",
         lambda: (
             (s := log_state(c.endpoint(b)))["high_watermark"] >= s["end_offset"] > 0
             and s["last_epoch"] > stale["last_epoch"]
             and s
         ),
-        timeout=60,
+        60,
+        errors=ANY_ERROR,
     )
     for i in rest:
         holds.append(hold(c.dir, i))
-        poll(f"node {i} stopped", lambda i=i: (c.dir / "control" / f"node-{i}.stopped").exists(), 60, 0.05)
+        wait_held_stopped(c.dir, i)
     # B may be the leader; alone it resigns after its fetch timeout. Only then may A come back,
     # or A would follow B and lose its stale tail before anyone looked at it.
-    poll(f"node {b} not leading", lambda: log_state(c.endpoint(b))["role"] != "leader", timeout=60)
+    wait_until(
+        f"node {b} not leading", lambda: log_state(c.endpoint(b))["role"] != "leader", 60, errors=ANY_ERROR,
+    )
     holds[holds.index(c.dir / "control" / f"node-{a}.hold")].unlink()
-    st = poll(f"node {a} back", lambda: log_state(c.endpoint(a)), timeout=60)
+    st = wait_until(f"node {a} back", lambda: log_state(c.endpoint(a)), 60, errors=ANY_ERROR)
     # The case under test: the longer log is the stale one.
     assert st["end_offset"] > fresh["end_offset"] and st["last_epoch"] < fresh["last_epoch"], (st, fresh)
     return a, b

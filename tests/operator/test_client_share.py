@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from quorum.client import QuorumClient
-from tests.operator.operator_nodes import LocalCluster, engine_missing, poll
+from testkit.polling import ANY_ERROR, wait_until
+from tests.operator.operator_nodes import LocalCluster, engine_missing
 
 
 @pytest.fixture
@@ -47,7 +48,12 @@ def test_describe_answers_from_the_live_node_next_to_a_blackhole(tmp_path: Path,
     c = LocalCluster(tmp_path / "nodes", 1, insecure=True)
     try:
         live = c.endpoint(1)
-        poll("the node leads", lambda: (x := c.describe()) is not None and x["leader_id"] == 1, timeout=90)
+        wait_until(
+            "the node leads",
+            lambda: (x := c.describe()) is not None and x["leader_id"] == 1,
+            90,
+            errors=ANY_ERROR,
+        )
 
         async def run() -> tuple[dict[str, object], dict[str, object]]:
             # The blackhole first: without a per-address share its connect takes the whole 3 s

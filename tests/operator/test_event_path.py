@@ -6,7 +6,11 @@ loses. Read from the source with ``ast``."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
+
+import kopf
+import pytest
 
 OP = Path(__file__).resolve().parents[2] / "operator" / "kraftkeeper_operator"
 KOPF_POSTERS = {"info", "warn", "event", "exception"}
@@ -42,3 +46,17 @@ def test_the_checker_sees_a_kopf_post(tmp_path: Path) -> None:
     p = tmp_path / "m.py"
     p.write_text("import kopf\n\ndef f(b):\n    kopf.warn(b, reason='R', message='m')\n")
     assert _kopf_posts(p) == ["kopf.warn at line 4"]
+
+
+def test_kopf_posts_no_log_line_as_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's ``settings.posting`` (every handler log line as an Event, through the same queue) is
+    off from the first thing the startup handler does: a startup refused for a bad setting has
+    already turned it off."""
+    from kraftkeeper_operator.k8s import handlers
+
+    settings = kopf.OperatorSettings()
+    assert settings.posting.enabled  # kopf's default, which the operator turns off
+    monkeypatch.setenv("KRAFTKEEPER_RECONCILE_INTERVAL", "soon")
+    with pytest.raises(kopf.PermanentError, match="KRAFTKEEPER_RECONCILE_INTERVAL"):
+        asyncio.run(handlers.startup(settings=settings, memo=kopf.Memo()))
+    assert settings.posting.enabled is False

@@ -22,8 +22,9 @@ from kraftkeeper_operator.local.operator import local_main
 from kraftkeeper_operator.telemetry import EventLogSink, FanOut, MemorySink
 from kraftkeeper_operator.testing.memory import InMemoryQuorum
 
+from testkit.polling import ANY_ERROR, wait_until
 from tests.operator.helpers import FULL, Clock, OperatorCrash
-from tests.operator.operator_nodes import LocalCluster, engine_missing, poll
+from tests.operator.operator_nodes import LocalCluster, engine_missing
 
 POLICY = RecoveryPolicy(stabilization_seconds=2, max_lag=10, timeout_seconds=300, live_window_seconds=3)
 
@@ -220,7 +221,7 @@ def test_local_operator_exits_after_add_voter_committed_and_resumes_with_remove_
     monkeypatch.setenv(failpoints.ENV, failpoints.AFTER_ADD_COMMITTED)
     c = LocalCluster(d, 3, extra=extra, insecure=True)
     try:
-        first = poll("a leader and 3 known voters", c.describe_all_known, timeout=120)
+        first = wait_until("a leader and 3 known voters", c.describe_all_known, 120, errors=ANY_ERROR)
         victim = next(v["id"] for v in first["voters"] if v["id"] != first["leader_id"])
         old = next(v["uuid"] for v in first["voters"] if v["id"] == victim)
         out = c.kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
@@ -239,12 +240,13 @@ def test_local_operator_exits_after_add_voter_committed_and_resumes_with_remove_
     monkeypatch.delenv(failpoints.ENV)
     c = LocalCluster(d, 3, extra=extra, base_port=c.base, insecure=True)  # the restarted operator
     try:
-        done = poll(
+        done = wait_until(
             "the recovery completed after the restart",
             lambda: [
                 r for r in c.status()["recoveries"] if r["newUuid"] == new and r["phase"] == "Completed"
             ],
-            timeout=180,
+            180,
+            errors=ANY_ERROR,
         )[0]
         assert done["oldUuid"] == old
         keys = {(v["id"], v["uuid"]) for v in (c.describe() or {"voters": []})["voters"]}

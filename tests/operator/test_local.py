@@ -14,13 +14,13 @@ from kraftkeeper_operator.local.cluster import ClusterLayout
 from kraftkeeper_operator.local.operator import local_main, replace_disk_main
 
 from quorum.storage.meta import load_meta
+from testkit.polling import ANY_ERROR, wait_until
 from tests.operator.helpers import FULL
 from tests.operator.operator_nodes import (
     STALE_NODE_CONFIG,
     LocalCluster,
     engine_missing,
     make_stale_longer_log,
-    poll,
 )
 
 
@@ -185,7 +185,7 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
     d = tmp_path / "demo"
     c = LocalCluster(d, 3, extra=["--stabilization-seconds", "1", "--live-window-seconds", "3"])
     try:
-        first = poll(
+        first = wait_until(
             "a leader and 3 voters",
             lambda: (
                 (x := c.describe())
@@ -194,7 +194,7 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
                 and all(v["uuid"] for v in x["voters"])
                 and x
             ),
-            timeout=90,
+            90, errors=ANY_ERROR,
         )
         assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
         victim = int(first["leader_id"])  # the leader's disk is the awkward one
@@ -213,11 +213,11 @@ def test_local_mode_recovers_a_replaced_disk_automatically(tmp_path: Path) -> No
             keys = {(v["id"], v["uuid"]) for v in x["voters"]}
             return x if (victim, new) in keys and (victim, old) not in keys and len(keys) == 3 else None
 
-        poll("voters swapped (leader, old) -> (leader, new)", swapped, timeout=120)
-        st = poll(
+        wait_until("voters swapped (leader, old) -> (leader, new)", swapped, 120, errors=ANY_ERROR)
+        st = wait_until(
             "status shows the recovery completed",
             lambda: [r for r in c.status()["recoveries"] if r["phase"] == "Completed"],
-            timeout=30,
+            30, errors=ANY_ERROR,
         )
         # /status takes no credential: it names no storage UUID (the state file, 0600, does)
         assert st[0]["replicaId"] == victim and "newUuid" not in st[0]
@@ -248,15 +248,17 @@ def test_supervisor_restarts_a_node_that_dies(tmp_path: Path) -> None:
     c = LocalCluster(d, 3, extra=["--no-recovery"])
     try:
         pidfile = d / "control" / "node-2.pid"
-        pid = poll("node 2 started", lambda: pidfile.exists() and int(pidfile.read_text()), timeout=60)
+        pid = wait_until(
+            "node 2 started", lambda: pidfile.exists() and int(pidfile.read_text()), 60, errors=ANY_ERROR,
+        )
         os.kill(pid, signal.SIGKILL)
-        newpid = poll(
+        newpid = wait_until(
             "node 2 restarted",
             lambda: pidfile.exists() and (p := int(pidfile.read_text())) != pid and p,
-            timeout=60,
+            60, errors=ANY_ERROR,
         )
         assert newpid != pid
-        poll("a leader", lambda: (x := c.describe()) and x["leader_id"] > 0, timeout=90)
+        wait_until("a leader", lambda: (x := c.describe()) and x["leader_id"] > 0, 90, errors=ANY_ERROR)
     finally:
         assert c.stop() == 0, c.tail()
 
@@ -269,26 +271,26 @@ def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -
     d = tmp_path / "u"
     c = LocalCluster(d, 3, extra=["--live-window-seconds", "2", "--unclean-after-seconds", "3"])
     try:
-        poll(
+        wait_until(
             "a leader and 3 known voters",
             lambda: (x := c.describe()) and x["leader_id"] > 0 and all(v["uuid"] for v in x["voters"]) and x,
-            timeout=90,
+            90, errors=ANY_ERROR,
         )
         assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
-        poll(
+        wait_until(
             "k1 on every voter",
             lambda: (
                 (x := c.describe()) and all(v["log_end_offset"] >= x["high_watermark"] for v in x["voters"])
             ),
-            timeout=30,
+            30, errors=ANY_ERROR,
         )
         for node in (2, 3):  # the supervisor keeps a held node stopped while the holder lives
             (d / "control" / f"node-{node}.hold").write_text(f"{os.getpid()}\n")
         for node in (2, 3):
-            poll(
+            wait_until(
                 f"node {node} stopped",
                 lambda n=node: (d / "control" / f"node-{n}.stopped").exists(),
-                timeout=60,
+                60, errors=ANY_ERROR,
             )
 
         def sole_voter() -> dict[str, object] | None:
@@ -297,7 +299,7 @@ def test_unclean_recovery_after_losing_a_majority_when_allowed(tmp_path: Path) -
                 return None
             return x if [v["id"] for v in x["voters"]] == [1] else None
 
-        poll("node 1 sole voter, RECOVERED", sole_voter, timeout=120)
+        wait_until("node 1 sole voter, RECOVERED", sole_voter, 120, errors=ANY_ERROR)
         got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert got.returncode == 0 and got.stdout.strip() == "v1"  # the survivor had it
         assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k2", "v2").returncode == 0  # writable again
@@ -334,10 +336,10 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(tmp_path: 
             base_port=c.base,
             insecure=True,
         )
-        events = poll(
+        events = wait_until(
             "an unclean recovery",
             lambda: [e for e in read_events(d) if e["type"] == "unclean_recovery"],
-            timeout=120,
+            120, errors=ANY_ERROR,
         )
         assert len(events) == 1 and events[0]["replica_id"] == fresh, (events, stale, fresh)
         detail = events[0]["detail"]
@@ -346,10 +348,10 @@ def test_unclean_survivor_is_the_newer_epoch_not_the_longer_stale_log(tmp_path: 
         assert sorted(cands) == sorted([str(stale), str(fresh)])
         assert cands[str(stale)][1] > cands[str(fresh)][1]  # the longer log lost ...
         assert cands[str(stale)][0] < cands[str(fresh)][0]  # ... because its last epoch is older
-        poll(
+        wait_until(
             "the committed write readable after the recovery",
             lambda: c.kk("kv", "get", "--bootstrap", c.bootstrap(), "fresh").stdout.strip() == "yes",
-            timeout=120,
+            120, errors=ANY_ERROR,
         )
         got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "stale-0")
         assert got.returncode != 0 and "NOT_FOUND" in got.stderr, got
@@ -370,24 +372,24 @@ def test_local_mode_remove_then_add_order(tmp_path: Path) -> None:
         d, 3, extra=["--order", "RemoveThenAdd", "--stabilization-seconds", "1", "--live-window-seconds", "3"]
     )
     try:
-        first = poll(
+        first = wait_until(
             "a leader and 3 known voters",
             lambda: (x := c.describe()) and x["leader_id"] > 0 and all(v["uuid"] for v in x["voters"]) and x,
-            timeout=90,
+            90, errors=ANY_ERROR,
         )
         victim = next(v["id"] for v in first["voters"] if v["id"] != first["leader_id"])
         old = next(v["uuid"] for v in first["voters"] if v["id"] == victim)
         out = c.kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
         assert out.returncode == 0, out.stderr
         new = out.stdout.strip().splitlines()[-1]
-        done = poll(
+        done = wait_until(
             "recovery finished",
             lambda: [
                 r
                 for r in c.status()["recoveries"]
                 if r["phase"] in ("Completed", "Failed") and r["replicaId"] == victim
             ],
-            timeout=120,
+            120, errors=ANY_ERROR,
         )[0]
         seq = [e["type"] for e in read_events(d) if e["new_uuid"] == new]
         keys = {(v["id"], v["uuid"]) for v in (c.describe() or {"voters": []})["voters"]}
@@ -407,7 +409,7 @@ def test_two_disks_replaced_in_a_five_node_cluster_recover_one_after_the_other(t
     d = tmp_path / "five"
     c = LocalCluster(d, 5, extra=["--stabilization-seconds", "1", "--live-window-seconds", "3"])
     try:
-        first = poll(
+        first = wait_until(
             "a leader and 5 known voters",
             lambda: (
                 (x := c.describe())
@@ -416,7 +418,7 @@ def test_two_disks_replaced_in_a_five_node_cluster_recover_one_after_the_other(t
                 and all(v["uuid"] for v in x["voters"])
                 and x
             ),
-            timeout=120,
+            120, errors=ANY_ERROR,
         )
         assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
         victims = [v["id"] for v in first["voters"] if v["id"] != first["leader_id"]][:2]
@@ -433,7 +435,7 @@ def test_two_disks_replaced_in_a_five_node_cluster_recover_one_after_the_other(t
             keys = {(v["id"], v["uuid"]) for v in x["voters"]}
             return x if all((n, u) in keys for n, u in news.items()) and len(keys) == 5 else None
 
-        poll("both replaced disks are voters again", both_done, timeout=180)
+        wait_until("both replaced disks are voters again", both_done, 180, errors=ANY_ERROR)
         events = read_events(d)
         changes = [
             (e["type"], e["replica_id"]) for e in events if e["type"].endswith(("_started", "_committed"))

@@ -17,7 +17,8 @@ from quorum.security.pki import identity_from_cert
 from quorum.storage import METADATA_DIR
 from quorum.storage.log import SegmentedLog
 from quorum.storage.meta import load_meta
-from tests.operator.operator_nodes import LocalCluster, hold, poll
+from testkit.polling import ANY_ERROR, wait_until
+from tests.operator.operator_nodes import LocalCluster, hold
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def test_a_damaged_follower_is_moved_aside_and_replaced(tmp_path: Path) -> None:
     d = tmp_path / "dmg"
     c = LocalCluster(d, 3, extra=["--stabilization-seconds", "1", "--live-window-seconds", "3"])
     try:
-        first = poll("a leader and 3 known voters", c.describe_all_known, timeout=90)
+        first = wait_until("a leader and 3 known voters", c.describe_all_known, 90, errors=ANY_ERROR)
         for i in range(4):
             assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), f"d-{i}", f"v{i}").returncode == 0
         victim = next(v["id"] for v in first["voters"] if v["id"] != first["leader_id"])
@@ -53,9 +54,14 @@ def test_a_damaged_follower_is_moved_aside_and_replaced(tmp_path: Path) -> None:
             end = max((v.get("log_end_offset", -1) for v in x.get("voters", [])), default=-1)
             return any(v["id"] == victim and v.get("log_end_offset") == end for v in x.get("voters", []))
 
-        poll("the victim caught up", caught_up, timeout=60)
+        wait_until("the victim caught up", caught_up, 60, errors=ANY_ERROR)
         h = hold(d, victim)
-        poll("the victim stopped", lambda: (d / "control" / f"node-{victim}.stopped").exists(), timeout=60)
+        wait_until(
+            "the victim stopped",
+            lambda: (d / "control" / f"node-{victim}.stopped").exists(),
+            60,
+            errors=ANY_ERROR,
+        )
         seg, _ = _damage_second_last_batch(d / f"node-{victim}", random.Random(856))
         h.unlink()  # the supervisor starts it again: it stops on its damaged log
 
@@ -67,7 +73,7 @@ def test_a_damaged_follower_is_moved_aside_and_replaced(tmp_path: Path) -> None:
             news = [u for i, u in keys if i == victim and u != old]
             return x if news and (victim, old) not in keys and len(keys) == 3 else None
 
-        after = poll("the damaged disk replaced", swapped, timeout=150)
+        after = wait_until("the damaged disk replaced", swapped, 150, errors=ANY_ERROR)
         new = next(v["uuid"] for v in after["voters"] if v["id"] == victim)
         # The damaged log is kept beside, renamed; the node runs on a new disk with its own credential.
         aside = sorted(d.glob(f"node-{victim}.damaged-*"))

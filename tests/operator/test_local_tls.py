@@ -26,7 +26,8 @@ from quorum.client import QuorumClient
 from quorum.security.clientconfig import load_client_config
 from quorum.security.pki import identity_from_cert, init_ca
 from quorum.types import ErrorCode, KraftError
-from tests.operator.operator_nodes import LocalCluster, engine_missing, poll
+from testkit.polling import ANY_ERROR, wait_until
+from tests.operator.operator_nodes import LocalCluster, engine_missing
 
 needs_engine = pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 
@@ -144,7 +145,7 @@ def test_tls_by_default_and_insecure_turns_it_off(tmp_path: Path) -> None:
     d = tmp_path / "c"
     c = LocalCluster(d, 3, extra=["--stabilization-seconds", "1", "--live-window-seconds", "3"])
     try:
-        first = poll("a leader and 3 voters", c.describe_all_known, timeout=90)
+        first = wait_until("a leader and 3 voters", c.describe_all_known, 90, errors=ANY_ERROR)
         assert c.kk("kv", "put", "--bootstrap", c.bootstrap(), "k1", "v1").returncode == 0
         ep = c.endpoint(1)
         ca = ssl.create_default_context(cafile=str(d / "tls" / "ca.crt"))
@@ -166,13 +167,14 @@ def test_tls_by_default_and_insecure_turns_it_off(tmp_path: Path) -> None:
         out = c.kk("cluster", "replace-disk", "--dir", str(d), "--node", str(victim))
         assert out.returncode == 0, out.stderr
         new = out.stdout.strip().splitlines()[-1]
-        poll(
+        wait_until(
             "voters swapped to the new disk",
             lambda: (x := c.describe())
             and x["pending_voter_change"] is None
             and {(v["id"], v["uuid"]) for v in x["voters"]} >= {(victim, new)}
             and (victim, old) not in {(v["id"], v["uuid"]) for v in x["voters"]},
-            timeout=120,
+            120,
+            errors=ANY_ERROR,
         )
         pem = (d / "tls" / f"node-{victim}.crt").read_bytes()
         assert pem != cert_before
@@ -184,8 +186,10 @@ def test_tls_by_default_and_insecure_turns_it_off(tmp_path: Path) -> None:
     # The same directory with --insecure: plaintext on loopback, and no client.json left behind.
     c = LocalCluster(d, 3, base_port=c.base, insecure=True, extra=["--no-recovery"])
     try:
-        poll("client.json removed", lambda: not (d / "client.json").exists(), timeout=60)
-        poll("a plaintext leader", lambda: (x := c.describe()) and x["leader_id"] > 0, timeout=90)
+        wait_until("client.json removed", lambda: not (d / "client.json").exists(), 60, errors=ANY_ERROR)
+        wait_until(
+            "a plaintext leader", lambda: (x := c.describe()) and x["leader_id"] > 0, 90, errors=ANY_ERROR,
+        )
         got = c.kk("kv", "get", "--bootstrap", c.bootstrap(), "k1")
         assert got.returncode == 0 and got.stdout.strip() == "v1"
     finally:
@@ -251,29 +255,33 @@ def test_certificates_rotate_one_node_at_a_time_under_writes(tmp_path: Path) -> 
     w = _Writer(c)
     try:
         try:
-            poll("a leader and 3 voters", c.describe_all_known, timeout=90)
+            wait_until("a leader and 3 voters", c.describe_all_known, 90, errors=ANY_ERROR)
             serials = {i: _cert(d / "tls" / f"node-{i}.crt").serial_number for i in (1, 2, 3)}
             w.start()
-            poll("some writes acknowledged", lambda: len(w.acked) > 20, timeout=60)
-            rotations = poll(
+            wait_until("some writes acknowledged", lambda: len(w.acked) > 20, 60, errors=ANY_ERROR)
+            rotations = wait_until(
                 "every node rotated at least once",
                 lambda: (r := c.status().get("certificateRotations") or {})
                 and all(r.get(str(i), 0) >= 1 for i in (1, 2, 3))
                 and r,
-                timeout=180,
+                180,
+                errors=ANY_ERROR,
             )
             # A slow start may let a first rotation land before the serials above were read;
             # every node is due again ~15 s later, so each one's file changes while we watch.
-            poll(
+            wait_until(
                 "every node's certificate file replaced",
                 lambda: all(_cert(d / "tls" / f"node-{i}.crt").serial_number != s
                             for i, s in serials.items()),
-                timeout=120,
+                120,
+                errors=ANY_ERROR,
             )
             n = len(w.acked)
-            poll("writes continue after the rotations", lambda: len(w.acked) > n + 20, timeout=60)
+            wait_until(
+                "writes continue after the rotations", lambda: len(w.acked) > n + 20, 60, errors=ANY_ERROR,
+            )
             # never more than one node down: the quorum kept a leader and all three voters
-            x = poll("3 voters", c.describe_all_known, timeout=60)
+            x = wait_until("3 voters", c.describe_all_known, 60, errors=ANY_ERROR)
             assert len(x["voters"]) == 3, (x, rotations)
         finally:
             w.stop_flag.set()

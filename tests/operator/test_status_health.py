@@ -19,7 +19,8 @@ from kraftkeeper_operator.telemetry import MemorySink, OperatorMetrics
 from prometheus_client import generate_latest
 
 from quorum.types import ErrorCode, KraftError
-from tests.operator.operator_nodes import LocalCluster, engine_missing, poll
+from testkit.polling import ANY_ERROR, wait_until
+from tests.operator.operator_nodes import LocalCluster, engine_missing
 
 NOW = 1_700_000_000_000
 WINDOW = 5_000
@@ -200,9 +201,9 @@ def test_restarting_the_leader_node_never_shows_quorum_lost(tmp_path: Path) -> N
         tmp_path / "roll", 3, extra=["--no-recovery", "--live-window-seconds", "5"], insecure=True
     )
     try:
-        first = poll("a leader and 3 known voters", c.describe_all_known, timeout=120)
+        first = wait_until("a leader and 3 known voters", c.describe_all_known, 120, errors=ANY_ERROR)
         leader = int(first["leader_id"])
-        poll("status Running", lambda: c.status().get("phase") == "Running", timeout=60)
+        wait_until("status Running", lambda: c.status().get("phase") == "Running", 60, errors=ANY_ERROR)
         pidfile = c.dir / "control" / f"node-{leader}.pid"
         pid = int(pidfile.read_text())
         os.kill(pid, signal.SIGTERM)  # the leader resigns and stops; the supervisor restarts it
@@ -215,7 +216,7 @@ def test_restarting_the_leader_node_never_shows_quorum_lost(tmp_path: Path) -> N
             restarted = pidfile.exists() and int(pidfile.read_text()) != pid
             return restarted and st["phase"] == "Running" and st["leaderId"] > 0 and len(seen) > 20
 
-        poll("the quorum Running again with the node restarted", settled, timeout=120, every=0.1)
+        wait_until("the quorum Running again with the node restarted", settled, 120, 0.1, errors=ANY_ERROR)
         assert ("QuorumLost", "True") not in seen and all(s == "False" for _, s in seen), seen
     finally:
         assert c.stop() == 0, c.tail()

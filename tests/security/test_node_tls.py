@@ -21,7 +21,8 @@ from quorum.runtime import wire
 from quorum.security.pki import peer_hostname
 from quorum.security.tlsctx import client_context
 from quorum.security.tokens import TOKENS_FILE, TokenStore
-from tests.engine.cluster import poll, run_cli
+from testkit.polling import ANY_ERROR, wait_until
+from tests.engine.cluster import run_cli
 from tests.tlsfixtures import CLUSTER, TlsCluster, make_tls_dir
 
 
@@ -163,7 +164,13 @@ def test_a_token_added_while_running_is_accepted(cluster: TlsCluster) -> None:
     (cluster.tls / "late.token").write_text(store.add("late", "readwrite"))
     store.save()
     (cluster.tls / "late.json").write_text(json.dumps({"ca_file": "ca.crt", "token_file": "late.token"}))
-    assert poll(lambda: _call(cluster, "late.json", lambda q: q.put("late", b"1")) >= 0, 30, "the new token")
+    assert wait_until(
+        "the new token",
+        lambda: _call(cluster, "late.json", lambda q: q.put("late", b"1")) >= 0,
+        30,
+        0.05,
+        errors=ANY_ERROR,
+    )
 
 
 def _frame(header: bytes) -> bytes:

@@ -91,7 +91,10 @@ async def _serve_metrics(ctx: OperatorContext) -> None:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = "kraftkeeper.io/cleanup"
-    settings.posting.level = logging.INFO
+    # kopf would also post every handler log line as an Event, through its queue (lost when the
+    # operator stops before it drains) and as a second copy of what we report: every Event goes
+    # through KubeApi.post_event / notify, awaited, and the log stays in the log.
+    settings.posting.enabled = False
     settings.watching.server_timeout = 120
     settings.networking.request_timeout = 60
     try:

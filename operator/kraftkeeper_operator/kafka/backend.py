@@ -55,8 +55,6 @@ from quorum.kafka.mapping import (
     describe_from_response,
     kafka_error,
 )
-from quorum.kafka.mapping import base64_to_uuid as base64_to_uuid  # re-exported: reports and benches use it
-from quorum.kafka.mapping import uuid_to_base64 as uuid_to_base64
 from quorum.kafka.schemas import SchemaJarMissing, membership_messages
 from quorum.types import ErrorCode, KraftError
 

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import re
 import ssl
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,9 @@ from kafka.protocol.sasl import (  # type: ignore[import-untyped]
     SaslHandshakeResponse,
 )
 
+from quorum.kafka.frames import MAX_RESPONSE_FRAME, FrameError, read_frame
 from quorum.properties import PropertiesError, parse_properties
 
-MAX_FRAME = 64 * 1024 * 1024
 CLIENT_ID = "kraftkeeper-operator"
 
 
@@ -322,11 +321,10 @@ class KafkaConnection:
             try:
                 self._writer.write(frame)
                 await self._writer.drain()
-                size_bytes = await self._reader.readexactly(4)
-                (size,) = struct.unpack(">i", size_bytes)
-                if not 0 < size <= MAX_FRAME:
-                    raise KafkaWireError(f"{self}: bad response frame size {size}")
-                body = await self._reader.readexactly(size)
+                body = await read_frame(self._reader, min_size=1, max_size=MAX_RESPONSE_FRAME)
+            except FrameError as e:
+                self._close_now()
+                raise KafkaWireError(f"{self}: bad response: {e}") from None
             except (asyncio.IncompleteReadError, ConnectionError) as e:
                 self._close_now()
                 raise KafkaWireError(f"{self}: connection closed by the node ({type(e).__name__})") from None

@@ -130,6 +130,11 @@ class ClusterLayout:
             have = cls._from_json(d)
             if nodes is not None and nodes != have.nodes:
                 raise ValueError(f"--nodes {nodes}: {d} was created with {have.nodes} nodes")
+            if have.base_port == 0 and base_port:
+                # Prepared without ports (base_port 0: "choose at the first start"): the block
+                # chosen now is recorded for every later start.
+                have.base_port = base_port
+                have.save()
             if base_port is not None and base_port != have.base_port:
                 raise ValueError(f"--base-port {base_port}: {d} was created with base port {have.base_port}")
             return have

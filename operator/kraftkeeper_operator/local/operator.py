@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from ..core.view import QuorumView
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, OperatorMetrics
 from .cluster import DEFAULT_BASE_PORT, ClusterLayout, pid_alive, replace_disk, write_atomic
+from .statusport import HOST, PortUnavailable, bind_free_block, bind_status
 from .supervisor import Supervisor
 from .tls import LocalTls, add_tls_args, remove_client_json, tls_from_args
 from .unclean import LocalUnclean
@@ -118,12 +120,14 @@ async def run_local(
     stop: asyncio.Event | None = None,
     node_config: Path | None = None,
     tls: LocalTls | None = None,
+    status_sock: socket.socket | None = None,
 ) -> None:
     """Supervise the cluster and run the recovery controller until ``stop`` is set. With
     ``tls`` (the default of the command line) the nodes serve https with mutual TLS between
     them, the controller uses the admin credential, and certificates are renewed before expiry
     (localtls.py); without it the nodes serve plaintext HTTP on loopback and no client.json
-    exists."""
+    exists. ``status_sock`` is the status port, already listening (statusport.py); without it the
+    port is bound here."""
     stop = stop or asyncio.Event()
     pidfile = _claim(layout)
     try:
@@ -136,6 +140,8 @@ async def run_local(
             await asyncio.to_thread(remove_client_json, layout.dir)
     except BaseException:
         pidfile.unlink(missing_ok=True)
+        if status_sock is not None:
+            status_sock.close()
         raise
     metrics = OperatorMetrics()
     state_path = layout.dir / "operator-state.json"
@@ -161,7 +167,7 @@ async def run_local(
 
     ctl.persist = persist
     server = StatusServer(metrics, redact=tls is not None)
-    await server.start("127.0.0.1", layout.base_port)
+    await server.start(HOST, layout.base_port, sock=status_sock)
     seen: dict[str, QuorumView | None] = {"view": None}
 
     def on_damage(i: int, message: str) -> bool:
@@ -264,6 +270,24 @@ async def _controller_pass(
 
 
 
+def _claim_ports(d: Path, nodes: int | None, requested: int | None) -> tuple[ClusterLayout, socket.socket]:
+    """The cluster directory's layout, with its operator port already listening (statusport.py).
+    ``requested`` 0 chooses a free block for a new directory (or one prepared with base port 0);
+    a directory that has its block keeps it."""
+    if requested == 0:
+        existing = ClusterLayout.load(d) if (d / "cluster.json").exists() else None
+        if existing is None or existing.base_port == 0:
+            base, sock = bind_free_block(nodes or (existing.nodes if existing else 3))
+            try:
+                return ClusterLayout.load_or_create(d, nodes, base), sock
+            except BaseException:
+                sock.close()
+                raise
+        requested = None
+    layout = ClusterLayout.load_or_create(d, nodes, requested)
+    return layout, bind_status(layout.base_port)
+
+
 def local_main(argv: list[str]) -> int:
     """``kraftkeeper operator local --dir DIR [--nodes 3] [--base-port PORT] [policy options]``."""
     p = ArgumentParser(prog="kraftkeeper operator local")
@@ -273,7 +297,8 @@ def local_main(argv: list[str]) -> int:
         "--base-port",
         type=int,
         default=None,
-        help=f"operator port; node i on PORT+i (default {DEFAULT_BASE_PORT})",
+        help=f"operator port; node i on PORT+i (default {DEFAULT_BASE_PORT}; 0: choose a free block, "
+        "written to DIR/cluster.json once the operator port is bound)",
     )
     p.add_argument(
         "--interval",
@@ -296,13 +321,23 @@ def local_main(argv: list[str]) -> int:
         if a.node_config is not None:
             # The nodes' own loader: a bad file is refused here, naming the key, not by N crash loops.
             load_config(a.node_config)
-        layout = ClusterLayout.load_or_create(Path(a.dir), a.nodes, a.base_port)
-        tls = tls_from_args(a, layout.dir, layout.cluster_id, list(range(1, layout.nodes + 1)))
+        layout, status_sock = _claim_ports(Path(a.dir), a.nodes, a.base_port)
     except (PolicyError, ValueError) as e:
         sys.stderr.write(f"INVALID_REQUEST: {e}\n")
         return 2
     except KraftError as e:
         sys.stderr.write(f"INVALID_REQUEST: --node-config {a.node_config}: {e.message}\n")
+        return 2
+    except PortUnavailable as e:  # the port is taken, or no free block was found
+        sys.stderr.write(f"UNAVAILABLE: operator port: {e}\n")
+        return 1
+    log.info("operator local: %s on %s:%d, node i on port %d+i", layout.dir, HOST, layout.base_port,
+             layout.base_port)
+    try:
+        tls = tls_from_args(a, layout.dir, layout.cluster_id, list(range(1, layout.nodes + 1)))
+    except ValueError as e:
+        status_sock.close()
+        sys.stderr.write(f"INVALID_REQUEST: {e}\n")
         return 2
 
     node_config = Path(a.node_config).resolve() if a.node_config else None
@@ -312,7 +347,10 @@ def local_main(argv: list[str]) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_local(layout, policy, interval=a.interval, stop=stop, node_config=node_config, tls=tls)
+        await run_local(
+            layout, policy, interval=a.interval, stop=stop, node_config=node_config, tls=tls,
+            status_sock=status_sock,
+        )
 
     try:
         asyncio.run(main())
