@@ -112,6 +112,11 @@ class Layout:
     def landed(self) -> Path:
         return self.root / "landed.json"
 
+    @property
+    def location(self) -> Path:
+        """Where the state was built: its checkpoint names the landed files by absolute path."""
+        return self.root / "location.json"
+
 
 def _is_url(p: str) -> bool:
     return "://" in p
@@ -247,6 +252,11 @@ def land(lay: Layout, roots: list[Path], now_s: float) -> None:
 def check_inputs(lay: Layout, inputs: list[str]) -> None:
     """Record the inputs of a new state; refuse other inputs for an existing one (its checkpoint
     and landing names are those inputs')."""
+    here = str(lay.root.resolve())
+    built = json.loads(lay.location.read_text()) if lay.location.exists() else here
+    if built != here:  # the checkpoint names the files it took by their paths there
+        raise StateError(f"--state {lay.root} was built at {built} and moved or copied here, so every line "
+                         "would be ingested again: use it where it was built, or --full to rebuild it here")
     if lay.inputs.exists():
         was = json.loads(lay.inputs.read_text())
         if was != inputs:
@@ -254,9 +264,11 @@ def check_inputs(lay: Layout, inputs: list[str]) -> None:
                 f"--state {lay.root} was built from other inputs ({', '.join(was)}); "
                 "give the same --events, or --full to rebuild it from these"
             )
-        return
-    lay.root.mkdir(parents=True, exist_ok=True)
-    atomic_write(lay.inputs, (json.dumps(inputs) + "\n").encode())
+    else:
+        lay.root.mkdir(parents=True, exist_ok=True)
+        atomic_write(lay.inputs, (json.dumps(inputs) + "\n").encode())
+    if not lay.location.exists():  # a state from before this record gets it on its next run
+        atomic_write(lay.location, (json.dumps(here) + "\n").encode())
 
 
 def _rows(batch: DataFrame) -> DataFrame:
@@ -410,18 +422,6 @@ def ingest(spark: SparkSession, lay: Layout, sources: list[str]) -> Ingested:
     return Ingested(len(new), events, quarantined, time.monotonic() - t0)
 
 
-def ledger(lay: Layout) -> dict[str, int]:
-    """Rows per table over every committed batch (the state's own count of its lines)."""
-    out = {"batches": 0, EVENTS: 0, QUARANTINE: 0}
-    if lay.batches.exists():
-        for p in lay.batches.glob("*.json"):
-            rows = json.loads(p.read_text())["rows"]
-            out["batches"] += 1
-            out[EVENTS] += rows[EVENTS]
-            out[QUARANTINE] += rows[QUARANTINE]
-    return out
-
-
 def reset(lay: Layout) -> None:
     """``--full``: forget everything ingested (the tables, checkpoint, landing links, partials)."""
     for d in (lay.events, lay.quarantine, lay.checkpoint, lay.batches, lay.landing, lay.staging,
@@ -429,6 +429,7 @@ def reset(lay: Layout) -> None:
         shutil.rmtree(d, ignore_errors=True)
     lay.inputs.unlink(missing_ok=True)
     lay.landed.unlink(missing_ok=True)
+    lay.location.unlink(missing_ok=True)
 
 
 def sources_for(lay: Layout, inputs: list[str], now_s: float | None = None) -> list[str]:

@@ -328,7 +328,7 @@ def ingest_only(
         spark = build_session(master)
         done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
         return {"batches": done.batches, "events": done.events, "quarantined": done.quarantined,
-                "seconds": round(done.seconds, 3), "state": ing.ledger(lay)}
+                "seconds": round(done.seconds, 3), "state": partials.ledger(lay)}
 
 
 def run_report(

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from kraftkeeper_reports import ingest as ing
+from kraftkeeper_reports import partials
 from kraftkeeper_reports.job import ReportError, ingest_only, run_report
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
@@ -102,7 +103,7 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
         shutil.copytree(log / d, src / d)
     out = tmp_path / "out"
     run_report([str(src)], str(out))
-    first = ing.ledger(ing.Layout(out / "state"))
+    first = partials.ledger(ing.Layout(out / "state"))
     for d in days[2:]:
         shutil.copytree(log / d, src / d)
     shutil.copy(log / "torn.jsonl", src / "torn.jsonl")
@@ -113,14 +114,14 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
     growing = src / f"date={today}" / "events-x.jsonl"
     growing.write_text("\n".join(live[:5]) + "\n" + live[5][:40])
     run_report([str(src)], str(out))
-    second = ing.ledger(ing.Layout(out / "state"))
+    second = partials.ledger(ing.Layout(out / "state"))
     assert second["batches"] == first["batches"] + 1
     assert second[ing.EVENTS] + second[ing.QUARANTINE] == n_lines(log) + 5
     # The writer finishes the sixth line and adds two: only those three are new.
     with open(growing, "a") as f:
         f.write(live[5][40:] + "\n" + live[6] + "\n" + live[7] + "\n")
     run_report([str(src)], str(out))
-    third = ing.ledger(ing.Layout(out / "state"))
+    third = partials.ledger(ing.Layout(out / "state"))
     assert third["batches"] == second["batches"] + 1 and third[ing.EVENTS] == second[ing.EVENTS] + 3
     summary = _summary(out)
     assert summary["lines"] == n_lines(log) + 8
@@ -130,6 +131,12 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
     assert rows(out / "state") == rows(full / "state")
     with pytest.raises(ReportError, match="built from other inputs"):
         run_report([str(log)], str(out))
+    # A copied state would take every file again (its checkpoint names them where it was built).
+    moved = tmp_path / "moved"
+    shutil.copytree(out / "state", moved)
+    with pytest.raises(ReportError, match="moved or copied"):
+        run_report([str(src)], str(tmp_path / "out-moved"), state=str(moved))
+    assert partials.ledger(ing.Layout(moved)) == third
     # Three partials merged (one per batch) give the per-recovery rows of one partial of all.
     assert sorted(p.name for p in (out / "state" / "partials").iterdir()) == ["b0", "b1", "b2"]
     assert [p.name for p in (full / "state" / "partials").iterdir()] == ["b0"]
