@@ -22,6 +22,15 @@ from quorum.driver.driver import Driver, Pending
 
 log = logging.getLogger("kraftkeeper.driver")
 
+# A follower's persist of at most this many fetched bytes (and nothing else: no quorum state,
+# no snapshot) runs on the loop instead of in the executor. It is the fsync a commit waits for
+# (the follower's acknowledging Fetch leaves when it returns), and handing it to a thread and
+# back costs two thread wake-ups, each a wait for a core on a busy machine: more than the
+# small write and fdatasync themselves (bench/README.md, "Where a write's time goes"). The
+# loop is blocked meanwhile, but a follower's loop has nothing to do before that Fetch
+# leaves; catch-up batches (larger) still go to the executor.
+INLINE_PERSIST_BYTES = 64 * 1024
+
 
 class AsyncRunner:
     def __init__(self, driver: Driver, tick_ms: int, executor: Executor | None = None) -> None:
@@ -98,15 +107,29 @@ class AsyncRunner:
             self.driver.core.tick(self.now_ms())
             self._wake.set()
 
+    @staticmethod
+    def persists_inline(pending: Pending) -> bool:
+        """Whether ``pending``'s persist runs on the loop (see :data:`INLINE_PERSIST_BYTES`)."""
+        if pending.quorum_state is not None or pending.chunks or pending.install is not None:
+            return False
+        if not pending.raw:
+            return False  # a leader's own append: its fsync overlaps the followers' round trip
+        return sum(len(b.data) for b in pending.raw) <= INLINE_PERSIST_BYTES
+
     async def _persist(self, loop: asyncio.AbstractEventLoop, pending: Pending) -> None:
         """Run ``persist`` in the executor; meanwhile, whenever something is stepped in, send
         what needs no persist (``Driver.send_now``: a leader's commit and answers, Fetch
         responses) instead of holding it until this fsync completes. Not while the Ready
         saves quorum state (send_now would send nothing)."""
-        persist = loop.run_in_executor(self.executor, self.driver.persist, pending)
         self._persisting = pending.quorum_state is None
         try:
-            await persist
+            if pending.answered_early:
+                # The Fetch responses begin handed out are written by their stream's task in
+                # the next loop turn. Let that turn run before the executor's thread starts:
+                # the thread would take the GIL first, and the responses (the commit's
+                # critical path; this fsync runs beside the followers' round trip) wait for it.
+                await asyncio.sleep(0)
+            await loop.run_in_executor(self.executor, self.driver.persist, pending)
         finally:
             self._persisting = False
         if self._send_error is not None:
@@ -127,7 +150,10 @@ class AsyncRunner:
                 t0 = time.monotonic()
                 pending = driver.begin(ready)
                 if pending.needs_persist:
-                    await self._persist(loop, pending)
+                    if self.persists_inline(pending):
+                        driver.persist(pending)
+                    else:
+                        await self._persist(loop, pending)
                 driver.finish(pending)
                 self.turned_at = time.monotonic()
                 self.busy_seconds += time.monotonic() - t0
