@@ -96,8 +96,6 @@ class Pending:
     loaded: tuple[tuple[ControlRecord, ...], object] | str | None = None
     # A follower's fetched batches, written by ``persist`` (off the loop) before its fsync.
     raw: list[RawBatches] = field(default_factory=list)
-    # ``begin`` answered parked Fetches with what it appended (the leader's fast path).
-    answered_early: bool = False
 
     @property
     def needs_persist(self) -> bool:
@@ -174,13 +172,11 @@ class Driver:
                 if not defer:
                     log.append_batches(b.data, b.infos)
                 self.recent.add_fetched(b)
-        answered = False
         if ready.append and ready.quorum_state is None and not defer:
             # Fast path (leader): parked Fetches get what was just written before our fsync.
             # Not while this Ready's epoch change is unsaved: responses carry the epoch.
             for out in self.core.appended(log.end_offset, self.ports.clock.now_ms()):
                 self.ports.transport.send(out)
-                answered = True
         messages = ready.messages
         if chunks and ready.quorum_state is None:
             # KIP-630 catch-up pipelined: the next FetchSnapshot leaves now and travels while
@@ -192,7 +188,7 @@ class Driver:
                 self.ports.transport.send(out)
             messages = [o for o in messages if not isinstance(o.message, FetchSnapshotRequest)]
         pending = Pending(ready, ready.quorum_state, ready.flush, chunks=chunks, messages=messages,
-                          install=install, raw=raw if defer else [], answered_early=answered)
+                          install=install, raw=raw if defer else [])
         pending.taken = len(ready.messages)
         self.in_flight = pending
         if ready.quorum_state is None:

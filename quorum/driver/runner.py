@@ -123,12 +123,6 @@ class AsyncRunner:
         saves quorum state (send_now would send nothing)."""
         self._persisting = pending.quorum_state is None
         try:
-            if pending.answered_early:
-                # The Fetch responses begin handed out are written by their stream's task in
-                # the next loop turn. Let that turn run before the executor's thread starts:
-                # the thread would take the GIL first, and the responses (the commit's
-                # critical path; this fsync runs beside the followers' round trip) wait for it.
-                await asyncio.sleep(0)
             await loop.run_in_executor(self.executor, self.driver.persist, pending)
         finally:
             self._persisting = False

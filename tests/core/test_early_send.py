@@ -267,21 +267,10 @@ def test_only_a_followers_small_fetched_batch_is_persisted_on_the_loop() -> None
     assert vote.quorum_state is not None and not inline(vote)
 
 
-def test_a_leader_append_that_answers_a_parked_fetch_says_so() -> None:
-    """``answered_early``: the runner lets the Fetch responses ``begin`` handed out be written
-    before the fsync's thread starts; only a Ready that answered a parked Fetch sets it."""
-    h = leader()
-    h.drain()
-    assert not h.fetch(2, max_wait=500)  # replica 2 is caught up: its Fetch parks
-    h.core.propose([b"a"], h.now)
-    sent = len(h.sent)
-    p = h.driver.begin(h.core.ready())
-    assert p.answered_early and fetch_responses(h.sent[sent:])
-    assert not AsyncRunner.persists_inline(p)  # a leader's own append: the executor
-    h.driver.persist(p)
-    h.driver.finish(p)
-    h.core.propose([b"b"], h.now)  # nobody parked now
-    p2 = h.driver.begin(h.core.ready())
-    assert not p2.answered_early
-    h.driver.persist(p2)
-    h.driver.finish(p2)
+    ld = leader()
+    ld.drain()
+    ld.core.propose([b"a"], ld.now)
+    own = ld.driver.begin(ld.core.ready())
+    assert own.flush and not own.raw and not inline(own)
+    ld.driver.persist(own)
+    ld.driver.finish(own)
