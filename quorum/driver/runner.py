@@ -1,7 +1,8 @@
 """The asyncio loop around :class:`~quorum.driver.driver.Driver` (pure asyncio, no HTTP).
 
 ``AsyncRunner.run(stop)`` owns the loop "wake -> ready -> begin -> await persist in an
-executor -> finish" and a ticker. Inbound messages step the core at any time, also while a
+executor -> finish" and a ticker (a follower's small persist runs on the loop instead:
+:data:`INLINE_PERSIST_BYTES`). Inbound messages step the core at any time, also while a
 persist is in flight (they land in the next Ready: see :mod:`quorum.core.ready`), except
 what may leave without a persist: ``Driver.send_now`` sends that as it is stepped in.
 
@@ -16,7 +17,7 @@ import logging
 import time
 from concurrent.futures import Executor
 
-from quorum.core.messages import Message
+from quorum.core.messages import FetchRequest, Message
 from quorum.core.raft import RaftCore
 from quorum.driver.driver import Driver, Pending
 
@@ -27,8 +28,9 @@ log = logging.getLogger("kraftkeeper.driver")
 # (the follower's acknowledging Fetch leaves when it returns), and handing it to a thread and
 # back costs two thread wake-ups, each a wait for a core on a busy machine: more than the
 # small write and fdatasync themselves (bench/README.md, "Where a write's time goes"). The
-# loop is blocked meanwhile, but a follower's loop has nothing to do before that Fetch
-# leaves; catch-up batches (larger) still go to the executor.
+# loop is blocked meanwhile, so only when no Fetch of this follower is in flight: nothing can
+# arrive for the persist to overlap with. Catch-up, where the next Fetch leaves before the
+# persist (pipelined, quorum.core.replication) or batches are large, keeps the executor.
 INLINE_PERSIST_BYTES = 64 * 1024
 
 
@@ -114,6 +116,8 @@ class AsyncRunner:
             return False
         if not pending.raw:
             return False  # a leader's own append: its fsync overlaps the followers' round trip
+        if any(isinstance(o.message, FetchRequest) for o in pending.ready.messages):
+            return False  # a pipelined Fetch left in begin: its response may arrive meanwhile
         return sum(len(b.data) for b in pending.raw) <= INLINE_PERSIST_BYTES
 
     async def _persist(self, loop: asyncio.AbstractEventLoop, pending: Pending) -> None:
