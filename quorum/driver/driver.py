@@ -15,8 +15,7 @@ asyncio node and a deterministic simulation can interleave other work between th
 ``persist(pending)``
     blocking: write a follower's fetched batches and snapshot chunks (after the last chunk:
     verify the download and decode its state), save the quorum state, fsync the log.
-    The node runs it in an executor while inbound RPCs keep stepping the core (a follower's
-    small append on the loop: ``quorum.driver.runner.INLINE_PERSIST_BYTES``); the simulation
+    The node runs it in an executor while inbound RPCs keep stepping the core; the simulation
     completes it later, or crashes first.
 ``finish(pending)``
     swap in a snapshot ``persist`` prepared, ``core.advance``, send what ``begin`` did not,
@@ -155,9 +154,8 @@ class Driver:
             self.recent.clear()
         chunks: list[SnapshotChunk] = ready.snapshot_chunks
         install = ready.install_snapshot
-        # A follower's fetched batches are written by ``persist``, off the loop (on it when small
-        # and no Fetch is in flight: quorum.driver.runner), which meanwhile receives the next
-        # response (a pipelined Fetch leaves below, in this begin).
+        # A follower's fetched batches are written by ``persist``, off the loop, which
+        # meanwhile receives the next response (a pipelined Fetch leaves below, in this begin).
         raw = [b for b in ready.append if isinstance(b, RawBatches)]
         defer = install is None and len(raw) == len(ready.append)
         if install is not None and ready.append:

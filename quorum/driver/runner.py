@@ -1,8 +1,7 @@
 """The asyncio loop around :class:`~quorum.driver.driver.Driver` (pure asyncio, no HTTP).
 
 ``AsyncRunner.run(stop)`` owns the loop "wake -> ready -> begin -> await persist in an
-executor -> finish" and a ticker (a follower's small persist runs on the loop instead:
-:data:`INLINE_PERSIST_BYTES`). Inbound messages step the core at any time, also while a
+executor -> finish" and a ticker. Inbound messages step the core at any time, also while a
 persist is in flight (they land in the next Ready: see :mod:`quorum.core.ready`), except
 what may leave without a persist: ``Driver.send_now`` sends that as it is stepped in.
 
@@ -17,21 +16,11 @@ import logging
 import time
 from concurrent.futures import Executor
 
-from quorum.core.messages import FetchRequest, Message
+from quorum.core.messages import Message
 from quorum.core.raft import RaftCore
 from quorum.driver.driver import Driver, Pending
 
 log = logging.getLogger("kraftkeeper.driver")
-
-# A follower's persist of at most this many fetched bytes (and nothing else: no quorum state,
-# no snapshot) runs on the loop instead of in the executor. It is the fsync a commit waits for
-# (the follower's acknowledging Fetch leaves when it returns), and handing it to a thread and
-# back costs two thread wake-ups, each a wait for a core on a busy machine: more than the
-# small write and fdatasync themselves (bench/README.md, "Where a write's time goes"). The
-# loop is blocked meanwhile, so only when no Fetch of this follower is in flight: nothing can
-# arrive for the persist to overlap with. Catch-up, where the next Fetch leaves before the
-# persist (pipelined, quorum.core.replication) or batches are large, keeps the executor.
-INLINE_PERSIST_BYTES = 64 * 1024
 
 
 class AsyncRunner:
@@ -109,25 +98,15 @@ class AsyncRunner:
             self.driver.core.tick(self.now_ms())
             self._wake.set()
 
-    @staticmethod
-    def persists_inline(pending: Pending) -> bool:
-        """Whether ``pending``'s persist runs on the loop (see :data:`INLINE_PERSIST_BYTES`)."""
-        if pending.quorum_state is not None or pending.chunks or pending.install is not None:
-            return False
-        if not pending.raw:
-            return False  # a leader's own append: its fsync overlaps the followers' round trip
-        if any(isinstance(o.message, FetchRequest) for o in pending.ready.messages):
-            return False  # a pipelined Fetch left in begin: its response may arrive meanwhile
-        return sum(len(b.data) for b in pending.raw) <= INLINE_PERSIST_BYTES
-
     async def _persist(self, loop: asyncio.AbstractEventLoop, pending: Pending) -> None:
         """Run ``persist`` in the executor; meanwhile, whenever something is stepped in, send
         what needs no persist (``Driver.send_now``: a leader's commit and answers, Fetch
         responses) instead of holding it until this fsync completes. Not while the Ready
         saves quorum state (send_now would send nothing)."""
+        persist = loop.run_in_executor(self.executor, self.driver.persist, pending)
         self._persisting = pending.quorum_state is None
         try:
-            await loop.run_in_executor(self.executor, self.driver.persist, pending)
+            await persist
         finally:
             self._persisting = False
         if self._send_error is not None:
@@ -148,10 +127,7 @@ class AsyncRunner:
                 t0 = time.monotonic()
                 pending = driver.begin(ready)
                 if pending.needs_persist:
-                    if self.persists_inline(pending):
-                        driver.persist(pending)
-                    else:
-                        await self._persist(loop, pending)
+                    await self._persist(loop, pending)
                 driver.finish(pending)
                 self.turned_at = time.monotonic()
                 self.busy_seconds += time.monotonic() - t0

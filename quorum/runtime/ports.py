@@ -7,7 +7,7 @@
   the snapshot policy, ``recovery_needed`` to the KIP-704 verification task.
 
 Everything here runs on the event loop except ``CountingLog.flush`` (the driver's persist
-phase, in an executor; a follower's small append on the loop, ``quorum.driver.runner``).
+phase, in an executor).
 """
 
 from __future__ import annotations

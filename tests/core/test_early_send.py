@@ -22,7 +22,6 @@ from quorum.core.messages import (
     VoteResponse,
 )
 from quorum.core.ready import Outbound, Ready
-from quorum.driver.runner import INLINE_PERSIST_BYTES, AsyncRunner
 from quorum.records import encode_batch
 from quorum.storage.memory import MemoryLog
 from quorum.types import ErrorCode
@@ -240,37 +239,3 @@ def test_follower_sends_no_fetch_and_applies_nothing_early_while_its_fsync_runs(
     h.drain()
     assert h.driver.applied_end == 2
     assert all(off <= durable for off, durable in claims.claims)
-
-
-def test_only_a_followers_small_fetched_batch_is_persisted_on_the_loop() -> None:
-    """The runner persists on the loop (no thread hand-off) only a follower's fetched batches
-    of at most ``INLINE_PERSIST_BYTES`` that save no quorum state; a leader's own append, a
-    large catch-up batch and a vote go to the executor."""
-    inline = AsyncRunner.persists_inline
-    h, _claims = follower()
-    h.core.step(response(last_fetch(h), 0, [b"a"], 0), h.now)
-    small = h.driver.begin(h.core.ready())
-    assert small.raw and inline(small)
-    h.driver.persist(small)
-    h.driver.finish(small)
-    h.drain()
-    big = [bytes(1024)] * (INLINE_PERSIST_BYTES // 1024 + 1)
-    h.core.step(response(last_fetch(h), 1, big, 0), h.now)
-    large = h.driver.begin(h.core.ready())
-    assert large.raw and not inline(large)
-    h.driver.persist(large)
-    h.driver.finish(large)
-
-    v = make(local=2)
-    v.core.step(VoteRequest(v.next_corr(), CLUSTER, 3, UUIDS[3], 5, 2, UUIDS[2], 0, 0), v.now)
-    vote = v.driver.begin(v.core.ready())
-    assert vote.quorum_state is not None and not inline(vote)
-
-
-    ld = leader()
-    ld.drain()
-    ld.core.propose([b"a"], ld.now)
-    own = ld.driver.begin(ld.core.ready())
-    assert own.flush and not own.raw and not inline(own)
-    ld.driver.persist(own)
-    ld.driver.finish(own)
