@@ -332,7 +332,11 @@ class StreamTransport:
 
     async def send(self, destination_id: int, endpoint: str, request: Any, timeout_s: float) -> Any:
         path = m.RPC_PATHS[type(request)]
-        s = await asyncio.wait_for(self._open(destination_id, endpoint, timeout_s), timeout_s)
+        s = self._streams.get(endpoint)
+        if s is None or s.ws.closed:
+            # Only opening a stream needs a task (wait_for of a coroutine); the hot path, an
+            # open stream, goes straight to the send.
+            s = await asyncio.wait_for(self._open(destination_id, endpoint, timeout_s), timeout_s)
         if s is None:
             return await self.fallback.send(destination_id, endpoint, request, timeout_s)
         rid = s.next_id
@@ -341,7 +345,10 @@ class StreamTransport:
         s.pending[rid] = fut
         try:
             await s.ws.send_bytes(_HEAD.pack(b"Q", _INDEX[path], rid) + wire.encode(request))
-            status, body = await asyncio.wait_for(fut, timeout_s)
+            # asyncio.timeout rather than wait_for: the answer wakes this task directly, one
+            # loop turn sooner (wait_for relays a future's result through a waiter of its own).
+            async with asyncio.timeout(timeout_s):
+                status, body = await fut
         except TimeoutError:
             raise TransportError(f"no answer to {path} from {endpoint} in {timeout_s:.1f}s") from None
         except (aiohttp.ClientError, OSError, RuntimeError) as e:
