@@ -32,19 +32,28 @@ from kraftkeeper_reports import transform as tf
 from quorum.storage.atomic import fsync_dir
 
 
-def read_parsed(spark: SparkSession, lay: ing.Layout) -> DataFrame | None:
-    """Both tables as parsed rows (``parse.PARSED_COLUMNS``), or None while both are empty."""
+def _parsed(spark: SparkSession, lay: ing.Layout, events: list[Path], quarantined: list[Path],
+            ) -> DataFrame | None:
+    """These files (or directories) of the two tables as parsed rows (``parse.PARSED_COLUMNS``),
+    None if none."""
     parts = []
-    if any(lay.events.rglob("*.parquet")):
-        parts.append(spark.read.parquet(str(lay.events)).select(*parse.PARSED_COLUMNS))
-    if any(lay.quarantine.glob("*.parquet")):
-        parts.append(spark.read.parquet(str(lay.quarantine)).select(*parse.PARSED_COLUMNS))
+    if events:  # basePath: the date=... directories stay a column however the files are named
+        parts.append(spark.read.option("basePath", str(lay.events)).parquet(*map(str, events))
+                     .select(*parse.PARSED_COLUMNS))
+    if quarantined:
+        parts.append(spark.read.parquet(*map(str, quarantined)).select(*parse.PARSED_COLUMNS))
     if not parts:
         return None
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
+
+
+def read_parsed(spark: SparkSession, lay: ing.Layout) -> DataFrame | None:
+    """Both tables as parsed rows, or None while both are empty."""
+    events = [lay.events] if any(lay.events.rglob("*.parquet")) else []
+    return _parsed(spark, lay, events, [lay.quarantine] if any(lay.quarantine.glob("*.parquet")) else [])
 
 
 def ledger(lay: ing.Layout) -> dict[str, int]:
@@ -67,21 +76,9 @@ def _batch_numbers(lay: ing.Layout) -> list[int]:
 
 
 def _batch_rows(spark: SparkSession, lay: ing.Layout, n: int) -> DataFrame | None:
-    """Batch ``n``'s parsed rows from both tables (``parse.PARSED_COLUMNS``), None if it has none."""
-    parts = []
-    events = sorted(lay.events.glob(f"*/b{n}-*.parquet"))
-    if events:
-        parts.append(spark.read.option("basePath", str(lay.events)).parquet(*map(str, events))
-                     .select(*parse.PARSED_COLUMNS))
-    quarantined = sorted(lay.quarantine.glob(f"b{n}-*.parquet"))
-    if quarantined:
-        parts.append(spark.read.parquet(*map(str, quarantined)).select(*parse.PARSED_COLUMNS))
-    if not parts:
-        return None
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return out
+    """Batch ``n``'s parsed rows from both tables, None if it has none."""
+    return _parsed(spark, lay, sorted(lay.events.glob(f"*/b{n}-*.parquet")),
+                   sorted(lay.quarantine.glob(f"b{n}-*.parquet")))
 
 
 def ensure(spark: SparkSession, lay: ing.Layout) -> int:
