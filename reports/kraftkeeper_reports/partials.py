@@ -4,7 +4,7 @@ it ingested and not every line again.
 
 The report's Spark job is two aggregations (``transform.one_pass``): the first over every line
 (``transform.partial_rows``, numbers only in its buffers), the second merging its few rows per
-recovery (``transform.merge_partials``). The first costs most of the job and its rows merge
+recovery (``transform.merge_partials``). The first reads every line and its rows merge
 associatively, so this module keeps them per committed batch, under ``state/partials/b<N>``,
 and the report merges the partials of every batch: a run that ingested one new day computes one
 small partial and merges about one row per recovery, instead of aggregating all the lines.
