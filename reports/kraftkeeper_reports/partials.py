@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from kraftkeeper_reports import ingest as ing
 from kraftkeeper_reports import parse
 from kraftkeeper_reports import transform as tf
-from quorum.storage.atomic import fsync_dir
+from quorum.storage.atomic import fsync_dir, fsync_existing
 
 
 def _parsed(spark: SparkSession, lay: ing.Layout, events: list[Path], quarantined: list[Path],
@@ -98,11 +98,7 @@ def ensure(spark: SparkSession, lay: ing.Layout) -> int:
         tmp = root / f".b{n}.tmp"
         tf.partial_rows(rows).write.mode("overwrite").parquet(str(tmp))
         for f in tmp.glob("*.parquet"):
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_existing(f)
         fsync_dir(tmp)
         os.replace(tmp, final)
         fsync_dir(root)
