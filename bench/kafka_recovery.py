@@ -51,8 +51,8 @@ from kraftkeeper_operator.kafka.cluster import (
 )
 from kraftkeeper_reports.kafka_probe import (
     MAX_LAG,
+    POLL_S,
     Probe,
-    poll,
     replace_disk,
     start_watcher,
     stop_process,
@@ -60,6 +60,7 @@ from kraftkeeper_reports.kafka_probe import (
 )
 
 from quorum.kafka.mapping import uuid_to_base64
+from testkit.polling import wait_until
 
 MODES = ("watch-0", "watch-default", "auto-join", "manual")
 ROLES = ("follower", "leader")
@@ -82,7 +83,7 @@ def _manual(k: KafkaControllers, probe: Probe, victim: int, old: str, new: str) 
             o["id"] == victim and o["uuid"] == new and 0 <= o["lag"] <= MAX_LAG for o in d["observers"]
         )
 
-    poll(observer, 120, "the new controller caught up as an observer")
+    wait_until("the new controller caught up as an observer", observer, 120, POLL_S)
     cfg = k.controllers[victim].dir / "server.properties"
     old_id = uuid_to_base64(old)
     _tool(k, "remove-controller", "--controller-id", str(victim), f"--controller-directory-id={old_id}")
@@ -105,12 +106,12 @@ def replace_once(
         )
     try:
         k.auto_join = mode == "auto-join"  # only the joining controller's setting matters
-        leader = poll(probe.describe, 60, "a leader")["leader_id"] if role == "leader" else None
+        leader = wait_until("a leader", probe.describe, 60, POLL_S)["leader_id"] if role == "leader" else None
         victim, old, new = replace_disk(k, probe, n, mode, _stderr, victim=leader)
         t0 = time.monotonic()
         if mode == "manual":
             _manual(k, probe, victim, old, new)
-        poll(lambda: whole(k, probe), 300, f"{mode}: whole voter set")
+        wait_until(f"{mode}: whole voter set", lambda: whole(k, probe), 300, POLL_S)
         return time.monotonic() - t0
     finally:
         k.auto_join = False
@@ -132,7 +133,7 @@ def run(
         k.start_all()
         probe = Probe(k)
         p = probe
-        poll(lambda: whole(k, p), 180, "three caught-up voters")
+        wait_until("three caught-up voters", lambda: whole(k, p), 180, POLL_S)
         n = 0
         for r in range(rounds):
             for role in roles:
@@ -141,7 +142,7 @@ def run(
                     n += 1
                     times[f"{m} ({role})"].append(t)
                     _stderr(f"{m}, the {role} replaced, round {r + 1}: {t:.2f} s")
-                    poll(lambda: whole(k, p), 120, "a settled quorum")
+                    wait_until("a settled quorum", lambda: whole(k, p), 120, POLL_S)
     finally:
         if probe is not None:
             probe.close()

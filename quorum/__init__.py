@@ -16,6 +16,7 @@ Layout:
   quorum.timefmt   RFC 3339 timestamps, the one format every timestamp we write uses
   quorum.properties  Java .properties text (meta.properties, Kafka client files), read and written
   quorum.localports  free loopback ports for local clusters, chosen the way servers bind them
+  quorum.polling   the one poll loop (wait for a named condition by a deadline), tests' too
   quorum.client    the HTTP client used by the CLI, the operator and the benchmarks
   quorum.cli       the `kraftkeeper` command line
   quorum.cliparse  the argument parser of every command line (usage errors as INVALID_REQUEST)

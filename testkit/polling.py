@@ -1,4 +1,5 @@
-"""Waiting for a condition: the one poll loop every test and benchmark helper delegates to.
+"""Waiting for a condition in a test or a benchmark: the product's poll loop
+(:mod:`quorum.polling`), failing as a test fails.
 
 The guide's rule is "poll for a condition, never sleep and hope": a test names what it waits for,
 gives a deadline, and fails naming that condition and the last value seen. The interval between
@@ -7,34 +8,18 @@ two checks is pacing only; nothing depends on it.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from quorum import polling
+
+__all__ = ["ANY_ERROR", "async_wait_until", "now", "wait_until"]
 
 T = TypeVar("T")
 
 # For a condition that asks processes which restart, move their leader or are still starting:
 # any error means "not yet" (kept as the last value, so the failure names it).
 ANY_ERROR: tuple[type[BaseException], ...] = (Exception,)
-
-
-class _Poll:
-    """The state both loops share: the deadline, the last value seen, and the failure message."""
-
-    def __init__(self, what: str, timeout: float, errors: tuple[type[BaseException], ...],
-                 context: Callable[[], str] | None) -> None:
-        self.what, self.timeout, self.errors, self.context = what, timeout, errors, context
-        self.deadline = time.monotonic() + timeout
-        self.last: Any = None
-
-    def over(self) -> bool:
-        return time.monotonic() >= self.deadline
-
-    def failure(self) -> AssertionError:
-        extra = f"\n{self.context()}" if self.context else ""
-        return AssertionError(
-            f"timed out after {self.timeout:.0f} s waiting for {self.what} (last: {self.last!r}){extra}")
 
 
 def wait_until(
@@ -46,21 +31,12 @@ def wait_until(
     errors: tuple[type[BaseException], ...] = (),
     context: Callable[[], str] | None = None,
 ) -> T:
-    """Call ``cond()`` until it returns something truthy and return that. Exceptions of the
-    ``errors`` types count as "not yet" (kept as the last value); any other propagates. On the
-    deadline, fail naming ``what``, the last value, and ``context()`` if given."""
-    p = _Poll(what, timeout, errors, context)
-    while True:
-        try:
-            p.last = value = cond()
-        except errors as e:
-            p.last = e
-        else:
-            if value:
-                return value
-        if p.over():
-            raise p.failure()
-        time.sleep(interval)
+    """:func:`quorum.polling.wait_until`; on the deadline an ``AssertionError`` naming ``what``,
+    the last value, and ``context()`` if given."""
+    try:
+        return polling.wait_until(what, cond, timeout, interval, errors=errors, context=context)
+    except polling.TimedOut as e:
+        raise AssertionError(str(e)) from None
 
 
 async def async_wait_until(
@@ -72,22 +48,11 @@ async def async_wait_until(
     errors: tuple[type[BaseException], ...] = (),
     context: Callable[[], str] | None = None,
 ) -> T:
-    """:func:`wait_until` for a coroutine condition, inside a running event loop (the loop keeps
-    serving while it waits): the same arguments in the same order, rules and failure message (the
-    deadline is named ``within`` only because an async ``timeout`` parameter reads as an
-    asyncio timeout)."""
-    p = _Poll(what, within, errors, context)
-    while True:
-        try:
-            p.last = value = await cond()
-        except errors as e:
-            p.last = e
-        else:
-            if value:
-                return value
-        if p.over():
-            raise p.failure()
-        await asyncio.sleep(interval)
+    """:func:`quorum.polling.async_wait_until`, failing as :func:`wait_until` does."""
+    try:
+        return await polling.async_wait_until(what, cond, within, interval, errors=errors, context=context)
+    except polling.TimedOut as e:
+        raise AssertionError(str(e)) from None
 
 
 def now(cond: Callable[[], T | None]) -> Callable[[], Awaitable[T | None]]:

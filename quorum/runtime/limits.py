@@ -87,6 +87,8 @@ class Limits:
     turns: ReadTurns = field(init=False)
     handshake_turns: StartTurns = field(init=False)
     handshaking: dict[GuardedProtocol, None] = field(default_factory=dict)  # oldest first
+    # the open peer streams (WebSocket responses; their connections are in ``guards`` too)
+    peer_streams: set[web.WebSocketResponse] = field(default_factory=set)
     buffered: int = 0
     refused_connections: int = 0
     refused_bodies: int = 0
@@ -104,6 +106,7 @@ class Limits:
     def stats(self) -> dict[str, int]:
         return {
             "connections": len(self.guards) + len(self.handshaking),
+            "peer_streams": len(self.peer_streams),
             "buffered_body_bytes": self.buffered,
             "refused_connections": self.refused_connections,
             "refused_bodies": self.refused_bodies,
@@ -118,6 +121,7 @@ class Limits:
 
 _METRICS = {
     "connections": ("gauge", "Open client and peer connections (capped by max_connections)"),
+    "peer_streams": ("gauge", "Open peer streams from other nodes (each also counted in connections)"),
     "buffered_body_bytes": ("gauge", "Request body bytes reserved from the body budget right now"),
     "refused_connections": ("counter", "Connections refused or evicted at the connection cap"),
     "refused_bodies": ("counter", "Requests answered 503 because their body did not fit the budget"),

@@ -297,7 +297,7 @@ def build_app(
     (no ``middlewares``); otherwise its path falls to the middlewares, which refuse it."""
     lim = limits if limits is not None else Limits()
     lim.max_body = max_body
-    streams: set[web.WebSocketResponse] = set()
+    streams = lim.peer_streams  # one set: the server closes them, the metrics count them
     serve = stream_auth is not None or not middlewares
     stream = [stream_middleware(node, stream_auth, streams)] if serve else []
     app = web.Application(

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kraftkeeper_operator.local.cluster import ClusterLayout
+
 from kraftkeeper_reports import demo_kafka
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.demo_common import (
     DemoError,
-    free_base_port,
     prepare_dir,
     print_intervals,
     read_events,
@@ -43,6 +44,7 @@ from kraftkeeper_reports.demo_common import (
 from kraftkeeper_reports.intervals import fmt_ms
 from kraftkeeper_reports.job import run_report
 from quorum.client import QuorumClient
+from quorum.polling import TimedOut, async_wait_until
 from quorum.security.clientconfig import load_client_config
 from quorum.types import KraftError
 
@@ -52,18 +54,12 @@ def _kk(*args: str) -> list[str]:
 
 
 async def _wait(cond: Any, limit: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + limit
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            v = await cond()
-            if v:
-                return v
-        except (KraftError, OSError) as e:
-            last = e
-        await asyncio.sleep(interval)
-    suffix = f" (last error: {last})" if last else ""
-    raise DemoError(f"REQUEST_TIMED_OUT: waited {limit:.0f}s for {what}{suffix}")
+    """:func:`quorum.polling.async_wait_until` (a node's error means "not yet"), failing as the
+    demo's ``REQUEST_TIMED_OUT``."""
+    try:
+        return await async_wait_until(what, cond, limit, interval, errors=(KraftError, OSError))
+    except TimedOut as e:
+        raise DemoError(f"REQUEST_TIMED_OUT: {e}") from None
 
 
 @dataclass
@@ -82,11 +78,14 @@ class _Run:
 
 
 async def _run_cluster(d: Path, recoveries: int, keys_per_round: int, stabilization: float) -> None:
-    base = free_base_port(3)
-    bootstrap = ",".join(f"127.0.0.1:{base + i}" for i in (1, 2, 3))
-    say(f"starting a 3-node quorum under `kraftkeeper operator local` in {d} (ports {base + 1}-{base + 3})")
-    sup = await _start_supervisor(d, base, stabilization)
+    say(f"starting a 3-node quorum under `kraftkeeper operator local` in {d}")
+    sup = await _start_supervisor(d, stabilization)
     try:
+        # `--base-port 0`: operator local draws a free block, listens on its first port, then
+        # records the block in cluster.json; nothing else here picks or probes a port.
+        base = await _wait(lambda: _reported_base_port(d), 60, f"{d / 'cluster.json'} (the ports it holds)")
+        bootstrap = ",".join(f"127.0.0.1:{base + i}" for i in (1, 2, 3))
+        say(f"  nodes on 127.0.0.1 ports {base + 1}-{base + 3}, the operator's /status on {base}")
         # TLS is on by default: the supervisor writes the admin client config before any node runs.
         cfg_file = d / "client.json"
         await _wait(lambda: _exists(cfg_file), 60, f"{cfg_file} (the admin client config)")
@@ -103,13 +102,13 @@ async def _run_cluster(d: Path, recoveries: int, keys_per_round: int, stabilizat
         await _stop_supervisor(sup)
 
 
-async def _start_supervisor(d: Path, base: int, stabilization: float) -> asyncio.subprocess.Process:
+async def _start_supervisor(d: Path, stabilization: float) -> asyncio.subprocess.Process:
     """``kraftkeeper operator local`` in its own session (so stopping it stops its nodes too),
     its output appended to ``operator.log``."""
     log_fd = os.open(d / "operator.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         return await asyncio.create_subprocess_exec(
-            *_kk("operator", "local", "--dir", str(d), "--nodes", "3", "--base-port", str(base),
+            *_kk("operator", "local", "--dir", str(d), "--nodes", "3", "--base-port", "0",
                  "--stabilization-seconds", str(stabilization), "--interval", "0.25"),
             stdout=log_fd,
             stderr=subprocess.STDOUT,
@@ -214,6 +213,13 @@ async def _report_recovery(events_dir: Path, new_uuid: str, wall_s: float) -> No
 
 async def _exists(p: Path) -> bool:
     return await asyncio.to_thread(p.exists)
+
+
+async def _reported_base_port(d: Path) -> int | None:
+    """The block ``operator local`` chose and holds, once it wrote cluster.json (None before)."""
+    if not await _exists(d / "cluster.json"):
+        return None
+    return ClusterLayout.load(d).base_port or None
 
 
 async def _all_completed(events_dir: Path, n: int) -> bool:

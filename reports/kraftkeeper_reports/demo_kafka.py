@@ -48,13 +48,13 @@ from kraftkeeper_reports.kafka_probe import (
     POLL_S,
     AutoJoinRecorder,
     Probe,
-    poll,
     replace_disk,
     start_watcher,
     stop_process,
     wanted,
     whole,
 )
+from quorum.polling import wait_until
 from quorum.security.pki import init_ca, issue_node, write_private
 
 CLUSTER = "kafka-demo"
@@ -125,13 +125,13 @@ def _heal(
             listed = time.monotonic() - t0
         return done(d)
 
-    poll(step, 300, what)
+    wait_until(what, step, 300, POLL_S)
     total = time.monotonic() - t0
     return (listed if listed is not None else total), total
 
 
 def _pick(k: KafkaControllers, probe: Probe, replaced: list[int]) -> int:
-    d = poll(probe.describe, 60, "a leader")
+    d = wait_until("a leader", probe.describe, 60, POLL_S)
     victim = next_victim(d["leader_id"], sorted(k.controllers), replaced)
     replaced.append(victim)
     return victim
@@ -152,7 +152,7 @@ def _watch_round(
         evs = [e for e in read_events(events) if e.get("new_uuid") == new]
         return evs if any(e.get("type") == ev.RECOVERY_COMPLETED for e in evs) else None
 
-    evs = poll(logged, 60, "the watcher's event log to record the recovery", 0.1)
+    evs = wait_until("the watcher's event log to record the recovery", logged, 60, 0.1)
     _report(probe, evs, clock)
 
 
@@ -205,10 +205,10 @@ def _run_quorum(d: Path, recoveries: int, stabilization: float, base: int) -> li
         probe = Probe(k, ClientSettings.from_properties(props))
         p = probe
         try:
-            poll(lambda: whole(k, p), 180, "three caught-up voters")
+            wait_until("three caught-up voters", lambda: whole(k, p), 180, POLL_S)
         except TimeoutError as e:
             raise DemoError(f"REQUEST_TIMED_OUT: {e} (last: {p.last_error})") from None
-        d0 = poll(p.describe, 10, "a leader")
+        d0 = wait_until("a leader", p.describe, 10, POLL_S)
         say(f"leader is controller {d0['leader_id']} at epoch {d0['leader_epoch']}; voters {_voters_line(p)}")
         say(f"starting `kraftkeeper operator watch` (stabilisation {stabilization:g} s, order RemoveThenAdd)")
         watcher = start_watcher(

@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from kraftkeeper_reports import events as ev
 from kraftkeeper_reports.demo_common import DemoError, say
 from kraftkeeper_reports.events import EventLogWriter, RecoveryEvent
 from quorum.kafka.mapping import base64_to_uuid
+from quorum.polling import wait_until
 from quorum.timefmt import now_ms
 
 T = TypeVar("T")
@@ -78,15 +78,6 @@ def whole(k: KafkaControllers, probe: Probe, d: dict[str, Any] | None = None) ->
     )
 
 
-def poll(cond: Callable[[], T | None], within: float, what: str, interval: float = POLL_S) -> T:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {within:g}s")
-
 
 def start_watcher(
     k: KafkaControllers,
@@ -134,7 +125,7 @@ def start_watcher(
             return False
 
     try:
-        poll(running, 90, "the watcher's first healthy pass", 0.2)
+        wait_until("the watcher's first healthy pass", running, 90, 0.2)
     except BaseException:
         stop_process(proc)
         raise
@@ -231,7 +222,7 @@ def replace_disk(
     """Replacement ``n``: kill controller ``victim`` (default: a follower, they take turns), wipe
     and re-format its disk, start it; returns (controller id, old UUID, new UUID). ``note`` tells
     what is replaced, and whether it was the leader."""
-    d = poll(probe.describe, 60, "a leader")
+    d = wait_until("a leader", probe.describe, 60, POLL_S)
     if victim is None:
         followers = sorted(i for i in k.controllers if i != d["leader_id"])
         victim = followers[n % len(followers)]

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, wait_for
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 
 from quorum.kafka.mapping import base64_to_uuid, uuid_to_base64
 from quorum.types import ErrorCode, KraftError
 from testkit.polling import async_wait_until
+from tests.kafka.watcher import NOT_YET
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ async def test_describe_maps_kafka_quorum(kafka_controllers: KafkaControllers) -
     k = kafka_controllers
     q = KafkaQuorum(k.bootstrap)
     try:
-        d = await wait_for(lambda: _healthy(q), 90)
+        d = await async_wait_until("a healthy quorum", lambda: _healthy(q), 90, 0.2, errors=NOT_YET)
         assert d["cluster_id"] == k.cluster_id
         assert d["leader_id"] in (1, 2, 3) and d["leader_epoch"] >= 1 and d["high_watermark"] > 0
         got = {(v["id"], v["uuid"], v["endpoint"]) for v in d["voters"]}
@@ -68,7 +69,7 @@ async def test_manual_replacement_through_backend(kafka_controllers: KafkaContro
     k = kafka_controllers
     q = KafkaQuorum(k.bootstrap)
     try:
-        d = await wait_for(lambda: _healthy(q), 90)
+        d = await async_wait_until("a healthy quorum", lambda: _healthy(q), 90, 0.2, errors=NOT_YET)
         victim = next(i for i in (1, 2, 3) if i != d["leader_id"])
         old = _uuid(k, victim)
         new = str(base64_to_uuid(k.replace_disk(victim)))
@@ -78,7 +79,7 @@ async def test_manual_replacement_through_backend(kafka_controllers: KafkaContro
             d = await q.describe()
             return any(o["id"] == victim and o["uuid"] == new and o["lag"] == 0 for o in d["observers"])
 
-        await wait_for(observer, 90)
+        await async_wait_until("the new directory as a caught-up observer", observer, 90, 0.2, errors=NOT_YET)
         # Kafka keeps one directory id per voter id: AddThenRemove is refused (DUPLICATE_VOTER).
         with pytest.raises(KraftError) as e:
             await q.add_voter(victim, new)
@@ -91,7 +92,7 @@ async def test_manual_replacement_through_backend(kafka_controllers: KafkaContro
         with pytest.raises(KraftError) as e:
             await q.add_voter(victim, new)
         assert e.value.code is ErrorCode.VOTER_ALREADY_ADDED
-        d = await wait_for(lambda: _healthy(q), 60)
+        d = await async_wait_until("a healthy quorum", lambda: _healthy(q), 60, 0.2, errors=NOT_YET)
         assert {(v["id"], v["uuid"]) for v in d["voters"]} == {(i, _uuid(k, i)) for i in k.controllers}
         assert (victim, new) in {(v["id"], v["uuid"]) for v in d["voters"]}
     finally:
@@ -105,7 +106,7 @@ async def test_the_leader_is_found_outside_the_bootstrap_list(kafka_controllers:
     k = kafka_controllers
     full = KafkaQuorum(k.bootstrap)
     try:
-        d = await wait_for(lambda: _healthy(full), 90)
+        d = await async_wait_until("a healthy quorum", lambda: _healthy(full), 90, 0.2, errors=NOT_YET)
     finally:
         await full.close()
     leader = d["leader_id"]
@@ -115,7 +116,7 @@ async def test_the_leader_is_found_outside_the_bootstrap_list(kafka_controllers:
         # Polled: a controller lists the others in DescribeCluster once their registrations reached
         # its metadata log, which may lag right after the quorum came up (the operator's next pass
         # retries the same way).
-        got = await wait_for(q.describe, 60)
+        got = await async_wait_until("a description", q.describe, 60, 0.2, errors=NOT_YET)
         assert got["leader_id"] == leader and got["cluster_id"] == k.cluster_id
         assert {v["id"] for v in got["voters"]} == set(k.controllers)
         # The leader gone: a new one is elected among the other two, and found from the follower.
@@ -125,7 +126,7 @@ async def test_the_leader_is_found_outside_the_bootstrap_list(kafka_controllers:
             d = await q.describe()
             return d if d["leader_id"] not in (-1, leader) else None
 
-        d = await wait_for(new_leader, 90)
+        d = await async_wait_until("a new leader", new_leader, 90, 0.2, errors=NOT_YET)
         assert d["leader_id"] in set(k.controllers) - {leader}
         # The DescribeQuorum came from the new leader itself: its own entry is "now".
         assert q._leader == ("127.0.0.1", k.controllers[d["leader_id"]].port)

@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 from kraftkeeper_operator.controller import RecoveryController
 from kraftkeeper_operator.core.recovery import Order, QuorumView, RecoveryBook, RecoveryPolicy
-from kraftkeeper_operator.kafka.backend import KafkaQuorum, wait_for
+from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 from kraftkeeper_operator.telemetry import MemorySink
 
 from quorum.kafka.mapping import base64_to_uuid
+from testkit.polling import async_wait_until
+from tests.kafka.watcher import NOT_YET
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +45,9 @@ async def whole(k: KafkaControllers, api: KafkaQuorum) -> dict[str, Any]:
         ok = {(v["id"], v["uuid"]) for v in d["voters"]} == want and caught_up
         return d if ok else None
 
-    got: dict[str, Any] = await wait_for(check, 120)
+    got: dict[str, Any] = await async_wait_until(
+        "the voters to be the controllers, caught up", check, 120, 0.2, errors=NOT_YET
+    )
     return got
 
 
@@ -68,7 +72,7 @@ def test_a_new_owner_does_not_take_the_removed_directory_for_a_new_disk(
                 await owner.reconcile()
                 return "recovery_completed" in sink.types()
 
-            await wait_for(healed, 120)
+            await async_wait_until("the new owner's recovery to complete", healed, 120, 0.2, errors=NOT_YET)
             raw = await api.describe()
             now = int(time.time() * 1000)
             view = QuorumView.from_describe(raw)

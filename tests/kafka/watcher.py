@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, free_port
+from kraftkeeper_operator.kafka.wire import KafkaWireError
 
 from quorum.types import KraftError
 from testkit.polling import wait_until
@@ -24,7 +25,7 @@ T = TypeVar("T")
 # What counts as "not yet" while waiting on a Kafka controller or the watcher: a connection that
 # fails, a body that does not parse, a Kafka error answer. An AssertionError (the watcher exited)
 # ends the wait at once.
-NOT_YET: tuple[type[BaseException], ...] = (OSError, ValueError, KraftError)
+NOT_YET: tuple[type[BaseException], ...] = (OSError, ValueError, KraftError, KafkaWireError)
 
 
 def context_of(k: KafkaControllers, w: Watcher | None = None, lines: int = 15) -> Callable[[], str]:

@@ -369,18 +369,3 @@ class KafkaQuorum:
             "(kafka-metadata-quorum add-controller / remove-controller)",
         )
 
-
-async def wait_for(cond: Any, within: float, interval: float = 0.2) -> Any:
-    """Poll the async ``cond()`` until it returns something truthy (tests and the bench)."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await cond()
-        except (KraftError, KafkaWireError, OSError, TimeoutError) as e:
-            last = e
-        else:
-            if last:
-                return last
-        await asyncio.sleep(interval)
-    raise TimeoutError(f"condition not met within {within:g}s (last: {last!r})")

@@ -18,7 +18,7 @@ import socket
 
 from quorum.localports import NoFreePorts, free_port_range
 
-__all__ = ["HOST", "bind_free_block", "bind_status"]
+__all__ = ["HOST", "PortUnavailable", "bind_free_block", "bind_status"]
 
 HOST = "127.0.0.1"
 _DRAWS = 20
