@@ -78,7 +78,7 @@ case "$cmd" in
       # security, the client, the operator's decisions over its in-memory model, the documents.
       # Anything marked slow (real processes), k8s, spark, browser or docker is left to the
       # whole suite.
-      "$venv/bin/pytest" "${xdist[@]}" -m "not slow and not k8s and not spark and not browser and not docker" \
+      KK_FAST_LANE=1 "$venv/bin/pytest" "${xdist[@]}" -m "not slow and not k8s and not spark and not browser and not docker" \
         --durations=5 tests/sim tests/docs tests/ports tests/core tests/storage tests/security \
         tests/operator tests/fuzz tests/scenarios tests/client "$@" || rc=$?
     else

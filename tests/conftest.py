@@ -110,3 +110,38 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return _unit_of(nodeid.split("::", 1)[0])
 
     return UnitScheduling(config, log)
+
+
+# The fast lane (`./dev.sh test --fast` sets KK_FAST_LANE=1) is the pure and in-process tests:
+# a test there that starts a process (a node, the CLI, `operator local`) fails naming the
+# command, so that it is marked slow and runs with the whole suite instead of slowing the lane
+# unseen. Only while a test runs: xdist starts its workers with processes too.
+_RUNNING: list[str] = []
+
+
+def _refuse_processes() -> None:
+    original = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+        if _RUNNING:
+            raise AssertionError(
+                f"{_RUNNING[-1]} starts a process ({args!r}) in the fast lane, which runs in-process "
+                "tests only: mark it slow"
+            )
+        original(self, args, *rest, **kw)
+
+    subprocess.Popen.__init__ = guarded  # type: ignore[method-assign]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("KK_FAST_LANE") == "1":
+        _refuse_processes()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    _RUNNING.append(item.nodeid)
+    try:
+        yield
+    finally:
+        _RUNNING.pop()

@@ -43,6 +43,7 @@ def blackhole() -> Iterator[str]:
         lst.close()
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 def test_describe_answers_from_the_live_node_next_to_a_blackhole(tmp_path: Path, blackhole: str) -> None:
     c = LocalCluster(tmp_path / "nodes", 1, insecure=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_KEY, format_command, parse_spec, statefulset
 from kraftkeeper_operator.k8s.podhealth import disk_of_pod
 
@@ -30,6 +31,7 @@ def _pod(name: str, message: str, where: str = "lastState") -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow  # starts processes
 def test_format_takes_the_storage_uuid_of_a_bound_certificate(tmp_path: Path) -> None:
     ca = init_ca(tmp_path / "tls", CLUSTER)
     bound, _ = issue_node(ca, 2, storage_uuid=DISK)
@@ -65,6 +67,7 @@ def test_format_takes_the_storage_uuid_of_a_bound_certificate(tmp_path: Path) ->
     assert p.returncode != 0 and "replica/3" in p.stderr and not (tmp_path / "c" / "meta.properties").exists()
 
 
+@pytest.mark.slow  # starts processes
 def test_a_node_on_a_new_disk_names_it_and_the_operator_reads_it(tmp_path: Path) -> None:
     """The real node's refusal, as the kubelet would put it in the termination message."""
     ca = init_ca(tmp_path / "tls", CLUSTER)
@@ -96,6 +99,7 @@ def test_a_node_on_a_new_disk_names_it_and_the_operator_reads_it(tmp_path: Path)
     assert disk_of_pod({"metadata": {"name": "q-0"}}, "q") is None
 
 
+@pytest.mark.slow  # starts processes
 def test_pods_take_the_certificates_disk_only_before_the_bootstrap(tmp_path: Path) -> None:
     q = parse_spec({"metadata": {"name": "q", "namespace": "ns", "uid": "u-1"}, "spec": {"voters": 3}})
     cmd = format_command(q)

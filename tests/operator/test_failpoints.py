@@ -93,6 +93,7 @@ def _hit_in_subprocess(env: dict[str, str], point: str) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow  # starts processes
 def test_exit_action_exits_at_the_point_and_once_file_lets_the_next_run_through(tmp_path: Path) -> None:
     env = {failpoints.ENV: "after-add-voter-committed=exit"}
     other = _hit_in_subprocess(env, "after-remove-voter-committed")
@@ -108,6 +109,7 @@ def test_exit_action_exits_at_the_point_and_once_file_lets_the_next_run_through(
     assert through.returncode == 0 and "passed" in through.stdout
 
 
+@pytest.mark.slow  # starts processes
 def test_hang_action_blocks_until_killed() -> None:
     code = (
         "import sys; from kraftkeeper_operator import failpoints; "

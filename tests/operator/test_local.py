@@ -48,6 +48,7 @@ def test_replace_disk_refuses_an_unknown_node(tmp_path: Path, capsys: pytest.Cap
     assert not (tmp_path / "control" / "node-4.hold").exists()
 
 
+@pytest.mark.slow  # starts processes
 def test_replace_disk_without_supervisor_gives_a_new_storage_uuid_formatted_as_a_replacement(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -81,6 +82,7 @@ def test_replace_disk_refuses_a_cluster_that_never_started(
     assert not (tmp_path / "node-2").exists() and not (tmp_path / "control" / "node-2.hold").exists()
 
 
+@pytest.mark.slow  # starts processes
 def test_bootstrap_is_recorded_and_later_formats_are_replacements(tmp_path: Path) -> None:
     layout = ClusterLayout.load_or_create(tmp_path, 3, 20000)
     assert json.loads((tmp_path / "cluster.json").read_text())["bootstrapped"] is False
@@ -102,6 +104,7 @@ def test_bootstrap_is_recorded_and_later_formats_are_replacements(tmp_path: Path
         again.format(3, initial=True)
 
 
+@pytest.mark.slow  # starts processes
 def test_cluster_json_without_the_flag_counts_as_bootstrapped_once_formatted(tmp_path: Path) -> None:
     layout = ClusterLayout.load_or_create(tmp_path, 3, 20000)
     legacy = {"cluster_id": layout.cluster_id, "nodes": 3, "base_port": 20000}
@@ -123,6 +126,7 @@ def test_damaged_cluster_json_is_reported_and_kept(
     assert (tmp_path / "cluster.json").read_text() == '{"nodes": 3}'
 
 
+@pytest.mark.slow  # starts processes
 def test_replace_disk_refuses_while_another_replacement_holds_the_node(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,6 +18,7 @@ from testkit.polling import wait_until
 from tests.operator.operator_nodes import engine_missing, kk
 
 
+@pytest.mark.slow  # starts processes
 def test_a_taken_operator_port_is_refused_before_anything_is_formatted(tmp_path: Path) -> None:
     port = free_port()
     with socket.socket() as other:
@@ -31,6 +32,7 @@ def test_a_taken_operator_port_is_refused_before_anything_is_formatted(tmp_path:
     assert not (tmp_path / "c" / "node-1").exists()
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 def test_base_port_zero_reports_a_block_whose_port_is_already_held(tmp_path: Path) -> None:
     d = tmp_path / "c"

@@ -24,6 +24,7 @@ def _request(node: int, uuid: str | None, token: str = "0a1b") -> UncleanRequest
     return UncleanRequest(token, node, node - 1, (uuid,), 0, outage_since_ms=0, requested_ms=0)
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 async def test_local_store_recovers_the_survivor_once_and_never_a_replaced_disk(tmp_path: Path) -> None:
     layout = ClusterLayout.load_or_create(tmp_path / "c", 3, 41000)
@@ -48,6 +49,7 @@ async def test_local_store_recovers_the_survivor_once_and_never_a_replaced_disk(
     assert not (d / "__cluster_metadata-0" / "quorum-state").exists()
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 async def test_local_store_reports_a_failed_recovery_and_backs_off(tmp_path: Path) -> None:
     layout = ClusterLayout.load_or_create(tmp_path / "c", 3, 41000)

@@ -148,6 +148,7 @@ def test_quorum_counts_as_bootstrapped_only_when_every_voter_has_a_uuid() -> Non
     assert not quorum_bootstrapped(None)
 
 
+@pytest.mark.slow  # starts processes
 def test_format_container_formats_a_fresh_volume_as_a_replacement_once_bootstrapped(tmp_path: Path) -> None:
     q = parse_spec(body(voters=3))
     sts = statefulset(q, OWNER, replicas=3, bootstrap_voters=3)

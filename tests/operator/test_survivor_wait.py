@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kraftkeeper_operator.core.recovery import RecoveryPolicy
 from kraftkeeper_operator.core.survivor import LogState, Probe, decide_survivor
 from kraftkeeper_operator.k8s.unclean import MemoryRequestStore, UncleanCoordinator, gone_replicas
@@ -178,6 +179,7 @@ def _five_disks(tmp_path: Path) -> tuple[ClusterLayout, Supervisor]:
     return layout, Supervisor(layout)
 
 
+@pytest.mark.slow  # starts processes
 async def test_local_mode_waits_for_a_running_node_whose_probe_timed_out(tmp_path: Path) -> None:
     layout, sup = _five_disks(tmp_path)
     # Nodes 1 and 4 run (real processes that answer nothing themselves: the client plays their
@@ -205,6 +207,7 @@ async def test_local_mode_waits_for_a_running_node_whose_probe_timed_out(tmp_pat
                 await n.proc.wait()
 
 
+@pytest.mark.slow  # starts processes
 async def test_local_mode_chooses_without_a_node_whose_process_is_gone(tmp_path: Path) -> None:
     layout, sup = _five_disks(tmp_path)
     sup.nodes[4].proc = await asyncio.create_subprocess_exec("sleep", "60")

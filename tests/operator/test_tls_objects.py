@@ -96,6 +96,7 @@ def _run_tls_init(
     )
 
 
+@pytest.mark.slow  # starts processes
 def test_the_tls_init_container_copies_only_its_replicas_files(tmp_path: Path) -> None:
     pod = statefulset(parse_spec(spec()), OWNER, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
     secrets, out = tmp_path / "s", tmp_path / "o"

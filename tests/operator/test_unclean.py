@@ -308,6 +308,7 @@ def _state_epoch(d: Path) -> int:
     return int(raw.get("leader_epoch", raw.get("leaderEpoch", -1)))
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 def test_init_container_runs_recover_unclean_once_for_its_own_id_and_uuid(tmp_path: Path) -> None:
     q = parse_spec(body())
@@ -351,6 +352,7 @@ def test_init_container_runs_recover_unclean_once_for_its_own_id_and_uuid(tmp_pa
     assert "not recovering" in out.stdout and not (fresh / "__cluster_metadata-0" / "quorum-state").exists()
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(engine_missing() is not None, reason=str(engine_missing()))
 def test_init_container_fails_loudly_when_recover_unclean_fails(tmp_path: Path) -> None:
     q = parse_spec(body())

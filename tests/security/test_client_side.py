@@ -144,6 +144,7 @@ async def test_quorum_client_over_tls_with_cert_and_token(pki: Pki, tls_app: tup
     assert calls == ["PUT /v1/kv/k readwrite", "GET /v1/kv/k readwrite", "GET /v1/quorum/describe tok-admin"]
 
 
+@pytest.mark.slow  # starts processes
 async def test_cli_uses_the_client_config(pki: Pki, tls_app: tuple[str, list[str]]) -> None:
     ep, calls = tls_app
     cfg = _write(pki.dir, {"ca_file": "ca.crt", "cert_file": "read.crt", "key_file": "read.key"}, "cli.json")
@@ -184,6 +185,7 @@ async def test_cli_uses_the_client_config(pki: Pki, tls_app: tuple[str, list[str
     assert calls == ["GET /v1/kv/k read"]
 
 
+@pytest.mark.slow  # starts processes
 def test_describe_where_nothing_listens_is_unavailable_at_once(tmp_path: Path) -> None:
     ports = free_ports(2)  # ports that were just free: nothing listens on them
     boot = ",".join(f"127.0.0.1:{p}" for p in ports)

@@ -25,6 +25,8 @@ from testkit.polling import ANY_ERROR, wait_until
 from tests.engine.cluster import run_cli
 from tests.tlsfixtures import CLUSTER, TlsCluster, make_tls_dir
 
+pytestmark = pytest.mark.slow  # a three-node TLS cluster of real processes
+
 
 @pytest.fixture(scope="module")
 def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

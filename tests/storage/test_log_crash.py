@@ -41,6 +41,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # starts processes
 def test_sigkill_while_appending_keeps_everything_flushed(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()

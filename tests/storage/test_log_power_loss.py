@@ -12,6 +12,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from quorum import records
 from quorum.storage.log import SegmentedLog
 
@@ -152,6 +154,7 @@ def _kill_child(tmp_path: Path, mode: str) -> tuple[int, int, int]:
         return flushed, written, after.end_offset
 
 
+@pytest.mark.slow  # starts processes
 def test_sigkill_in_power_loss_mode_loses_exactly_the_unflushed_writes(tmp_path: Path) -> None:
     flushed, written, recovered = _kill_child(tmp_path / "a", "1")
     assert written > flushed
