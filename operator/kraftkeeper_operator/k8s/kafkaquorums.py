@@ -37,13 +37,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from ..controller import ControllerStatus, RecoveryController
-from ..core.status import progress_status, status_changed
+from ..core.status import status_changed
 from ..core.view import QuorumView
 from ..kafka.backend import KafkaQuorum
 from ..kafka.clientconf import fingerprint, settings_from_secret
@@ -58,7 +58,8 @@ from .kafkaspec import (
     unavailable_condition,
 )
 from .manifests import GROUP, PLURAL, VERSION, SpecError
-from .quorums import OperatorContext, event_sink, known_voters, records_from_status
+from .quorums import OperatorContext, event_sink
+from .statusstore import Beside, StatusProgressStore, StatusWriter, kafka_status, recoveries_status
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
@@ -95,31 +96,20 @@ class KafkaManaged:
     api: KafkaQuorum
     controller: RecoveryController
     fingerprint: str  # of the Secret data the client was built from
-    last_status: dict[str, Any] = field(default_factory=dict)
+    status: StatusWriter  # its status writes (statusstore.py)
     ever_available: bool = False
     schemas_missing: str = ""  # schemas_problem() when the client was built
 
     def kafka_status(self) -> dict[str, Any]:
-        return {
-            "clusterId": self.api.cluster_id or "",
-            "controllers": [
-                {"id": i, "listeners": [{"name": n, "host": h, "port": p} for n, h, p in lst]}
-                for i, lst in sorted(self.api.listeners.items())
-            ],
-        }
+        return kafka_status(self.api.cluster_id, self.api.listeners)
 
     def recoveries_status(self) -> list[dict[str, Any]]:
-        return [r.to_crd_status() for r in self.controller.book.records][-20:]
+        return recoveries_status(self.controller.book.records)
 
-
-def _listeners_from_status(status: Mapping[str, Any]) -> dict[int, list[tuple[str, str, int]]]:
-    out: dict[int, list[tuple[str, str, int]]] = {}
-    for c in ((status.get("kafka") or {}).get("controllers")) or []:
-        try:
-            out[int(c["id"])] = [(str(x["name"]), str(x["host"]), int(x["port"])) for x in c["listeners"]]
-        except (KeyError, TypeError, ValueError):
-            continue
-    return out
+    def beside(self) -> Beside:
+        """What a progress save writes beside the records: before a voter change where the new
+        controller listens, after one the voter set it made (statusstore.py)."""
+        return Beside(self.controller.committed_view, kafka=self.kafka_status())
 
 
 class KafkaDaemon:
@@ -143,6 +133,9 @@ class KafkaDaemon:
 
     async def _patch_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
         await within(f"status of KRaftQuorum {ns}/{name}", self.ctx.kube.patch_status(ns, name, status))
+
+    def _status_writer(self, q: KafkaSpec, shown: Mapping[str, Any]) -> StatusWriter:
+        return StatusWriter(self.ctx.kube, q.base.namespace, q.base.name, shown, bound=within)
 
     def _client_bounds(self) -> tuple[float, float]:
         """(one operation's bound, one voter change's bound) of the client, or of a client with
@@ -173,19 +166,18 @@ class KafkaDaemon:
         """Say in ``Degraded`` that the status was not refreshed and why (a failed or hung pass):
         voters and phase as last written must not pass for current."""
         m = self.m
-        if m is None or not m.last_status.get("conditions"):
+        last = m.status.last if m is not None else {}
+        if m is None or not last.get("conditions"):
             return
-        status = {"phase": m.last_status.get("phase"), "conditions": stale_conditions(m.last_status, why)}
+        status = {"phase": last.get("phase"), "conditions": stale_conditions(last, why)}
         if status["phase"] == "Running":
             status["phase"] = "Degraded"
-        if not status_changed(m.last_status, {**m.last_status, **status}):
+        if not status_changed(last, {**last, **status}):
             return
         try:
-            await self._patch_status(m.spec.base.namespace, m.spec.base.name, status)
+            await m.status.patch(status)
         except Exception as e:  # reporting is best effort; the log has the cause already
             log.warning("%s: could not write the Degraded condition: %s", m.spec.cluster, e)
-            return
-        m.last_status = {**m.last_status, **status}
 
     async def step(self) -> float:
         """One pass; returns the seconds to wait before the next."""
@@ -287,35 +279,29 @@ class KafkaDaemon:
             self.m.controller.set_policy(q.policy)
             self.m.controller.sink = event_sink(q.base, self.ctx.kube)
             return
-        status = dict(self.body.get("status") or {})
-        api.listeners.update(_listeners_from_status(status))
+        writer = self._status_writer(q, self.body.get("status") or {})
+        progress = StatusProgressStore(writer, q.cluster)
+        saved = await progress.load()
+        api.listeners.update(saved.known.listeners)
         ctl = RecoveryController(
             api,
             q.policy,
             cluster=q.cluster,
             sink=event_sink(q.base, self.ctx.kube),
             metrics=self.ctx.metrics,
-            records=records_from_status(q.cluster, status),
+            records=saved.records,
+            persist=progress.save,
             desired_ids=None,  # Kafka has no reassignment: the voter ids are the user's business
         )
-        ctl.known_voters = known_voters(status)
-        m = KafkaManaged(q, api, ctl, fp, last_status=status, schemas_missing=schemas_problem())
+        ctl.known_voters = saved.known.voters
+        m = KafkaManaged(q, api, ctl, fp, writer, schemas_missing=schemas_problem())
+        progress.beside = m.beside
         self.m = m
         if m.schemas_missing:
             await self.ctx.kube.notify(
                 self.body, warning=True, reason="KafkaSchemasMissing", message=m.schemas_missing
             )
             log.error("%s: voter changes are impossible: %s", q.cluster, m.schemas_missing)
-
-        async def persist(_: list[dict[str, Any]]) -> None:
-            # Before a voter change: which directory id is the old one, where the new one listens;
-            # after one, with the voter set it made (core/status.py progress_status).
-            patch = {**progress_status(m.recoveries_status(), ctl.committed_view), "kafka": m.kafka_status()}
-            if any(patch[k] != m.last_status.get(k) for k in patch):
-                await self._patch_status(q.base.namespace, q.base.name, patch)
-                m.last_status = {**m.last_status, **patch}
-
-        ctl.persist = persist
         log.info(
             "%s: managing the Kafka controller quorum at %s",
             q.cluster,
@@ -330,15 +316,13 @@ class KafkaDaemon:
             m.ever_available = True
         if m.schemas_missing and m.spec.policy.enabled:
             note_schemas_missing(st, m.schemas_missing)
-        status = st.to_crd_status(m.last_status, m.spec.base.generation)
+        status = st.to_crd_status(m.status.last, m.spec.base.generation)
         status["recoveries"] = m.recoveries_status()
         status["kafka"] = m.kafka_status()
         status["observedGeneration"] = m.spec.base.generation
         if not m.ever_available:
             status["phase"] = "Bootstrapping"
-        if status_changed(m.last_status, status):
-            await self._patch_status(m.spec.base.namespace, m.spec.base.name, status)
-            m.last_status = status
+        await m.status.write(status)
 
 
 def _wants_kafka(spec: Mapping[str, Any], **_: Any) -> bool:
