@@ -3,7 +3,7 @@ voter set, listeners and cluster name; the layouts written before the port still
 store is refused naming it, by the stores and by the two commands that keep one
 (``operator local``, ``operator watch``); a file write is all-or-nothing, also when the writing
 process is killed mid-write. (The status store is tested against a real kube-apiserver in
-tests/k8s/test_status_store.py.) Pure and in-process: well under a few seconds."""
+tests/k8s/test_kafka_daemon_steps.py.) Pure and in-process: well under a few seconds."""
 
 from __future__ import annotations
 

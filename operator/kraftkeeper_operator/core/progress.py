@@ -11,7 +11,7 @@ those voters while no leader answers) and, for a Kafka quorum, where each contro
 (Kafka's describe lists the voters' endpoints only) and the cluster name.
 
 Implementations: a file (``..progressfile``: local mode's ``operator-state.json``, the Kafka
-watcher's ``_watch-state.json``), a KRaftQuorum's ``status`` (``..k8s.statusstore``, for both
+watcher's ``_watch-state.json``), a KRaftQuorum's ``status`` (``..k8s.crdstatus``, for both
 membership backends) and memory (``..testing.memory``, for tests).
 
 Invariants: a store never guesses past damage: :meth:`ProgressStore.load` of an unreadable store

@@ -11,8 +11,9 @@ Kubernetes Events and the event log are the same.
   :func:`~.kafkaspec.reconcile_kafka` (validation; a bad spec is ``status.phase=Failed`` with an
   ``InvalidSpec`` condition naming the field, and a Warning Event); the CRD schema refuses most bad
   specs before that (engine fields next to ``spec.kafka``, order AddThenRemove);
-* :func:`kafka_daemon` (a kopf daemon for resources with ``spec.kafka`` only) runs the per-quorum
-  passes; its ``body`` is kopf's live view, so a spec change takes effect on the next pass;
+* :class:`KafkaDaemon` is the Kafka membership backend of the resource's one daemon (lifecycle.py
+  ``Membership``): its passes, its watchdog budget, its stale report; its ``body`` is kopf's live
+  view, so a spec change takes effect on the next pass;
 * client settings: ``spec.kafka.clientSecretRef`` names a Secret whose key (default
   ``client.properties``) is a Kafka client properties file (``security.protocol``, ``ssl.*``,
   ``sasl.*``, as ``--command-config``). Relative file names in it (PEM truststore / keystore) name
@@ -43,27 +44,31 @@ from typing import Any
 import kopf
 
 from ..controller import ControllerStatus, RecoveryController
-from ..core.status import status_changed
 from ..core.view import QuorumView
 from ..kafka.backend import KafkaQuorum
 from ..kafka.clientconf import fingerprint, settings_from_secret
-from ..kafka.watchdog import stale_conditions, watched, within
 from ..kafka.wire import ClientConfigError, ClientSettings
+from .crdstatus import (
+    Beside,
+    StatusProgressStore,
+    StatusWriter,
+    kafka_status,
+    recoveries_status,
+    unavailable_condition,
+)
 from .kafkaownership import Ownership, policy_for
 from .kafkaspec import (
     KafkaSpec,
     note_schemas_missing,
     parse_kafka_spec,
     schemas_problem,
-    unavailable_condition,
 )
-from .manifests import GROUP, PLURAL, VERSION, SpecError
+from .manifests import SpecError
 from .quorums import OperatorContext, event_sink
-from .statusstore import Beside, StatusProgressStore, StatusWriter, kafka_status, recoveries_status
+from .watchdog import within
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
-MEMO_KEY = "kraftkeeper"  # handlers.py puts the OperatorContext there (its MEMO_KEY)
 SECRET_REFRESH_S = 10.0
 # All of a pass's Kubernetes API calls together, in the watchdog's budget (watchdog.py; each call
 # alone is bounded by its KUBE_CALL_S).
@@ -96,7 +101,7 @@ class KafkaManaged:
     api: KafkaQuorum
     controller: RecoveryController
     fingerprint: str  # of the Secret data the client was built from
-    status: StatusWriter  # its status writes (statusstore.py)
+    status: StatusWriter  # its status writes (crdstatus.py)
     ever_available: bool = False
     schemas_missing: str = ""  # schemas_problem() when the client was built
 
@@ -108,7 +113,7 @@ class KafkaManaged:
 
     def beside(self) -> Beside:
         """What a progress save writes beside the records: before a voter change where the new
-        controller listens, after one the voter set it made (statusstore.py)."""
+        controller listens, after one the voter set it made (crdstatus.py)."""
         return Beside(self.controller.committed_view, kafka=self.kafka_status())
 
 
@@ -130,9 +135,6 @@ class KafkaDaemon:
             await self.m.api.close()
             self.ctx.metrics.forget(self.m.spec.cluster)
             self.m = None
-
-    async def _patch_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        await within(f"status of KRaftQuorum {ns}/{name}", self.ctx.kube.patch_status(ns, name, status))
 
     def _status_writer(self, q: KafkaSpec, shown: Mapping[str, Any]) -> StatusWriter:
         return StatusWriter(self.ctx.kube, q.base.namespace, q.base.name, shown, bound=within)
@@ -165,19 +167,8 @@ class KafkaDaemon:
     async def report_stale(self, why: str) -> None:
         """Say in ``Degraded`` that the status was not refreshed and why (a failed or hung pass):
         voters and phase as last written must not pass for current."""
-        m = self.m
-        last = m.status.last if m is not None else {}
-        if m is None or not last.get("conditions"):
-            return
-        status = {"phase": last.get("phase"), "conditions": stale_conditions(last, why)}
-        if status["phase"] == "Running":
-            status["phase"] = "Degraded"
-        if not status_changed(last, {**last, **status}):
-            return
-        try:
-            await m.status.patch(status)
-        except Exception as e:  # reporting is best effort; the log has the cause already
-            log.warning("%s: could not write the Degraded condition: %s", m.spec.cluster, e)
+        if self.m is not None:
+            await self.m.status.report_stale(why)
 
     async def step(self) -> float:
         """One pass; returns the seconds to wait before the next."""
@@ -262,7 +253,7 @@ class KafkaDaemon:
             (c for c in live.get("conditions") or [] if c.get("type") == "Available"), {}
         )
         if live.get("phase") != status["phase"] or shown.get("message") != problem[:32000]:
-            await self._patch_status(q.base.namespace, q.base.name, status)
+            await self._status_writer(q, live).send(status)
 
     async def _configure(self, q: KafkaSpec, settings: ClientSettings | None, fp: str) -> None:
         """A new client (first pass, changed bootstrap or Secret) under the same controller."""
@@ -316,50 +307,7 @@ class KafkaDaemon:
             m.ever_available = True
         if m.schemas_missing and m.spec.policy.enabled:
             note_schemas_missing(st, m.schemas_missing)
-        status = st.to_crd_status(m.status.last, m.spec.base.generation)
-        status["recoveries"] = m.recoveries_status()
-        status["kafka"] = m.kafka_status()
-        status["observedGeneration"] = m.spec.base.generation
-        if not m.ever_available:
-            status["phase"] = "Bootstrapping"
-        await m.status.write(status)
-
-
-def _wants_kafka(spec: Mapping[str, Any], **_: Any) -> bool:
-    return isinstance(spec, Mapping) and spec.get("kafka") is not None
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, when=_wants_kafka, cancellation_timeout=10, initial_delay=0.5)
-async def kafka_daemon(
-    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **_: Any
-) -> None:
-    """The membership repair loop of a KRaftQuorum with ``spec.kafka`` (kopf stops it when the
-    resource is deleted; handlers.py's own daemon finds nothing to do for such a resource)."""
-    ctx = memo.get(MEMO_KEY)
-    while not isinstance(ctx, OperatorContext):  # startup has not finished yet
-        await stopped.wait(0.5)
-        if stopped:
-            return
-        ctx = memo.get(MEMO_KEY)
-    d = KafkaDaemon(ctx, body)
-    key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
-    try:
-        while not stopped:
-            pause = ctx.interval
-            try:
-                # Each pass under the watchdog (watchdog.py): a pass that hangs is cancelled and
-                # said in status instead of freezing this resource's status for good.
-                out = await watched(key, d.step, d.pass_budget, d.slow_after)
-                if out.hung:
-                    await d.report_stale(out.hung)
-                    await d.abandon()
-                elif isinstance(out.value, int | float):
-                    pause = float(out.value)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the daemon must survive anything: the next pass retries
-                logger.exception("Kafka membership pass of %s failed", key)
-                await d.report_stale(f"the last membership pass failed: {type(e).__name__}: {e}")
-            await stopped.wait(pause)
-    finally:
-        await d.close()
+        gen = m.spec.base.generation
+        extra = {"kafka": m.kafka_status(), "observedGeneration": gen}
+        recs = m.recoveries_status()
+        await m.status.write_pass(st, gen, recs, ever_available=m.ever_available, extra=extra)

@@ -1,6 +1,7 @@
-"""The operator's per-KRaftQuorum work, between the kopf handlers (handlers.py, glue only) and the
-domain code (controller.py, recovery.py, unclean.py), with Kubernetes reached only through
-kube.py.
+"""Our engine's membership backend: the per-KRaftQuorum work for a quorum the operator runs, between
+the resource's lifecycle (lifecycle.py, whose ``EngineMembership`` calls :func:`daemon_pass`) and
+the domain code (controller.py, the core, unclean.py), with Kubernetes reached only through kube.py
+and the status through crdstatus.py.
 
 :class:`OperatorContext` is everything the operator process keeps: built once by kopf's startup
 handler and handed to every handler through kopf's ``memo`` (no module-level mutable state). For
@@ -8,8 +9,9 @@ each resource it keeps a :class:`Managed` entry: the validated spec, the recover
 the unclean-recovery coordinator. The truth stays in the quorum and the API server; this is a cache
 that an operator restart rebuilds from ``status``.
 
-:func:`daemon_pass` is one pass of a resource's daemon: one controller pass, the unclean-recovery
-step, ``status`` written when it changed, ``bootstrapped: "true"`` set in the ``NAME-bootstrap``
+:func:`daemon_pass` is one pass of the engine's backend: one controller pass, the unclean-recovery
+step, ``status`` written when it changed (the recovery progress in it before every voter change,
+crdstatus.py's progress store), ``bootstrapped: "true"`` set in the ``NAME-bootstrap``
 ConfigMap once every voter has a storage UUID (never unset: from then on a fresh volume is
 formatted with ``--no-initial-controllers``, manifests.py), and scale-downs finished (the
 StatefulSet shrinks only after the quorum's voter set already equals the new ids: reassign first,
@@ -35,13 +37,13 @@ from ..core.recovery import QuorumView
 from ..core.rotation import CertRotator
 from ..core.survivor import Probe, probe_log_state
 from ..telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink, flush_sink
+from .crdstatus import Beside, StatusProgressStore, StatusWriter, recoveries_status
 from .damage import handle_damaged_logs
 from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, KubeEventSink
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
 from .podhealth import STARTING_FOR_S, STARTING_POLL_S, CrashLoops, node_starting
 from .podwatch import PodWatch
 from .quorumtls import QuorumTls
-from .statusstore import Beside, StatusProgressStore, StatusWriter, recoveries_status
 from .unclean import UncleanCoordinator, gone_replicas
 
 log = logging.getLogger("kraftkeeper.operator")
@@ -73,7 +75,7 @@ class Managed:
     endpoints: list[str]
     ever_available: bool = False
     bootstrap_flagged: bool = False  # data.bootstrapped written (re-written once after a restart)
-    status: StatusWriter | None = None  # its status writes (statusstore.py); set by configure
+    status: StatusWriter | None = None  # its status writes (crdstatus.py); set by configure
     client_config: ClientConfig | None = None  # the operator's admin credential (quorumtls.py)
     rotator: CertRotator | None = None  # node certificate renewal, one pod at a time
     crash_loops: CrashLoops | None = None  # the quorum pods' crash-loop episodes (podhealth.py)
@@ -94,7 +96,7 @@ class Managed:
         return recoveries_status(self.controller.book.records, self.request_status())
 
     def beside(self) -> Beside:
-        """What a progress save writes beside the records (statusstore.py)."""
+        """What a progress save writes beside the records (crdstatus.py)."""
         return Beside(self.controller.committed_view, self.request_status())
 
 
@@ -401,8 +403,4 @@ async def _finish_scale_down(ctx: OperatorContext, m: Managed, view: QuorumView 
 async def _write_status(ctx: OperatorContext, m: Managed, st: ControllerStatus) -> None:
     """Write ``status`` only when something but a condition's timestamp changed."""
     assert m.status is not None
-    status = st.to_crd_status(m.status.last, m.spec.generation)
-    status["recoveries"] = m.recoveries_status()
-    if not m.ever_available:
-        status["phase"] = "Bootstrapping"
-    await m.status.write(status)
+    await m.status.write_pass(st, m.spec.generation, m.recoveries_status(), ever_available=m.ever_available)

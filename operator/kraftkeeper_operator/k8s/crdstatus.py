@@ -1,5 +1,9 @@
-"""A KRaftQuorum's ``status``: its one writer and the progress store kept in it (core/progress.py's
-port), for both membership backends (our engine and ``spec.kafka``).
+"""A KRaftQuorum's ``status``: its one writer, the progress store kept in it (core/progress.py's
+port) and the condition helpers, for both membership backends (our engine and ``spec.kafka``).
+A pass's own conditions come from core/status.py (``ControllerStatus.to_crd_status``); the
+helpers here are for what no pass decided: a spec or client Secret that cannot be used
+(:func:`unavailable_condition`, :func:`invalid_spec`) and a status a failed or hung pass left
+behind (:func:`stale_conditions`, :meth:`StatusWriter.report_stale`).
 
 :class:`StatusWriter` remembers the status as last written (at start: as kopf read it) and patches
 the API server only when something changed: a whole pass's status when anything but a condition's
@@ -24,9 +28,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import kopf
+
+from quorum.timefmt import rfc3339
+
 from ..core.progress import Known, Listeners, Progress
 from ..core.records import Recovery
-from ..core.status import progress_status, status_changed
+from ..core.status import ControllerStatus, progress_status, status_changed
 from ..core.view import QuorumView
 from .kube import KubeApi
 from .unclean import STATUS_PREFIX
@@ -35,7 +43,7 @@ log = logging.getLogger("kraftkeeper.operator")
 
 MAX_RECOVERIES = 20  # the CRD's maxItems of status.recoveries
 
-# Bounds one status patch (the Kafka daemon's watchdog, kafka/watchdog.py ``within``).
+# Bounds one status patch (the Kafka backend's watchdog, watchdog.py ``within``).
 Bound = Callable[[str, Awaitable[None]], Awaitable[None]]
 
 
@@ -54,7 +62,8 @@ class StatusWriter:
         self.last: dict[str, Any] = dict(shown or {})
         self.bound = bound
 
-    async def _send(self, status: dict[str, Any]) -> None:
+    async def send(self, status: dict[str, Any]) -> None:
+        """Patch ``status`` whatever was written before (for a caller that compared itself)."""
         call = self.kube.patch_status(self.namespace, self.name, status)
         if self.bound is None:
             await call
@@ -64,14 +73,100 @@ class StatusWriter:
     async def write(self, status: dict[str, Any]) -> None:
         """A pass's whole status, when it changed in anything but a condition's timestamp."""
         if status_changed(self.last, status):
-            await self._send(status)
+            await self.send(status)
             self.last = status
 
     async def patch(self, patch: dict[str, Any]) -> None:
         """Some fields of the status, when one of them differs from the last written."""
         if any(v != self.last.get(k) for k, v in patch.items()):
-            await self._send(patch)
+            await self.send(patch)
             self.last = {**self.last, **patch}
+
+    async def write_pass(
+        self,
+        st: ControllerStatus,
+        generation: int,
+        recoveries: list[dict[str, Any]],
+        *,
+        ever_available: bool,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """A pass's status, for either backend: the controller's (conditions keep their
+        transition time while unchanged), ``recoveries`` and ``extra`` fields; ``Bootstrapping``
+        until the quorum was available once."""
+        status = st.to_crd_status(self.last, generation)
+        status["recoveries"] = recoveries
+        status.update(extra or {})
+        if not ever_available:
+            status["phase"] = "Bootstrapping"
+        await self.write(status)
+
+    async def report_stale(self, why: str) -> None:
+        """Say in ``Degraded`` that the status was not refreshed and why (a failed or hung pass):
+        voters and phase as last written must not pass for current. Best effort: the log has
+        the cause already."""
+        last = self.last
+        if not last.get("conditions"):
+            return
+        status = {"phase": last.get("phase"), "conditions": stale_conditions(last, why)}
+        if status["phase"] == "Running":
+            status["phase"] = "Degraded"
+        if not status_changed(last, {**last, **status}):
+            return
+        try:
+            await self.patch(status)
+        except Exception as e:
+            log.warning("%s/%s: could not write the Degraded condition: %s", self.namespace, self.name, e)
+
+
+def unavailable_condition(reason: str, message: str) -> dict[str, Any]:
+    """``Available`` False for ``reason`` (an invalid spec, an unusable client Secret)."""
+    return {
+        "type": "Available",
+        "status": "False",
+        "reason": reason,
+        "message": message[:32000],
+        "lastTransitionTime": rfc3339(),
+    }
+
+
+def invalid_spec(patch: kopf.Patch, generation: int, message: str, reason: str = "InvalidSpec") -> None:
+    """A create / update handler's answer to a spec it cannot act on: ``Failed``, with
+    ``Available`` False naming what is wrong."""
+    patch.status["phase"] = "Failed"
+    patch.status["observedGeneration"] = generation
+    patch.status["conditions"] = [unavailable_condition(reason, message)]
+
+
+async def refuse_spec(
+    kube: KubeApi, body: kopf.Body, patch: kopf.Patch, message: str, *, event: str = "InvalidSpec"
+) -> kopf.PermanentError:
+    """Refuse a spec the operator cannot act on: :func:`invalid_spec` in the handler's status
+    patch and a Warning Event (reason ``event``); returns the error the handler raises (retrying
+    cannot help)."""
+    invalid_spec(patch, int((body.get("metadata") or {}).get("generation") or 0), message)
+    await kube.notify(body, warning=True, reason=event, message=message)
+    return kopf.PermanentError(f"invalid spec: {message}")
+
+
+def stale_conditions(status: Mapping[str, Any], why: str) -> list[dict[str, Any]]:
+    """``status.conditions`` with ``Degraded`` set to True, reason ``StatusNotRefreshed``."""
+    stamp = rfc3339()
+    out: list[dict[str, Any]] = []
+    for c in status.get("conditions") or []:
+        if c.get("type") != "Degraded":
+            out.append(dict(c))
+            continue
+        out.append(
+            {
+                **c,
+                "status": "True",
+                "reason": "StatusNotRefreshed",
+                "message": f"voters and phase are as of the last good pass: {why}"[:32000],
+                "lastTransitionTime": c.get("lastTransitionTime") if c.get("status") == "True" else stamp,
+            }
+        )
+    return out
 
 
 def recoveries_status(records: list[Recovery], request: dict[str, Any] | None = None) -> list[dict[str, Any]]:
