@@ -4,7 +4,7 @@ AddVoterCommitted Event is stored before the operator can stop at the failpoint 
 commit (it went through kopf's queue, which a stop loses); the progress store in status
 (k8s/crdstatus.py) round-trips through the API server.
 
-In process: the daemon's own pass (``KafkaDaemon``'s controller and status writes, its real
+In process: the daemon's own pass (``KafkaMembership``'s controller and status writes, its real
 ``KubeApi``) with the in-memory quorum (testing/memory.py) in place of a Kafka controller quorum,
 which this test does not need (tests/kafka/test_k8s_kafka.py runs real Kafka)."""
 
@@ -21,7 +21,7 @@ from kraftkeeper_operator import failpoints
 from kraftkeeper_operator.core.progress import Known, Progress
 from kraftkeeper_operator.core.records import Phase, Recovery
 from kraftkeeper_operator.k8s.crdstatus import Beside, StatusProgressStore, StatusWriter, kafka_status
-from kraftkeeper_operator.k8s.kafkaquorums import KafkaDaemon
+from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
 from kraftkeeper_operator.k8s.kube import KubeApi
 from kraftkeeper_operator.k8s.quorums import OperatorContext
@@ -70,7 +70,7 @@ async def _recover(kube: KubeEnv, ns: str, events: Path, *, crash_at: str | None
 
     api.patch_status = recording  # type: ignore[method-assign]
     out: dict[str, Any] = {"written": written, "crash": None}
-    d = KafkaDaemon(OperatorContext(kube=api), body)
+    d = KafkaMembership(OperatorContext(kube=api), body)
     try:
         await d._configure(parse_kafka_spec(body), None, "no-secret")
         assert d.m is not None

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kraftkeeper_operator.k8s.crdstatus import stale_conditions
 from kraftkeeper_operator.k8s.handlers import MEMO_KEY, recovery_daemon
-from kraftkeeper_operator.k8s.kafkaquorums import KafkaDaemon
+from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
 from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.k8s.watchdog import CallTimedOut, within
@@ -88,7 +88,7 @@ def test_the_daemon_survives_a_pass_that_hangs_or_is_cancelled_from_inside(
     """The first pass hangs for good in an API call (no timeout of its own), or a cancellation
     leaks out of it (which would end a kopf daemon for good: kopf never restarts a daemon that
     exited by itself). Either way the next pass runs and reports the missing Secret."""
-    monkeypatch.setattr(KafkaDaemon, "pass_budget", lambda self: 0.5)
+    monkeypatch.setattr(KafkaMembership, "pass_budget", lambda self: 0.5)
 
     async def main() -> None:
         kube = Kube(first)
@@ -206,7 +206,7 @@ def test_the_operator_client_uses_kafka_timeouts_not_the_pod_timeout() -> None:
 
     async def main() -> None:
         ctx = OperatorContext(kube=Kube("none"), interval=0.05, quorum_timeout=3.0)  # type: ignore[arg-type]
-        d = KafkaDaemon(ctx, body())
+        d = KafkaMembership(ctx, body())
         settings = ClientSettings.from_dict({"default.api.timeout.ms": "40000"})
         await d._configure(parse_kafka_spec(body()), settings, "fingerprint")
         assert d.m is not None

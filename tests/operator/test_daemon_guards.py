@@ -19,7 +19,7 @@ import kopf
 import pytest
 from kraftkeeper_operator.k8s import handlers, kube, lifecycle
 from kraftkeeper_operator.k8s.crdstatus import StatusWriter
-from kraftkeeper_operator.k8s.kafkaquorums import KafkaDaemon
+from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kube import KubeApi
 from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kubernetes_asyncio import client as k8s
@@ -122,7 +122,7 @@ def test_one_daemon_picks_the_backend_by_spec_kafka() -> None:
     ctx = OperatorContext(kube=None, interval=0.01)  # type: ignore[arg-type]
     meta = {"namespace": "ns", "name": "q"}
     kafka = {"metadata": meta, "spec": {"kafka": {"bootstrapControllers": ["127.0.0.1:9"]}}}
-    assert isinstance(lifecycle.membership_of(ctx, kafka, "ns/q"), KafkaDaemon)  # type: ignore[arg-type]
+    assert isinstance(lifecycle.membership_of(ctx, kafka, "ns/q"), KafkaMembership)  # type: ignore[arg-type]
     engine = lifecycle.membership_of(ctx, {"metadata": meta, "spec": {}}, "ns/q")  # type: ignore[arg-type]
     assert isinstance(engine, lifecycle.EngineMembership)
 

@@ -11,7 +11,7 @@ Kubernetes Events and the event log are the same.
   :func:`~.kafkaspec.reconcile_kafka` (validation; a bad spec is ``status.phase=Failed`` with an
   ``InvalidSpec`` condition naming the field, and a Warning Event); the CRD schema refuses most bad
   specs before that (engine fields next to ``spec.kafka``, order AddThenRemove);
-* :class:`KafkaDaemon` is the Kafka membership backend of the resource's one daemon (lifecycle.py
+* :class:`KafkaMembership` is the Kafka membership backend of the resource's one daemon (lifecycle.py
   ``Membership``): its passes, its watchdog budget, its stale report; its ``body`` is kopf's live
   view, so a spec change takes effect on the next pass;
 * client settings: ``spec.kafka.clientSecretRef`` names a Secret whose key (default
@@ -117,8 +117,9 @@ class KafkaManaged:
         return Beside(self.controller.committed_view, kafka=self.kafka_status())
 
 
-class KafkaDaemon:
-    """The passes of one resource; ``m`` is None while no usable client could be built."""
+class KafkaMembership:
+    """The Kafka membership backend of one resource (lifecycle.py ``Membership``): its passes;
+    ``m`` is None while no usable client could be built."""
 
     def __init__(self, ctx: OperatorContext, body: kopf.Body) -> None:
         self.ctx, self.body = ctx, body

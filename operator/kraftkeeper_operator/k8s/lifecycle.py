@@ -1,7 +1,7 @@
 """One lifecycle per KRaftQuorum: the loop of its one kopf daemon (handlers.py) over a membership
 backend port, :class:`Membership`, with our engine (:class:`EngineMembership`, the passes of
 quorums.py) or an existing Kafka controller quorum (``spec.kafka``: kafkaquorums.py's
-:class:`~.kafkaquorums.KafkaDaemon`) behind it, chosen from the live body at each pass.
+:class:`~.kafkaquorums.KafkaMembership`) behind it, chosen from the live body at each pass.
 
 Each pass runs as its own task under the watchdog (watchdog.py ``watched``), so that:
 
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from .kafkaquorums import KafkaDaemon
+from .kafkaquorums import KafkaMembership
 from .kafkaspec import is_kafka
 from .quorums import OperatorContext, daemon_pass, next_pass_in
 from .watchdog import watched
@@ -93,7 +93,7 @@ class EngineMembership:
 def membership_of(ctx: OperatorContext, body: kopf.Body, key: str) -> Membership:
     """The backend ``body`` asks for: Kafka with ``spec.kafka``, else our engine."""
     if is_kafka(body):
-        return KafkaDaemon(ctx, body)
+        return KafkaMembership(ctx, body)
     return EngineMembership(ctx, key)
 
 
@@ -107,7 +107,7 @@ async def run_lifecycle(
     backend: Membership | None = None
     try:
         while not stopped:
-            if backend is None or isinstance(backend, KafkaDaemon) != is_kafka(body):
+            if backend is None or isinstance(backend, KafkaMembership) != is_kafka(body):
                 if backend is not None:
                     await backend.close()
                 backend = membership_of(ctx, body, key)
