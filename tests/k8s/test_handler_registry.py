@@ -1,7 +1,9 @@
 """What `kraftkeeper operator run` gives kopf: importing the handlers module (the one module
-kopf is told to load) registers every handler and daemon, the Kafka membership daemon included.
-That daemon lives in its own module; when a refactoring stopped importing it, Kafka quorums on
-Kubernetes silently got no status at all."""
+kopf is told to load) registers every handler and exactly one daemon per KRaftQuorum, which runs
+our engine's passes or, for ``spec.kafka``, the Kafka membership passes (lifecycle.py). When the
+Kafka daemon lived in its own module and a refactoring stopped importing it, Kafka quorums on
+Kubernetes silently got no status at all; with two daemons per resource, each resource ran two
+loops."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import importlib
 import kopf
 
 
-def test_the_handlers_module_registers_both_daemons() -> None:
+def test_the_handlers_module_registers_one_daemon_per_resource() -> None:
     importlib.import_module("kraftkeeper_operator.k8s.handlers")
     registry = kopf.get_default_registry()
-    ids = {h.id for h in registry._spawning.get_all_handlers()}
-    assert "kafka_daemon" in ids and "recovery_daemon" in ids, ids
+    ids = [h.id for h in registry._spawning.get_all_handlers()]
+    assert ids == ["recovery_daemon"], ids

@@ -1,7 +1,7 @@
 """The ``spec.kafka`` daemon never freezes (the defect: a second KRaftQuorum's status froze at
 its first pass and its daemon never refreshed it), and the Kafka client's timeouts.
 
-Without a cluster: the real daemon loop and pass (kafka/kube.py) against a stand-in for the
+Without a cluster: the real daemon loop and pass (lifecycle.py, kafkaquorums.py) against a stand-in for the
 Kubernetes API whose first call hangs, or raises a cancellation that leaked out of a library; the
 real KafkaQuorum against loopback listeners that accept connections and never answer. The real
 Kafka end-to-end check is tests/kafka/test_k8s_kafka.py (the late-Secret resource)."""
@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kraftkeeper_operator.k8s.kafkaquorums import MEMO_KEY, KafkaDaemon, kafka_daemon
+from kraftkeeper_operator.k8s.crdstatus import stale_conditions
+from kraftkeeper_operator.k8s.handlers import MEMO_KEY, recovery_daemon
+from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
 from kraftkeeper_operator.k8s.quorums import OperatorContext
+from kraftkeeper_operator.k8s.watchdog import CallTimedOut, within
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
-from kraftkeeper_operator.kafka.watchdog import CallTimedOut, stale_conditions, within
 from kraftkeeper_operator.kafka.wire import (
     DEFAULT_API_TIMEOUT_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
@@ -72,7 +74,7 @@ async def run_daemon(kube: Kube) -> tuple[asyncio.Task[None], Stopped]:
     ctx = OperatorContext(kube=kube, interval=0.05)  # type: ignore[arg-type]
     stopped = Stopped()
     task = asyncio.ensure_future(
-        kafka_daemon(  # type: ignore[call-arg]
+        recovery_daemon(  # type: ignore[call-arg]
             body=body(), memo={MEMO_KEY: ctx}, stopped=stopped, logger=logging.getLogger("test")
         )
     )
@@ -86,7 +88,7 @@ def test_the_daemon_survives_a_pass_that_hangs_or_is_cancelled_from_inside(
     """The first pass hangs for good in an API call (no timeout of its own), or a cancellation
     leaks out of it (which would end a kopf daemon for good: kopf never restarts a daemon that
     exited by itself). Either way the next pass runs and reports the missing Secret."""
-    monkeypatch.setattr(KafkaDaemon, "pass_budget", lambda self: 0.5)
+    monkeypatch.setattr(KafkaMembership, "pass_budget", lambda self: 0.5)
 
     async def main() -> None:
         kube = Kube(first)
@@ -204,7 +206,7 @@ def test_the_operator_client_uses_kafka_timeouts_not_the_pod_timeout() -> None:
 
     async def main() -> None:
         ctx = OperatorContext(kube=Kube("none"), interval=0.05, quorum_timeout=3.0)  # type: ignore[arg-type]
-        d = KafkaDaemon(ctx, body())
+        d = KafkaMembership(ctx, body())
         settings = ClientSettings.from_dict({"default.api.timeout.ms": "40000"})
         await d._configure(parse_kafka_spec(body()), settings, "fingerprint")
         assert d.m is not None

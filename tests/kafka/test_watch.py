@@ -140,7 +140,7 @@ def test_watch_killed_between_remove_and_add_resumes(
     assert w.types()[-1] == "remove_voter_committed", w.types()
     mid = describe(k)
     assert victim not in {v["id"] for v in mid["voters"]}, "RemoveRaftVoter was not committed"
-    recs = json.loads((events / "_watch-state.json").read_text())["records"]
+    recs = json.loads((events / "_watch-state.json").read_text())["recoveries"]
     assert [r["phase"] for r in recs if r["replicaId"] == victim] == ["Removed"]
 
     if lose_state:  # the event log alone says a recovery stopped between its two steps

@@ -1,5 +1,6 @@
-"""The recovery daemon (handlers.py) cannot end silently and the shared KubeApi's calls (kube.py)
-cannot hang.
+"""The one daemon of a KRaftQuorum (handlers.py, lifecycle.py) picks its membership backend by
+``spec.kafka``, cannot end silently, and says a failed pass in status; the shared KubeApi's calls
+(kube.py) cannot hang.
 
 Without a cluster: the real daemon loop with its pass replaced by a stand-in that first raises a
 CancelledError from inside (a cancellation leaking out of a library, which would end a kopf daemon
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import kopf
 import pytest
-from kraftkeeper_operator.k8s import handlers, kube
+from kraftkeeper_operator.k8s import handlers, kube, lifecycle
+from kraftkeeper_operator.k8s.crdstatus import StatusWriter
+from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kube import KubeApi
 from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kubernetes_asyncio import client as k8s
@@ -26,10 +30,10 @@ WITHIN_S = 60.0  # generous bound for conditions the tests poll for (never a tim
 
 
 def _start(memo: dict[str, Any], stopped: Stopped) -> asyncio.Task[None]:
-    meta = {"namespace": "ns", "name": "q"}
+    body = {"metadata": {"namespace": "ns", "name": "q"}, "spec": {}}  # our engine's backend
     return asyncio.ensure_future(
         handlers.recovery_daemon(  # type: ignore[call-arg]
-            meta=meta, memo=memo, stopped=stopped, logger=logging.getLogger("test")
+            body=body, memo=memo, stopped=stopped, logger=logging.getLogger("test")
         )
     )
 
@@ -47,8 +51,8 @@ def test_a_pass_cancelled_from_inside_is_a_failed_pass_and_the_daemon_keeps_runn
         if len(passes) >= 3:
             third.set()
 
-    monkeypatch.setattr(handlers, "daemon_pass", daemon_pass)
-    monkeypatch.setattr(handlers, "next_pass_in", lambda ctx, key: 0.01)
+    monkeypatch.setattr(lifecycle, "daemon_pass", daemon_pass)
+    monkeypatch.setattr(lifecycle, "next_pass_in", lambda ctx, key: 0.01)
 
     async def main() -> None:
         ctx = OperatorContext(kube=None, interval=0.01)  # type: ignore[arg-type]
@@ -65,7 +69,7 @@ def test_a_pass_cancelled_from_inside_is_a_failed_pass_and_the_daemon_keeps_runn
     with caplog.at_level(logging.ERROR, logger="test"):
         asyncio.run(main())
     assert passes[:3] == ["ns/q"] * 3
-    assert any("recovery pass of ns/q failed" in r.getMessage() for r in caplog.records)
+    assert any("membership pass of ns/q failed" in r.getMessage() for r in caplog.records)
 
 
 def test_kopf_cancelling_the_daemon_still_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,7 +86,7 @@ def test_kopf_cancelling_the_daemon_still_ends_it(monkeypatch: pytest.MonkeyPatc
             pass_cancelled.append(True)
             raise
 
-    monkeypatch.setattr(handlers, "daemon_pass", daemon_pass)
+    monkeypatch.setattr(lifecycle, "daemon_pass", daemon_pass)
 
     async def main() -> None:
         ctx = OperatorContext(kube=None, interval=0.01)  # type: ignore[arg-type]
@@ -100,6 +104,62 @@ def test_kopf_cancelling_the_daemon_still_ends_it(monkeypatch: pytest.MonkeyPatc
         assert pass_cancelled == [True]
 
     asyncio.run(main())
+
+
+class StatusKube:
+    """The one API call a failed pass of our engine's backend makes: the stale-status patch."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+        self.patched = asyncio.Event()
+
+    async def patch_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        self.patches.append(status)
+        self.patched.set()
+
+
+def test_one_daemon_picks_the_backend_by_spec_kafka() -> None:
+    ctx = OperatorContext(kube=None, interval=0.01)  # type: ignore[arg-type]
+    meta = {"namespace": "ns", "name": "q"}
+    kafka = {"metadata": meta, "spec": {"kafka": {"bootstrapControllers": ["127.0.0.1:9"]}}}
+    assert isinstance(lifecycle.membership_of(ctx, kafka, "ns/q"), KafkaMembership)  # type: ignore[arg-type]
+    engine = lifecycle.membership_of(ctx, {"metadata": meta, "spec": {}}, "ns/q")  # type: ignore[arg-type]
+    assert isinstance(engine, lifecycle.EngineMembership)
+
+
+def test_a_failed_pass_of_our_engine_says_so_in_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for a ``spec.kafka`` quorum: voters and phase as last written must not pass for
+    current, so Degraded says ``StatusNotRefreshed`` and why; the daemon keeps running."""
+
+    async def daemon_pass(ctx: OperatorContext, key: str) -> None:
+        raise ValueError("bad answer")
+
+    monkeypatch.setattr(lifecycle, "daemon_pass", daemon_pass)
+    last = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "Available", "status": "True", "reason": "LeaderElected", "message": ""},
+            {"type": "Degraded", "status": "False", "reason": "Healthy", "message": ""},
+        ],
+    }
+
+    async def main() -> list[dict[str, Any]]:
+        api = StatusKube()
+        ctx = OperatorContext(kube=api, interval=0.01)  # type: ignore[arg-type]
+        ctx.managed["ns/q"] = SimpleNamespace(status=StatusWriter(api, "ns", "q", last))  # type: ignore[assignment]
+        stopped = Stopped()
+        task = _start({handlers.MEMO_KEY: ctx}, stopped)
+        await asyncio.wait_for(api.patched.wait(), WITHIN_S)
+        assert not task.done()
+        stopped.event.set()
+        await asyncio.wait_for(task, WITHIN_S)
+        return api.patches
+
+    patches = asyncio.run(main())
+    assert len(patches) == 1, patches  # said once, not on every failed pass
+    degraded = next(c for c in patches[0]["conditions"] if c["type"] == "Degraded")
+    assert patches[0]["phase"] == "Degraded" and degraded["reason"] == "StatusNotRefreshed"
+    assert "ValueError: bad answer" in degraded["message"]
 
 
 class SilentCore:

@@ -124,7 +124,9 @@ def test_the_decision_core_imports_only_itself() -> None:
 def test_shared_operator_modules_import_no_run_mode() -> None:
     modes = [f"{OP}.{m}" for m in ("k8s", "local", "kafka", "testing")]
     bad = []
-    for shared in ("api", "controller", "steplog", "telemetry", "failpoints", "statusserver", "unclean"):
+    for shared in (
+        "api", "controller", "steplog", "telemetry", "failpoints", "statusserver", "unclean", "progressfile"
+    ):
         bad += _violations(f"{OP}.{shared}", modes)
     assert not bad, bad
 

@@ -1,14 +1,17 @@
-"""kopf handlers for KRaftQuorum: glue only. Kubernetes API calls are in kube.py, the per-resource
-work in quorums.py, the decisions in controller.py / recovery.py / unclean.py.
+"""kopf handlers for KRaftQuorum: glue only, each calling a plain domain function. Kubernetes API
+calls are in kube.py, the per-resource work in engine.py / kafkaspec.py (create, update, resume),
+lifecycle.py (the daemon) and quorums.py / kafkaquorums.py (a pass of each membership backend),
+the decisions in controller.py and the core.
 
 * startup -> builds the :class:`~.quorums.OperatorContext` (API client, settings, metrics server)
   and puts it into kopf's ``memo``, which kopf hands to every handler (no module-level state);
-* create / update (spec) / resume -> validate the spec (``manifests.parse_spec``), server-side
-  apply the ``NAME-bootstrap`` ConfigMap (without its key), the StatefulSet, the two Services and
-  the PodDisruptionBudget (owned by the resource), and (re)configure the resource's controller;
-* a daemon per resource -> :func:`~.quorums.daemon_pass` at ``KRAFTKEEPER_RECONCILE_INTERVAL``
-  (default 2 s), or sooner when a recovery deadline falls due (``RecoveryController.wake_in``);
-  unclean recovery (unclean.py) runs in that pass too;
+* create / update (spec) / resume -> :func:`~.engine.reconcile_engine` (validate the spec,
+  server-side apply the resource's objects, (re)configure its controller), or for ``spec.kafka``
+  :func:`~.kafkaspec.reconcile_kafka` (validate only: no objects);
+* one daemon per resource -> :func:`~.lifecycle.run_lifecycle`: the passes of its membership
+  backend (our engine or Kafka) at ``KRAFTKEEPER_RECONCILE_INTERVAL`` (default 2 s), or sooner
+  when a recovery deadline falls due (``RecoveryController.wake_in``) or its pods change;
+  unclean recovery (unclean.py) runs in the engine's pass;
 * delete -> the finalizer (``kraftkeeper.io/cleanup``, added by kopf because a delete handler
   exists) stops managing the resource and deletes the owned objects explicitly, without relying on
   a garbage collector; PVCs are retained (see manifests.py for the PVC policy).
@@ -24,9 +27,7 @@ Error policy, on purpose:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import os
 from typing import Any
 
@@ -35,28 +36,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import failpoints
-from ..kafka.watchdog import watched
-from . import kafkaquorums  # noqa: F401  (its import registers the Kafka daemon with kopf)
-from .kafkaspec import is_kafka, reconcile_kafka, unavailable_condition
+from .engine import reconcile_engine
+from .kafkaspec import is_kafka, reconcile_kafka
 from .kube import KubeApi
-from .manifests import (
-    BOOTSTRAP_ANNOTATION,
-    GROUP,
-    PLURAL,
-    VERSION,
-    SpecError,
-    bootstrap_configmap,
-    client_service,
-    headless_service,
-    owner_reference,
-    parse_overrides,
-    parse_spec,
-    pod_disruption_budget,
-    statefulset,
-)
-from .ownership import name_conflict, older_quorums
-from .quorums import OperatorContext, configure, daemon_pass, next_pass_in
-from .tlsobjects import network_policy
+from .lifecycle import run_lifecycle
+from .manifests import GROUP, PLURAL, VERSION, parse_overrides
+from .quorums import OperatorContext
 
 log = logging.getLogger("kraftkeeper.operator")
 MEMO_KEY = "kraftkeeper"
@@ -117,12 +102,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await ctx.close()
 
 
-def _invalid(patch: kopf.Patch, generation: int, message: str) -> None:
-    patch.status["phase"] = "Failed"
-    patch.status["observedGeneration"] = generation
-    patch.status["conditions"] = [unavailable_condition("InvalidSpec", message)]
-
-
 # backoff: an unexpected error is retried after 5 s rather than kopf's default 60 s.
 @kopf.on.resume(GROUP, VERSION, PLURAL, backoff=5)
 @kopf.on.create(GROUP, VERSION, PLURAL, backoff=5)
@@ -131,59 +110,10 @@ async def reconcile(
     body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any
 ) -> None:
     ctx = context(memo)
-    if is_kafka(body):  # an existing Kafka controller quorum: no objects, only membership (kafka/kube.py)
+    if is_kafka(body):  # an existing Kafka controller quorum: no objects, only membership
         await reconcile_kafka(ctx, body, patch)
         return
-    generation = int(meta.get("generation") or 0)
-    try:
-        q = parse_spec(body)
-    except SpecError as e:
-        _invalid(patch, generation, str(e))
-        await ctx.kube.notify(body, warning=True, reason="InvalidSpec", message=str(e))
-        await ctx.forget(f"{meta['namespace']}/{meta['name']}")
-        raise kopf.PermanentError(f"invalid spec: {e}") from e
-    conflict = name_conflict(q.name, older_quorums(body, await ctx.kube.list_quorums(q.namespace)))
-    if conflict is not None:
-        _invalid(patch, generation, conflict)
-        await ctx.kube.notify(body, warning=True, reason="NameConflict", message=conflict)
-        raise kopf.PermanentError(conflict)
-    owner = owner_reference(body)
-    current = await ctx.kube.read_statefulset(q.namespace, q.name)
-    if current is None:
-        replicas, bootstrap = q.voters, q.voters
-    else:
-        # Never shrink here: the daemon shrinks after the voters were reassigned (scale-down).
-        replicas = max(int(current["spec"].get("replicas") or 0), q.voters)
-        ann = (current["metadata"].get("annotations") or {}).get(BOOTSTRAP_ANNOTATION)
-        bootstrap = int(ann) if ann and ann.isdigit() else q.voters
-    waiting: kopf.TemporaryError | None = None
-    try:
-        for obj in (
-            bootstrap_configmap(q, owner, bootstrapped=False),  # before the pods that mount it
-            headless_service(q, owner),
-            client_service(q, owner),
-            pod_disruption_budget(q, owner),
-            network_policy(q, owner),
-        ):
-            await ctx.kube.apply(obj)
-        try:  # the TLS Secrets before the pods that mount them (quorumtls.py)
-            cfg = await ctx.quorum_tls(q.cluster).ensure(ctx.kube, q, owner, replicas)
-        except kopf.TemporaryError as e:  # cert-manager has not issued yet: pods wait for it too
-            waiting, cfg = e, None
-        await ctx.kube.apply(statefulset(q, owner, replicas=replicas, bootstrap_voters=bootstrap))
-    except kopf.PermanentError as e:
-        _invalid(patch, generation, str(e))
-        await ctx.kube.notify(body, warning=True, reason="InvalidSpec", message=str(e))
-        raise
-    if waiting is not None:
-        raise waiting
-    await configure(ctx, q, body, replicas, cfg)
-    patch.status["observedGeneration"] = generation
-    if (body.get("status") or {}).get("phase") in (None, "Failed", "Pending"):
-        patch.status["phase"] = "Bootstrapping"
-    msg = f"{q.voters} voters desired, StatefulSet at {replicas} replicas"
-    await ctx.kube.notify(body, warning=False, reason="Reconciled", message=msg)
-    logger.info("reconciled %s: %s", q.cluster, msg)
+    await reconcile_engine(ctx, body, meta, patch, logger)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=5)
@@ -202,39 +132,14 @@ async def delete(meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any) -> Non
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0.5)
 async def recovery_daemon(
-    meta: kopf.Meta, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **_: Any
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **_: Any
 ) -> None:
-    ctx = context(memo)
-    key = f"{meta['namespace']}/{meta['name']}"
-    while not stopped:
-        try:
-            # The pass runs as its own task (kafka/watchdog.py ``watched``, with no budget: every
-            # API call is bounded in kube.py, every quorum call by the quorum timeout), so a
-            # cancellation of the daemon itself (kopf stopping it, after ``stopped``) is told apart
-            # from one that leaks out of a pass: the first propagates and ends the daemon; the
-            # second is a PassCancelled, a failed pass. Passed on as CancelledError it would end
-            # the daemon for good: kopf never restarts a daemon that returned.
-            await watched(key, lambda: daemon_pass(ctx, key), _no_limit, _no_limit)
-        except Exception:  # the daemon must survive anything: next pass retries
-            logger.exception("recovery pass of %s failed", key)
-        await _sleep(ctx, key, stopped, next_pass_in(ctx, key))
-
-
-def _no_limit() -> float:
-    return math.inf
-
-
-async def _sleep(ctx: OperatorContext, key: str, stopped: kopf.DaemonStopped, seconds: float) -> None:
-    """Until the next pass is due, the daemon is stopped, or the resource's pods changed
-    (``OperatorContext.wake``: a quorum in its idle back-off starts at once)."""
-    wake = ctx.wake_event(key)
-    if wake.is_set():  # pods changed during the pass: look again now
-        wake.clear()
-        return
-    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait(seconds))]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-    wake.clear()
+    """The one daemon of a KRaftQuorum, whichever its membership backend (lifecycle.py); kopf
+    stops it when the resource is deleted."""
+    ctx = memo.get(MEMO_KEY)
+    while not isinstance(ctx, OperatorContext):  # startup has not finished yet
+        await stopped.wait(0.5)
+        if stopped:
+            return
+        ctx = memo.get(MEMO_KEY)
+    await run_lifecycle(ctx, body, stopped, logger)

@@ -11,8 +11,9 @@ Kubernetes Events and the event log are the same.
   :func:`~.kafkaspec.reconcile_kafka` (validation; a bad spec is ``status.phase=Failed`` with an
   ``InvalidSpec`` condition naming the field, and a Warning Event); the CRD schema refuses most bad
   specs before that (engine fields next to ``spec.kafka``, order AddThenRemove);
-* :func:`kafka_daemon` (a kopf daemon for resources with ``spec.kafka`` only) runs the per-quorum
-  passes; its ``body`` is kopf's live view, so a spec change takes effect on the next pass;
+* :class:`KafkaMembership` is the Kafka membership backend of the resource's one daemon (lifecycle.py
+  ``Membership``): its passes, its watchdog budget, its stale report; its ``body`` is kopf's live
+  view, so a spec change takes effect on the next pass;
 * client settings: ``spec.kafka.clientSecretRef`` names a Secret whose key (default
   ``client.properties``) is a Kafka client properties file (``security.protocol``, ``ssl.*``,
   ``sasl.*``, as ``--command-config``). Relative file names in it (PEM truststore / keystore) name
@@ -37,32 +38,37 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from ..controller import ControllerStatus, RecoveryController
-from ..core.status import progress_status, status_changed
 from ..core.view import QuorumView
 from ..kafka.backend import KafkaQuorum
 from ..kafka.clientconf import fingerprint, settings_from_secret
-from ..kafka.watchdog import stale_conditions, watched, within
 from ..kafka.wire import ClientConfigError, ClientSettings
+from .crdstatus import (
+    Beside,
+    StatusProgressStore,
+    StatusWriter,
+    kafka_status,
+    recoveries_status,
+    unavailable_condition,
+)
 from .kafkaownership import Ownership, policy_for
 from .kafkaspec import (
     KafkaSpec,
     note_schemas_missing,
     parse_kafka_spec,
     schemas_problem,
-    unavailable_condition,
 )
-from .manifests import GROUP, PLURAL, VERSION, SpecError
-from .quorums import OperatorContext, event_sink, known_voters, records_from_status
+from .manifests import SpecError
+from .quorums import OperatorContext, event_sink
+from .watchdog import within
 
 log = logging.getLogger("kraftkeeper.operator.kafka")
 
-MEMO_KEY = "kraftkeeper"  # handlers.py puts the OperatorContext there (its MEMO_KEY)
 SECRET_REFRESH_S = 10.0
 # All of a pass's Kubernetes API calls together, in the watchdog's budget (watchdog.py; each call
 # alone is bounded by its KUBE_CALL_S).
@@ -95,35 +101,25 @@ class KafkaManaged:
     api: KafkaQuorum
     controller: RecoveryController
     fingerprint: str  # of the Secret data the client was built from
-    last_status: dict[str, Any] = field(default_factory=dict)
+    status: StatusWriter  # its status writes (crdstatus.py)
     ever_available: bool = False
     schemas_missing: str = ""  # schemas_problem() when the client was built
 
     def kafka_status(self) -> dict[str, Any]:
-        return {
-            "clusterId": self.api.cluster_id or "",
-            "controllers": [
-                {"id": i, "listeners": [{"name": n, "host": h, "port": p} for n, h, p in lst]}
-                for i, lst in sorted(self.api.listeners.items())
-            ],
-        }
+        return kafka_status(self.api.cluster_id, self.api.listeners)
 
     def recoveries_status(self) -> list[dict[str, Any]]:
-        return [r.to_crd_status() for r in self.controller.book.records][-20:]
+        return recoveries_status(self.controller.book.records)
+
+    def beside(self) -> Beside:
+        """What a progress save writes beside the records: before a voter change where the new
+        controller listens, after one the voter set it made (crdstatus.py)."""
+        return Beside(self.controller.committed_view, kafka=self.kafka_status())
 
 
-def _listeners_from_status(status: Mapping[str, Any]) -> dict[int, list[tuple[str, str, int]]]:
-    out: dict[int, list[tuple[str, str, int]]] = {}
-    for c in ((status.get("kafka") or {}).get("controllers")) or []:
-        try:
-            out[int(c["id"])] = [(str(x["name"]), str(x["host"]), int(x["port"])) for x in c["listeners"]]
-        except (KeyError, TypeError, ValueError):
-            continue
-    return out
-
-
-class KafkaDaemon:
-    """The passes of one resource; ``m`` is None while no usable client could be built."""
+class KafkaMembership:
+    """The Kafka membership backend of one resource (lifecycle.py ``Membership``): its passes;
+    ``m`` is None while no usable client could be built."""
 
     def __init__(self, ctx: OperatorContext, body: kopf.Body) -> None:
         self.ctx, self.body = ctx, body
@@ -141,8 +137,8 @@ class KafkaDaemon:
             self.ctx.metrics.forget(self.m.spec.cluster)
             self.m = None
 
-    async def _patch_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        await within(f"status of KRaftQuorum {ns}/{name}", self.ctx.kube.patch_status(ns, name, status))
+    def _status_writer(self, q: KafkaSpec, shown: Mapping[str, Any]) -> StatusWriter:
+        return StatusWriter(self.ctx.kube, q.base.namespace, q.base.name, shown, bound=within)
 
     def _client_bounds(self) -> tuple[float, float]:
         """(one operation's bound, one voter change's bound) of the client, or of a client with
@@ -172,20 +168,8 @@ class KafkaDaemon:
     async def report_stale(self, why: str) -> None:
         """Say in ``Degraded`` that the status was not refreshed and why (a failed or hung pass):
         voters and phase as last written must not pass for current."""
-        m = self.m
-        if m is None or not m.last_status.get("conditions"):
-            return
-        status = {"phase": m.last_status.get("phase"), "conditions": stale_conditions(m.last_status, why)}
-        if status["phase"] == "Running":
-            status["phase"] = "Degraded"
-        if not status_changed(m.last_status, {**m.last_status, **status}):
-            return
-        try:
-            await self._patch_status(m.spec.base.namespace, m.spec.base.name, status)
-        except Exception as e:  # reporting is best effort; the log has the cause already
-            log.warning("%s: could not write the Degraded condition: %s", m.spec.cluster, e)
-            return
-        m.last_status = {**m.last_status, **status}
+        if self.m is not None:
+            await self.m.status.report_stale(why)
 
     async def step(self) -> float:
         """One pass; returns the seconds to wait before the next."""
@@ -270,7 +254,7 @@ class KafkaDaemon:
             (c for c in live.get("conditions") or [] if c.get("type") == "Available"), {}
         )
         if live.get("phase") != status["phase"] or shown.get("message") != problem[:32000]:
-            await self._patch_status(q.base.namespace, q.base.name, status)
+            await self._status_writer(q, live).send(status)
 
     async def _configure(self, q: KafkaSpec, settings: ClientSettings | None, fp: str) -> None:
         """A new client (first pass, changed bootstrap or Secret) under the same controller."""
@@ -287,35 +271,29 @@ class KafkaDaemon:
             self.m.controller.set_policy(q.policy)
             self.m.controller.sink = event_sink(q.base, self.ctx.kube)
             return
-        status = dict(self.body.get("status") or {})
-        api.listeners.update(_listeners_from_status(status))
+        writer = self._status_writer(q, self.body.get("status") or {})
+        progress = StatusProgressStore(writer, q.cluster)
+        saved = await progress.load()
+        api.listeners.update(saved.known.listeners)
         ctl = RecoveryController(
             api,
             q.policy,
             cluster=q.cluster,
             sink=event_sink(q.base, self.ctx.kube),
             metrics=self.ctx.metrics,
-            records=records_from_status(q.cluster, status),
+            records=saved.records,
+            persist=progress.save,
             desired_ids=None,  # Kafka has no reassignment: the voter ids are the user's business
         )
-        ctl.known_voters = known_voters(status)
-        m = KafkaManaged(q, api, ctl, fp, last_status=status, schemas_missing=schemas_problem())
+        ctl.known_voters = saved.known.voters
+        m = KafkaManaged(q, api, ctl, fp, writer, schemas_missing=schemas_problem())
+        progress.beside = m.beside
         self.m = m
         if m.schemas_missing:
             await self.ctx.kube.notify(
                 self.body, warning=True, reason="KafkaSchemasMissing", message=m.schemas_missing
             )
             log.error("%s: voter changes are impossible: %s", q.cluster, m.schemas_missing)
-
-        async def persist(_: list[dict[str, Any]]) -> None:
-            # Before a voter change: which directory id is the old one, where the new one listens;
-            # after one, with the voter set it made (core/status.py progress_status).
-            patch = {**progress_status(m.recoveries_status(), ctl.committed_view), "kafka": m.kafka_status()}
-            if any(patch[k] != m.last_status.get(k) for k in patch):
-                await self._patch_status(q.base.namespace, q.base.name, patch)
-                m.last_status = {**m.last_status, **patch}
-
-        ctl.persist = persist
         log.info(
             "%s: managing the Kafka controller quorum at %s",
             q.cluster,
@@ -330,52 +308,7 @@ class KafkaDaemon:
             m.ever_available = True
         if m.schemas_missing and m.spec.policy.enabled:
             note_schemas_missing(st, m.schemas_missing)
-        status = st.to_crd_status(m.last_status, m.spec.base.generation)
-        status["recoveries"] = m.recoveries_status()
-        status["kafka"] = m.kafka_status()
-        status["observedGeneration"] = m.spec.base.generation
-        if not m.ever_available:
-            status["phase"] = "Bootstrapping"
-        if status_changed(m.last_status, status):
-            await self._patch_status(m.spec.base.namespace, m.spec.base.name, status)
-            m.last_status = status
-
-
-def _wants_kafka(spec: Mapping[str, Any], **_: Any) -> bool:
-    return isinstance(spec, Mapping) and spec.get("kafka") is not None
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, when=_wants_kafka, cancellation_timeout=10, initial_delay=0.5)
-async def kafka_daemon(
-    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **_: Any
-) -> None:
-    """The membership repair loop of a KRaftQuorum with ``spec.kafka`` (kopf stops it when the
-    resource is deleted; handlers.py's own daemon finds nothing to do for such a resource)."""
-    ctx = memo.get(MEMO_KEY)
-    while not isinstance(ctx, OperatorContext):  # startup has not finished yet
-        await stopped.wait(0.5)
-        if stopped:
-            return
-        ctx = memo.get(MEMO_KEY)
-    d = KafkaDaemon(ctx, body)
-    key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
-    try:
-        while not stopped:
-            pause = ctx.interval
-            try:
-                # Each pass under the watchdog (watchdog.py): a pass that hangs is cancelled and
-                # said in status instead of freezing this resource's status for good.
-                out = await watched(key, d.step, d.pass_budget, d.slow_after)
-                if out.hung:
-                    await d.report_stale(out.hung)
-                    await d.abandon()
-                elif isinstance(out.value, int | float):
-                    pause = float(out.value)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the daemon must survive anything: the next pass retries
-                logger.exception("Kafka membership pass of %s failed", key)
-                await d.report_stale(f"the last membership pass failed: {type(e).__name__}: {e}")
-            await stopped.wait(pause)
-    finally:
-        await d.close()
+        gen = m.spec.base.generation
+        extra = {"kafka": m.kafka_status(), "observedGeneration": gen}
+        recs = m.recoveries_status()
+        await m.status.write_pass(st, gen, recs, ever_available=m.ever_available, extra=extra)

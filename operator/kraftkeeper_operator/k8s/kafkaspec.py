@@ -13,11 +13,11 @@ from typing import Any
 import kopf
 
 from quorum.kafka.schemas import SchemaJarMissing, find_clients_jar
-from quorum.timefmt import rfc3339
 
 from ..controller import ControllerStatus
 from ..core.policy import Order, PolicyError, RecoveryPolicy
 from ..kafka.backend import parse_bootstrap
+from .crdstatus import refuse_spec
 from .manifests import QuorumSpec, SpecError, parse_spec
 from .quorums import OperatorContext
 
@@ -128,17 +128,6 @@ def note_schemas_missing(st: ControllerStatus, problem: str) -> None:
         c.message = f"voter changes are impossible, a replaced controller would not be healed: {problem}"
 
 
-def unavailable_condition(reason: str, message: str) -> dict[str, Any]:
-    """``Available`` False for ``reason`` (an invalid spec, an unusable client Secret)."""
-    return {
-        "type": "Available",
-        "status": "False",
-        "reason": reason,
-        "message": message[:32000],
-        "lastTransitionTime": rfc3339(),
-    }
-
-
 async def reconcile_kafka(ctx: OperatorContext, body: kopf.Body, patch: kopf.Patch) -> None:
     """handlers.py's create / update / resume for a resource with ``spec.kafka``: validate only
     (the daemon does the work); no object is created."""
@@ -147,11 +136,7 @@ async def reconcile_kafka(ctx: OperatorContext, body: kopf.Body, patch: kopf.Pat
     try:
         q = parse_kafka_spec(body)
     except SpecError as e:
-        patch.status["phase"] = "Failed"
-        patch.status["observedGeneration"] = generation
-        patch.status["conditions"] = [unavailable_condition("InvalidSpec", str(e))]
-        await ctx.kube.notify(body, warning=True, reason="InvalidSpec", message=str(e))
-        raise kopf.PermanentError(f"invalid spec: {e}") from e
+        raise await refuse_spec(ctx.kube, body, patch, str(e)) from e
     # The phase is the daemon's alone: a phase written here from this (older) body could land
     # after the daemon's and would then stay, as the daemon writes only what changed.
     patch.status["observedGeneration"] = generation

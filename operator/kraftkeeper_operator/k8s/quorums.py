@@ -1,6 +1,7 @@
-"""The operator's per-KRaftQuorum work, between the kopf handlers (handlers.py, glue only) and the
-domain code (controller.py, recovery.py, unclean.py), with Kubernetes reached only through
-kube.py.
+"""Our engine's membership backend: the per-KRaftQuorum work for a quorum the operator runs, between
+the resource's lifecycle (lifecycle.py, whose ``EngineMembership`` calls :func:`daemon_pass`) and
+the domain code (controller.py, the core, unclean.py), with Kubernetes reached only through kube.py
+and the status through crdstatus.py.
 
 :class:`OperatorContext` is everything the operator process keeps: built once by kopf's startup
 handler and handed to every handler through kopf's ``memo`` (no module-level mutable state). For
@@ -8,8 +9,9 @@ each resource it keeps a :class:`Managed` entry: the validated spec, the recover
 the unclean-recovery coordinator. The truth stays in the quorum and the API server; this is a cache
 that an operator restart rebuilds from ``status``.
 
-:func:`daemon_pass` is one pass of a resource's daemon: one controller pass, the unclean-recovery
-step, ``status`` written when it changed, ``bootstrapped: "true"`` set in the ``NAME-bootstrap``
+:func:`daemon_pass` is one pass of the engine's backend: one controller pass, the unclean-recovery
+step, ``status`` written when it changed (the recovery progress in it before every voter change,
+crdstatus.py's progress store), ``bootstrapped: "true"`` set in the ``NAME-bootstrap``
 ConfigMap once every voter has a storage UUID (never unset: from then on a fresh volume is
 formatted with ``--no-initial-controllers``, manifests.py), and scale-downs finished (the
 StatefulSet shrinks only after the quorum's voter set already equals the new ids: reassign first,
@@ -31,18 +33,18 @@ from quorum.client import QuorumClient
 from quorum.security.clientconfig import ClientConfig
 
 from ..controller import ControllerStatus, RecoveryController
-from ..core.recovery import QuorumView, Recovery
+from ..core.recovery import QuorumView
 from ..core.rotation import CertRotator
-from ..core.status import progress_status, status_changed
 from ..core.survivor import Probe, probe_log_state
 from ..telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink, flush_sink
+from .crdstatus import Beside, StatusProgressStore, StatusWriter, recoveries_status
 from .damage import handle_damaged_logs
 from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, KubeEventSink
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
 from .podhealth import STARTING_FOR_S, STARTING_POLL_S, CrashLoops, node_starting
 from .podwatch import PodWatch
 from .quorumtls import QuorumTls
-from .unclean import STATUS_PREFIX, UncleanCoordinator, gone_replicas
+from .unclean import UncleanCoordinator, gone_replicas
 
 log = logging.getLogger("kraftkeeper.operator")
 
@@ -73,7 +75,7 @@ class Managed:
     endpoints: list[str]
     ever_available: bool = False
     bootstrap_flagged: bool = False  # data.bootstrapped written (re-written once after a restart)
-    last_status: dict[str, Any] = field(default_factory=dict)
+    status: StatusWriter | None = None  # its status writes (crdstatus.py); set by configure
     client_config: ClientConfig | None = None  # the operator's admin credential (quorumtls.py)
     rotator: CertRotator | None = None  # node certificate renewal, one pod at a time
     crash_loops: CrashLoops | None = None  # the quorum pods' crash-loop episodes (podhealth.py)
@@ -84,26 +86,18 @@ class Managed:
     pods_running: bool | None = None  # a quorum pod is Running (None: not known)
     idle_backoff: float = 0.0  # seconds to the next pass of a quorum that never came up (0: none)
 
-    def recoveries_status(self) -> list[dict[str, Any]]:
-        """``status.recoveries``: the disk replacements, then the unclean request (newest last,
-        within the CRD's 20 items)."""
-        items = [r.to_crd_status() for r in self.controller.book.records][-20:]
-        if self.unclean.request is not None:
-            items = [*items[-19:], self.unclean.request.to_crd_status()]
-        return items
+    def request_status(self) -> dict[str, Any] | None:
+        """The unclean request's ``status.recoveries`` item, if there is one."""
+        request = self.unclean.request
+        return None if request is None else request.to_crd_status()
 
-    async def persist(self, kube: KubeApi) -> None:
-        """Record recovery progress in ``status`` before a voter change is issued (the
-        controller's ``persist`` hook), so an operator that dies mid-step knows on restart which
-        UUID was the old one and which steps it logged. Written only when it changed; after a
-        committed change with the voter set that change made (a Succeeded record never sits
-        next to the voter it removed)."""
-        items = self.recoveries_status()
-        if items == self.last_status.get("recoveries"):
-            return
-        patch = progress_status(items, self.controller.committed_view)
-        await kube.patch_status(self.spec.namespace, self.spec.name, patch)
-        self.last_status = {**self.last_status, **patch}
+    def recoveries_status(self) -> list[dict[str, Any]]:
+        """``status.recoveries``: the disk replacements, then the unclean request."""
+        return recoveries_status(self.controller.book.records, self.request_status())
+
+    def beside(self) -> Beside:
+        """What a progress save writes beside the records (crdstatus.py)."""
+        return Beside(self.controller.committed_view, self.request_status())
 
 
 @dataclass
@@ -189,33 +183,6 @@ def event_sink(q: QuorumSpec, kube: KubeApi) -> EventSink:
     return FanOut(log_sink, KubeEventSink(kube, q))
 
 
-def known_voters(status: Mapping[str, Any]) -> list[tuple[int, str]]:
-    """The voter set a previous operator run published (kept while no leader answers)."""
-    out = []
-    for v in status.get("voters") or []:
-        try:
-            if v.get("uuid"):
-                out.append((int(v["id"]), str(v["uuid"])))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-    return out
-
-
-def records_from_status(key: str, status: Mapping[str, Any]) -> list[Recovery]:
-    """The disk-replacement recoveries a previous operator run persisted in ``status.recoveries``
-    (its progress store; an unreadable item is logged and skipped), for our quorums and
-    ``spec.kafka`` ones alike."""
-    records = []
-    for d in status.get("recoveries") or []:
-        if str(d.get("recoveryId", "")).startswith(STATUS_PREFIX):
-            continue  # an unclean recovery: its record lives in the ConfigMap
-        try:
-            records.append(Recovery.from_crd_status(d))
-        except (KeyError, ValueError, TypeError) as e:
-            log.warning("%s: ignoring unreadable status.recoveries item %r: %s", key, d, e)
-    return records
-
-
 async def configure(
     ctx: OperatorContext,
     q: QuorumSpec,
@@ -230,7 +197,9 @@ async def configure(
     desired = list(range(1, q.voters + 1))
     m = ctx.managed.get(key)
     if m is None:
-        status = body.get("status") or {}
+        writer = StatusWriter(ctx.kube, q.namespace, q.name, body.get("status") or {})
+        progress = StatusProgressStore(writer, key)
+        saved = await progress.load()
         client = QuorumClient(eps, timeout=ctx.quorum_timeout, client_config=client_config)
         ctl = RecoveryController(
             client,
@@ -238,22 +207,19 @@ async def configure(
             cluster=key,
             sink=event_sink(q, ctx.kube),
             metrics=ctx.metrics,
-            records=records_from_status(key, status),
+            records=saved.records,
+            persist=progress.save,
             desired_ids=desired,
         )
         # The voter set survives an operator restart in status (published while no leader answers).
-        ctl.known_voters = known_voters(status)
+        ctl.known_voters = saved.known.voters
         prober = Prober(client)
         store = ConfigMapRequestStore(ctx.kube, q)
         unclean = UncleanCoordinator(store, ctl.sink, cluster=key, probe=prober, metrics=ctx.metrics)
-        m = Managed(q, prober, ctl, unclean, replicas, eps, last_status=dict(status))
+        m = Managed(q, prober, ctl, unclean, replicas, eps, status=writer)
+        progress.beside = m.beside
         m.client_config = client_config
         _set_rotator(ctx, m)
-
-        async def persist(_: list[dict[str, Any]], m: Managed = m) -> None:
-            await m.persist(ctx.kube)
-
-        ctl.persist = persist
         ctx.managed[key] = m
         return m
     old_log = m.spec.event_log
@@ -436,10 +402,5 @@ async def _finish_scale_down(ctx: OperatorContext, m: Managed, view: QuorumView 
 
 async def _write_status(ctx: OperatorContext, m: Managed, st: ControllerStatus) -> None:
     """Write ``status`` only when something but a condition's timestamp changed."""
-    status = st.to_crd_status(m.last_status, m.spec.generation)
-    status["recoveries"] = m.recoveries_status()
-    if not m.ever_available:
-        status["phase"] = "Bootstrapping"
-    if status_changed(m.last_status, status):
-        await ctx.kube.patch_status(m.spec.namespace, m.spec.name, status)
-        m.last_status = status
+    assert m.status is not None
+    await m.status.write_pass(st, m.spec.generation, m.recoveries_status(), ever_available=m.ever_available)

@@ -17,7 +17,8 @@ takes that step when both remaining voters are live.
 
 Restart safety: progress (which directory id was the old one, the phase) and the controllers'
 listeners are written to ``DIR/_watch-state.json`` (``--state``; the leading ``_`` keeps the report
-job from reading it as events) before and after every change, fsynced. A watcher killed between
+job from reading it as events) before and after every change, fsynced (the file progress store,
+progressfile.py; a damaged file is refused, naming it). A watcher killed between
 RemoveRaftVoter and AddRaftVoter resumes with AddRaftVoter. A directory id retired by a completed
 recovery is never re-added, even when a controller comes back with that old disk.
 
@@ -33,7 +34,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -53,7 +53,9 @@ from quorum.types import KraftError
 from .. import failpoints
 from ..controller import RecoveryController
 from ..core.options import add_policy_arguments, policy_from_args
+from ..core.progress import Known, Progress
 from ..core.recovery import Order, Phase, PolicyError, Recovery, RecoveryPolicy
+from ..progressfile import FileProgressStore
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, EventSink, OperatorMetrics
 from .backend import KafkaQuorum, parse_bootstrap
@@ -87,43 +89,6 @@ class _EngineTagged:
 
 def _sink(events: Path, name: str) -> EventSink:
     return EventLogSink(events, name)
-
-
-class WatchState:
-    """The watcher's crash-safe memory: recovery records and known controller listeners."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.records: list[Recovery] = []
-        self.listeners: dict[int, list[tuple[str, str, int]]] = {}
-        self.cluster: str | None = None
-        if path.exists():
-            try:
-                data = json.loads(path.read_text())
-                self.cluster = data.get("cluster")
-                self.records = [Recovery.from_dict(r) for r in data.get("records", [])]
-                self.listeners = {
-                    int(k): [(str(n), str(h), int(p)) for n, h, p in v]
-                    for k, v in (data.get("listeners") or {}).items()
-                }
-            except (ValueError, KeyError, TypeError) as e:
-                # Never guess past a damaged memory: it names which directory ids are retired.
-                raise ValueError(
-                    f"{path} is damaged ({type(e).__name__}: {e}); fix or move it by hand"
-                ) from None
-
-    def save(self, cluster: str, records: list[dict[str, Any]], listeners: dict[int, Any]) -> None:
-        body = {
-            "cluster": cluster,
-            "records": records,
-            "listeners": {str(k): v for k, v in listeners.items()},
-        }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(body, indent=1) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,25 +178,24 @@ class Watcher:
         events: Path,
         *,
         name: str | None,
-        state: WatchState,
+        store: FileProgressStore,
+        saved: Progress,
         interval: float = 0.5,
     ) -> None:
         self.api = api
         self.policy = policy
         self.events = events
-        self.name = name or state.cluster
-        self.state = state
+        self.name = name or saved.known.cluster
+        self.store = store
+        self.saved = saved
         self.interval = interval
         self.metrics = OperatorMetrics()
         self.ctl: RecoveryController | None = None
         self.last: dict[str, Any] = {"phase": "Starting", "passes": 0}
         self.passes = 0
         self._phase = ""
-        api.listeners.update(state.listeners)
-
-    async def _persist(self, records: list[dict[str, Any]]) -> None:
-        assert self.name is not None
-        await asyncio.to_thread(self.state.save, self.name, records, dict(self.api.listeners))
+        api.listeners.update(saved.known.listeners)
+        store.known = lambda: Known(listeners=dict(self.api.listeners), cluster=self.name)
 
     async def _ensure_controller(self) -> RecoveryController | None:
         if self.ctl is not None:
@@ -247,7 +211,7 @@ class Watcher:
                 self.last = {"phase": "Starting", "passes": self.passes, "error": "cluster id unknown"}
                 return None
             self.name = self.api.cluster_id
-        records = self.state.records
+        records = self.saved.records
         if not records:
             records = await asyncio.to_thread(records_from_event_log, self.events, self.name)
             if records:
@@ -259,7 +223,7 @@ class Watcher:
             sink=_EngineTagged(_sink(self.events, self.name), self.policy.order.value),
             metrics=self.metrics,
             records=records,
-            persist=self._persist,
+            persist=self.store.save,
             desired_ids=None,  # Kafka has no reassignment: voter ids are the user's business
         )
         log.info(
@@ -333,7 +297,8 @@ def watch_main(argv: list[str]) -> int:
         settings = ClientSettings.from_properties(a.kafka_client_config) if a.kafka_client_config else None
         events = Path(a.events)
         events.mkdir(parents=True, exist_ok=True)
-        state = WatchState(Path(a.state) if a.state else events / STATE_FILE)
+        store = FileProgressStore(Path(a.state) if a.state else events / STATE_FILE)
+        saved = store.read()  # a damaged file is refused, naming it
         if a.interval <= 0:
             raise ValueError(f"--interval {a.interval:g}: must be > 0")
     except (PolicyError, ClientConfigError, ValueError) as e:
@@ -342,9 +307,10 @@ def watch_main(argv: list[str]) -> int:
     except OSError as e:
         sys.stderr.write(f"INVALID_REQUEST: --events {a.events}: {e.strerror or e}\n")
         return 2
-    if state.cluster and a.name and state.cluster != a.name:
+    cluster = saved.known.cluster
+    if cluster and a.name and cluster != a.name:
         sys.stderr.write(
-            f"INVALID_REQUEST: --name {a.name}: {state.path} belongs to cluster {state.cluster}; "
+            f"INVALID_REQUEST: --name {a.name}: {store.path} belongs to cluster {cluster}; "
             "use another --events directory or --state file\n"
         )
         return 2
@@ -353,9 +319,8 @@ def watch_main(argv: list[str]) -> int:
             "--order AddThenRemove: Kafka 4.x refuses a second directory id for a voter id "
             "(DUPLICATE_VOTER), so each recovery will fail without changing voters"
         )
-    watcher = Watcher(
-        KafkaQuorum(bootstrap, settings), policy, events, name=a.name, state=state, interval=a.interval
-    )
+    api = KafkaQuorum(bootstrap, settings)
+    watcher = Watcher(api, policy, events, name=a.name, store=store, saved=saved, interval=a.interval)
 
     async def main() -> None:
         stop = asyncio.Event()

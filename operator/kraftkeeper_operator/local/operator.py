@@ -8,9 +8,10 @@ on 127.0.0.1:PORT. The controller runs a pass at the polling interval (``--inter
 new replica is noticed) or earlier, as soon as a recorded deadline falls due
 (``RecoveryController.wake_in``), and right after each voter change commits.
 
-``operator-state.json`` keeps the recorded recovery progress and the last voter set a leader
-reported, so that a restarted supervisor still knows which replicas were voters when the quorum
-is lost (unclean recovery needs that).
+``operator-state.json`` (the file progress store, progressfile.py) keeps the recorded recovery
+progress and the last voter set a leader reported, so that a restarted supervisor still knows
+which replicas were voters when the quorum is lost (unclean recovery needs that); a damaged one
+is refused, naming the file.
 
 Unclean recovery (KIP-704 style, off by default) runs the coordinator both modes share
 (unclean.py, local/unclean.py): the survivor is chosen by the same rule as in Kubernetes mode
@@ -24,16 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from quorum.client import QuorumClient
 from quorum.cliparse import ArgumentParser
@@ -45,9 +43,11 @@ from quorum.types import KraftError
 from .. import failpoints
 from ..controller import ControllerStatus, RecoveryController
 from ..core.options import add_policy_arguments, policy_from_args
-from ..core.recovery import PolicyError, Recovery, RecoveryPolicy
+from ..core.progress import Known, ProgressDamaged
+from ..core.recovery import PolicyError, RecoveryPolicy
 from ..core.rotation import CertRotator, healthy_majority_without
 from ..core.view import QuorumView
+from ..progressfile import FileProgressStore
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, OperatorMetrics
 from .cluster import DEFAULT_BASE_PORT, ClusterLayout, pid_alive, replace_disk, write_atomic
@@ -58,39 +58,7 @@ from .unclean import LocalUnclean
 
 log = logging.getLogger("kraftkeeper.operator.local")
 
-
-# ---------------------------------------------------------------------------------------------
-# operator-state.json
-
-
-@dataclass
-class LocalState:
-    """What the supervisor keeps between runs (a hint: the quorum stays the source of truth)."""
-
-    records: list[Recovery] = field(default_factory=list)
-    voters: list[tuple[int, str]] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, path: Path) -> LocalState:
-        if not path.exists():
-            return cls()
-        try:
-            data = json.loads(path.read_text())
-            if isinstance(data, list):  # written before the voter set was kept
-                return cls([Recovery.from_dict(d) for d in data])
-            return cls(
-                [Recovery.from_dict(d) for d in data.get("recoveries") or []],
-                [(int(i), str(u)) for i, u in data.get("voters") or []],
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            # Only a hint: a damaged file costs nothing but the voter set for unclean recovery.
-            log.warning("ignoring unreadable %s: %s", path, e)
-            return cls()
-
-    @staticmethod
-    def save(path: Path, records: list[dict[str, Any]], voters: list[tuple[int, str]]) -> None:
-        text = json.dumps({"recoveries": records, "voters": [list(v) for v in voters]}, indent=1)
-        write_atomic(path, text + "\n")
+STATE_FILE = "operator-state.json"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +98,9 @@ async def run_local(
     port is bound here."""
     stop = stop or asyncio.Event()
     pidfile = _claim(layout)
+    store = FileProgressStore(layout.dir / STATE_FILE)
     try:
+        saved = await store.load()  # a damaged file is refused before anything starts
         # Before any node runs: the one moment an initial format is safe (localcluster.py).
         await asyncio.to_thread(layout.bootstrap)
         cfg: ClientConfig | None = None
@@ -144,8 +114,6 @@ async def run_local(
             status_sock.close()
         raise
     metrics = OperatorMetrics()
-    state_path = layout.dir / "operator-state.json"
-    saved = await asyncio.to_thread(LocalState.load, state_path)
     bootstrap = [layout.endpoint(i) for i in range(1, layout.nodes + 1)]
     client = QuorumClient(bootstrap, timeout=3.0, client_config=cfg)
     ctl = RecoveryController(
@@ -155,17 +123,14 @@ async def run_local(
         sink=EventLogSink(layout.dir / "events", layout.name),
         metrics=metrics,
         records=saved.records,
+        persist=store.save,
         # Membership repair: if the voter ids ever differ from 1..N (after an unclean recovery, or
         # an interrupted RemoveThenAdd whose progress file was lost), reassign back to 1..N.
         # --no-recovery means "never change voters": no repair either.
         desired_ids=list(range(1, layout.nodes + 1)) if policy.enabled else None,
     )
-    ctl.known_voters = saved.voters
-
-    async def persist(records: list[dict[str, Any]]) -> None:
-        await asyncio.to_thread(LocalState.save, state_path, records, list(ctl.known_voters))
-
-    ctl.persist = persist
+    ctl.known_voters = saved.known.voters
+    store.known = lambda: Known(list(ctl.known_voters))
     server = StatusServer(metrics, redact=tls is not None)
     await server.start(HOST, layout.base_port, sock=status_sock)
     seen: dict[str, QuorumView | None] = {"view": None}
@@ -356,6 +321,9 @@ def local_main(argv: list[str]) -> int:
         asyncio.run(main())
     except KraftError as e:  # the TLS directory belongs to another cluster, or does not parse
         sys.stderr.write(f"{e.code.value}: {e.message}\n")
+        return 2
+    except ProgressDamaged as e:
+        sys.stderr.write(f"INVALID_REQUEST: {e}\n")
         return 2
     except (RuntimeError, OSError) as e:
         sys.stderr.write(f"UNAVAILABLE: {e}\n")

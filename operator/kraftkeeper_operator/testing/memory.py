@@ -1,5 +1,6 @@
-"""An in-memory quorum implementing :class:`~..api.QuorumApi`: a deterministic model for the
-domain tests and the bench, never used by a running operator.
+"""In-memory doubles of the operator's ports, never used by a running operator: a quorum
+implementing :class:`~..api.QuorumApi` (a deterministic model for the domain tests and the bench)
+and a progress store (core/progress.py's port, through the same document as the file store).
 
 The model follows the KIP-856 rules that matter to the operator: AddVoter only for a caught-up
 observer (handling step 1), one uncommitted change at a time (VOTER_CHANGE_IN_PROGRESS), a change
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quorum.types import ErrorCode, KraftError
+
+from ..core.progress import Known, Progress, decode_progress, encode_progress
 
 
 @dataclass
@@ -237,3 +240,20 @@ class InMemoryQuorum:
         self.voters = keys
         self.tick()
         return {"voters": voters}
+
+
+class MemoryProgressStore:
+    """A progress store in memory: each save keeps the encoded document (the file store's, so a
+    round trip here exercises the same encoding), ``saves`` counts them."""
+
+    def __init__(self, known: Callable[[], Known] = Known, text: str | None = None) -> None:
+        self.known = known
+        self.text = text
+        self.saves = 0
+
+    async def load(self) -> Progress:
+        return Progress() if self.text is None else decode_progress(self.text, "the in-memory store")
+
+    async def save(self, records: list[dict[str, Any]]) -> None:
+        self.text = encode_progress(records, self.known())
+        self.saves += 1

@@ -1,5 +1,7 @@
-"""The watchdog of the ``spec.kafka`` daemon's passes (kube.py): one pass of one KRaftQuorum may
-not take longer than a budget derived from its client's timeouts.
+"""The watchdog of a KRaftQuorum daemon's passes (lifecycle.py): one pass of one KRaftQuorum may
+not take longer than its membership backend's budget (for ``spec.kafka``, derived from the Kafka
+client's timeouts; none for our engine, whose every call is bounded), and each Kubernetes API
+call of a pass is bounded (:func:`within`).
 
 Every Kafka call is bounded by the client's own timeouts (backend.py: ``request.timeout.ms`` per
 request, ``default.api.timeout.ms`` per operation), and the pass makes only a handful of them, so
@@ -9,7 +11,7 @@ the daemon, and so the resource's status, frozen at whatever it last wrote, with
 log. With it the stuck pass is logged with the stack of the await it hangs in, cancelled, and the
 daemon rebuilds its client and controller from the persisted status (as a restarted operator
 would: the recovery records are written before every voter change), and the condition
-``Degraded`` says why the status was not refreshed.
+``Degraded`` says why the status was not refreshed (crdstatus.py ``stale_conditions``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ import asyncio
 import io
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from quorum.timefmt import rfc3339
-
-log = logging.getLogger("kraftkeeper.operator.kafka")
+log = logging.getLogger("kraftkeeper.operator")
 
 T = TypeVar("T")
 
@@ -100,7 +100,7 @@ async def watched(
         value = task.result()  # raises the pass's exception, if any
         if took > slow_after():
             log.warning(
-                "%s: a Kafka membership pass took %.1fs (slow-pass threshold %.0fs)", key, took, slow_after()
+                "%s: a membership pass took %.1fs (slow-pass threshold %.0fs)", key, took, slow_after()
             )
         return PassOutcome(value=value, seconds=took)
     limit = budget()
@@ -114,7 +114,7 @@ async def watched(
         _abandoned.add(task)  # keep a reference: an unreferenced pending task may be collected
         task.add_done_callback(_abandoned.discard)
     message = (
-        f"a Kafka membership pass did not finish within {limit:.0f}s and was cancelled; the client "
+        f"a membership pass did not finish within {limit:.0f}s and was cancelled; the client "
         "and controller are rebuilt from the persisted status"
     )
     log.error("%s: %s. It was waiting in:\n%s", key, message, stack)
@@ -122,23 +122,3 @@ async def watched(
 
 
 _abandoned: set[asyncio.Task[object]] = set()
-
-
-def stale_conditions(status: Mapping[str, Any], why: str) -> list[dict[str, Any]]:
-    """``status.conditions`` with ``Degraded`` set to True, reason ``StatusNotRefreshed``."""
-    stamp = rfc3339()
-    out: list[dict[str, Any]] = []
-    for c in status.get("conditions") or []:
-        if c.get("type") != "Degraded":
-            out.append(dict(c))
-            continue
-        out.append(
-            {
-                **c,
-                "status": "True",
-                "reason": "StatusNotRefreshed",
-                "message": f"voters and phase are as of the last good pass: {why}"[:32000],
-                "lastTransitionTime": c.get("lastTransitionTime") if c.get("status") == "True" else stamp,
-            }
-        )
-    return out
