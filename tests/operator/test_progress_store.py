@@ -150,6 +150,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # starts a writer process
 def test_a_writer_killed_mid_write_leaves_a_whole_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     ready = Path(str(path) + ".ready")
