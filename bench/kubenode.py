@@ -47,6 +47,7 @@ class Kube:
         self.ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
         self.token = str(user["token"])
         self.bin_dir = bin_dir
+        self.run_dir = kubeconfig.parent  # scripts/k8s-node.sh's run directory ($KK_NODE_DIR)
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig),
                     "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
         helm_home = kubeconfig.parent / "helm"
@@ -159,6 +160,41 @@ def recycle_pvs(k: Kube) -> int:
     return n
 
 
+IMMEDIATE_CLASS = "kk-bench-immediate"
+_IMMEDIATE_LABEL = "kraftkeeper.io/bench-class"
+
+
+def immediate_class(k: Kube, count: int = 8) -> str:
+    """A StorageClass with ``volumeBindingMode: Immediate`` and ``count`` local PVs of its own (under
+    the node's run directory, so ``scripts/k8s-node.sh down`` removes them): the PV controller binds
+    a new claim as soon as it exists, and the scheduler has no volume to bind (its VolumeBinding
+    PreBind, which waits for a WaitForFirstConsumer claim in 1 s polls, has nothing to do). Correct
+    on one node only: a local PV bound before scheduling may sit on a node the pod cannot use."""
+    node = k.get("/api/v1/nodes")["items"][0]["metadata"]["name"]
+    docs: list[dict[str, Any]] = [{
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": IMMEDIATE_CLASS},
+        "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate",
+        "reclaimPolicy": "Retain",
+    }]
+    for i in range(count):
+        path = k.run_dir / "pv-immediate" / f"pv{i}"
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o755)
+        docs.append({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": f"{IMMEDIATE_CLASS}-pv{i}", "labels": {_IMMEDIATE_LABEL: "immediate"}},
+            "spec": {
+                "capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain", "storageClassName": IMMEDIATE_CLASS,
+                "local": {"path": str(path)},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
+            },
+        })
+    k.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    return IMMEDIATE_CLASS
+
+
 def install(k: Kube) -> None:
     for ns in (NS_LIVE, NS_IDLE):
         k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -182,3 +218,5 @@ def uninstall(k: Kube) -> None:
     k.kubectl("delete", "namespace", OP_NS, "--wait=true", "--timeout=180s", check=False)
     with suppress(Exception):
         recycle_pvs(k)
+    k.kubectl("delete", "pv", "-l", f"{_IMMEDIATE_LABEL}=immediate", "--wait=false", check=False)
+    k.kubectl("delete", "storageclass", IMMEDIATE_CLASS, "--ignore-not-found", check=False)

@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--real", action="store_true",
                    help="also on a real single-node Kubernetes (scripts/k8s-node.sh), next to local mode")
+    p.add_argument("--volume-binding", choices=["WaitForFirstConsumer", "Immediate"],
+                   default="WaitForFirstConsumer",
+                   help="with --real: the bench quorum's StorageClass binding mode (bench/kubenode.py)")
+    p.add_argument("--tls", action="store_true",
+                   help="with --real: the bench quorum with TLS on (bench/operator_real.py)")
     p.add_argument("--kafka", action="store_true",
                    help="with --real: replace Kafka controller pods instead (bench/kafka_real.py)")
     a = p.parse_args(argv)
@@ -154,7 +159,8 @@ def main_real(a: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kk-bench-operator-"))
     try:
         local = bench_recovery(a.recoveries, a.stabilization_seconds, workdir) if a.what != "cost" else {}
-        real, cost = run_real(a.recoveries, a.stabilization_seconds, a.objects, a.window, a.what)
+        real, cost = run_real(a.recoveries, a.stabilization_seconds, a.objects, a.window, a.what,
+                              a.volume_binding, a.tls)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if a.what != "cost":

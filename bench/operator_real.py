@@ -38,6 +38,12 @@ on the node's bridge). The ``bench`` quorum runs with ``spec.tls.mode: Disabled`
 only: the bench holds no admin credential of an Operator-mode CA. Every clock involved (the bench,
 the nodes, the operator) is the host's clock.
 
+``--tls`` (``run(..., tls=True)``): the same with TLS on (the default ``Operator`` mode). The
+bench then cannot describe the quorum, so "first fetch" runs to the operator's detection (and
+"detection" is 0), and the replaced disk's own path is longer: the new pod's node refuses the old
+disk's certificate, the operator issues one for the new disk and deletes the pod once, and the
+pod phases are those of the pod that then starts ("container start" includes the first one).
+
 ``cost``: 100 KRaftQuorum objects (``--objects``): the 3 in ``kk-bench`` have pods running (3
 voters each); the others are in ``kk-bench-idle``, where a ResourceQuota of 0 pods keeps their
 StatefulSets empty (the operator still reconciles every object on every pass). Setup: time, API
@@ -73,6 +79,7 @@ from bench.kubenode import (
     OP_NS,
     RELEASE,
     Kube,
+    immediate_class,
     install,
     node_cluster,
     recycle_pvs,
@@ -93,9 +100,12 @@ PHASES = (*KUBE_PHASES, *POD_PHASES, "detection", "stabilisation", "deadline->ad
 TRANSIENT = (Exception,)
 
 
-def quorum(name: str, stabilization: float, tls: bool) -> dict[str, Any]:
+def quorum(name: str, stabilization: float, tls: bool, storage_class: str | None = None) -> dict[str, Any]:
+    storage: dict[str, Any] = {"size": "128Mi"}
+    if storage_class:
+        storage["storageClassName"] = storage_class
     spec: dict[str, Any] = {
-        "voters": 3, "image": IMAGE, "imagePullPolicy": "Never", "storage": {"size": "128Mi"},
+        "voters": 3, "image": IMAGE, "imagePullPolicy": "Never", "storage": storage,
         "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         "recovery": {"enabled": True, "order": "AddThenRemove", "stabilizationSeconds": round(stabilization),
                      "timeoutSeconds": 600},
@@ -127,8 +137,9 @@ def operator_events(k: Kube, name: str) -> list[dict[str, Any]]:
 class Observer:
     """First-seen times (host ms) of the new pod, its bound claim and the new replica's first fetch."""
 
-    def __init__(self, k: Kube, name: str, ordinal: int, old_pod_uid: str, old_pvc_uid: str) -> None:
-        self.k, self.name, self.ordinal = k, name, ordinal
+    def __init__(self, k: Kube, name: str, ordinal: int, old_pod_uid: str, old_pvc_uid: str,
+                 tls: bool = False) -> None:
+        self.k, self.name, self.ordinal, self.tls = k, name, ordinal, tls
         self.old_pod_uid, self.old_pvc_uid = old_pod_uid, old_pvc_uid
         self.old_gone: int | None = None
         self.pod_seen: int | None = None
@@ -168,6 +179,8 @@ class Observer:
                 c = self.k.get(f"/api/v1/namespaces/{NS_LIVE}/persistentvolumeclaims/{pvc_name}")
                 if c["metadata"]["uid"] != self.old_pvc_uid and c.get("status", {}).get("phase") == "Bound":
                     self.bound_seen = t
+        if self.tls:  # no describe without a credential: the operator's record says the rest
+            return self.bound_seen is not None
         if self.bound_seen is not None and self.first_fetch is None:
             d = self._describe()
             for o in (d or {}).get("observers", []) + (d or {}).get("voters", []):
@@ -191,7 +204,7 @@ def pod_start_marks(k: Kube, pod: str) -> tuple[int, int, int]:
     return first, prep_end, listening
 
 
-def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
+def one_replacement(k: Kube, i: int, stabilization: float, tls: bool = False) -> dict[str, float]:
     name = "bench"
     def ready() -> dict[str, Any] | None:
         s = status(k, NS_LIVE, name)
@@ -204,7 +217,7 @@ def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
     recycle_pvs(k)
     pod = k.get(f"/api/v1/namespaces/{NS_LIVE}/pods/{name}-{ordinal}")
     pvc = k.get(f"/api/v1/namespaces/{NS_LIVE}/persistentvolumeclaims/data-{name}-{ordinal}")
-    obs = Observer(k, name, ordinal, pod["metadata"]["uid"], pvc["metadata"]["uid"])
+    obs = Observer(k, name, ordinal, pod["metadata"]["uid"], pvc["metadata"]["uid"], tls)
     t0 = now_ms()
     k.kubectl("delete", "-n", NS_LIVE, f"pvc/data-{name}-{ordinal}", f"pod/{name}-{ordinal}", "--wait=false")
     wait_until(
@@ -214,7 +227,8 @@ def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
 
     def succeeded() -> dict[str, Any] | None:
         recs = (status(k, NS_LIVE, name).get("recoveries") or [])[done_before:]
-        ok = [r for r in recs if r.get("result") == "Succeeded" and r.get("newUuid") == obs.new_uuid]
+        ok = [r for r in recs if r.get("result") == "Succeeded" and r.get("oldUuid") == old_uuid
+              and (obs.tls or r.get("newUuid") == obs.new_uuid)]
         return ok[-1] if ok else None
 
     rec = wait_until(f"recovery {i + 1} Succeeded", succeeded, timeout=600, interval=0.5, errors=TRANSIENT)
@@ -223,6 +237,8 @@ def one_replacement(k: Kube, i: int, stabilization: float) -> dict[str, float]:
     first = {e["type"]: ts_ms(e) for e in reversed(evs)}
     caught = next(e for e in evs if e["type"] == ev.REPLICA_CAUGHT_UP)
     deadline = int(caught["detail"]["stable_since_ms"]) + round(stabilization * 1000)
+    if tls:
+        obs.first_fetch = first[ev.DISK_REPLACEMENT_DETECTED]
     assert obs.pod_seen is not None and obs.bound_seen is not None and obs.first_fetch is not None
     assert obs.old_gone is not None
     started, prepared, listening = pod_start_marks(k, f"{name}-{ordinal}")
@@ -308,20 +324,25 @@ def bench_cost(k: Kube, objects: int, window: float, rounds: int = 2) -> dict[st
     return r
 
 
-def run(recoveries: int, stabilization: float, objects: int, window: float, what: str
+def run(recoveries: int, stabilization: float, objects: int, window: float, what: str,
+        binding: str = "WaitForFirstConsumer", tls: bool = False
         ) -> tuple[dict[str, list[float]], dict[str, float] | None]:
+    """``binding`` ``Immediate``: the bench quorum's claims use :func:`immediate_class`, not the
+    node's default WaitForFirstConsumer class. ``tls``: the bench quorum with TLS on (module
+    docstring)."""
     rows: dict[str, list[float]] = {p: [] for p in PHASES}
     cost: dict[str, float] | None = None
     with node_cluster() as k:
         try:
             install(k)
             recycle_pvs(k)
-            obj = quorum("bench", stabilization, tls=False)
+            klass = immediate_class(k) if binding == "Immediate" else None
+            obj = quorum("bench", stabilization, tls=tls, storage_class=klass)
             obj["metadata"]["namespace"] = NS_LIVE
             k.apply(obj)
             if what in ("recovery", "all"):
                 for i in range(recoveries):
-                    row = one_replacement(k, i, stabilization)
+                    row = one_replacement(k, i, stabilization, tls)
                     for p in PHASES:
                         rows[p].append(row[p])
                     print(f"  real replacement {i + 1}/{recoveries}: replica {i % 3 + 1}, "

@@ -113,13 +113,14 @@ def test_operator_mode_by_default_makes_ca_node_and_client_secrets(
     node = pod["containers"][0]
     start = node["command"][-1]
     assert "--insecure" not in start and "--cert /etc/kraftkeeper/tls/node.crt" in start
-    assert [m["name"] for m in node["volumeMounts"] if m["name"].startswith("tls")] == ["tls"]
+    tls_mounts = [m for m in node["volumeMounts"] if m["name"].startswith("tls")]
+    assert [(m["name"], m["subPathExpr"]) for m in tls_mounts] == [("tls", "$(POD_NAME)")]  # its own dir
     assert node["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    tls_init = next(c for c in pod["initContainers"] if c["name"] == "tls")
-    assert any(m["name"] == "tls-secrets" for m in tls_init["volumeMounts"])
+    assert "initContainers" not in pod
     vols = {v["name"]: v for v in pod["volumes"]}
-    assert vols["tls-secrets"]["secret"]["secretName"] == "t1-tls"
-    assert vols["tls"]["emptyDir"] == {"medium": "Memory"}
+    secret_src = vols["tls"]["projected"]["sources"][0]["secret"]
+    assert secret_src["name"] == "t1-tls"
+    assert {"key": "node-2.key", "path": "t1-1/node.key"} in secret_src["items"]
     # The NetworkPolicy: peers, the operator, and the default client selector.
     np = kube.wait_for(
         "NetworkPolicy t1",
@@ -197,8 +198,9 @@ def test_cert_manager_issuer_gets_certificates_and_no_ca(
         "StatefulSet cm", lambda: get(kube, f"/apis/apps/v1/namespaces/{ns}/statefulsets/cm"), timeout=60
     )
     vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
-    sources = vols["tls-secrets"]["projected"]["sources"]
+    sources = vols["tls"]["projected"]["sources"]
     assert sources[0]["secret"]["name"] == "cm-node-1-tls" and sources[0]["secret"]["optional"] is True
+    assert {"key": "tls.key", "path": "cm-0/node.key"} in sources[0]["secret"]["items"]
     np = get(kube, f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/cm")
     assert np is not None
     assert np["spec"]["ingress"][2]["from"] == [{"namespaceSelector": {"matchLabels": {"team": "payments"}}}]

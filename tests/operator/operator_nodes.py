@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_MOUNT, DATA_DIR
-from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT
+from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT, check_command
 
 from testkit.launchers import (
     kraftkeeper_argv,
@@ -152,7 +152,8 @@ def run_format_container(
     """Run the volume preparation of the StatefulSet's node container for pod ``ordinal`` (its
     command up to the ``exec`` of the node) the way the kubelet would (the one part that cannot run
     here), with its volumes at local paths. The same command performs a requested unclean recovery
-    (manifests.format_command). ``tls_dir`` stands for the node's TLS volume (default: none)."""
+    (manifests.format_command). ``tls_dir`` stands for the pod's own directory of the TLS volume
+    (default: none, and the command's check that the certificate is there is left out)."""
     node = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "node")
     assert node["command"][:2] == ["sh", "-c"]
     prepare, _, start = node["command"][2].partition("\nexec kraftkeeper start ")
@@ -164,6 +165,8 @@ def run_format_container(
         f'\nexec kraftkeeper format --dir {DATA_DIR} --cluster-id {cluster_id} --node-id "$ID" '
         '--ignore-formatted "$@"'
     )
+    if tls_dir is None:
+        prepare = prepare.replace(f"{check_command()}\n", "")
     script = prepare.replace(BOOTSTRAP_MOUNT, str(flag_dir)).replace(DATA_DIR, str(data))
     script = script.replace(TLS_MOUNT, str(tls_dir or data.parent / "no-tls-volume"))
     env = {

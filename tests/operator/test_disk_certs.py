@@ -118,7 +118,9 @@ def test_pods_take_the_certificates_disk_only_before_the_bootstrap(tmp_path: Pat
     ca = init_ca(tmp_path / "ca", q.cluster_id)
     tls = tmp_path / "tls"
     tls.mkdir()
-    (tls / "node.crt").write_bytes(issue_node(ca, 2, storage_uuid=DISK)[0].read_bytes())
+    crt, key = issue_node(ca, 2, storage_uuid=DISK)[:2]
+    for name, src in (("node.crt", crt), ("node.key", key), ("ca.crt", ca.cert_file)):
+        (tls / name).write_bytes(src.read_bytes())  # the pod's own directory of its tls volume
     flags = tmp_path / "flags"
     flags.mkdir()
     out = run_format_container(sts, 1, tmp_path / "first", flags, tls)

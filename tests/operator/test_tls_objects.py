@@ -25,7 +25,7 @@ from kraftkeeper_operator.k8s.tlsobjects import (
     certificates,
     network_policy,
 )
-from kraftkeeper_operator.k8s.tlsspec import SECRETS_MOUNT, TLS_MOUNT, parse_tls
+from kraftkeeper_operator.k8s.tlsspec import TLS_MOUNT, parse_tls
 
 from quorum.security.pki import Identity, identity_from_cert, peer_hostname
 
@@ -84,36 +84,65 @@ def test_pods_start_with_tls_and_only_their_own_key() -> None:
     assert "initContainers" not in pod2  # the node container prepares its volume itself
 
 
-def _run_tls_init(
-    pod: dict[str, Any], secrets: Path, out: Path, ordinal: int
-) -> subprocess.CompletedProcess[str]:
-    """The tls init container's command, run as the kubelet would, its volumes at local paths."""
-    c = next(c for c in pod["initContainers"] if c["name"] == "tls")
-    script = c["command"][2].replace(SECRETS_MOUNT, str(secrets)).replace(TLS_MOUNT, str(out))
+def _project(volume: dict[str, Any], secrets: dict[str, dict[str, str]], root: Path, pod: str) -> None:
+    """The kubelet's projection of the ``tls`` volume (secrets by name; an optional one or key
+    that is missing is skipped), files at ``root``; the downward-API files hold ``pod``."""
+    for src in volume["projected"]["sources"]:
+        if "secret" in src:
+            data = secrets.get(src["secret"]["name"])
+            assert src["secret"]["optional"] is True
+            for item in src["secret"]["items"] if data is not None else []:
+                if item["key"] in data:
+                    (root / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+                    (root / item["path"]).write_text(data[item["key"]])
+        else:
+            for item in src["downwardAPI"]["items"]:
+                (root / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+                (root / item["path"]).write_text(pod)
+
+
+def _node_check(pod: dict[str, Any], own_dir: Path, ordinal: int) -> subprocess.CompletedProcess[str]:
+    """The node container's command up to its TLS check, run as the kubelet would with the pod's
+    own directory of the tls volume (subPathExpr $(POD_NAME)) at a local path."""
+    script = pod["containers"][0]["command"][2].split("\n")[0].replace(TLS_MOUNT, str(own_dir))
     env = {**os.environ, "POD_NAME": f"q-{ordinal}"}
     return subprocess.run(
-        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False
+        ["sh", "-c", script + "; echo checked"], env=env, capture_output=True, text=True, timeout=30,
+        check=False,
     )
 
 
-@pytest.mark.slow  # starts processes
-def test_the_tls_init_container_copies_only_its_replicas_files(tmp_path: Path) -> None:
-    pod = statefulset(parse_spec(spec()), OWNER, replicas=3, bootstrap_voters=3)["spec"]["template"]["spec"]
-    secrets, out = tmp_path / "s", tmp_path / "o"
-    secrets.mkdir()
-    out.mkdir()
-    (secrets / "ca.crt").write_text("CA")
-    for i in (1, 2, 3):
-        (secrets / f"node-{i}.crt").write_text(f"crt{i}")
-        (secrets / f"node-{i}.key").write_text(f"key{i}")
-    p = _run_tls_init(pod, secrets, out, ordinal=1)  # pod q-1 is replica 2
-    assert p.returncode == 0, p.stderr
-    assert sorted(f.name for f in out.iterdir()) == ["ca.crt", "node.crt", "node.key"]
-    assert (out / "node.key").read_text() == "key2" and (out / "ca.crt").read_text() == "CA"
-    assert oct((out / "node.key").stat().st_mode & 0o777) == "0o600"
-    (secrets / "node-3.key").unlink()
-    p = _run_tls_init(pod, secrets, tmp_path, ordinal=2)
-    assert p.returncode == 1 and "no certificate for replica 3" in p.stdout
+@pytest.mark.slow  # runs the node container's shell step
+@pytest.mark.parametrize("cert_manager", [False, True])
+def test_the_node_container_mounts_only_its_replicas_files(tmp_path: Path, cert_manager: bool) -> None:
+    tls = {"certManager": {"issuerRef": {"name": "ca"}}} if cert_manager else {}
+    sts = statefulset(parse_spec(spec(tls=tls)), OWNER, replicas=3, bootstrap_voters=3)
+    pod = sts["spec"]["template"]["spec"]
+    assert "initContainers" not in pod  # no second container start on the pod's path
+    node = pod["containers"][0]
+    mount = next(m for m in node["volumeMounts"] if m["name"] == "tls")
+    assert mount == {"name": "tls", "mountPath": TLS_MOUNT, "subPathExpr": "$(POD_NAME)", "readOnly": True}
+    assert any(e["name"] == "POD_NAME" for e in node["env"])  # what subPathExpr expands
+    volume = next(v for v in pod["volumes"] if v["name"] == "tls")
+    if cert_manager:  # one Secret per replica id; replica 3's not issued yet
+        secrets = {
+            f"q-node-{i}-tls": {"tls.crt": f"crt{i}", "tls.key": f"key{i}", "ca.crt": "CA"} for i in (1, 2)
+        }
+    else:
+        files = {f"node-{i}.{x}": f"{x}{i}" for i in (1, 2) for x in ("crt", "key")}
+        secrets = {"q-tls": {"ca.crt": "CA", **files}}
+    root = tmp_path / "vol"
+    _project(volume, secrets, root, "q-1")
+    # Every pod's directory exists (a sub-path the kubelet had to create would shadow the Secret).
+    assert all((root / f"q-{k}").is_dir() for k in range(9))
+    own = root / "q-1"  # pod q-1 is replica 2
+    assert sorted(f.name for f in own.iterdir()) == ["ca.crt", "node.crt", "node.key", "pod"]
+    assert (own / "node.key").read_text() == "key2" and (own / "ca.crt").read_text() == "CA"
+    p = _node_check(pod, own, ordinal=1)
+    assert p.returncode == 0 and p.stdout.strip().endswith("checked"), p.stderr
+    # Replica 3 has no certificate yet: its node container exits before anything else, saying so.
+    p = _node_check(pod, root / "q-2", ordinal=2)
+    assert p.returncode == 1 and "no certificate for replica 3" in p.stdout and "checked" not in p.stdout
 
 
 def test_network_policy_admits_peers_the_operator_and_the_selected_clients(

@@ -63,7 +63,7 @@ from .quorumspec import DEFAULT_IMAGE as DEFAULT_IMAGE
 from .quorumspec import QuorumSpec as QuorumSpec
 from .quorumspec import SpecError as SpecError
 from .quorumspec import parse_spec as parse_spec
-from .tlsspec import TLS_MOUNT, apply_to_pod, start_args
+from .tlsspec import TLS_MOUNT, apply_to_pod, check_command, start_args
 from .unclean import MARKER_PREFIX, UNCLEAN_KEY
 
 GROUP = "kraftkeeper.io"
@@ -142,7 +142,7 @@ def format_command(q: QuorumSpec) -> str:
     # an empty disk under a current voter's UUID would be counted with a log it never had. The
     # disk then gets a random UUID, the node refuses its old certificate (exit, message naming
     # both UUIDs), and the operator issues one for the new disk (quorumtls.py).
-    crt = f"{TLS_MOUNT}/node.crt"  # copied by the tls init container before this runs
+    crt = f"{TLS_MOUNT}/node.crt"  # this pod's own directory of the tls volume (tlsspec.py)
     initial = f"if [ -s {crt} ]; then set -- --storage-uuid-from-cert {crt}; fi; " if q.tls.enabled else ""
     return (
         "ID=$(( ${POD_NAME##*-} + 1 )) && set -- && "
@@ -189,8 +189,9 @@ def _node_container(
     # node starts, not by an init container: every container of a pod costs the kubelet a create,
     # a start and up to a PLEG relist (1 s) to see it end, which a replaced disk's recovery waits
     # for. A failed preparation exits non-zero before the node starts, as the init container did.
+    check = f"{check_command()}\n" if q.tls.enabled else ""
     start = (
-        f'echo "kraftkeeper: preparing $POD_NAME"; {format_command(q)}\n'
+        f'echo "kraftkeeper: preparing $POD_NAME"; {check}{format_command(q)}\n'
         # `start --format-*` = `format --ignore-formatted "$@"` in the node's own process: a
         # volume of another cluster or node fails the start before any port opens.
         f'exec kraftkeeper start --format-cluster-id {q.cluster_id} --format-node-id "$ID" "$@" '
@@ -265,7 +266,7 @@ def statefulset(
         # replaced disk's pod and to tear down at the end of the old one (and no credential).
         "automountServiceAccountToken": False,
     }
-    apply_to_pod(pod_spec, q.name, q.tls, env, _container_security())
+    apply_to_pod(pod_spec, q.name, q.tls)
     sched = q.scheduling
     for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName"):
         if sched.get(key):

@@ -11,8 +11,8 @@ Disabled returns None (plaintext).
 Disk binding (kubetls.py module docstring): :meth:`QuorumTls.bind_disks` runs on every daemon
 pass. A pod whose node refused its certificate because it names another disk reported its
 volume's storage UUID (podhealth.py ``disk_of_pod``): the operator issues (or has cert-manager
-issue) the certificate of that disk and then deletes the pod once, so that its ``tls`` init
-container copies the new one; it does not wait for a healthy quorum as a renewal does (the node
+issue) the certificate of that disk and then deletes the pod once, so that its node container
+mounts the new one (tlsspec.py); it does not wait for a healthy quorum as a renewal does (the node
 is down anyway, and a certificate adds no voter: the recovery's AddVoter does). The quorum's view
 names the disk of each voter; a certificate without a disk binding (issued by an older operator)
 is bound to it by the rotation, one pod at a time.

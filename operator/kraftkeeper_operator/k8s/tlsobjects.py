@@ -34,8 +34,8 @@ its own pods (peer traffic), the operator's pods (admin), and the peers of
 
 Renewal (Operator mode): :class:`OperatorCa` issues node certificates valid
 ``spec.tls.validityDays``; rotation.py's CertRotator renews those due within
-``renewBeforeDays``, one pod at a time (restart = delete the pod; its ``tls`` init container
-copies the new certificate). In CertManager mode cert-manager renews the Secrets; the operator
+``renewBeforeDays``, one pod at a time (restart = delete the pod; its node container mounts the
+new certificate: tlsspec.py). In CertManager mode cert-manager renews the Secrets; the operator
 restarts a pod the same way, one at a time, once its Secret holds a certificate issued after the
 pod started.
 """

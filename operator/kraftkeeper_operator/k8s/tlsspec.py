@@ -12,10 +12,19 @@
 * ``Disabled``: plaintext, unauthenticated (``kraftkeeper start --insecure``), for tests and
   for platforms that terminate TLS elsewhere; anyone who reaches the port owns the quorum.
 
-A pod never mounts the other replicas' keys in its node container: the ``tls`` init container
-mounts the node Secret(s), copies only its own ``node-<id>`` certificate and key and the CA
-into an in-memory emptyDir, and only that emptyDir is mounted into the node container. Nothing
-in ``spec.tls`` names a file or a path (the operator writes nowhere a resource can choose);
+A pod never mounts the other replicas' keys in its node container, and needs no container of
+its own to keep them out: the pod's ``tls`` volume is a projected volume with one directory per
+pod (``NAME-<ordinal>``: that replica's ``node.crt``, ``node.key`` and ``ca.crt``, from the
+node Secret(s)), and the node container mounts only its own directory (``subPathExpr:
+$(POD_NAME)``): the kubelet bind-mounts that one directory, so the other replicas' keys are not
+in the container's filesystem at all. (An init container that copied the pod's own files out
+did the same at the price of a second container start on every pod start, which a replaced
+disk's recovery waits for.) The kubelet resolves a sub-path when the container starts, so a
+restarted container reads the Secret as it is then; a running node keeps what it read at start
+(it reads its certificate, key and CA once). Every pod's directory exists from the first mount
+(a downward-API file in each): a sub-path missing at the first mount would be created by the
+kubelet as a plain directory and shadow the Secret's files for the pod's whole life. Nothing in
+``spec.tls`` names a file or a path (the operator writes nowhere a resource can choose);
 unknown keys are refused, naming them.
 """
 
@@ -29,7 +38,6 @@ from typing import Any
 MODES = ("Operator", "CertManager", "Disabled")
 ISSUER_KINDS = ("Issuer", "ClusterIssuer")
 TLS_MOUNT = "/etc/kraftkeeper/tls"  # the node container: its own cert, key and the CA only
-SECRETS_MOUNT = "/etc/kraftkeeper/tls-secrets"  # the tls init container only
 MAX_REPLICA_ID = 9  # spec.voters is at most 9: the projected Secrets cover ids 1..9
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL_KEYS = ("podSelector", "namespaceSelector")
@@ -147,66 +155,66 @@ def start_args(tls: TlsSpec) -> str:
     return f"--cert {TLS_MOUNT}/node.crt --key {TLS_MOUNT}/node.key --ca {TLS_MOUNT}/ca.crt"
 
 
-def copy_command() -> str:
-    """The ``tls`` init container: its own replica's files only, into the in-memory volume.
-    Fails (and so retries) until the Secret holds this replica's certificate."""
-    s, t = SECRETS_MOUNT, TLS_MOUNT
+def check_command() -> str:
+    """The node container's first step with TLS on: its own files are there, or it exits (and
+    the kubelet retries) saying that the certificate is not issued yet."""
+    t = TLS_MOUNT
     return (
-        "ID=$(( ${POD_NAME##*-} + 1 )) && umask 077 && "
-        f'if [ ! -s {s}/node-$ID.crt ] || [ ! -s {s}/node-$ID.key ]; then '
-        'echo "no certificate for replica $ID in the node Secret yet (the operator or cert-manager '
-        'issues it)"; exit 1; fi && '
-        f"cp {s}/node-$ID.crt {t}/node.crt && cp {s}/node-$ID.key {t}/node.key && "
-        f"if [ -s {s}/ca.crt ]; then cp {s}/ca.crt {t}/ca.crt; else cp {s}/ca-$ID.crt {t}/ca.crt; fi"
+        f'if [ ! -s {t}/node.crt ] || [ ! -s {t}/node.key ] || [ ! -s {t}/ca.crt ]; then '
+        'echo "no certificate for replica $(( ${POD_NAME##*-} + 1 )) in the node Secret yet (the operator '
+        'or cert-manager issues it)"; exit 1; fi'
     )
 
 
-def secrets_volume(name: str, tls: TlsSpec) -> dict[str, Any]:
-    """The node Secret(s), for the ``tls`` init container: ``NAME-tls`` in Operator mode, the
-    cert-manager Secrets of replica ids 1..9 (optional: only existing ones appear) otherwise."""
-    if not tls.cert_manager:
-        return {"name": "tls-secrets", "secret": {"secretName": f"{name}-tls", "defaultMode": 0o440}}
-    sources = [
-        {
-            "secret": {
-                "name": f"{name}-node-{i}-tls",
-                "optional": True,
-                "items": [
-                    {"key": "tls.crt", "path": f"node-{i}.crt"},
-                    {"key": "tls.key", "path": f"node-{i}.key"},
-                    {"key": "ca.crt", "path": f"ca-{i}.crt"},
-                ],
+def tls_volume(name: str, tls: TlsSpec) -> dict[str, Any]:
+    """The pod's ``tls`` volume: directory ``NAME-<k>`` holds replica ``k + 1``'s ``node.crt``,
+    ``node.key`` and ``ca.crt``, from ``NAME-tls`` (keys ``node-<id>.crt``/``.key``, ``ca.crt``) in
+    Operator mode or from the cert-manager Secret ``NAME-node-<id>-tls`` (``tls.crt``, ``tls.key``,
+    ``ca.crt``) of each replica id 1..9. Every Secret is optional, so a replica whose key is not
+    issued yet gets an empty directory (its node container then exits: check_command); the
+    downward-API file in each directory makes it exist from the first mount."""
+    ids = range(1, MAX_REPLICA_ID + 1)
+    if tls.cert_manager:
+        sources: list[dict[str, Any]] = [
+            {
+                "secret": {
+                    "name": f"{name}-node-{i}-tls",
+                    "optional": True,
+                    "items": [
+                        {"key": "tls.crt", "path": f"{name}-{i - 1}/node.crt"},
+                        {"key": "tls.key", "path": f"{name}-{i - 1}/node.key"},
+                        {"key": "ca.crt", "path": f"{name}-{i - 1}/ca.crt"},
+                    ],
+                }
             }
-        }
-        for i in range(1, MAX_REPLICA_ID + 1)
-    ]
-    return {"name": "tls-secrets", "projected": {"sources": sources, "defaultMode": 0o440}}
+            for i in ids
+        ]
+    else:
+        items = [
+            item
+            for i in ids
+            for item in (
+                {"key": f"node-{i}.crt", "path": f"{name}-{i - 1}/node.crt"},
+                {"key": f"node-{i}.key", "path": f"{name}-{i - 1}/node.key"},
+                {"key": "ca.crt", "path": f"{name}-{i - 1}/ca.crt"},
+            )
+        ]
+        # Optional: keys of replica ids the quorum does not have are skipped, not an error.
+        sources = [{"secret": {"name": f"{name}-tls", "optional": True, "items": items}}]
+    pods = [{"path": f"{name}-{i - 1}/pod", "fieldRef": {"fieldPath": "metadata.name"}} for i in ids]
+    sources.append({"downwardAPI": {"items": pods}})
+    return {"name": "tls", "projected": {"sources": sources, "defaultMode": 0o440}}
 
 
-def apply_to_pod(
-    pod_spec: dict[str, Any], name: str, tls: TlsSpec, env: list[dict[str, Any]], security: dict[str, Any]
-) -> None:
-    """Add the ``tls`` init container, its volumes and the node container's mount (in place),
+def apply_to_pod(pod_spec: dict[str, Any], name: str, tls: TlsSpec) -> None:
+    """Add the ``tls`` volume and the node container's mount of its own directory (in place),
     and switch the probes to HTTPS (the kubelet does not verify a probe's certificate)."""
     if not tls.enabled:
         return
     node = pod_spec["containers"][0]
-    pod_spec.setdefault("initContainers", []).append(
-        {
-            "name": "tls",
-            "image": node["image"],
-            "imagePullPolicy": node["imagePullPolicy"],
-            "command": ["sh", "-c", copy_command()],
-            "env": env,
-            "volumeMounts": [
-                {"name": "tls-secrets", "mountPath": SECRETS_MOUNT, "readOnly": True},
-                {"name": "tls", "mountPath": TLS_MOUNT},
-                {"name": "tmp", "mountPath": "/tmp"},  # HOME (the root filesystem is read-only)
-            ],
-            "securityContext": security,
-        }
-    )
-    pod_spec["volumes"] += [secrets_volume(name, tls), {"name": "tls", "emptyDir": {"medium": "Memory"}}]
-    node["volumeMounts"] = [*node["volumeMounts"], {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True}]
+    pod_spec["volumes"] = [*pod_spec["volumes"], tls_volume(name, tls)]
+    # $(POD_NAME) is the container's env var (the downward API's metadata.name).
+    mount = {"name": "tls", "mountPath": TLS_MOUNT, "subPathExpr": "$(POD_NAME)", "readOnly": True}
+    node["volumeMounts"] = [*node["volumeMounts"], mount]
     for probe in ("readinessProbe", "livenessProbe"):
         node[probe]["httpGet"]["scheme"] = "HTTPS"
