@@ -1,8 +1,8 @@
 """Certificate renewal of a running quorum, one node at a time, never breaking it.
 
-The same rule in local mode (localtls.py: restart = the supervisor restarts the process) and on
-Kubernetes (kubetls.py: restart = delete the pod; the StatefulSet re-creates it and its ``tls``
-init container copies the renewed certificate):
+The same rule in local mode (local/tls.py: restart = the supervisor restarts the process) and on
+Kubernetes (k8s/quorumtls.py: restart = delete the pod; the StatefulSet re-creates it and its node
+container reads the renewed certificate from its own directory of the projected ``tls`` volume):
 
 * a node is renewed only when the quorum is fully healthy in the leader's view: every voter id
   the quorum should have is in the voter set, every follower is caught up (lag within
