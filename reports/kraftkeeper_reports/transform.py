@@ -412,9 +412,12 @@ def _as_merged(g1: DataFrame) -> DataFrame:
     example as its least and greatest by hash and any one), so that partial rows and merged
     rows merge by the same aggregation."""
     h = F.when(F.col("pcode").isNotNull(), F.xxhash64("example"))
+    # "Any one" example is the least by a second hash: deterministic, so the same whatever
+    # batches were merged in which runs (``first`` would depend on the order of the rows).
+    h_any = F.when(F.col("pcode").isNotNull(), F.xxhash64(F.lit("any"), "example"))
     return g1.select(
         *[c for c in g1.columns if c not in ("example", "message")],
-        h.alias("h_min"), h.alias("h_max"),
+        h.alias("h_min"), h.alias("h_max"), h_any.alias("h_any"),
         *[F.col("example").alias(c) for c in ("ex_min", "ex_max", "ex_any")],
         F.col("message").alias("pmessage"),
     )
@@ -424,7 +427,8 @@ def _merge(rows: DataFrame) -> DataFrame:
     """One row per key from rows of :func:`_as_merged`'s shape (partial rows, or rows this
     merged before): every aggregate is min, max, sum, or a pick by one of those (min_by,
     max_by), so merging merged rows with new partial rows equals merging all the partial rows
-    at once. (``first`` picks any example and message of a bad-input group: any one is right.)"""
+    at once. (A bad-input group's message is any one of its lines', ``first``: which one may
+    depend on how its batches were merged.)"""
     key = list(_KEY)
     merged: list[Column] = []
     for t in ev.KNOWN_TYPES:
@@ -450,7 +454,7 @@ def _merge(rows: DataFrame) -> DataFrame:
         F.sum("n_problem").alias("n_problem"),
         F.min("h_min").alias("h_min"), F.max("h_max").alias("h_max"),
         F.min_by("ex_min", "h_min").alias("ex_min"), F.max_by("ex_max", "h_max").alias("ex_max"),
-        F.first("ex_any", ignorenulls=True).alias("ex_any"),
+        F.min("h_any").alias("h_any"), F.min_by("ex_any", "h_any").alias("ex_any"),
         F.first("pmessage", ignorenulls=True).alias("pmessage"),
     )
 
