@@ -10,6 +10,8 @@
                                                      whole or in segments (below)
     DIR/landed.json                                  how far each input file was landed
     DIR/inputs.json                                  the inputs this state was built from
+    DIR/partials/b<N>/, DIR/merged/v<N>/             aggregates derived from the tables
+                                                     (``partials``, ``merged``)
 
 How: a Structured Streaming query over Spark's file source (``landing/``) with a checkpoint,
 run with ``trigger(availableNow=True)``: each run takes the files no earlier run took, parses
@@ -103,6 +105,11 @@ class Layout:
     def partials(self) -> Path:
         """Per-batch partial aggregates (``partials``): derived from the tables, never counted."""
         return self.root / "partials"
+
+    @property
+    def merged(self) -> Path:
+        """The merged per-recovery rows (``merged``): derived from the partials, never counted."""
+        return self.root / "merged"
 
     @property
     def inputs(self) -> Path:
@@ -346,10 +353,11 @@ def _no_hook(_point: str) -> None:
     pass
 
 
-def _kill_hook() -> Callable[[str], None]:
+def kill_hook() -> Callable[[str], None]:
     """Tests: KK_INGEST_DIE_AT=<point>[:<batch count>] makes the process SIGKILL itself at that
     point of a batch's commit (after that many batches reached it), to prove a restart counts
-    every line once. Points: staged, planned, moving, committed."""
+    every line once. Points: staged, planned, moving, committed; and of the merged table's
+    update (``merged``): merging (written aside), merged (renamed into place)."""
     spec = os.environ.get("KK_INGEST_DIE_AT", "")
     if not spec:
         return _no_hook
@@ -384,7 +392,7 @@ def ingest(spark: SparkSession, lay: Layout, sources: list[str]) -> Ingested:
     ``sources``: directories for the file source (``landing/`` and any Hadoop URL)."""
     t0 = time.monotonic()
     before = {p.name for p in lay.batches.glob("*.json")} if lay.batches.exists() else set()
-    hook = _kill_hook()
+    hook = kill_hook()
     streams = []
     for src in sources:
         streams.append(
@@ -423,9 +431,10 @@ def ingest(spark: SparkSession, lay: Layout, sources: list[str]) -> Ingested:
 
 
 def reset(lay: Layout) -> None:
-    """``--full``: forget everything ingested (the tables, checkpoint, landing links, partials)."""
+    """``--full``: forget everything ingested (the tables, checkpoint, landing links, partials,
+    merged rows)."""
     for d in (lay.events, lay.quarantine, lay.checkpoint, lay.batches, lay.landing, lay.staging,
-              lay.partials):
+              lay.partials, lay.merged):
         shutil.rmtree(d, ignore_errors=True)
     lay.inputs.unlink(missing_ok=True)
     lay.landed.unlink(missing_ok=True)

@@ -14,7 +14,10 @@ it in the JVM (one projection) and aggregates it into per-recovery rows and per-
 groups (a hash aggregation whose buffers hold only numbers, then a small merge); those
 (about one row per 7 events) come to the driver as Arrow, and the small tables are computed
 there with numpy on the Arrow columns (``tables``). A dozen small Spark jobs, one per table,
-cost more in fixed overhead than the whole computation on the driver. With KK_REPORT_TIMINGS=1
+cost more in fixed overhead than the whole computation on the driver. ``kraftkeeper report``
+runs it incrementally over its state (:func:`compute_state`): the lines are ingested once, each
+batch's first aggregation kept (``partials``), and only the recoveries new lines touch merged
+again (``merged``); the driver reads the per-recovery rows from Parquet. With KK_REPORT_TIMINGS=1
 each step's wall time goes to stderr.
 
 Errors are one ``CODE: message`` line on stderr and a non-zero exit; the report's path is the
@@ -48,7 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kraftkeeper_reports import ingest as ing
-from kraftkeeper_reports import partials
+from kraftkeeper_reports import merged, partials
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
 from kraftkeeper_reports.session import build_session, jvm_costs, jvm_exit_code, jvm_failure
@@ -282,17 +285,16 @@ def compute_state(
     spark: SparkSession, paths: list[str], lay: ing.Layout, run: Run,
 ) -> tuple[ReportTables, ing.Ingested]:
     """The incremental report: ingest what is new into the tables under ``lay`` (exactly once,
-    ``ingest``), aggregate each new batch's lines once (``partials``), then one Spark job
-    merging every batch's partial (``transform.merge_partials``)."""
+    ``ingest``), aggregate each new batch's lines once (``partials``) and merge them into the
+    merged rows of the recoveries they touch (``merged``); the driver reads those rows."""
     done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
     run.timer(f"ingested {done.events + done.quarantined:,} new lines in {done.batches} batch(es)")
-    n = partials.ensure(spark, lay)
-    run.timer(f"partial aggregates of {n} batch(es) written")
-    parsed, merged = partials.read_parsed(spark, lay), partials.read(spark, lay)
-    if parsed is None or merged is None:
+    rows = merged.update(spark, lay, step=run.timer)
+    if rows is None:
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
-    merging = "merge every batch's partial (one Spark job)"
-    return finish(tf.merge_partials(merged).toArrow(), run, Input(spark, parsed), merging), done
+    parsed = partials.read_parsed(spark, lay)  # only for recounting a rare recovery (finish)
+    assert parsed is not None
+    return finish(rows, run, Input(spark, parsed), "merged rows written and read (pyarrow)"), done
 
 
 @contextlib.contextmanager
@@ -320,13 +322,14 @@ def _state(lay: ing.Layout, paths: list[str], full: bool) -> Iterator[None]:
 def ingest_only(
     events: list[str], state: str, master: str | None = None, full: bool = False,
 ) -> dict[str, Any]:
-    """Bring the state under ``state`` up to date with ``events``, no report: what this run
-    ingested and the state's totals."""
+    """Bring the state under ``state`` up to date with ``events`` (the tables, the partials and
+    the merged rows), no report: what this run ingested and the state's totals."""
     paths = _check_inputs(events)
     lay = ing.Layout(Path(state))
     with _state(lay, paths, full):
         spark = build_session(master)
         done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
+        merged.update(spark, lay)
         return {"batches": done.batches, "events": done.events, "quarantined": done.quarantined,
                 "seconds": round(done.seconds, 3), "state": partials.ledger(lay)}
 

@@ -6,8 +6,9 @@ The report's Spark job is two aggregations (``transform.one_pass``): the first o
 (``transform.partial_rows``, numbers only in its buffers), the second merging its few rows per
 recovery (``transform.merge_partials``). The first reads every line and its rows merge
 associatively, so this module keeps them per committed batch, under ``state/partials/b<N>``,
-and the report merges the partials of every batch: a run that ingested one new day computes one
-small partial and merges about one row per recovery, instead of aggregating all the lines.
+and the report merges the partials of the new batches: a run that ingested one new day computes one
+small partial, instead of aggregating all the lines, and merges it with the merged rows of the
+recoveries it touches (``merged``).
 
 A committed batch never changes (its files carry its number, ``ingest``), so its partial is a
 cache keyed by that number. It is written to a hidden temporary directory and renamed into
@@ -68,7 +69,7 @@ def ledger(lay: ing.Layout) -> dict[str, int]:
     return out
 
 
-def _batch_numbers(lay: ing.Layout) -> list[int]:
+def batch_numbers(lay: ing.Layout) -> list[int]:
     """The committed batches (``batches/<N>.json``), in order."""
     if not lay.batches.exists():
         return []
@@ -81,35 +82,41 @@ def _batch_rows(spark: SparkSession, lay: ing.Layout, n: int) -> DataFrame | Non
                    sorted(lay.quarantine.glob(f"b{n}-*.parquet")))
 
 
-def ensure(spark: SparkSession, lay: ing.Layout) -> int:
-    """Write the partial of every committed batch that has none yet; how many were written."""
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Make the directory ``tmp`` (its Parquet files written) appear whole as ``final``: its
+    files and itself fsynced, then renamed, then the rename made durable. A kill before the
+    rename leaves ``tmp``, which its writer removes on its next run."""
+    for f in tmp.glob("*.parquet"):
+        fsync_existing(f)
+    fsync_dir(tmp)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def ensure(spark: SparkSession, lay: ing.Layout, after: int = -1) -> int:
+    """Write the partial of every committed batch after batch ``after`` that has none yet (the
+    merged table, ``merged``, holds the batches up to ``after``); how many were written."""
     root = lay.partials
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".b*.tmp"):  # left by a run killed while writing a partial
         shutil.rmtree(stale, ignore_errors=True)
     written = 0
-    for n in _batch_numbers(lay):
+    for n in batch_numbers(lay):
         final = root / f"b{n}"
-        if final.exists():
+        if n <= after or final.exists():
             continue
         rows = _batch_rows(spark, lay, n)
         if rows is None:
             continue
         tmp = root / f".b{n}.tmp"
         tf.partial_rows(rows).write.mode("overwrite").parquet(str(tmp))
-        for f in tmp.glob("*.parquet"):
-            fsync_existing(f)
-        fsync_dir(tmp)
-        os.replace(tmp, final)
-        fsync_dir(root)
+        publish_dir(tmp, final)
         written += 1
     return written
 
 
-def read(spark: SparkSession, lay: ing.Layout) -> DataFrame | None:
-    """Every batch's partial (after :func:`ensure`), None while no batch has rows."""
-    done: list[Path] = [lay.partials / f"b{n}" for n in _batch_numbers(lay)]
-    done = [p for p in done if p.exists()]
-    if not done:
-        return None
-    return spark.read.parquet(*map(str, done))
+def written(lay: ing.Layout, after: int = -1) -> list[Path]:
+    """The partials of the committed batches after batch ``after`` (after :func:`ensure`; a
+    batch without rows has none)."""
+    done = [lay.partials / f"b{n}" for n in batch_numbers(lay) if n > after]
+    return [p for p in done if p.exists()]

@@ -399,17 +399,46 @@ def partial_rows(parsed: DataFrame) -> DataFrame:
 def merge_partials(g1: DataFrame) -> DataFrame:
     """:func:`one_pass`'s second aggregation over :func:`partial_rows`' rows (of one run or of
     many batches): a row per recovery and per bad-input code (:func:`one_pass`)."""
+    return _recovery_rows(_merge(_as_merged(g1)), (*PROBLEM_COLUMNS, RECHECK_COLUMN))
+
+
+# The merged aggregates of a key, carried beside its row under this prefix (``merge_into``).
+MERGED_PREFIX = "m_"
+KEY_COLUMNS = _KEY
+
+
+def _as_merged(g1: DataFrame) -> DataFrame:
+    """:func:`partial_rows`' rows in the shape of :func:`_merge`'s output (a bad-input group's
+    example as its least and greatest by hash and any one), so that partial rows and merged
+    rows merge by the same aggregation."""
+    h = F.when(F.col("pcode").isNotNull(), F.xxhash64("example"))
+    # "Any one" example is the least by a second hash: deterministic, so the same whatever
+    # batches were merged in which runs (``first`` would depend on the order of the rows).
+    h_any = F.when(F.col("pcode").isNotNull(), F.xxhash64(F.lit("any"), "example"))
+    return g1.select(
+        *[c for c in g1.columns if c not in ("example", "message")],
+        h.alias("h_min"), h.alias("h_max"), h_any.alias("h_any"),
+        *[F.col("example").alias(c) for c in ("ex_min", "ex_max", "ex_any")],
+        F.col("message").alias("pmessage"),
+    )
+
+
+def _merge(rows: DataFrame) -> DataFrame:
+    """One row per key from rows of :func:`_as_merged`'s shape (partial rows, or rows this
+    merged before): every aggregate is min, max, sum, or a pick by one of those (min_by,
+    max_by), so merging merged rows with new partial rows equals merging all the partial rows
+    at once. (A bad-input group's message is any one of its lines', ``first``: which one may
+    depend on how its batches were merged.)"""
     key = list(_KEY)
     merged: list[Column] = []
     for t in ev.KNOWN_TYPES:
         first, last, sm, n = _per_type(t)
         merged += [F.min(first).alias(first), F.max(last).alias(last), F.sum(sm).alias(sm), F.sum(n).alias(n)]
-    h = F.when(F.col("pcode").isNotNull(), F.xxhash64("example"))
     # The merge is a sort aggregation (string picks); repartitioning by its keys first lets Spark
     # sort once, after the shuffle, instead of also sorting for a partial aggregation before it
     # that merges nothing (the first aggregation's rows are nearly unique per key already).
     # Measured at 1 M events: 9.1 against 11.2 s of CPU for the whole job.
-    agg = g1.repartition(*key).groupBy(*key).agg(
+    return rows.repartition(*key).groupBy(*key).agg(
         *merged,
         F.sum("n_events").alias("n_events"),
         F.min("replica_id").alias("replica_id"),
@@ -423,12 +452,32 @@ def merge_partials(g1: DataFrame) -> DataFrame:
         F.min("min_ts").alias("min_ts"),
         F.max("max_ts").alias("max_ts"),
         F.sum("n_problem").alias("n_problem"),
-        F.min(h).alias("h_min"), F.max(h).alias("h_max"),
-        F.min_by("example", h).alias("ex_min"), F.max_by("example", h).alias("ex_max"),
-        F.first("example", ignorenulls=True).alias("ex_any"),
-        F.first("message", ignorenulls=True).alias("pmessage"),
+        F.min("h_min").alias("h_min"), F.max("h_max").alias("h_max"),
+        F.min_by("ex_min", "h_min").alias("ex_min"), F.max_by("ex_max", "h_max").alias("ex_max"),
+        F.min("h_any").alias("h_any"), F.min_by("ex_any", "h_any").alias("ex_any"),
+        F.first("pmessage", ignorenulls=True).alias("pmessage"),
     )
-    return _recovery_rows(agg, (*PROBLEM_COLUMNS, RECHECK_COLUMN))
+
+
+def merge_into(partials: DataFrame, kept: DataFrame | None) -> DataFrame:
+    """The rows of :func:`merge_partials` for the keys of ``partials`` (new batches' partial
+    rows), merged with ``kept``: those keys' merged aggregates from earlier batches (as
+    :func:`merged_aggregates` reads them back), or None. Each row also carries its merged
+    aggregates under MERGED_PREFIX, for the next merge (``merged``). Invariant: over batches
+    0..N merged in any grouping, the rows equal ``merge_partials`` of all their partials."""
+    rows = _as_merged(partials)
+    if kept is not None:
+        rows = rows.unionByName(kept)
+    agg = _merge(rows)
+    carried = [c for c in agg.columns if c not in _KEY]
+    agg = agg.select("*", *[F.col(c).alias(MERGED_PREFIX + c) for c in carried])
+    return _recovery_rows(agg, (*PROBLEM_COLUMNS, RECHECK_COLUMN, *(MERGED_PREFIX + c for c in carried)))
+
+
+def merged_aggregates(rows: DataFrame) -> DataFrame:
+    """Rows written by :func:`merge_into` as the merged aggregates it takes as ``kept``."""
+    n = len(MERGED_PREFIX)
+    return rows.select(*_KEY, *[F.col(c).alias(c[n:]) for c in rows.columns if c.startswith(MERGED_PREFIX)])
 
 
 def _fmt_ts(c: Column) -> Column:

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from kraftkeeper_reports import ingest as ing
-from kraftkeeper_reports import partials
+from kraftkeeper_reports import merged, partials
 from kraftkeeper_reports.job import ReportError, ingest_only, run_report
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
@@ -67,25 +67,38 @@ def cli(state: Path, events: Path, **env: str) -> subprocess.CompletedProcess[st
                           env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **env})
 
 
+def merged_rows(state: Path) -> list[tuple[Any, ...]]:
+    """The state's merged per-recovery rows (``merged``), every column, sorted."""
+    vs = merged.versions(ing.Layout(state))
+    assert len(vs) == 1, vs
+    t = pq.read_table(vs[0][1])
+    return sorted(tuple(json.dumps(v, default=str) for v in r.values()) for r in t.to_pylist())
+
+
 def test_killed_at_each_point_of_a_commit_counts_every_line_once(
-    spark: Any, log: Path, tmp_path: Path,
+    spark: Any, log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clean = ingest_only([str(log)], str(tmp_path / "clean"))
     assert clean["state"][ing.EVENTS] + clean["state"][ing.QUARANTINE] == n_lines(log)
     want = rows(tmp_path / "clean")
     state = tmp_path / "killed" / "state"
-    # Two files a batch (5 batches); each run dies at the next point of some batch's commit.
-    for point in ("staged", "planned", "moving", "committed:2"):
+    # Two files a batch (5 batches); each run dies at the next point of some batch's commit, the
+    # last one once every batch is in, while writing the merged rows of all five.
+    for point in ("staged", "planned", "moving", "committed:2", "merging"):
         r = cli(state, log, KK_INGEST_DIE_AT=point, KK_INGEST_MAX_FILES="2")
         assert r.returncode == -9, (point, r.returncode, r.stderr[-2000:])
-    r = cli(state, log, KK_INGEST_MAX_FILES="2")
-    assert r.returncode == 0, r.stderr[-2000:]
-    done = json.loads(r.stdout.strip().splitlines()[-1])
-    assert done["state"]["batches"] == 5 and done["state"] == {**clean["state"], "batches": 5}
+    assert sorted(p.name for p in (state / "merged").iterdir())[:1] == [".v4.tmp"], "no version written aside"
+    assert not merged.versions(ing.Layout(state))
+    monkeypatch.setenv("KK_INGEST_MAX_FILES", "2")
+    done = ingest_only([str(log)], str(state))  # in this process: no JVM to start
+    assert done["batches"] == 0 and done["state"] == {**clean["state"], "batches": 5}
     got = rows(state)
     assert len(got[0]) == clean["state"][ing.EVENTS] and len(got[1]) == clean["state"][ing.QUARANTINE]
     assert got == want
     assert not list((state / "staging").glob("*")) and not list((state / "batches").glob("*.pending"))
+    # Five batches merged at once after a kill equal one batch of every line.
+    assert [p.name for p in (state / "merged").iterdir()] == ["v4"]
+    assert merged_rows(state) == merged_rows(tmp_path / "clean")
 
 
 def _summary(out: Path) -> dict[str, Any]:
@@ -137,17 +150,32 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
     with pytest.raises(ReportError, match="moved or copied"):
         run_report([str(src)], str(tmp_path / "out-moved"), state=str(moved))
     assert partials.ledger(ing.Layout(moved)) == third
-    # Three partials merged (one per batch) give the per-recovery rows of one partial of all.
+    # Three batches merged one run at a time give the per-recovery rows of one partial of all.
     assert sorted(p.name for p in (out / "state" / "partials").iterdir()) == ["b0", "b1", "b2"]
     assert [p.name for p in (full / "state" / "partials").iterdir()] == ["b0"]
+    assert [p.name for p in (out / "state" / "merged").iterdir()] == ["v2"]
     assert _recoveries(out) == _recoveries(full)
-    # A partial is a cache: one lost, and one left half-written by a kill, are made again.
+    assert merged_rows(out / "state") == merged_rows(full / "state")
+    # What a run killed while publishing the merged rows leaves (a version written aside, Spark's
+    # work, the version before the one it published) is removed; the latest version is used.
+    lay = ing.Layout(out / "state")
+    want = merged_rows(out / "state")
+    shutil.copytree(out / "state" / "merged" / "v2", out / "state" / "merged" / "v1")
+    for torn in (".v3.tmp", ".work"):
+        (out / "state" / "merged" / torn).mkdir()
+        (out / "state" / "merged" / torn / "part-0.parquet").write_bytes(b"PAR1 torn")
+    merged.update(spark, lay)
+    assert [p.name for p in (out / "state" / "merged").iterdir()] == ["v2"] and merged_rows(lay.root) == want
+    # The merged rows and the partials are a cache: lost (a partial also half-written by a
+    # kill), they are made again.
+    shutil.rmtree(out / "state" / "merged")
     shutil.rmtree(out / "state" / "partials" / "b1")
     (out / "state" / "partials" / ".b2.tmp").mkdir()
     (out / "state" / "partials" / ".b2.tmp" / "part-0.parquet").write_bytes(b"PAR1 torn")
     run_report([str(src)], str(out))
     assert sorted(p.name for p in (out / "state" / "partials").iterdir()) == ["b0", "b1", "b2"]
     assert _summary(out) == summary and _recoveries(out) == _recoveries(full)
+    assert merged_rows(lay.root) == want
 
 
 def _recoveries(out: Path) -> list[tuple[Any, ...]]:
