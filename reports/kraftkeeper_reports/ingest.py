@@ -73,6 +73,27 @@ class StateError(Exception):
     """The state directory cannot be used as asked (e.g. built from other inputs)."""
 
 
+def read_record(path: Path, shape: type[dict[Any, Any]] | type[list[Any]] | type[str]) -> Any:
+    """One of the state's own JSON records, or a :class:`StateError` naming the file when it does
+    not parse or is not a JSON ``shape`` (a damaged state is never guessed past)."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StateError(f"{path} is damaged ({e}); --full rebuilds the state from the event logs") from None
+    if not isinstance(value, shape):
+        raise StateError(f"{path} is damaged (not a JSON {shape.__name__}); --full rebuilds the state "
+                         "from the event logs")
+    return value
+
+
+def batch_rows(path: Path) -> dict[str, int]:
+    """A committed batch's rows per table (``batches/<N>.json``), checked."""
+    rows = read_record(path, dict).get("rows")
+    if not isinstance(rows, dict) or not all(isinstance(rows.get(t), int) for t in (EVENTS, QUARANTINE)):
+        raise StateError(f"{path} is damaged (no row counts); --full rebuilds the state from the event logs")
+    return {EVENTS: rows[EVENTS], QUARANTINE: rows[QUARANTINE]}
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path
@@ -223,7 +244,7 @@ def land(lay: Layout, roots: list[Path], now_s: float) -> None:
     once, the run after it was written. Landing names keep the path below the root (``~`` for
     ``/``, the root's index first), so a quarantined line names its file."""
     lay.landing.mkdir(parents=True, exist_ok=True)
-    landed: dict[str, dict[str, Any]] = json.loads(lay.landed.read_text()) if lay.landed.exists() else {}
+    landed: dict[str, dict[str, Any]] = read_record(lay.landed, dict) if lay.landed.exists() else {}
     changed = False
     for i, root in enumerate(roots):
         for f in data_files(root):
@@ -260,12 +281,12 @@ def check_inputs(lay: Layout, inputs: list[str]) -> None:
     """Record the inputs of a new state; refuse other inputs for an existing one (its checkpoint
     and landing names are those inputs')."""
     here = str(lay.root.resolve())
-    built = json.loads(lay.location.read_text()) if lay.location.exists() else here
+    built = read_record(lay.location, str) if lay.location.exists() else here
     if built != here:  # the checkpoint names the files it took by their paths there
         raise StateError(f"--state {lay.root} was built at {built} and moved or copied here, so every line "
                          "would be ingested again: use it where it was built, or --full to rebuild it here")
     if lay.inputs.exists():
-        was = json.loads(lay.inputs.read_text())
+        was = read_record(lay.inputs, list)
         if was != inputs:
             raise StateError(
                 f"--state {lay.root} was built from other inputs ({', '.join(was)}); "
@@ -332,7 +353,7 @@ def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], N
         hook("staged")
         atomic_write(pending, (json.dumps(_plan(lay, n)) + "\n").encode())
         hook("planned")
-    moves = [tuple(m) for m in json.loads(pending.read_text())]
+    moves = [tuple(m) for m in read_record(pending, list)]
     for i, (src, dst) in enumerate(moves):
         s, d = lay.root / src, lay.root / dst
         if s.exists():
@@ -424,7 +445,7 @@ def ingest(spark: SparkSession, lay: Layout, sources: list[str]) -> Ingested:
         if lay.batches.exists() else []
     events = quarantined = 0
     for p in new:
-        rows = json.loads(p.read_text())["rows"]
+        rows = batch_rows(p)
         events += rows[EVENTS]
         quarantined += rows[QUARANTINE]
     return Ingested(len(new), events, quarantined, time.monotonic() - t0)

@@ -312,11 +312,11 @@ def _state(lay: ing.Layout, paths: list[str], full: bool) -> Iterator[None]:
             raise ReportError("INVALID_REQUEST", busy) from None
         if full:
             ing.reset(lay)
-        try:
+        try:  # a state that cannot be used, found at the start or while the run reads it
             ing.check_inputs(lay, paths)
+            yield
         except ing.StateError as e:
             raise ReportError("INVALID_REQUEST", str(e)) from e
-        yield
 
 
 def ingest_only(

@@ -20,7 +20,6 @@ rows ``one_pass`` gives over the same batches' rows read together.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -62,7 +61,7 @@ def ledger(lay: ing.Layout) -> dict[str, int]:
     out = {"batches": 0, ing.EVENTS: 0, ing.QUARANTINE: 0}
     if lay.batches.exists():
         for p in lay.batches.glob("*.json"):
-            rows = json.loads(p.read_text())["rows"]
+            rows = ing.batch_rows(p)
             out["batches"] += 1
             out[ing.EVENTS] += rows[ing.EVENTS]
             out[ing.QUARANTINE] += rows[ing.QUARANTINE]
