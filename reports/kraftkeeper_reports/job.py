@@ -51,7 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kraftkeeper_reports import ingest as ing
-from kraftkeeper_reports import merged, partials
+from kraftkeeper_reports import landing, merged, partials
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
 from kraftkeeper_reports.session import build_session, jvm_costs, jvm_exit_code, jvm_failure
@@ -287,7 +287,7 @@ def compute_state(
     """The incremental report: ingest what is new into the tables under ``lay`` (exactly once,
     ``ingest``), aggregate each new batch's lines once (``partials``) and merge them into the
     merged rows of the recoveries they touch (``merged``); the driver reads those rows."""
-    done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
+    done = ing.ingest(spark, lay, landing.sources_for(lay, paths))
     run.timer(f"ingested {done.events + done.quarantined:,} new lines in {done.batches} batch(es)")
     rows = merged.update(spark, lay, step=run.timer)
     if rows is None:
@@ -328,7 +328,7 @@ def ingest_only(
     lay = ing.Layout(Path(state))
     with _state(lay, paths, full):
         spark = build_session(master)
-        done = ing.ingest(spark, lay, ing.sources_for(lay, paths))
+        done = ing.ingest(spark, lay, landing.sources_for(lay, paths))
         merged.update(spark, lay)
         return {"batches": done.batches, "events": done.events, "quarantined": done.quarantined,
                 "seconds": round(done.seconds, 3), "state": partials.ledger(lay)}

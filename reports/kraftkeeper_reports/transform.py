@@ -60,6 +60,7 @@ from pyspark.sql import functions as F
 
 from kraftkeeper_reports import events as ev
 from kraftkeeper_reports import parse
+from kraftkeeper_reports import recovery_checks as checks
 from kraftkeeper_reports.intervals import (
     ADD_THEN_REMOVE,
     INTERVALS,
@@ -137,43 +138,6 @@ def sessionise(events: DataFrame) -> DataFrame:
     return _recovery_rows(known.groupBy("cluster", "recovery_id").agg(*_recovery_aggs()))
 
 
-def _order_violation(steps: list[str]) -> Column:
-    """The first step stamped before a step it follows in ``steps`` (protocol order), as a
-    message, or null. Step j violates the order when ts(j) < max(ts of steps 0..j-1); the message
-    names it and the latest of its predecessors. Written with array functions, not one CASE per
-    pair: a 21-way nested expression is too large for Spark's code generation and runs
-    interpreted (much slower)."""
-    names = F.array(*[F.lit(x) for x in steps])
-    tsa = F.array(*[F.col(TS_COL[x]) for x in steps])
-    viol = F.array(*[F.col(TS_COL[steps[j]]) < F.array_max(F.slice(tsa, 1, j)) for j in range(1, len(steps))])
-    p = F.array_position(viol, True)  # 0: none; else the violating step's index (0-based) is p
-    prev = F.array_max(F.slice(tsa, F.lit(1), p.cast("int")))
-    i1 = F.array_position(F.slice(tsa, F.lit(1), p.cast("int")), prev).cast("int")
-    j1 = (p + 1).cast("int")
-    return F.when(
-        p > 0,
-        F.format_string(
-            "%s at %s is %d ms before %s at %s",
-            F.element_at(names, j1), _fmt_ts(F.element_at(tsa, j1)), prev - F.element_at(tsa, j1),
-            F.element_at(names, i1), _fmt_ts(prev),
-        ),
-    )
-
-
-def _violation() -> Column:
-    """KIP-856's AddThenRemove or RemoveThenAdd (Kafka refuses a second directory id per voter
-    id, KIP-853; the watcher and auto-join) are both protocol orders; a recovery that fits
-    neither is named by its first step out of KIP-856 order. The end itself must not precede
-    detection (a negative total)."""
-    add_first = list(ev.STEP_TYPES)
-    remove_first = [*add_first[:2], *add_first[4:], *add_first[2:4]]
-    violation = F.when(_order_violation(remove_first).isNotNull(), _order_violation(add_first))
-    return F.when(
-        F.col("t_end") < F.col("t_detected"),
-        F.format_string("recovery ended %d ms before it was detected", F.col("t_detected") - F.col("t_end")),
-    ).otherwise(violation)
-
-
 def _after_end_from_stats() -> tuple[Column, Column]:
     """(events stamped after the recovery's end, whether that count is exact) from each step
     type's count, first, last and sum of timestamps (the one-pass aggregation keeps no list of
@@ -192,34 +156,6 @@ def _after_end_from_stats() -> tuple[Column, Column]:
     return total, exact
 
 
-_EXCLUDING = ("missing_detection", "impossible_order", "conflicting_outcome", "incomplete_steps",
-              "inconsistent_replica")
-
-
-def _problems() -> list[tuple[str, Column, Column]]:
-    """The recovery-level problems as (code, condition, message), in the table's order."""
-    # A milestone logged twice: its first one is used (a replica that caught up again is one of
-    # those); the notes in between (fell behind, resumed) may recur freely.
-    dup = F.greatest(*[F.col(f"n_{t}") for t in (*ev.STEP_TYPES, *ev.TERMINAL_TYPES, *ev.UNCLEAN_TYPES)]) > 1
-    return [
-        # An unclean recovery (KIP-704 style) has no replaced disk, so no detection event.
-        ("missing_detection", F.col("t_detected").isNull() & F.col(TS_COL[ev.UNCLEAN_RECOVERY]).isNull(),
-         F.lit(f"no {ev.DISK_REPLACEMENT_DETECTED} event")),
-        ("impossible_order", F.col("order_violation").isNotNull(), F.col("order_violation")),
-        ("conflicting_outcome", F.col("t_completed").isNotNull() & F.col("t_failed").isNotNull(),
-         F.lit(f"both {ev.RECOVERY_COMPLETED} and {ev.RECOVERY_FAILED}")),
-        ("incomplete_steps",
-         F.col("t_completed").isNotNull()
-         & (F.col("t_add_voter_committed").isNull() | F.col("t_remove_voter_committed").isNull()),
-         F.lit(f"{ev.RECOVERY_COMPLETED} without {ev.ADD_VOTER_COMMITTED} and {ev.REMOVE_VOTER_COMMITTED}")),
-        ("inconsistent_replica", F.col("replica_id") != F.col("replica_id_max"),
-         F.format_string("replica_id varies from %d to %d", F.col("replica_id"), F.col("replica_id_max"))),
-        ("event_after_end", F.col("n_after_end") > 0,
-         F.format_string("%d event(s) after the recovery ended", F.col("n_after_end"))),
-        ("duplicate_event", dup, F.lit("a step was logged more than once (first one used)")),
-    ]
-
-
 def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
     """The recovery table from the per-recovery aggregates (of :func:`_recovery_aggs`, or of
     :func:`one_pass`'s per-type statistics); ``extra`` columns are carried through."""
@@ -232,8 +168,8 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         n_after, exact = _after_end_from_stats()
     agg = agg.withColumn("n_after_end", F.when(after_end, n_after).otherwise(F.lit(0))).withColumn(
         "after_end_exact", F.coalesce(exact, F.lit(True))
-    ).withColumn("order_violation", _violation())
-    problems = _problems()
+    ).withColumn("order_violation", checks.violation())
+    problems = checks.problems()
     for code, cond, _ in problems:
         agg = agg.withColumn(f"f_{code}", F.coalesce(cond, F.lit(False)))
     agg = agg.withColumn(
@@ -245,7 +181,7 @@ def _recovery_rows(agg: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
         ),
     )
     invalid = F.lit(False)
-    for code in _EXCLUDING:
+    for code in checks.EXCLUDING:
         invalid = invalid | F.col(f"f_{code}")
     outcome = (
         F.when(invalid, "invalid")
@@ -478,10 +414,6 @@ def merged_aggregates(rows: DataFrame) -> DataFrame:
     """Rows written by :func:`merge_into` as the merged aggregates it takes as ``kept``."""
     n = len(MERGED_PREFIX)
     return rows.select(*_KEY, *[F.col(c).alias(c[n:]) for c in rows.columns if c.startswith(MERGED_PREFIX)])
-
-
-def _fmt_ts(c: Column) -> Column:
-    return F.date_format(F.timestamp_millis(c), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
 
 
 def default_parallelism_hint() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from kraftkeeper_reports import ingest as ing
-from kraftkeeper_reports import partials
+from kraftkeeper_reports import landing, partials
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_a_damaged_landing_record_is_refused_before_anything_lands(
     lay, inputs = state
     lay.landed.write_text("[1, 2")
     with pytest.raises(ing.StateError, match=r"landed.json is damaged"):
-        ing.land(lay, [Path(inputs[0])], 0.0)
+        landing.land(lay, [Path(inputs[0])], 0.0)
     assert not any(lay.landing.iterdir())
 
 
