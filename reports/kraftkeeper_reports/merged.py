@@ -96,7 +96,8 @@ def update(spark: SparkSession, lay: ing.Layout, step: Callable[[str], None] = _
     hook = ing.kill_hook()
     lay.merged.mkdir(parents=True, exist_ok=True)
     _clean(lay)
-    cur = versions(lay)[-1] if versions(lay) else None
+    listed = versions(lay)
+    cur = listed[-1] if listed else None
     last = cur[0] if cur else -1
     made = partials.ensure(spark, lay, after=last)
     step(f"partial aggregates of {made} batch(es) written (Spark)")
