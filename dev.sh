@@ -29,7 +29,8 @@ install_python() {
   if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
-  local wheels="$KK_CACHE/wheels/$want" tools="$KK_CACHE/tools/py"
+  # The wheelhouse's name also carries its layout (v2: pip's own wheel is in it).
+  local wheels="$KK_CACHE/wheels/$want-v2" tools="$KK_CACHE/tools/py"
   if [ ! -x "$tools/bin/pip" ]; then
     log "creating the installer venv $tools"
     "$py" -m venv "$tools"
@@ -38,8 +39,9 @@ install_python() {
     log "building the wheelhouse $wheels (once per dependency list)"
     local building="$wheels.$$"
     rm -rf "$building"
-    # setuptools and wheel: the build backend of the editable install, offline later.
-    "$tools/bin/pip" wheel -q -w "$building" "$extras" "setuptools>=68" wheel
+    # setuptools and wheel: the build backend of the editable install, offline later; pip: the
+    # image build runs `.venv/bin/python -m pip`.
+    "$tools/bin/pip" wheel -q -w "$building" "$extras" "setuptools>=68" wheel pip
     rm -f "$building"/kraftkeeper-*.whl
     mv -T "$building" "$wheels" 2>/dev/null || rm -rf "$building"  # another run made it first
   fi
@@ -52,7 +54,7 @@ install_python() {
     export UV_CACHE_DIR="$KK_CACHE/uv"
     [ -x "$venv/bin/python" ] || "$tools/bin/uv" venv -q -p "$py" "$venv"
     "$tools/bin/uv" pip install -q --offline --no-index --find-links "$wheels" \
-      --python "$venv/bin/python" -e "$extras"
+      --python "$venv/bin/python" -e "$extras" pip
   else
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     "$venv/bin/pip" install -q --no-index --find-links "$wheels" -e "$extras"
