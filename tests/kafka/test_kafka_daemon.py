@@ -22,7 +22,7 @@ from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
 from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.k8s.watchdog import CallTimedOut, within
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
-from kraftkeeper_operator.kafka.wire import (
+from kraftkeeper_operator.kafka.clientconf import (
     DEFAULT_API_TIMEOUT_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
     ClientConfigError,

@@ -46,8 +46,7 @@ import kopf
 from ..controller import ControllerStatus, RecoveryController
 from ..core.view import QuorumView
 from ..kafka.backend import KafkaQuorum
-from ..kafka.clientconf import fingerprint, settings_from_secret
-from ..kafka.wire import ClientConfigError, ClientSettings
+from ..kafka.clientconf import ClientConfigError, ClientSettings, fingerprint, settings_from_secret
 from .crdstatus import (
     Beside,
     StatusProgressStore,
