@@ -173,6 +173,32 @@ def test_defaults_are_the_crds() -> None:
     )
 
 
+def test_one_default_per_policy_setting() -> None:
+    """The spec's recovery defaults (and so the CRD's, checked against the models above) are the
+    recovery policy's, which the flags of ``operator local`` and ``operator watch`` take too."""
+    import argparse
+
+    from kraftkeeper_operator.core.options import add_policy_arguments, policy_from_args
+    from kraftkeeper_operator.core.policy import Order, RecoveryPolicy
+    from kraftkeeper_operator.k8s.quorumspec import parse_spec
+
+    policy = RecoveryPolicy()
+    q = parse_spec({"metadata": {"name": "q", "namespace": "ns"}, "spec": {}})
+    assert q.policy == policy
+    m = validate_spec({"kafka": {"bootstrapControllers": ["c-0:9093"]}})
+    assert m.kafka is not None
+    assert (m.kafka.stabilization_seconds, m.kafka.max_lag_records, m.kafka.timeout_seconds) == (
+        policy.stabilization_seconds,
+        policy.max_lag,
+        policy.timeout_seconds,
+    )
+    for order in (Order.ADD_THEN_REMOVE, Order.REMOVE_THEN_ADD):
+        p = argparse.ArgumentParser()
+        add_policy_arguments(p, order=order)
+        from_flags = policy_from_args(p.parse_args([]))
+        assert from_flags == RecoveryPolicy(order=order)
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
