@@ -255,6 +255,29 @@ def test_what_the_operator_writes_fits_the_status_model() -> None:
         validate_status({**status, "phase": "Sleeping"})
 
 
+def test_every_other_status_writer_fits_the_status_model() -> None:
+    """Besides a pass's status (above): a refused spec, the Kafka backend's ``status.kafka``, the
+    conditions of a pass that could not refresh, and an unclean request's recoveries item."""
+    from kraftkeeper_operator.k8s.crdstatus import kafka_status, stale_conditions, unavailable_condition
+    from kraftkeeper_operator.unclean import UncleanRequest
+
+    uuid = "0b7a4f5e-5b9c-4f7e-9a51-3f2c1d0e8a77"
+    refused_by = [unavailable_condition("InvalidSpec", "x")]
+    refused = {"phase": "Failed", "observedGeneration": 3, "conditions": refused_by}
+    kafka = kafka_status("MkU3OEVBNTcwNTJENDM2Qk", {1: [("CONTROLLER", "c-0.c", 9093)]})
+    degraded = [{"type": "Degraded", "status": "False", "reason": "Healthy", "lastTransitionTime": None}]
+    request = UncleanRequest("tok", 2, 1, (uuid,), 40, 1_000, 2_000).to_crd_status()
+    doc = validate_status(
+        {**refused, "kafka": kafka, "recoveries": [request]}
+        | {"conditions": [*refused_by, *stale_conditions({"conditions": degraded}, "timed out")]}
+    )
+    assert doc.kafka is not None and doc.kafka.controllers is not None
+    listeners = doc.kafka.controllers[0].listeners
+    assert listeners is not None and listeners[0].port == 9093
+    assert doc.recoveries is not None and doc.recoveries[0].replica_id == 2
+    assert doc.conditions is not None and doc.conditions[-1].reason == "StatusNotRefreshed"
+
+
 def test_free_form_parts_reach_the_pods_unchanged() -> None:
     from kraftkeeper_operator.k8s.quorumspec import parse_spec
 
