@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-# A node's start: the command line, then what ``kraftkeeper start`` imports (the Kafka listener
-# too, which ``--kafka-listen`` adds).
+# A node pod's start: the command line, then what ``kraftkeeper start`` imports (the Kafka
+# listener too, which ``--kafka-listen`` adds), and the init container's ``format`` and
+# ``recover-unclean``.
 NODE_START = """
 import quorum.cli
 import quorum.runtime.run
 import quorum.kafka.listener
+import quorum.storage.meta
+import quorum.runtime.unclean
 """
 
 # A client command with and without a config file, up to the client it makes (quorum.cli._client).
