@@ -112,11 +112,12 @@ case "$cmd" in
     xdist=(-n 2 --dist loadgroup --no-loadscope-reorder)
     if [ "$fast" = 1 ]; then
       # The pure and in-process tests: the core, storage, simulations, scenarios, decoders,
-      # security, the client, the operator's decisions over its in-memory model, the documents.
+      # security, the client, the operator's decisions over its in-memory model, the documents and
+      # the layout's rules (import directions, module sizes, what a start imports).
       # Anything marked slow (real processes), k8s, spark, browser or docker is left to the
       # whole suite.
       KK_FAST_LANE=1 "$venv/bin/pytest" "${xdist[@]}" -m "not slow and not k8s and not spark and not browser and not docker" \
-        --durations=5 tests/sim tests/docs tests/ports tests/core tests/storage tests/security \
+        --durations=5 tests/sim tests/docs tests/structure tests/ports tests/core tests/storage tests/security \
         tests/operator tests/fuzz tests/scenarios tests/client "$@" || rc=$?
     else
       # The image tests install Debian's docker.io and build the debootstrap base image when they

@@ -4,11 +4,16 @@
 The guide's rule is "poll for a condition, never sleep and hope": a test names what it waits for,
 gives a deadline, and fails naming that condition and the last value seen. The interval between
 two checks is pacing only; nothing depends on it.
+
+:func:`wait_until` and :func:`async_wait_until` are :func:`quorum.polling.wait_until` and
+:func:`quorum.polling.async_wait_until` with the same arguments, raising an ``AssertionError``
+with the same message on the deadline instead of ``TimedOut``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 from quorum import polling
@@ -21,38 +26,8 @@ T = TypeVar("T")
 # any error means "not yet" (kept as the last value, so the failure names it).
 ANY_ERROR: tuple[type[BaseException], ...] = (Exception,)
 
-
-def wait_until(
-    what: str,
-    cond: Callable[[], T | None],
-    timeout: float,
-    interval: float = 0.2,
-    *,
-    errors: tuple[type[BaseException], ...] = (),
-    context: Callable[[], str] | None = None,
-) -> T:
-    """:func:`quorum.polling.wait_until`; on the deadline an ``AssertionError`` naming ``what``,
-    the last value, and ``context()`` if given."""
-    try:
-        return polling.wait_until(what, cond, timeout, interval, errors=errors, context=context)
-    except polling.TimedOut as e:
-        raise AssertionError(str(e)) from None
-
-
-async def async_wait_until(
-    what: str,
-    cond: Callable[[], Awaitable[T | None]],
-    within: float,
-    interval: float = 0.05,
-    *,
-    errors: tuple[type[BaseException], ...] = (),
-    context: Callable[[], str] | None = None,
-) -> T:
-    """:func:`quorum.polling.async_wait_until`, failing as :func:`wait_until` does."""
-    try:
-        return await polling.async_wait_until(what, cond, within, interval, errors=errors, context=context)
-    except polling.TimedOut as e:
-        raise AssertionError(str(e)) from None
+wait_until = partial(polling.wait_until, fail=AssertionError)
+async_wait_until = partial(polling.async_wait_until, fail=AssertionError)
 
 
 def now(cond: Callable[[], T | None]) -> Callable[[], Awaitable[T | None]]:

@@ -5,9 +5,10 @@ Contract (``docs/reference.md``, "Client config")::
     {"ca_file": "tls/ca.crt", "cert_file": "tls/admin.crt", "key_file": "tls/admin.key",
      "token_file": "tls/admin.token"}
 
-Strict: a JSON object, only these keys (an unknown key is refused, naming it), string values;
-relative paths are relative to the config file's folder; at least one of ``cert_file`` or
-``token_file``; ``key_file`` goes with ``cert_file``. A client with a config always speaks
+The document's model is :class:`quorum.security.clientmodel.ClientConfigDoc` (strict: a JSON
+object, only these keys, an unknown key refused by name, non-empty path strings; at least one of
+``cert_file`` or ``token_file``; ``key_file`` goes with ``cert_file``), imported only when a
+config is read. Relative paths are relative to the config file's folder. A client with a config always speaks
 https (a bearer token or a client certificate is never sent over plaintext) and verifies the
 nodes against ``ca_file``, or against the system's trust store when the config has none. Every
 refusal is ``INVALID_REQUEST`` naming the config file and the key or file at fault.
@@ -29,7 +30,7 @@ from quorum.types import ErrorCode, KraftError
 __all__ = ["ENV_VAR", "KEYS", "ClientConfig", "load_client_config", "parse_client_config", "resolve"]
 
 ENV_VAR = "KRAFTKEEPER_CLIENT_CONFIG"
-KEYS = ("ca_file", "cert_file", "key_file", "token_file")
+KEYS = ("ca_file", "cert_file", "key_file", "token_file")  # the model's fields, in this order
 MAX_CONFIG_BYTES = 64 * 1024
 
 
@@ -71,29 +72,21 @@ class ClientConfig:
 
 
 def parse_client_config(raw: bytes, where: str, base_dir: str | os.PathLike[str]) -> ClientConfig:
-    """Parse config bytes (no file checks): strict keys and types, paths resolved."""
+    """Parse config bytes (no file checks): the strict model, then paths resolved."""
     if len(raw) > MAX_CONFIG_BYTES:
         raise _bad(where, f"larger than {MAX_CONFIG_BYTES} bytes")
     try:
         obj: Any = loads_strict(raw, f"client config {where}", max_depth=2)
     except KraftError as e:
         raise KraftError(ErrorCode.INVALID_REQUEST, e.message) from None
-    if not isinstance(obj, dict):
-        raise _bad(where, "must be a JSON object")
-    unknown = sorted(set(obj) - set(KEYS))
-    if unknown:
-        raise _bad(
-            where, f"unknown key(s) {', '.join(repr(k) for k in unknown)[:200]} (allowed: {', '.join(KEYS)})"
-        )
-    paths: dict[str, Path] = {}
-    for k, v in obj.items():
-        if not isinstance(v, str) or not v or len(v) > 4096 or "\x00" in v:
-            raise _bad(where, f"{k} must be a non-empty file path string")
-        paths[k] = Path(base_dir) / v  # an absolute v replaces base_dir
-    if "cert_file" not in paths and "token_file" not in paths:
-        raise _bad(where, "needs cert_file (with key_file) or token_file")
-    if ("cert_file" in paths) != ("key_file" in paths):
-        raise _bad(where, "cert_file and key_file go together")
+    from quorum.security.clientmodel import ClientConfigDocError, validate  # pydantic: only here
+
+    try:
+        doc = validate(obj)
+    except ClientConfigDocError as e:
+        raise _bad(where, str(e)) from None
+    # an absolute path replaces base_dir
+    paths = {k: Path(base_dir) / v for k, v in doc.paths().items()}
     return ClientConfig(where, **paths)
 
 

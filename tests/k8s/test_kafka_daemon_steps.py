@@ -20,11 +20,11 @@ import pytest
 from kraftkeeper_operator import failpoints
 from kraftkeeper_operator.core.progress import Known, Progress
 from kraftkeeper_operator.core.records import Phase, Recovery
+from kraftkeeper_operator.k8s.context import OperatorContext
 from kraftkeeper_operator.k8s.crdstatus import Beside, StatusProgressStore, StatusWriter, kafka_status
 from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
 from kraftkeeper_operator.k8s.kube import KubeApi
-from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.testing.memory import InMemoryQuorum
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config

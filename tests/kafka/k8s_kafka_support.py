@@ -11,8 +11,8 @@ import base64
 from typing import Any
 
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
+from kraftkeeper_operator.kafka.clientconf import ClientSettings, parse_client_properties
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
-from kraftkeeper_operator.kafka.wire import ClientSettings, parse_client_properties
 
 from quorum.kafka.mapping import base64_to_uuid
 from quorum.timefmt import now_ms

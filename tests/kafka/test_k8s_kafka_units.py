@@ -21,7 +21,7 @@ from kraftkeeper_operator.k8s.kafkaspec import (
     schemas_problem,
 )
 from kraftkeeper_operator.k8s.manifests import SpecError
-from kraftkeeper_operator.kafka.wire import ClientConfigError
+from kraftkeeper_operator.kafka.clientconf import ClientConfigError
 
 from tests.kafka.test_kafka_security import make_pki
 

@@ -15,14 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kraftkeeper_operator.k8s.context import OperatorContext
 from kraftkeeper_operator.k8s.crdstatus import stale_conditions
 from kraftkeeper_operator.k8s.handlers import MEMO_KEY, recovery_daemon
 from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kafkaspec import parse_kafka_spec
-from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.k8s.watchdog import CallTimedOut, within
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
-from kraftkeeper_operator.kafka.wire import (
+from kraftkeeper_operator.kafka.clientconf import (
     DEFAULT_API_TIMEOUT_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
     ClientConfigError,

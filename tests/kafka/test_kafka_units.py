@@ -11,14 +11,15 @@ import sys
 import uuid
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kraftkeeper_operator.core.policy import Order
 from kraftkeeper_operator.core.records import Action, ActionKind, Recovery, record_finished
 from kraftkeeper_operator.core.recovery import Phase
 from kraftkeeper_operator.kafka.backend import parse_bootstrap
+from kraftkeeper_operator.kafka.clientconf import ClientConfigError, ClientSettings, parse_client_properties
 from kraftkeeper_operator.kafka.watch import records_from_event_log
-from kraftkeeper_operator.kafka.wire import ClientConfigError, ClientSettings, parse_client_properties
 
 from quorum.kafka.listener import parse_listen
 from quorum.kafka.mapping import base64_to_uuid, dir_id_to_uuid, kafka_error, uuid_to_base64
@@ -315,3 +316,34 @@ def test_no_jvm_skips_the_real_kafka_tests_only_outside_ci(monkeypatch: pytest.M
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI is set"):
         conftest._libs()
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        # Every unknown property is refused, the first by name, before any other rule.
+        ({"security.protocol": "BOGUS", "bootstrap.servers": "x:1", "acks": "1"}, "acks: not supported"),
+        # Strict: a property's value is the file's string, nothing else is coerced into one.
+        ({"client.id": 5}, "client.id: must be a string, got 5"),
+        # Names Kafka reads case-insensitively are read so here too; the refusal shows them as read.
+        ({"security.protocol": "ssl2"}, "security.protocol: 'SSL2' is not PLAINTEXT, SSL"),
+        ({"request.timeout.ms": "1.5"}, "request.timeout.ms: '1.5' is not a whole number of milliseconds"),
+        (
+            {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "plain", "sasl.jaas.config": "junk"},
+            "sasl.jaas.config: cannot parse 'junk'",
+        ),
+        ({"ssl.keystore.key": "k"}, "ssl.keystore.key: ssl.* settings given but security.protocol is"),
+    ],
+)
+def test_client_properties_model_names_the_property(props: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClientConfigError) as e:
+        ClientSettings.from_dict(props)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_client_properties_model_accepts_kafka_spellings() -> None:
+    jaas = 'x.ScramLoginModule required username="u" password="p";'
+    s = ClientSettings.from_dict(
+        {"security.protocol": "sasl_plaintext", "sasl.mechanism": "scram-sha-256", "sasl.jaas.config": jaas}
+    )
+    assert (s.security_protocol, s.sasl["sasl_mechanism"]) == ("SASL_PLAINTEXT", "SCRAM-SHA-256")

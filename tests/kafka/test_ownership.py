@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kraftkeeper_operator.core.policy import RecoveryPolicy
 from kraftkeeper_operator.core.status import Condition, ControllerStatus
+from kraftkeeper_operator.k8s.context import OperatorContext
 from kraftkeeper_operator.k8s.kafkaownership import (
     LIST_SHARE_S,
     REASON,
@@ -23,7 +24,6 @@ from kraftkeeper_operator.k8s.kafkaownership import (
     same_quorum,
     shared_lists,
 )
-from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kubernetes_asyncio.client.exceptions import ApiException
 

@@ -140,7 +140,8 @@ def kafka_quorum(node_cluster: NodeCluster, operator_release: str, kafka_image: 
 WRITE_CONFIG = """
 import asyncio, json, sys
 from kafka.protocol.admin import IncrementalAlterConfigsRequest as R, IncrementalAlterConfigsResponse
-from kraftkeeper_operator.kafka.wire import ClientSettings, KafkaConnection, register_response
+from kraftkeeper_operator.kafka.clientconf import ClientSettings
+from kraftkeeper_operator.kafka.wire import KafkaConnection, register_response
 a = json.loads(sys.argv[1])
 register_response(R, IncrementalAlterConfigsResponse)
 async def main():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from quorum.localports import free_port
 from testkit.polling import wait_until
 from tests.alerts.promql import dashboard, dashboard_exprs, metric_names, rule_exprs, rule_groups, tool
 from tests.kubelet.conftest import OPERATOR_NS, QUORUM, QUORUM_NS, NodeCluster, wait_available
@@ -59,12 +59,6 @@ class Prometheus:
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pod_job(name: str, ns: str, component: str, port: str, kubeconfig: Path) -> dict[str, Any]:
@@ -108,7 +102,7 @@ def prometheus(node_cluster: NodeCluster, quorum_ns: str, tmp_path_factory: pyte
         "scrape_configs": [operator, quorums],
     }
     (d / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    port = _free_port()
+    port = free_port()  # outside the ephemeral range, probed as Prometheus binds (localports)
     log = d / "prometheus.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([str(binary), f"--config.file={d / 'prometheus.yml'}",

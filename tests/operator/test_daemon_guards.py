@@ -18,10 +18,10 @@ from typing import Any
 import kopf
 import pytest
 from kraftkeeper_operator.k8s import handlers, kube, lifecycle
+from kraftkeeper_operator.k8s.context import OperatorContext
 from kraftkeeper_operator.k8s.crdstatus import StatusWriter
 from kraftkeeper_operator.k8s.kafkaquorums import KafkaMembership
 from kraftkeeper_operator.k8s.kube import KubeApi
-from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kubernetes_asyncio import client as k8s
 
 from tests.operator.helpers import Stopped

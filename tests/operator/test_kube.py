@@ -9,8 +9,8 @@ import json
 
 import kopf
 import pytest
+from kraftkeeper_operator.k8s.context import OperatorContext
 from kraftkeeper_operator.k8s.kube import api_error
-from kraftkeeper_operator.k8s.quorums import OperatorContext
 from kubernetes_asyncio.client.exceptions import ApiException
 
 

@@ -112,7 +112,7 @@ def test_damaged_cluster_json_is_reported_and_kept(
 
 
 @pytest.mark.slow  # starts processes
-def test_replace_disk_refuses_while_another_replacement_holds_the_node(
+def test_replace_disk_refuses_while_held_and_gives_up_on_a_supervisor_that_never_stops_the_node(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     layout = ClusterLayout.load_or_create(tmp_path, 3, 20000)
@@ -122,3 +122,12 @@ def test_replace_disk_refuses_while_another_replacement_holds_the_node(
     assert replace_disk_main(["--dir", str(tmp_path), "--node", "1"]) == 2
     assert "already being replaced" in capsys.readouterr().err
     assert uuid in (layout.data_dir(1) / "meta.properties").read_text()
+    layout.hold_file(1).unlink()
+    # A live process that is no supervisor (this test's own) never writes the stopped file.
+    (layout.control() / "supervisor.pid").write_text(f"{os.getpid()}\n")
+    assert replace_disk_main(["--dir", str(tmp_path), "--node", "1", "--timeout", "0.2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("UNAVAILABLE: timed out after 0.2 s waiting for the supervisor"), err
+    assert "to stop node 1 (last: False)" in err
+    # Nothing replaced, and the node is free for the next attempt.
+    assert load_meta(layout.data_dir(1)).storage_uuid == uuid and not layout.hold_file(1).exists()

@@ -173,6 +173,32 @@ def test_defaults_are_the_crds() -> None:
     )
 
 
+def test_one_default_per_policy_setting() -> None:
+    """The spec's recovery defaults (and so the CRD's, checked against the models above) are the
+    recovery policy's, which the flags of ``operator local`` and ``operator watch`` take too."""
+    import argparse
+
+    from kraftkeeper_operator.core.options import add_policy_arguments, policy_from_args
+    from kraftkeeper_operator.core.policy import Order, RecoveryPolicy
+    from kraftkeeper_operator.k8s.quorumspec import parse_spec
+
+    policy = RecoveryPolicy()
+    q = parse_spec({"metadata": {"name": "q", "namespace": "ns"}, "spec": {}})
+    assert q.policy == policy
+    m = validate_spec({"kafka": {"bootstrapControllers": ["c-0:9093"]}})
+    assert m.kafka is not None
+    assert (m.kafka.stabilization_seconds, m.kafka.max_lag_records, m.kafka.timeout_seconds) == (
+        policy.stabilization_seconds,
+        policy.max_lag,
+        policy.timeout_seconds,
+    )
+    for order in (Order.ADD_THEN_REMOVE, Order.REMOVE_THEN_ADD):
+        p = argparse.ArgumentParser()
+        add_policy_arguments(p, order=order)
+        from_flags = policy_from_args(p.parse_args([]))
+        assert from_flags == RecoveryPolicy(order=order)
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -227,6 +253,29 @@ def test_what_the_operator_writes_fits_the_status_model() -> None:
         assert [r.result for r in doc.recoveries or []] == want
     with pytest.raises(SpecModelError, match=r"status\.phase: must be one of"):
         validate_status({**status, "phase": "Sleeping"})
+
+
+def test_every_other_status_writer_fits_the_status_model() -> None:
+    """Besides a pass's status (above): a refused spec, the Kafka backend's ``status.kafka``, the
+    conditions of a pass that could not refresh, and an unclean request's recoveries item."""
+    from kraftkeeper_operator.k8s.crdstatus import kafka_status, stale_conditions, unavailable_condition
+    from kraftkeeper_operator.unclean import UncleanRequest
+
+    uuid = "0b7a4f5e-5b9c-4f7e-9a51-3f2c1d0e8a77"
+    refused_by = [unavailable_condition("InvalidSpec", "x")]
+    refused = {"phase": "Failed", "observedGeneration": 3, "conditions": refused_by}
+    kafka = kafka_status("MkU3OEVBNTcwNTJENDM2Qk", {1: [("CONTROLLER", "c-0.c", 9093)]})
+    degraded = [{"type": "Degraded", "status": "False", "reason": "Healthy", "lastTransitionTime": None}]
+    request = UncleanRequest("tok", 2, 1, (uuid,), 40, 1_000, 2_000).to_crd_status()
+    doc = validate_status(
+        {**refused, "kafka": kafka, "recoveries": [request]}
+        | {"conditions": [*refused_by, *stale_conditions({"conditions": degraded}, "timed out")]}
+    )
+    assert doc.kafka is not None and doc.kafka.controllers is not None
+    listeners = doc.kafka.controllers[0].listeners
+    assert listeners is not None and listeners[0].port == 9093
+    assert doc.recoveries is not None and doc.recoveries[0].replica_id == 2
+    assert doc.conditions is not None and doc.conditions[-1].reason == "StatusNotRefreshed"
 
 
 def test_free_form_parts_reach_the_pods_unchanged() -> None:

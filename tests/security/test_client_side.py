@@ -41,6 +41,10 @@ def _write(d: Path, obj: object, name: str = "client.json") -> Path:
         ({"token_file": 5}, "token_file must be"),
         ({"token_file": ""}, "token_file must be"),
         ({"token_file": "t", "ca_file": {"x": 1}}, "ca_file must be"),
+        ({"token_file": None}, "token_file must be a non-empty file path string, got None"),
+        ({"cert_file": "c", "key_file": "k\u0000"}, "key_file must be"),
+        ({"token_file": "t", "cafile": 1, "bearer": "x"}, "unknown key(s) 'bearer', 'cafile' (allowed:"),
+        ({}, "needs cert_file (with key_file) or token_file"),
     ],
 )
 def test_config_errors_name_the_problem(tmp_path: Path, content: object, words: str) -> None:
@@ -49,6 +53,13 @@ def test_config_errors_name_the_problem(tmp_path: Path, content: object, words: 
         load_client_config(p)
     assert e.value.code is ErrorCode.INVALID_REQUEST
     assert str(p) in e.value.message and words in e.value.message
+
+
+def test_the_model_has_the_documented_keys() -> None:
+    from quorum.security.clientconfig import KEYS
+    from quorum.security.clientmodel import ClientConfigDoc
+
+    assert tuple(ClientConfigDoc.model_fields) == KEYS
 
 
 def test_config_paths_are_relative_to_its_folder(pki: Pki, tmp_path: Path) -> None:

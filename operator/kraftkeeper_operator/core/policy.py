@@ -33,7 +33,7 @@ class RecoveryPolicy:
     timeout_seconds: float = 600.0  # detection -> promotion must happen within this
     live_window_seconds: float = 5.0  # a replica that fetched within this is live
     unclean_allowed: bool = False  # KIP-704 unclean recovery when a majority is gone
-    unclean_after_seconds: float = 600.0
+    unclean_after_seconds: float = 300.0  # the CRD's uncleanRecovery.afterSeconds default
 
     # camelCase names used in the custom resource (crds/kraftquorums.kraftkeeper.io.yaml), mapped
     # to our fields. liveWindowSeconds is ours (local mode); the CRD does not expose it.

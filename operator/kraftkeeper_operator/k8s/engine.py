@@ -22,6 +22,7 @@ from typing import Any
 
 import kopf
 
+from .context import OperatorContext
 from .crdstatus import refuse_spec
 from .manifests import (
     BOOTSTRAP_ANNOTATION,
@@ -35,7 +36,7 @@ from .manifests import (
     statefulset,
 )
 from .ownership import name_conflict, older_quorums
-from .quorums import OperatorContext, configure
+from .quorums import configure
 from .tlsobjects import network_policy
 
 

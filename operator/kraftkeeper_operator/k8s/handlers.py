@@ -3,7 +3,7 @@ calls are in kube.py, the per-resource work in engine.py / kafkaspec.py (create,
 lifecycle.py (the daemon) and quorums.py / kafkaquorums.py (a pass of each membership backend),
 the decisions in controller.py and the core.
 
-* startup -> builds the :class:`~.quorums.OperatorContext` (API client, settings, metrics server)
+* startup -> builds the :class:`~.context.OperatorContext` (API client, settings, metrics server)
   and puts it into kopf's ``memo``, which kopf hands to every handler (no module-level state);
 * create / update (spec) / resume -> :func:`~.engine.reconcile_engine` (validate the spec,
   server-side apply the resource's objects, (re)configure its controller), or for ``spec.kafka``
@@ -36,12 +36,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import failpoints
+from .context import OperatorContext
 from .engine import reconcile_engine
 from .kafkaspec import is_kafka, reconcile_kafka
 from .kube import KubeApi
 from .lifecycle import run_lifecycle
 from .manifests import GROUP, PLURAL, VERSION, parse_overrides
-from .quorums import OperatorContext
 
 log = logging.getLogger("kraftkeeper.operator")
 MEMO_KEY = "kraftkeeper"

@@ -54,9 +54,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from ..core.policy import RecoveryPolicy
 from ..core.status import ControllerStatus
 from ..kafka.backend import KafkaQuorum, parse_bootstrap
+from .context import OperatorContext
 from .kube import KubeApi
 from .manifests import GROUP, PLURAL, VERSION
-from .quorums import OperatorContext
 from .watchdog import within
 
 log = logging.getLogger("kraftkeeper.operator.kafka")

@@ -46,8 +46,8 @@ import kopf
 from ..controller import ControllerStatus, RecoveryController
 from ..core.view import QuorumView
 from ..kafka.backend import KafkaQuorum
-from ..kafka.clientconf import fingerprint, settings_from_secret
-from ..kafka.wire import ClientConfigError, ClientSettings
+from ..kafka.clientconf import ClientConfigError, ClientSettings, fingerprint, settings_from_secret
+from .context import OperatorContext, event_sink
 from .crdstatus import (
     Beside,
     StatusProgressStore,
@@ -64,7 +64,6 @@ from .kafkaspec import (
     schemas_problem,
 )
 from .manifests import SpecError
-from .quorums import OperatorContext, event_sink
 from .watchdog import within
 
 log = logging.getLogger("kraftkeeper.operator.kafka")

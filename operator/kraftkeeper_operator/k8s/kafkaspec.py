@@ -17,9 +17,9 @@ from quorum.kafka.schemas import SchemaJarMissing, find_clients_jar
 from ..controller import ControllerStatus
 from ..core.policy import Order, PolicyError, RecoveryPolicy
 from ..kafka.backend import parse_bootstrap
+from .context import OperatorContext
 from .crdstatus import refuse_spec
 from .manifests import QuorumSpec, SpecError, parse_spec
-from .quorums import OperatorContext
 
 DEFAULT_SECRET_KEY = "client.properties"
 # Fields that only make sense when the operator runs the engine. Those with a schema default

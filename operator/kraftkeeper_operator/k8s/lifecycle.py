@@ -26,9 +26,10 @@ from typing import Any, Protocol
 
 import kopf
 
+from .context import OperatorContext
 from .kafkaquorums import KafkaMembership
 from .kafkaspec import is_kafka
-from .quorums import OperatorContext, daemon_pass, next_pass_in
+from .quorums import daemon_pass, next_pass_in
 from .watchdog import watched
 
 log = logging.getLogger("kraftkeeper.operator")

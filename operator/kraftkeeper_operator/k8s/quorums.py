@@ -3,10 +3,9 @@ the resource's lifecycle (lifecycle.py, whose ``EngineMembership`` calls :func:`
 the domain code (controller.py, the core, unclean.py), with Kubernetes reached only through kube.py
 and the status through crdstatus.py.
 
-:class:`OperatorContext` is everything the operator process keeps: built once by kopf's startup
-handler and handed to every handler through kopf's ``memo`` (no module-level mutable state). For
-each resource it keeps a :class:`Managed` entry: the validated spec, the recovery controller and
-the unclean-recovery coordinator. The truth stays in the quorum and the API server; this is a cache
+:class:`Managed` is what the operator keeps in memory for each resource our engine runs (in the
+operator's shared context, context.py): the validated spec, the recovery controller and the
+unclean-recovery coordinator. The truth stays in the quorum and the API server; this is a cache
 that an operator restart rebuilds from ``status``.
 
 :func:`daemon_pass` is one pass of the engine's backend: one controller pass, the unclean-recovery
@@ -20,9 +19,7 @@ KIP-642).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,14 +33,13 @@ from ..controller import ControllerStatus, RecoveryController
 from ..core.recovery import QuorumView
 from ..core.rotation import CertRotator
 from ..core.survivor import Probe, probe_log_state
-from ..telemetry import EventLogSink, EventSink, FanOut, OperatorMetrics, StdoutEventSink, flush_sink
+from ..telemetry import flush_sink
+from .context import OperatorContext, event_sink
 from .crdstatus import Beside, StatusProgressStore, StatusWriter, recoveries_status
 from .damage import handle_damaged_logs
-from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore, KubeApi, KubeEventSink
+from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
 from .podhealth import STARTING_FOR_S, STARTING_POLL_S, CrashLoops, node_starting
-from .podwatch import PodWatch
-from .quorumtls import QuorumTls
 from .unclean import UncleanCoordinator, gone_replicas
 
 log = logging.getLogger("kraftkeeper.operator")
@@ -98,89 +94,6 @@ class Managed:
     def beside(self) -> Beside:
         """What a progress save writes beside the records (crdstatus.py)."""
         return Beside(self.controller.committed_view, self.request_status())
-
-
-@dataclass
-class OperatorContext:
-    """The operator process's state, built by the startup handler (environment in kopf_main.py)."""
-
-    kube: KubeApi
-    overrides: dict[str, str] = field(default_factory=dict)
-    interval: float = 2.0  # seconds between daemon passes when no deadline is due
-    quorum_timeout: float = 3.0
-    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    managed: dict[str, Managed] = field(default_factory=dict)
-    tls: dict[str, QuorumTls] = field(default_factory=dict)
-    metrics_runner: Any = None
-    pod_watches: dict[str, PodWatch] = field(default_factory=dict)  # by namespace
-    wakes: dict[str, asyncio.Event] = field(default_factory=dict)  # a daemon's early wake-up
-
-    def pod_watch(self, namespace: str) -> PodWatch:
-        """The pod watch of a namespace, started on first use (podwatch.py)."""
-        w = self.pod_watches.get(namespace)
-        if w is None:
-            w = self.pod_watches[namespace] = PodWatch(
-                self.kube, namespace, lambda inst: self.wake(f"{namespace}/{inst}")
-            )
-            w.start()
-        return w
-
-    def wake(self, key: str) -> None:
-        """Run the resource's next daemon pass now (its pods changed)."""
-        self.wakes.setdefault(key, asyncio.Event()).set()
-
-    def wake_event(self, key: str) -> asyncio.Event:
-        return self.wakes.setdefault(key, asyncio.Event())
-
-    def quorum_tls(self, key: str) -> QuorumTls:
-        return self.tls.setdefault(key, QuorumTls())
-
-    @staticmethod
-    def settings_from_env() -> tuple[float, float]:
-        """(reconcile interval, quorum timeout) from ``KRAFTKEEPER_RECONCILE_INTERVAL`` and
-        ``KRAFTKEEPER_QUORUM_TIMEOUT``; a bad value is refused naming the variable."""
-        out = []
-        for var, default in (("KRAFTKEEPER_RECONCILE_INTERVAL", "2"), ("KRAFTKEEPER_QUORUM_TIMEOUT", "3")):
-            raw = os.environ.get(var, default) or default
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ValueError(f"{var}={raw!r}: must be a number of seconds") from None
-            if not value > 0:
-                raise ValueError(f"{var}={raw!r}: must be > 0")
-            out.append(value)
-        return out[0], out[1]
-
-    async def forget(self, key: str) -> None:
-        """Stop managing a resource (deleted, or its spec became invalid)."""
-        m = self.managed.pop(key, None)
-        if m is not None:
-            await m.controller.api.close()
-        t = self.tls.pop(key, None)
-        if t is not None:
-            t.close()
-        self.wakes.pop(key, None)
-        self.metrics.forget(key)
-
-    async def close(self) -> None:
-        for key in list(self.managed):
-            await self.forget(key)
-        for w in self.pod_watches.values():
-            await w.close()
-        self.pod_watches.clear()
-        if self.metrics_runner is not None:
-            await self.metrics_runner.cleanup()
-            self.metrics_runner = None
-        await self.kube.close()
-
-
-def event_sink(q: QuorumSpec, kube: KubeApi) -> EventSink:
-    """The event log (a directory, or stdout) plus Kubernetes Events (kube.py ``KubeEventSink``:
-    posted through ``kube`` before each next step)."""
-    log_sink: EventSink = (
-        StdoutEventSink(q.cluster) if q.event_log == "stdout" else EventLogSink(q.event_log, q.cluster)
-    )
-    return FanOut(log_sink, KubeEventSink(kube, q))
 
 
 async def configure(

@@ -22,6 +22,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from ..core.policy import RecoveryPolicy
+
+# One default per policy setting: the models take the recovery policy's (which the local and watch
+# commands' flags take too, core/options.py); a test checks the CRD's defaults against the models.
+_POLICY = RecoveryPolicy()
+
 Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
 QUANTITY_PATTERN = r"^(\+)?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$"
 Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]  # a Kubernetes int-or-string
@@ -80,16 +86,16 @@ class Scheduling(_Doc):
 
 
 class Recovery(_Doc):
-    enabled: bool = True
-    order: Literal["AddThenRemove", "RemoveThenAdd"] = "AddThenRemove"
-    stabilization_seconds: int = Field(default=10, ge=0, le=3600)
-    max_lag_records: Int64 = Field(default=100, ge=0)
-    timeout_seconds: int = Field(default=600, ge=10, le=86400)
+    enabled: bool = _POLICY.enabled
+    order: Literal["AddThenRemove", "RemoveThenAdd"] = "AddThenRemove"  # RecoveryPolicy.order
+    stabilization_seconds: int = Field(default=int(_POLICY.stabilization_seconds), ge=0, le=3600)
+    max_lag_records: Int64 = Field(default=_POLICY.max_lag, ge=0)
+    timeout_seconds: int = Field(default=int(_POLICY.timeout_seconds), ge=10, le=86400)
 
 
 class UncleanRecovery(_Doc):
-    enabled: bool = False
-    after_seconds: int = Field(default=300, ge=30, le=86400)
+    enabled: bool = _POLICY.unclean_allowed
+    after_seconds: int = Field(default=int(_POLICY.unclean_after_seconds), ge=30, le=86400)
 
 
 class IssuerRef(_Doc):
@@ -130,10 +136,10 @@ class KafkaSettings(_Doc):
         min_length=1, max_length=16
     )
     client_secret_ref: SecretRef | None = None
-    order: Literal["RemoveThenAdd", "AddThenRemove"] = "RemoveThenAdd"
-    stabilization_seconds: int = Field(default=10, ge=0, le=3600)
-    max_lag_records: Int64 = Field(default=100, ge=0)
-    timeout_seconds: int = Field(default=600, ge=10, le=86400)
+    order: Literal["RemoveThenAdd", "AddThenRemove"] = "RemoveThenAdd"  # Kafka's only order (options.py)
+    stabilization_seconds: int = Field(default=int(_POLICY.stabilization_seconds), ge=0, le=3600)
+    max_lag_records: Int64 = Field(default=_POLICY.max_lag, ge=0)
+    timeout_seconds: int = Field(default=int(_POLICY.timeout_seconds), ge=10, le=86400)
 
 
 class QuorumSpecDoc(_Doc):

@@ -58,7 +58,8 @@ from quorum.kafka.mapping import (
 from quorum.kafka.schemas import SchemaJarMissing, membership_messages
 from quorum.types import ErrorCode, KraftError
 
-from .wire import ClientSettings, KafkaConnection, KafkaWireError, register_response
+from .clientconf import ClientSettings
+from .wire import KafkaConnection, KafkaWireError, register_response
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

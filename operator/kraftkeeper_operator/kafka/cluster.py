@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quorum.localports import free_port
+from quorum.polling import wait_until
 
 from .kafkaproc import (
     _LOG4J2,
@@ -348,14 +349,15 @@ class KafkaControllers:
 
     def wait_port(self, i: int, timeout: float = 90.0) -> None:
         c = self.controllers[i]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def listening() -> bool:
             if not c.running() and not (c.wanted and self.supervise):
                 raise RuntimeError(f"controller {i} exited: see {c.dir / 'out.log'}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", c.port), timeout=1):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"controller {i} did not listen on {c.endpoint} within {timeout:g}s")
+            with socket.create_connection(("127.0.0.1", c.port), timeout=1):  # OSError: not yet
+                return True
+
+        # TimedOut is a TimeoutError, as callers expect.
+        wait_until(f"controller {i} to listen on {c.endpoint}", listening, timeout, 0.2, errors=(OSError,))
 
     def status_lines(self) -> str:
         """One line per process (running or not, starts) and every crash: context for a failed

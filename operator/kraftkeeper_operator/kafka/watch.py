@@ -59,7 +59,7 @@ from ..progressfile import FileProgressStore
 from ..statusserver import StatusServer
 from ..telemetry import EventLogSink, EventSink, OperatorMetrics
 from .backend import KafkaQuorum, parse_bootstrap
-from .wire import ClientConfigError, ClientSettings
+from .clientconf import ClientConfigError, ClientSettings
 
 log = logging.getLogger("kraftkeeper.operator.watch")
 

@@ -7,21 +7,15 @@ kafka-python's mechanisms (the exchange of KIP-43 / KIP-152: SaslHandshake v1, t
 SaslAuthenticate). Requests go one at a time per connection: Kafka answers a connection's requests
 in order, and the operator never needs more than one in flight.
 
-``ClientSettings.from_properties`` reads a Kafka client properties file (``--command-config`` of
-Kafka's tools): ``security.protocol``, ``ssl.*`` (PEM files), ``sasl.mechanism`` and
-``sasl.jaas.config`` for PLAIN / SCRAM. Anything it cannot honour is refused with the property's
-name, never silently ignored: a tool that quietly dropped ``ssl.truststore.location`` would fall
-back to an unverified or plaintext connection.
+The connection's settings (TLS, SASL, timeouts) are a :class:`.clientconf.ClientSettings`, read
+from a Kafka client properties file there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import ssl
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kafka.net.sasl import get_sasl_mechanism  # type: ignore[import-untyped]
@@ -34,194 +28,13 @@ from kafka.protocol.sasl import (  # type: ignore[import-untyped]
 )
 
 from quorum.kafka.frames import MAX_RESPONSE_FRAME, FrameError, read_frame
-from quorum.properties import PropertiesError, parse_properties
 
-CLIENT_ID = "kraftkeeper-operator"
+# Re-exported: the reports' Kafka probe and demo take the settings type from here.
+from .clientconf import ClientSettings as ClientSettings
 
 
 class KafkaWireError(Exception):
     """A connection-level failure (refused, closed, malformed frame, authentication)."""
-
-
-class ClientConfigError(ValueError):
-    """A Kafka client properties file we cannot honour; the message names the property."""
-
-
-_SUPPORTED = {
-    "security.protocol",
-    "ssl.ca.location",  # librdkafka's name, accepted too
-    "ssl.truststore.type",
-    "ssl.truststore.location",
-    "ssl.truststore.certificates",
-    "ssl.keystore.type",
-    "ssl.keystore.location",
-    "ssl.keystore.certificate.chain",
-    "ssl.keystore.key",
-    "ssl.key.password",
-    "ssl.endpoint.identification.algorithm",
-    "sasl.mechanism",
-    "sasl.jaas.config",
-    "client.id",
-    "request.timeout.ms",
-    "default.api.timeout.ms",
-}
-
-# Our defaults for Kafka's two client timeouts (Kafka's own are 30 s and 60 s). One request to one
-# controller, including the TCP connect, TLS and SASL handshakes, may take request.timeout.ms: a
-# few round trips over a real network plus a loaded controller fit in 10 s with room. One
-# operation (a describe that may try every bootstrap controller, or a voter change with the
-# describes around it) gives up after default.api.timeout.ms, so a pass never waits on a hung
-# controller for longer than that.
-DEFAULT_REQUEST_TIMEOUT_MS = 10_000
-DEFAULT_API_TIMEOUT_MS = 30_000
-
-
-def parse_client_properties(text: str, source: str) -> dict[str, str]:
-    """A Kafka client properties file (Java properties, read as Kafka reads it); values are
-    trimmed as Kafka's config parser trims them. A line that is not ``key=value`` is refused
-    naming ``source`` and the line: a hand-written client file with such a line is a mistake."""
-    try:
-        props = parse_properties(text, source=source, require_values=True)
-    except PropertiesError as e:
-        raise ClientConfigError(str(e)) from None
-    return {k: v.strip() for k, v in props.items()}
-
-
-def _jaas_options(jaas: str) -> tuple[str, dict[str, str]]:
-    """``org.apache...PlainLoginModule required username="u" password="p";`` -> module, options."""
-    m = re.match(r"\s*([\w.$]+)\s+(required|requisite|sufficient|optional)\s*(.*?);?\s*$", jaas, re.S)
-    if m is None:
-        raise ClientConfigError(f"sasl.jaas.config: cannot parse {jaas[:60]!r}")
-    opts = dict(re.findall(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"', m.group(3)))
-    return m.group(1), opts
-
-
-@dataclass
-class ClientSettings:
-    security_protocol: str = "PLAINTEXT"
-    ssl_context: ssl.SSLContext | None = None
-    server_hostname_check: bool = True
-    sasl: dict[str, Any] = field(default_factory=dict)  # kafka-python mechanism config
-    client_id: str = CLIENT_ID
-    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS  # request.timeout.ms: one request
-    api_timeout_ms: int = DEFAULT_API_TIMEOUT_MS  # default.api.timeout.ms: one whole operation
-
-    @classmethod
-    def from_properties(cls, path: str | Path) -> ClientSettings:
-        p = Path(path)
-        try:
-            props = parse_client_properties(p.read_text(), f"--kafka-client-config {p}")
-        except OSError as e:
-            raise ClientConfigError(f"--kafka-client-config {p}: {e.strerror or e}") from None
-        return cls.from_dict(props, base=p.parent)
-
-    @classmethod
-    def from_dict(cls, props: dict[str, str], base: Path = Path(".")) -> ClientSettings:
-        unknown = sorted(k for k in props if k not in _SUPPORTED)
-        if unknown:
-            raise ClientConfigError(
-                f"{unknown[0]}: not supported by kraftkeeper's Kafka client (supported: "
-                f"{', '.join(sorted(_SUPPORTED))})"
-            )
-        s = cls()
-        proto = props.get("security.protocol", "PLAINTEXT").upper()
-        if proto not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-            raise ClientConfigError(
-                f"security.protocol: {proto!r} is not PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
-            )
-        s.security_protocol = proto
-        s.client_id = props.get("client.id", CLIENT_ID)
-        s.request_timeout_ms = _millis(props, "request.timeout.ms", s.request_timeout_ms)
-        # Not given: at least one request's worth (a longer request.timeout.ms alone raises both).
-        s.api_timeout_ms = _millis(
-            props, "default.api.timeout.ms", max(s.api_timeout_ms, s.request_timeout_ms)
-        )
-        if s.api_timeout_ms < s.request_timeout_ms:
-            raise ClientConfigError(
-                f"default.api.timeout.ms: {s.api_timeout_ms} is below request.timeout.ms "
-                f"({s.request_timeout_ms}); one operation must allow at least one request"
-            )
-        if proto in ("SSL", "SASL_SSL"):
-            s.ssl_context = _ssl_context(props, base)
-            s.server_hostname_check = props.get("ssl.endpoint.identification.algorithm", "https") != ""
-            if not s.server_hostname_check:
-                s.ssl_context.check_hostname = False
-        elif any(k.startswith("ssl.") for k in props):
-            raise ClientConfigError(f"ssl.* settings given but security.protocol is {proto}")
-        if proto.startswith("SASL_"):
-            s.sasl = _sasl_config(props, proto)
-        return s
-
-
-def _millis(props: dict[str, str], key: str, default: int) -> int:
-    """A positive timeout in milliseconds (at most a day), or the default when not given."""
-    if key not in props:
-        return default
-    text = props[key].strip()
-    if not text.isdigit() or not 0 < int(text) <= 86_400_000:
-        raise ClientConfigError(f"{key}: {props[key]!r} is not a whole number of milliseconds in 1..86400000")
-    return int(text)
-
-
-def _resolve(base: Path, value: str) -> str:
-    p = Path(value)
-    return str(p if p.is_absolute() else base / p)
-
-
-def _ssl_context(props: dict[str, str], base: Path) -> ssl.SSLContext:
-    # As Kafka's Java client: a configured truststore is the only trust anchor; without one, the
-    # system's CAs.
-    own_trust = any(
-        k in props for k in ("ssl.truststore.location", "ssl.ca.location", "ssl.truststore.certificates")
-    )
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if own_trust else ssl.create_default_context()
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ttype = props.get("ssl.truststore.type", "PEM").upper()
-    ktype = props.get("ssl.keystore.type", "PEM").upper()
-    if "ssl.truststore.location" in props or "ssl.ca.location" in props:
-        if ttype != "PEM":
-            raise ClientConfigError(
-                f"ssl.truststore.type: {ttype} stores cannot be read here; convert the truststore to PEM "
-                "(ssl.truststore.type=PEM)"
-            )
-        ca = props.get("ssl.truststore.location") or props["ssl.ca.location"]
-        try:
-            ctx.load_verify_locations(cafile=_resolve(base, ca))
-        except (OSError, ssl.SSLError) as e:
-            raise ClientConfigError(f"ssl.truststore.location: {ca}: {e}") from None
-    if "ssl.truststore.certificates" in props:
-        ctx.load_verify_locations(cadata=props["ssl.truststore.certificates"].replace("\\n", "\n"))
-    if "ssl.keystore.location" in props:
-        if ktype != "PEM":
-            raise ClientConfigError(
-                f"ssl.keystore.type: {ktype} stores cannot be read here; use a PEM keystore "
-                "(certificate chain and private key in one file, ssl.keystore.type=PEM)"
-            )
-        ks = _resolve(base, props["ssl.keystore.location"])
-        try:
-            ctx.load_cert_chain(ks, password=props.get("ssl.key.password"))
-        except (OSError, ssl.SSLError) as e:
-            raise ClientConfigError(f"ssl.keystore.location: {ks}: {e}") from None
-    return ctx
-
-
-def _sasl_config(props: dict[str, str], proto: str) -> dict[str, Any]:
-    mech = props.get("sasl.mechanism", "GSSAPI").upper()
-    if mech not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-        raise ClientConfigError(
-            f"sasl.mechanism: {mech} is not supported here (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)"
-        )
-    if "sasl.jaas.config" not in props:
-        raise ClientConfigError(f"sasl.jaas.config: required for sasl.mechanism={mech}")
-    _, opts = _jaas_options(props["sasl.jaas.config"])
-    if "username" not in opts or "password" not in opts:
-        raise ClientConfigError("sasl.jaas.config: username and password are required")
-    return {
-        "security_protocol": proto,
-        "sasl_mechanism": mech,
-        "sasl_plain_username": opts["username"],
-        "sasl_plain_password": opts["password"],
-    }
 
 
 class KafkaConnection:

@@ -47,11 +47,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid as _uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from quorum.polling import wait_until
 from quorum.storage.atomic import atomic_write
 
 log = logging.getLogger("kraftkeeper.operator.local")
@@ -253,11 +253,8 @@ def replace_disk(layout: ClusterLayout, node: int, *, timeout: float = 60.0) -> 
         pidfile = layout.control() / "supervisor.pid"
         sup = int(pidfile.read_text().strip() or 0) if pidfile.exists() else 0
         if sup and pid_alive(sup):
-            deadline = time.monotonic() + timeout
-            while not stopped.exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"supervisor (pid {sup}) did not stop node {node} within {timeout:g}s")
-                time.sleep(0.05)
+            # TimedOut is a TimeoutError: `cluster replace-disk` says UNAVAILABLE with its message.
+            wait_until(f"the supervisor (pid {sup}) to stop node {node}", stopped.exists, timeout, 0.05)
         else:
             node_pid = layout.control() / f"node-{node}.pid"
             if node_pid.exists():
