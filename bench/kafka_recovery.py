@@ -26,7 +26,7 @@ RemoveThenAdd, removes only a dead directory id; auto-join and the manual path d
 ``python -m bench.kafka_recovery [--modes watch-0,watch-default,auto-join,manual] [--rounds 2]
 [--roles follower,leader] [--workdir DIR] [--json FILE]``; prints a Markdown table, one row per
 mode and replaced role. The replacement, the watcher and the
-"whole voter set" check are ``kraftkeeper_reports.kafka_probe``'s, which ``kraftkeeper demo
+"whole voter set" check are ``kraftkeeper_demo.kafka_probe``'s, which ``kraftkeeper demo
 --engine kafka`` runs too.
 """
 
@@ -42,14 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kraftkeeper_operator.kafka.cluster import (
-    KafkaControllers,
-    free_port,
-    kafka_libs,
-    kafka_tools_libs,
-    metadata_quorum,
-)
-from kraftkeeper_reports.kafka_probe import (
+from kraftkeeper_demo.kafka_probe import (
     MAX_LAG,
     POLL_S,
     Probe,
@@ -57,6 +50,13 @@ from kraftkeeper_reports.kafka_probe import (
     start_watcher,
     stop_process,
     whole,
+)
+from kraftkeeper_operator.kafka.cluster import (
+    KafkaControllers,
+    free_port,
+    kafka_libs,
+    kafka_tools_libs,
+    metadata_quorum,
 )
 
 from quorum.kafka.mapping import uuid_to_base64

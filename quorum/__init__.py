@@ -8,10 +8,11 @@ Layout:
   quorum.core      the consensus core: a pure state machine, no I/O, clock or randomness
   quorum.storage   meta.properties, segmented log, quorum-state file, snapshots (+ in-memory twins)
   quorum.driver    the one driver that carries out the core's Readies, and the ports it needs
-  quorum.runtime   the node around the driver: aiohttp transport and server, KV state machine,
-                   snapshots, limits, metrics
-  quorum.security  strict decoding, the cluster PKI (pki issues, identity reads and says when a
-                   certificate is due), tokens, authorization, TLS contexts
+  quorum.runtime   the node around the driver: aiohttp transport, server and its authorization
+                   middleware, KV state machine, snapshots, limits, metrics
+  quorum.security  the cluster PKI (pki issues, identity reads and says when a certificate is
+                   due), tokens, authorization (pure), TLS contexts, the client config
+  quorum.strictjson  strict JSON decoding of untrusted bytes (RPCs, files, the client config)
   quorum.kafka     Kafka's wire protocol on a node (``kraftkeeper start --kafka-listen``)
   quorum.timefmt   RFC 3339 timestamps, the one format every timestamp we write uses
   quorum.properties  Java .properties text (meta.properties, Kafka client files), read and written

@@ -379,7 +379,7 @@ _DELEGATES: dict[tuple[str, str | None], tuple[str, str, str]] = {
     ("operator", "watch"): ("kraftkeeper_operator.kafka.watch", "watch_main", "operator"),
     ("cluster", "replace-disk"): ("kraftkeeper_operator.local.operator", "replace_disk_main", "operator"),
     ("report", None): ("kraftkeeper_reports.job", "main", "spark"),
-    ("demo", None): ("kraftkeeper_reports.demo", "main", "spark"),
+    ("demo", None): ("kraftkeeper_demo.demo", "main", "spark"),
 }
 
 

@@ -99,7 +99,7 @@ RpcEntry = Callable[[str, bytes, object | None, object | None], Awaitable[bytes 
 
 class StreamAuth:
     """Who may open a stream and send what on it: the same functions the HTTP authorization
-    middleware (:mod:`quorum.security.middleware`) applies to ``POST /raft/v1/*``."""
+    middleware (:mod:`quorum.runtime.middleware`) applies to ``POST /raft/v1/*``."""
 
     def __init__(self, cluster_id: str) -> None:
         from quorum.security.tlsctx import PeerIdentities

@@ -19,6 +19,7 @@ import time
 
 from quorum.runtime import kv as kvmod
 from quorum.runtime.config import NodeConfig, load_config, parse_voters
+from quorum.runtime.middleware import auth_middleware
 from quorum.runtime.node import Node
 from quorum.runtime.peerstream import StreamTransport, tls_stream_auth
 from quorum.runtime.server import build_app, start_server
@@ -146,7 +147,7 @@ async def serve_node(
         app = build_app(
             node,
             max_body=kvmod.MAX_VALUE_BYTES + 64 * 1024,
-            middlewares=tls.middlewares(cluster_id) if tls is not None else (),
+            middlewares=[auth_middleware(cluster_id, tls.token_source())] if tls is not None else (),
             stream_auth=tls_stream_auth(cluster_id) if tls is not None else None,
         )
         runner = await start_server(app, listen, tls.server_context() if tls is not None else None)

@@ -8,7 +8,7 @@ error body is ``{"error_code": ..., "message": ...}`` (plus the leader hint for 
 
 Where TLS and authentication plug in: :func:`build_app` takes extra ``middlewares``
 (run before the handlers, after the error mapping, so their KraftErrors get the same JSON
-body); the authorization middleware (``quorum.security.middleware``) binds a raft RPC's claimed
+body); the authorization middleware (``quorum.runtime.middleware``) binds a raft RPC's claimed
 sender to the caller's certificate before the RPC handler runs.
 :func:`start_server` takes the server ``ssl.SSLContext``.
 """
@@ -34,9 +34,9 @@ from quorum.runtime.limits import (
 )
 from quorum.runtime.limits import metrics_text as limits_metrics
 from quorum.runtime.loopwatch import LoopWatch
+from quorum.runtime.middleware import PRINCIPAL_KEY, RPC_MESSAGE_KEY
 from quorum.runtime.peerstream import STREAM_PATH, StreamAuth, close_streams, serve_stream
-from quorum.security.middleware import PRINCIPAL_KEY, RPC_MESSAGE_KEY
-from quorum.security.strictjson import INT32, get_int, loads_strict
+from quorum.strictjson import INT32, get_int, loads_strict
 from quorum.types import ErrorCode, KraftError, canonical_uuid
 
 STATUS_FOR: dict[ErrorCode, int] = {

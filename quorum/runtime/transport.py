@@ -16,7 +16,7 @@ KIP-595 RPCs name their destination); ``peer_check(destination_id, peercert)``, 
 called with the server's certificate on every response. A connection costs one handshake: the
 pool keeps it open across RPCs (``tests/security/test_middleware_tls.py``), TLS session tickets
 are not used (``quorum.security.tlsctx``). On the server side the authorization middleware
-(``quorum.security.middleware``) compares the replica id the decoded request claims with the
+(``quorum.runtime.middleware``) compares the replica id the decoded request claims with the
 caller's certificate before any handler runs; ``handle_rpc``'s ``peer`` is None there (it is
 the hook for a handler that wants to check again, e.g. in-process tests).
 """

@@ -9,7 +9,7 @@ Decoding is strict (no request may crash or wedge a node): every field has an ex
 in :data:`FIELD_RULES` (KIP-595 types: ids and epochs int32, offsets and timestamps int64,
 non-negative where the field requires; waits and sizes bounded; UUIDs canonical; strings
 bounded; booleans real booleans), the JSON is parsed by
-:func:`~quorum.security.strictjson.loads_strict` (nesting limit, no duplicate keys, no NaN),
+:func:`~quorum.strictjson.loads_strict` (nesting limit, no duplicate keys, no NaN),
 and unknown or missing fields are refused. Anything wrong is ``KraftError(INVALID_REQUEST)``
 naming the message and the field, which the server answers with 400 before the core sees it.
 """
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from quorum.core import messages as m
 from quorum.core.config import MAX_FETCH_BYTES
-from quorum.security.strictjson import INT32, INT64, get_bool, get_int, get_str, get_uuid, loads_strict
+from quorum.strictjson import INT32, INT64, get_bool, get_int, get_str, get_uuid, loads_strict
 from quorum.types import CLUSTER_ID_RE, ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 
 _LEN = struct.Struct("<I")

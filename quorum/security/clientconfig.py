@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quorum.security.strictjson import loads_strict
 from quorum.security.tlsctx import client_context
 from quorum.security.tokens import MAX_TOKEN, valid_token_syntax
+from quorum.strictjson import loads_strict
 from quorum.types import ErrorCode, KraftError
 
 __all__ = ["ENV_VAR", "KEYS", "ClientConfig", "load_client_config", "parse_client_config", "resolve"]

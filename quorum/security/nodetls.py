@@ -2,9 +2,10 @@
 
 Assembles, from the node's certificate, key, cluster CA and token store, what the runtime
 needs: the server context, the peer client context with the per-replica TLS server name, and
-the authorization middleware. Start-up refuses a certificate that does not name this node
-(cluster id and replica id from ``meta.properties``), so a node can never serve, or call its
-peers, under another replica's identity.
+the token source of the authorization middleware (:mod:`quorum.runtime.middleware`). Start-up
+refuses a certificate that does not name this node (cluster id and replica id from
+``meta.properties``), so a node can never serve, or call its peers, under another replica's
+identity.
 
 Plaintext is for loopback only (docs/reference.md, `kraftkeeper start`): :func:`check_plaintext_listen`
 refuses a non-loopback ``--listen`` without TLS unless ``--insecure`` is given.
@@ -18,10 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp.typedefs import Middleware
 from cryptography import x509
 
-from quorum.security.middleware import auth_middleware
 from quorum.security.pki import CA_CERT, Identity, identity_from_cert, peer_hostname
 from quorum.security.tlsctx import peer_client_context, server_context
 from quorum.security.tokens import TOKENS_FILE, TokenStore
@@ -162,8 +161,9 @@ class NodeTls:
     def token_store(self) -> TokenStore | None:
         return TokenStore.load(self.tokens_file) if self.tokens_file is not None else None
 
-    def middlewares(self, cluster_id: str) -> list[Middleware]:
-        """The authorization middleware; the tokens file is re-read when it changes (rotation)."""
+    def token_source(self) -> Callable[[], TokenStore | None]:
+        """The token store the authorization middleware consults, re-read when the tokens file
+        changes (rotation); the last good store is kept while a new file is half-written."""
         path = self.tokens_file
         state: dict[str, object] = {"mtime": None, "store": None}
 
@@ -181,7 +181,7 @@ class NodeTls:
                     pass  # keep the last good store; a half-written file is not a reason to lock out
             return state["store"] if isinstance(state["store"], TokenStore) else None
 
-        return [auth_middleware(cluster_id, tokens)]
+        return tokens
 
     @staticmethod
     def server_hostname(cluster_id: str) -> Callable[[int], str]:

@@ -4,7 +4,7 @@
   TLS level (``CERT_OPTIONAL``: a presented certificate must verify against the cluster CA or
   the handshake fails; none at all is allowed) so that ``/healthz``, ``/readyz`` and
   ``/metrics`` stay reachable by probes and token clients can connect; the authorization
-  middleware (:mod:`quorum.security.middleware`) then requires a certificate where the route
+  middleware (:mod:`quorum.runtime.middleware`) then requires a certificate where the route
   needs one. This is the model of etcd's ``--client-cert-auth`` plus Kubernetes probes.
 * :func:`peer_client_context`: what a node uses to call another node. It presents the node's
   own certificate (mutual TLS) and verifies the server against the CA. The caller passes

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from quorum.security.pki import ROLES, check_client_name, write_private
-from quorum.security.strictjson import get_int, get_str, loads_strict
+from quorum.strictjson import get_int, get_str, loads_strict
 from quorum.types import ErrorCode, KraftError
 
 __all__ = ["TOKENS_FILE", "TokenEntry", "TokenStore", "new_token"]

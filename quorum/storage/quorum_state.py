@@ -19,8 +19,8 @@ import json
 import os
 from typing import Any
 
-from quorum.security.strictjson import loads_strict
 from quorum.storage.atomic import atomic_write, ensure_dir
+from quorum.strictjson import loads_strict
 from quorum.types import ErrorCode, KraftError, QuorumState, canonical_uuid
 
 __all__ = [

@@ -58,6 +58,7 @@ def _module_exists(dotted: str) -> bool:
         "quorum": REPO,
         "kraftkeeper_operator": REPO / "operator",
         "kraftkeeper_reports": REPO / "reports",
+        "kraftkeeper_demo": REPO / "demo",
         "testkit": REPO,
     }
     parts = dotted.split(".")
@@ -75,7 +76,7 @@ def _module_exists(dotted: str) -> bool:
 
 def test_every_module_named_in_the_docs_exists() -> None:
     # Not preceded by a dot: ``controller.quorum.voters`` is a Kafka setting, not our module.
-    packages = "quorum|kraftkeeper_operator|kraftkeeper_reports|testkit"
+    packages = "quorum|kraftkeeper_operator|kraftkeeper_reports|kraftkeeper_demo|testkit"
     rx = re.compile(rf"(?<![\w.])((?:{packages})(?:\.[a-z_][a-z0-9_]*)+)")
     missing = []
     for doc in [*DOCS, REPO / "quorum" / "__init__.py"]:

@@ -19,11 +19,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from kraftkeeper_demo.demo_kafka import next_victim
+from kraftkeeper_demo.kafka_probe import AutoJoinRecorder
 from kraftkeeper_reports import events as ev
-from kraftkeeper_reports.demo_kafka import next_victim
 from kraftkeeper_reports.events import EventLogWriter, validate_event
 from kraftkeeper_reports.intervals import fmt_ms
-from kraftkeeper_reports.kafka_probe import AutoJoinRecorder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from kraftkeeper_reports.demo_common import free_base_port
+from kraftkeeper_demo.demo_common import free_base_port
 
 from quorum.localports import NoFreePorts, ephemeral_range, free_port_range, free_ports, port_is_free
 

@@ -17,8 +17,8 @@ from aiohttp import web
 
 from quorum.client import QuorumClient
 from quorum.localports import free_ports
+from quorum.runtime.middleware import PRINCIPAL_KEY, auth_middleware
 from quorum.security.clientconfig import ENV_VAR, load_client_config, parse_client_config, resolve
-from quorum.security.middleware import PRINCIPAL_KEY, auth_middleware
 from quorum.security.tlsctx import server_context
 from quorum.types import ErrorCode, KraftError
 from tests.security.conftest import CLUSTER, Pki

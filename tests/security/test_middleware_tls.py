@@ -18,8 +18,8 @@ from cryptography import x509
 
 from quorum.core import messages as m
 from quorum.runtime import wire
+from quorum.runtime.middleware import PRINCIPAL_KEY, RPC_MESSAGE_KEY, auth_middleware
 from quorum.runtime.transport import HttpTransport
-from quorum.security.middleware import PRINCIPAL_KEY, RPC_MESSAGE_KEY, auth_middleware
 from quorum.security.pki import peer_hostname, peercert_dict
 from quorum.security.tlsctx import check_peer, client_context, peer_client_context, server_context
 from quorum.types import ErrorCode, KraftError

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from quorum.core import messages as m
+from quorum.runtime import middleware as mw
 from quorum.runtime import wire
 from quorum.runtime.server import build_app, start_server
-from quorum.security import middleware as mw
 from quorum.security.auth import PEER, Principal
 from quorum.security.tlsctx import client_context, server_context
 from quorum.types import ErrorCode

@@ -19,9 +19,9 @@ from quorum.records import (
     encode_control_batch,
 )
 from quorum.runtime import wire
-from quorum.security.strictjson import loads_strict
 from quorum.storage.meta import decode_meta
 from quorum.storage.quorum_state import decode_quorum_state
+from quorum.strictjson import loads_strict
 from quorum.types import AddVoter, ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 
 U1 = "00000000-0000-4000-8000-000000000001"

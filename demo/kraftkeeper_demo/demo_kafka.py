@@ -21,7 +21,7 @@ After each recovery the console prints the report's intervals for it, in the vot
 it recorded and under the report's titles (``intervals``, ``demo_common.print_intervals``), and
 the demo's own wall clock from the controller's restart to a whole, caught-up voter set, measured
 the same way for both healers. The controllers are watched and driven from outside with
-:mod:`kraftkeeper_reports.kafka_probe`, which ``bench/kafka_recovery.py`` also runs.
+:mod:`kraftkeeper_demo.kafka_probe`, which ``bench/kafka_recovery.py`` also runs.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from typing import Any
 
 from kraftkeeper_operator.kafka.cluster import KafkaControllers, KafkaSecurity, kafka_libs
 from kraftkeeper_operator.kafka.wire import ClientSettings
-
 from kraftkeeper_reports import events as ev
-from kraftkeeper_reports.demo_common import DemoError, free_base_port, print_intervals, read_events, say
 from kraftkeeper_reports.events import EventLogWriter
 from kraftkeeper_reports.intervals import fmt_ms
 from kraftkeeper_reports.job import run_report
-from kraftkeeper_reports.kafka_probe import (
+
+from kraftkeeper_demo.demo_common import DemoError, free_base_port, print_intervals, read_events, say
+from kraftkeeper_demo.kafka_probe import (
     POLL_S,
     AutoJoinRecorder,
     Probe,

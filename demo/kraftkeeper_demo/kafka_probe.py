@@ -1,5 +1,5 @@
 """Real Kafka controllers watched and driven from outside, what both the Kafka demo
-(:mod:`kraftkeeper_reports.demo_kafka`) and ``bench/kafka_recovery.py`` run: DescribeQuorum over one
+(:mod:`kraftkeeper_demo.demo_kafka`) and ``bench/kafka_recovery.py`` run: DescribeQuorum over one
 kept connection (:class:`Probe`), the healed-quorum check (:func:`whole`: every controller a
 caught-up voter with its current directory id), the ``kraftkeeper operator watch`` process
 (:func:`start_watcher`, :func:`stop_process`), one disk replacement (:func:`replace_disk`) and
@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 from kraftkeeper_operator.kafka.backend import KafkaQuorum
 from kraftkeeper_operator.kafka.cluster import KafkaControllers
 from kraftkeeper_operator.kafka.wire import ClientSettings
-
 from kraftkeeper_reports import events as ev
-from kraftkeeper_reports.demo_common import DemoError, say
 from kraftkeeper_reports.events import EventLogWriter, RecoveryEvent
+
+from kraftkeeper_demo.demo_common import DemoError, say
 from quorum.kafka.mapping import base64_to_uuid
 from quorum.polling import wait_until
 from quorum.timefmt import now_ms

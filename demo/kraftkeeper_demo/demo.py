@@ -31,18 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from kraftkeeper_operator.local.cluster import ClusterLayout
-
-from kraftkeeper_reports import demo_kafka
 from kraftkeeper_reports import events as ev
-from kraftkeeper_reports.demo_common import (
+from kraftkeeper_reports.intervals import fmt_ms
+from kraftkeeper_reports.job import run_report
+
+from kraftkeeper_demo import demo_kafka
+from kraftkeeper_demo.demo_common import (
     DemoError,
     prepare_dir,
     print_intervals,
     read_events,
     say,
 )
-from kraftkeeper_reports.intervals import fmt_ms
-from kraftkeeper_reports.job import run_report
 from quorum.client import QuorumClient
 from quorum.polling import TimedOut, async_wait_until
 from quorum.security.clientconfig import load_client_config

@@ -25,6 +25,7 @@ from kraftkeeper_reports.intervals import (
     fmt_ms,
     recorded_order,
 )
+
 from quorum.localports import NoFreePorts, free_port_range
 
 MARKER = ".kraftkeeper-demo"
