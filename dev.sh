@@ -93,7 +93,7 @@ case "$cmd" in
     # The fast lane installs nothing else: it runs no Kubernetes, Kafka, Spark or browser.
     [ "$fast" = 1 ] || install_system all
     log "ruff"
-    "$venv/bin/ruff" check quorum operator reports demo tests bench testkit
+    "$venv/bin/ruff" check quorum operator reports demos tests bench testkit
     log "mypy (strict)"
     # Its cache under KK_CACHE, one per checkout path (two checkouts never write one at once).
     # A new path starts from a copy of the newest: mypy trusts an entry whose file hash still

@@ -141,7 +141,7 @@ build_wheels() {
   # with any other build of the checkout running at the same time.
   local stage
   stage="$(mktemp -d)"
-  tar -C "$here" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md quorum operator reports demo \
+  tar -C "$here" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md quorum operator reports demos \
     | tar -C "$stage" -xf -
   "$python" -m pip wheel -q "$stage[operator]" -w "$here/dist/wheels"
   rm -rf "$stage"
@@ -208,7 +208,7 @@ build_report_image() {
   # As build_wheels: from a copy of the sources. The dependency wheels stay in the context
   # between runs.
   stage="$(mktemp -d)"
-  tar -C "$here" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md quorum operator reports demo \
+  tar -C "$here" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md quorum operator reports demos \
     | tar -C "$stage" -xf -
   # Two layers: the dependencies (PySpark's jars most of the image) pinned by
   # wheels/requirements.txt, then kraftkeeper's own wheel from app/. A change to our code leaves

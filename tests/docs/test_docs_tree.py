@@ -58,7 +58,7 @@ def _module_exists(dotted: str) -> bool:
         "quorum": REPO,
         "kraftkeeper_operator": REPO / "operator",
         "kraftkeeper_reports": REPO / "reports",
-        "kraftkeeper_demo": REPO / "demo",
+        "kraftkeeper_demo": REPO / "demos",
         "testkit": REPO,
     }
     parts = dotted.split(".")

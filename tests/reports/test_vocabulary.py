@@ -59,7 +59,7 @@ def test_no_event_type_is_spelled_outside_the_vocabulary() -> None:
     quoted = re.compile("[\"'](" + "|".join(map(re.escape, ev.KNOWN_TYPES)) + ")[\"']")
     found = []
     # The product packages and the report's bench (the operator benches parse logs of their own).
-    files = [f for sub in ("operator", "reports", "demo", "quorum") for f in (ROOT / sub).rglob("*.py")]
+    files = [f for sub in ("operator", "reports", "demos", "quorum") for f in (ROOT / sub).rglob("*.py")]
     for f in [*files, ROOT / "bench" / "report.py"]:
         if f.name == "vocabulary.py" or ".venv" in f.parts:
             continue

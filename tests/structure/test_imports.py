@@ -26,7 +26,7 @@ ROOTS = {
     "quorum": REPO / "quorum",
     OP: REPO / "operator" / OP,
     "kraftkeeper_reports": REPO / "reports" / "kraftkeeper_reports",
-    "kraftkeeper_demo": REPO / "demo" / "kraftkeeper_demo",
+    "kraftkeeper_demo": REPO / "demos" / "kraftkeeper_demo",
     "testkit": REPO / "testkit",
     "tests": REPO / "tests",
     "bench": REPO / "bench",
