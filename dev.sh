@@ -29,8 +29,15 @@ install_python() {
   if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
-  # The wheelhouse's name also carries its layout (v2: pip's own wheel is in it).
-  local wheels="$KK_CACHE/wheels/$want-v2" tools="$KK_CACHE/tools/py"
+  # The wheelhouse is keyed by the dependency lists alone (a change to the package layout in
+  # pyproject.toml reinstalls the venv but reuses the wheels); its name also carries its layout
+  # (v2: pip's own wheel is in it).
+  local deps
+  deps="$("$py" -c 'import hashlib, json, tomllib
+d = tomllib.load(open("pyproject.toml", "rb")); p = d["project"]
+k = [p.get("dependencies"), p.get("optional-dependencies"), d.get("build-system")]
+print(hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16])')"
+  local wheels="$KK_CACHE/wheels/$deps-v2" tools="$KK_CACHE/tools/py"
   if [ ! -x "$tools/bin/pip" ]; then
     log "creating the installer venv $tools"
     "$py" -m venv "$tools"
@@ -45,6 +52,9 @@ install_python() {
     rm -f "$building"/kraftkeeper-*.whl
     mv -T "$building" "$wheels" 2>/dev/null || rm -rf "$building"  # another run made it first
   fi
+  # Wheelhouses no install has used for two weeks go (each is about 650 MB).
+  touch "$wheels"
+  find "$KK_CACHE/wheels" -mindepth 1 -maxdepth 1 -mtime +14 -exec rm -rf {} + 2>/dev/null || true
   case "$("$tools/bin/uv" --version 2>/dev/null)" in
     "uv $uv_version"*) ;;
     *) "$tools/bin/pip" install -q "uv==$uv_version" || log "no uv $uv_version: installing with pip" ;;
