@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # A node pod's start: the command line, then what ``kraftkeeper start`` imports (the Kafka
 # listener too, which ``--kafka-listen`` adds), and the init container's ``format`` and
 # ``recover-unclean``.
@@ -44,6 +46,8 @@ def _pydantic_modules(code: str, *args: str) -> list[str]:
     return found
 
 
+# Fresh interpreters (a module imported once stays imported): not for the in-process fast lane.
+@pytest.mark.slow
 def test_pydantic_is_imported_only_to_read_a_client_config_file(tmp_path: Path) -> None:
     # One interpreter for both paths that must not import it (each start costs a second or two).
     assert _pydantic_modules(NODE_START + CLIENT, "") == []
