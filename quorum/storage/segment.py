@@ -14,8 +14,8 @@ after the segment's logical end ``size`` is zero (fallocate and ftruncate extend
 (``quorum.storage.logscan``); zeros never parse as a batch (its length and record count would be
 0). A segment that stops being the active one is trimmed to its data (``seal``), and so is the
 active one at a clean close, so a directory left by a clean stop holds no zero tail at all.
-Where the file system refuses fallocate (other than by emulation) the segment grows by its
-writes as before.
+Without fallocate in the file system (FUSE) the C library's ``posix_fallocate`` writes the zeros
+itself; if the call fails (no space for a step) the segment grows by its writes as before.
 
 Test-only power-loss mode (``unflushed_in_memory``, config ``log.unflushed_in_memory``): the
 segment keeps the bytes written since the last flush in process memory (``pending``, which
