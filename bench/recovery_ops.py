@@ -21,6 +21,7 @@ import aiohttp
 from bench.clusters import KraftKeeperCluster
 from bench.common import NOT_YET, http_call
 from bench.load import TlsFiles, value_bytes
+from quorum.storage.segment import PREALLOCATE_BYTES
 from testkit.polling import wait_until
 
 MB = 1_000_000
@@ -37,15 +38,24 @@ def cpu_seconds(pid: int) -> float:
 
 
 def dir_bytes(path: Path) -> int:
-    """Bytes in the files under ``path``; a file the running node removes meanwhile counts 0."""
+    """Bytes in the files under ``path``, without the zero tail of a preallocated log segment
+    (not data: docs/design.md); a file the running node removes meanwhile counts 0."""
     total = 0
     for p in path.rglob("*"):
         try:
             if p.is_file():
-                total += p.stat().st_size
+                size = p.stat().st_size
+                total += size - (_zero_tail(p, size) if p.suffix == ".log" else 0)
         except FileNotFoundError:
             pass
     return total
+
+
+def _zero_tail(p: Path, size: int) -> int:
+    with open(p, "rb") as f:  # the tail is at most one preallocation step
+        f.seek(max(0, size - PREALLOCATE_BYTES))
+        chunk = f.read()
+    return len(chunk) - len(chunk.rstrip(b"\0"))
 
 
 def copy_limit(src: Path, dst: Path, fsync: bool) -> tuple[int, float]:

@@ -11,7 +11,8 @@ rebuilt on open from the batch headers. It is dense (one entry per batch, 16 byt
 than sparse: the core fetches and truncates at batch boundaries, and a dense index answers both
 with one ``bisect`` and no file access. Reads are one ``os.pread`` on a cached descriptor of
 whole batches; no per-record Python work, so catch-up copies bytes at disk speed. One segment's
-index and byte I/O live in ``quorum.storage.segment`` (with the test-only power-loss mode).
+index, byte I/O and preallocation live in ``quorum.storage.segment`` (with the test-only
+power-loss mode); the active segment's file runs ahead of its data with a zero tail.
 
 Recovery on open is :mod:`quorum.storage.logscan` (its rules are stated there); then the last
 segment and the directory are fsynced (``logscan.sync_opened``): only after that is the log end also
@@ -136,7 +137,8 @@ class SegmentedLog:
             if self.fsync:
                 fsync_dir(self.directory)
             return
-        open_segments(self.directory, found, self._meta, self._segments, self.unflushed_in_memory, self.fsync)
+        segs, bytes_ = self._segments, self.segment_bytes
+        open_segments(self.directory, found, self._meta, segs, self.unflushed_in_memory, self.fsync, bytes_)
         self._bases.extend(seg.base for seg in self._segments)
 
     # -- writing -----------------------------------------------------------------------------
@@ -149,7 +151,7 @@ class SegmentedLog:
             return Segment(self.directory, base, -1, unflushed_in_memory=True)
         path = os.path.join(self.directory, segment_name(base))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        return Segment(self.directory, base, fd, self.unflushed_in_memory)
+        return Segment(self.directory, base, fd, self.unflushed_in_memory, self.segment_bytes)
 
     def _roll(self) -> Segment:
         self._seal(self._segments[-1])
@@ -166,6 +168,7 @@ class SegmentedLog:
         recovery would then refuse the log although nothing torn was ever acknowledged. Once
         per ``segment_bytes``, so the fsync on the caller's thread is rare."""
         seg.flush_pending()
+        seg.trim()  # its preallocated zero tail: a sealed segment is data only
         if self.fsync:
             if seg.fd >= 0:
                 os.fdatasync(seg.fd)
@@ -401,8 +404,7 @@ class SegmentedLog:
         seg, i = self._locate(offset)
         return seg.read_batches(i, max_bytes, limit_offset)
 
-    def batch_infos(self) -> list[tuple[int, int, int]]:
-        """(base offset, segment base, position) of every batch: for tests and tooling."""
+    def batch_infos(self) -> list[tuple[int, int, int]]:  # (offset, segment base, position): for tests
         return [(o, s.base, p) for s in self._segments for o, p in zip(s.offsets, s.positions, strict=True)]
 
     def summary(
@@ -422,8 +424,7 @@ class SegmentedLog:
                     pass
                 seg.fd = -1
 
-    def hold_lock(self, lock: DataDirLock) -> None:
-        """Keep the data directory's lock until :meth:`close` (``open_storage``)."""
+    def hold_lock(self, lock: DataDirLock) -> None:  # kept until close (``open_storage``)
         self._dir_lock = lock
 
     def close(self) -> None:
@@ -432,6 +433,8 @@ class SegmentedLog:
             return
         try:
             self.flush()
+            if self._segments[-1].trim() and self.fsync:  # a clean stop leaves no zero tail
+                os.fdatasync(self._segments[-1].fd)
         finally:
             self._closed = True
             self._close_fds()

@@ -3,6 +3,10 @@ a crash may tear only the write in flight, and only the last segment receives wr
 
 * non-final segments are walked header by header (no CRC, Kafka does the same for segments
   below the recovery point); the last segment is CRC-verified batch by batch;
+* zeros after the last valid batch of the LAST segment are its end: the zero tail a
+  preallocated segment carries (``quorum.storage.segment``), or bytes an extended file never
+  received; nothing is cut and nothing is logged (they never parse as a batch, and the next
+  append overwrites them);
 * a torn tail of the LAST segment -- what a power cut leaves of an append never acknowledged:
   a partial final batch, or bytes never written (zeros), by the rule of
   ``quorum.storage.tail`` -- is cut at the last valid batch, with a WARNING;
@@ -121,8 +125,8 @@ def scan_last(seg: Segment, meta: LogBookkeeping, size: int) -> tuple[int, str] 
         check_batch(seg, meta, b.position, i.base_offset, i.size_bytes, i.epoch, i.count)
         seg.add(i.base_offset, b.position, i.size_bytes, i.count)
         meta.on_append(i)
-    if valid == size:
-        return None
+    if valid == size or buf.count(0, valid) == size - valid:
+        return None  # whole, or a zero tail (preallocated): the data ends at ``valid``
     why = torn_tail(buf, valid, seg.next_offset)
     if why is None:
         raise corrupt(seg, valid, seg.next_offset, _damage(buf, valid, seg.next_offset))
@@ -153,6 +157,7 @@ def open_segments(
     opened: list[Segment],
     unflushed_in_memory: bool,
     fsync: bool,
+    preallocate_to: int = 0,
 ) -> None:
     """Open and check every segment of ``found`` (non-empty), appending each to ``opened`` as it
     is opened (so the caller closes them on an error), then cut a torn tail of the last one.
@@ -163,7 +168,7 @@ def open_segments(
     for i, (base, name) in enumerate(found):
         path = os.path.join(directory, name)
         fd = os.open(path, os.O_RDWR)
-        seg = Segment(directory, base, fd, unflushed_in_memory)
+        seg = Segment(directory, base, fd, unflushed_in_memory, preallocate_to)
         opened.append(seg)
         if prev is not None and base != prev.next_offset:
             kind = "gap (a segment is missing)" if base > prev.next_offset else "overlap"

@@ -4,6 +4,19 @@ The index is two ``array('q')`` columns (batch base offset, byte position), one 
 batch (see ``quorum.storage.log``). Bytes go to the file with ``os.pwrite`` and come back with
 ``os.pread`` on the segment's cached descriptor.
 
+Preallocation: the active segment's file is extended ahead of its data with
+``os.posix_fallocate`` in steps of ``PREALLOCATE_BYTES`` (up to the segment size), so that an
+append does not change the file's size and its fdatasync does not wait for the file system's
+journal to commit a new size (measured on ext4: 0.14 ms per fdatasync instead of 0.20 ms, and
+concurrent writers no longer queue behind those commits). Invariant: every byte of the file
+after the segment's logical end ``size`` is zero (fallocate and ftruncate extend with zeros;
+``truncate`` cuts the file at the new end), so recovery reads a zero tail as the log's end
+(``quorum.storage.logscan``); zeros never parse as a batch (its length and record count would be
+0). A segment that stops being the active one is trimmed to its data (``seal``), and so is the
+active one at a clean close, so a directory left by a clean stop holds no zero tail at all.
+Without fallocate in the file system (FUSE) the C library's ``posix_fallocate`` writes the zeros
+itself; if the call fails (no space for a step) the segment grows by its writes as before.
+
 Test-only power-loss mode (``unflushed_in_memory``, config ``log.unflushed_in_memory``): the
 segment keeps the bytes written since the last flush in process memory (``pending``, which
 starts at file position ``pending_at``) and writes them to the file only in :meth:`flush_pending`,
@@ -19,6 +32,7 @@ and the log's flush from writing the same pending bytes twice.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import threading
 from array import array
@@ -26,7 +40,11 @@ from array import array
 from quorum.storage.atomic import FILE_MODE
 from quorum.types import ErrorCode, KraftError
 
-__all__ = ["Segment", "pread_all", "segment_name"]
+__all__ = ["PREALLOCATE_BYTES", "Segment", "pread_all", "segment_name"]
+
+log = logging.getLogger("quorum.storage.log")
+
+PREALLOCATE_BYTES = 4 * 1024 * 1024
 
 
 def segment_name(base_offset: int) -> str:
@@ -58,6 +76,7 @@ def _pwrite_all(fd: int, data: memoryview | bytes, position: int) -> None:
 
 class Segment:
     __slots__ = (
+        "allocated",
         "base",
         "created",
         "fd",
@@ -70,10 +89,13 @@ class Segment:
         "pending",
         "pending_at",
         "positions",
+        "preallocate_to",
         "size",
     )
 
-    def __init__(self, directory: str, base: int, fd: int, unflushed_in_memory: bool = False) -> None:
+    def __init__(
+        self, directory: str, base: int, fd: int, unflushed_in_memory: bool = False, preallocate_to: int = 0
+    ) -> None:
         self.base = base
         self.name = segment_name(base)
         self.path = os.path.join(directory, self.name)
@@ -84,6 +106,10 @@ class Segment:
         self.offsets = array("q")
         self.positions = array("q")
         self.pending: bytearray | None = bytearray() if unflushed_in_memory else None
+        # Preallocate the file up to this size (the segment size; 0: never). Not in the
+        # power-loss mode, whose pending bytes reach the file only at a flush.
+        self.preallocate_to = 0 if unflushed_in_memory else preallocate_to
+        self.allocated = 0  # the file's size, data and zero tail, while preallocating
         self.pending_at = 0
         self.lock = threading.Lock() if unflushed_in_memory else None
         # One flush_pending at a time (the log's flush in a worker thread, a seal on the loop).
@@ -96,12 +122,17 @@ class Segment:
         self.next_offset = base_offset + count
 
     def opened(self, file_size: int) -> None:
-        """After recovery: the file holds ``file_size`` bytes, nothing is pending."""
-        self.pending_at = file_size
+        """After recovery: the file holds ``file_size`` bytes, its data ends at ``size`` (a
+        zero tail follows, if longer), nothing is pending."""
+        self.pending_at = self.size
+        self.allocated = file_size
 
     def write(self, data: memoryview) -> None:
         """Append ``data`` at the segment's logical end (the caller indexes it)."""
         if self.pending is None:
+            end = self.size + len(data)
+            if end > self.allocated and self.preallocate_to:
+                self._preallocate(end)
             _pwrite_all(self.fd, data, self.size)
             return
         assert self.lock is not None
@@ -139,6 +170,30 @@ class Segment:
             k = min(k, last_allowed)
         stop = self.positions[k + 1] if k + 1 < n else self.size
         return self.read(start, stop - start)
+
+    def _preallocate(self, end: int) -> None:
+        """Extend the file to at least ``end`` bytes, one step ahead, zero-filled."""
+        target = max(end, min(self.allocated + PREALLOCATE_BYTES, self.preallocate_to))
+        try:
+            os.posix_fallocate(self.fd, self.allocated, target - self.allocated)
+        except OSError as e:
+            # Not supported here, or no space for the step: grow by writes from now on (the
+            # write itself reports a full disk). A partial extension is a zero tail too.
+            log.warning("%s: cannot preallocate (%s); the segment grows by its writes", self.path, e)
+            self.preallocate_to = 0
+            self.allocated = os.fstat(self.fd).st_size
+            return
+        self.allocated = target
+
+    def trim(self) -> bool:
+        """Cut the file's zero tail (the caller flushed the pending bytes and fsyncs after);
+        True if there was one. A sealed segment is checked header by header with no tail
+        allowed, and an older version reading the directory finds no zero tail to warn about."""
+        if self.fd < 0 or os.fstat(self.fd).st_size <= self.size:
+            return False
+        os.ftruncate(self.fd, self.size)
+        self.allocated = self.size
+        return True
 
     def removed(self) -> None:
         """The log dropped this segment: a flush in flight must not create its file."""
@@ -181,5 +236,6 @@ class Segment:
                     return
                 self.pending.clear()
                 self.pending_at = cut
-        os.ftruncate(self.fd, cut)
+        os.ftruncate(self.fd, cut)  # the zero tail goes too: bytes after the end are zeros
         self.size = cut
+        self.allocated = cut

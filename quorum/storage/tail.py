@@ -4,7 +4,8 @@ of the final segment that verifies (docs/design.md, "Torn writes and damage").
 Only bytes that were never acknowledged may be dropped silently, and nothing on disk says how
 far the previous process had fsynced (recording it would cost a second fsync per write). So the
 bytes ``[P, n)`` from the first position ``P`` where no valid batch starts to the file end ``n``
-are cut only when an interrupted append explains them, and that explanation is strict:
+are cut only when an interrupted append explains them, and that explanation is strict (an
+all-zero tail never reaches this rule: ``logscan`` takes it for a preallocated segment's end):
 
 * an append writes forward from the old end; what a power cut leaves of it is a prefix of the
   new bytes, followed by bytes never written, which read back as zeros (a file extended but not
