@@ -28,6 +28,7 @@ __all__ = [
     "INT32",
     "INT64",
     "MAX_DEPTH",
+    "UUID_PATTERN",
     "check_depth",
     "get_bool",
     "get_int",
@@ -39,7 +40,8 @@ __all__ = [
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 MAX_DEPTH = 8  # our deepest message is 3 levels; 8 leaves room without allowing abuse
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_UUID = re.compile(UUID_PATTERN)
 
 
 def _fail(code: ErrorCode, what: str, msg: str) -> KraftError:

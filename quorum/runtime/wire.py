@@ -12,35 +12,50 @@ bounded; booleans real booleans), the JSON is parsed by
 :func:`~quorum.strictjson.loads_strict` (nesting limit, no duplicate keys, no NaN),
 and unknown or missing fields are refused. Anything wrong is ``KraftError(INVALID_REQUEST)``
 naming the message and the field, which the server answers with 400 before the core sees it.
+
+These rules are the reference. On the hot path a compiled codec (:mod:`quorum.runtime.wirefast`)
+decodes the headers it can prove valid under them and writes byte-identical headers; whatever it
+cannot take (and every refusal) goes through the rules here, so the accepted headers, the bytes
+on the wire and every error message are those of the reference.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import struct
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from quorum.core import messages as m
-from quorum.core.config import MAX_FETCH_BYTES
-from quorum.strictjson import INT32, INT64, get_bool, get_int, get_str, get_uuid, loads_strict
+from quorum.runtime import wirefast
+from quorum.runtime.wirebounds import (
+    DIVERGING_OFFSET,
+    ENDPOINT,
+    EPOCH,
+    FETCH_BYTES,
+    HIGH_WATERMARK,
+    ID,
+    ID_OR_NONE,
+    MAX_CLUSTER_ID,
+    MAX_ENDPOINT,
+    MAX_ERROR_CODE,
+    MAX_SUCCESSORS,
+    OFFSET,
+    WAIT_MS,
+    valid_port,
+)
+from quorum.runtime.wirebounds import (
+    MAX_BYTES as MAX_BYTES,  # re-exported: the transports size their buffers by it
+)
+from quorum.runtime.wirebounds import (
+    MAX_HEADER as MAX_HEADER,  # re-exported: the transports bound a frame by it
+)
+from quorum.strictjson import get_bool, get_int, get_str, get_uuid, loads_strict
 from quorum.types import CLUSTER_ID_RE, ErrorCode, KraftError, OffsetAndEpoch, ReplicaKey
 
 _LEN = struct.Struct("<I")
-MAX_HEADER = 64 * 1024
-MAX_WAIT_MS = 60_000  # a Fetch long-poll longer than a minute is a mistake or an attack
-MAX_BYTES = MAX_FETCH_BYTES  # = records.MAX_BATCH_BYTES: one batch is always served whole
-MAX_ENDPOINT = 262  # 255-character host name, ':' and a port
-MAX_SUCCESSORS = 256
 T = TypeVar("T")
-
-_ENDPOINT = re.compile(r"^[^\s/@]+:[0-9]{1,5}$")
-_ID = (0, INT32[1])
-_ID_OR_NONE = (-1, INT32[1])  # -1 = no leader / unknown (KIP-595)
-_EPOCH = (0, INT32[1])
-_OFFSET = (0, INT64[1])
 
 Rule = Callable[[dict[str, Any], str, str], Any]
 
@@ -61,18 +76,18 @@ def _bool(obj: dict[str, Any], name: str, what: str) -> Any:
 
 
 def _endpoint(obj: dict[str, Any], name: str, what: str) -> Any:
-    v = get_str(obj, name, what, max_len=MAX_ENDPOINT, optional=True, pattern=_ENDPOINT)
-    if v is not None and not 0 < int(v.rpartition(":")[2]) < 65536:
+    v = get_str(obj, name, what, max_len=MAX_ENDPOINT, optional=True, pattern=ENDPOINT)
+    if v is not None and not valid_port(v):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{what}: field {name}={v!r} has an invalid port")
     return v
 
 
 def _cluster(obj: dict[str, Any], name: str, what: str) -> Any:
-    return get_str(obj, name, what, max_len=128, pattern=CLUSTER_ID_RE)
+    return get_str(obj, name, what, max_len=MAX_CLUSTER_ID, pattern=CLUSTER_ID_RE)
 
 
 def _error_code(obj: dict[str, Any], name: str, what: str) -> Any:
-    v = get_str(obj, name, what, max_len=64)
+    v = get_str(obj, name, what, max_len=MAX_ERROR_CODE)
     try:
         return ErrorCode(v)
     except ValueError:
@@ -81,7 +96,7 @@ def _error_code(obj: dict[str, Any], name: str, what: str) -> Any:
         ) from None
 
 
-def _offset_epoch(min_offset: int) -> Rule:
+def _offset_epoch(offset: tuple[int, int]) -> Rule:
     def rule(obj: dict[str, Any], name: str, what: str) -> Any:
         v = obj.get(name)
         if v is None:
@@ -91,9 +106,7 @@ def _offset_epoch(min_offset: int) -> Rule:
                 ErrorCode.INVALID_REQUEST, f"{what}: field {name} must be an object with offset and epoch"
             )
         where = f"{what}: {name}"
-        return OffsetAndEpoch(
-            get_int(v, "offset", where, (min_offset, INT64[1])), get_int(v, "epoch", where, _EPOCH)
-        )
+        return OffsetAndEpoch(get_int(v, "offset", where, offset), get_int(v, "epoch", where, EPOCH))
 
     return rule
 
@@ -110,44 +123,44 @@ def _successors(obj: dict[str, Any], name: str, what: str) -> Any:
         where = f"{what}: {name}[{i}]"
         if not isinstance(item, dict) or not set(item) <= {"id", "uuid"}:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"{where} must be an object with id and uuid")
-        out.append(ReplicaKey(get_int(item, "id", where, _ID), get_uuid(item, "uuid", where)))
+        out.append(ReplicaKey(get_int(item, "id", where, ID), get_uuid(item, "uuid", where)))
     return tuple(out)
 
 
 # One rule per field name across all RPC messages (KIP-595 / KIP-630 / KIP-856 field types).
 FIELD_RULES: dict[str, Rule] = {
-    "correlation_id": _int(_OFFSET),
+    "correlation_id": _int(OFFSET),
     "cluster_id": _cluster,
-    "candidate_id": _int(_ID),
+    "candidate_id": _int(ID),
     "candidate_uuid": _uuid,
-    "candidate_epoch": _int(_EPOCH),
+    "candidate_epoch": _int(EPOCH),
     "candidate_endpoint": _endpoint,
-    "voter_id": _int(_ID_OR_NONE),
+    "voter_id": _int(ID_OR_NONE),
     "voter_uuid": _uuid,
-    "last_offset_epoch": _int(_EPOCH),
-    "last_offset": _int(_OFFSET),
+    "last_offset_epoch": _int(EPOCH),
+    "last_offset": _int(OFFSET),
     "pre_vote": _bool,
     "vote_granted": _bool,
-    "leader_id": _int(_ID_OR_NONE),
-    "leader_epoch": _int(_EPOCH),
+    "leader_id": _int(ID_OR_NONE),
+    "leader_epoch": _int(EPOCH),
     "leader_uuid": _uuid,
     "leader_endpoint": _endpoint,
     "preferred_successors": _successors,
-    "replica_id": _int(_ID),
+    "replica_id": _int(ID),
     "replica_uuid": _uuid,
     "replica_endpoint": _endpoint,
-    "current_leader_epoch": _int(_EPOCH),
-    "fetch_offset": _int(_OFFSET),
-    "last_fetched_epoch": _int(_EPOCH),
-    "max_wait_ms": _int((0, MAX_WAIT_MS)),
-    "max_bytes": _int((0, MAX_BYTES)),
-    "snapshot_id": _offset_epoch(0),
-    "diverging_epoch": _offset_epoch(-1),
-    "position": _int(_OFFSET),
-    "size": _int(_OFFSET),
+    "current_leader_epoch": _int(EPOCH),
+    "fetch_offset": _int(OFFSET),
+    "last_fetched_epoch": _int(EPOCH),
+    "max_wait_ms": _int(WAIT_MS),
+    "max_bytes": _int(FETCH_BYTES),
+    "snapshot_id": _offset_epoch(OFFSET),
+    "diverging_epoch": _offset_epoch(DIVERGING_OFFSET),
+    "position": _int(OFFSET),
+    "size": _int(OFFSET),
     "error_code": _error_code,
-    "high_watermark": _int((-1, INT64[1])),
-    "log_start_offset": _int(_OFFSET),
+    "high_watermark": _int(HIGH_WATERMARK),
+    "log_start_offset": _int(OFFSET),
 }
 
 
@@ -216,11 +229,19 @@ class Frame:
         return b"".join((self.head, self.raw))
 
 
+def encode_header_reference(msg: Any) -> bytes:
+    """The JSON header of ``msg`` by the standard library: the reference for the wire's bytes
+    (:func:`~quorum.runtime.wirefast.encode_header` must give the same, or defer to this)."""
+    header = {name: _plain(getattr(msg, name)) for name in _spec(type(msg)).fields}
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
 def encode_frame(msg: Any) -> Frame:
     """Serialize one message dataclass into its two parts (see :class:`Frame`)."""
     spec = _spec(type(msg))
-    header = {name: _plain(getattr(msg, name)) for name in spec.fields}
-    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb = wirefast.encode_header(msg, spec.fields)
+    if hb is None:
+        hb = encode_header_reference(msg)
     raw = getattr(msg, spec.bytes_field) if spec.bytes_field else b""
     return Frame(_LEN.pack(len(hb)) + hb, raw)
 
@@ -254,7 +275,21 @@ def split_frame(name: str, body: bytes) -> tuple[bytes, bytes]:
 
 
 def decode(cls: type[T], body: bytes | bytearray) -> T:
-    """Parse a body into ``cls``; raises ``KraftError(INVALID_REQUEST)`` naming the problem."""
+    """Parse a body into ``cls``; raises ``KraftError(INVALID_REQUEST)`` naming the problem.
+
+    The compiled decoder (:mod:`~quorum.runtime.wirefast`) takes the headers it can prove valid;
+    any other header goes through the reference rules below, which accept it or name what is
+    wrong. Both accept the same headers (tests/fuzz check it), so the compiled one only saves
+    time."""
+    return _decode(cls, body, fast=True)
+
+
+def decode_reference(cls: type[T], body: bytes | bytearray) -> T:
+    """:func:`decode` by the reference rules alone (the property tests and the bench compare)."""
+    return _decode(cls, body, fast=False)
+
+
+def _decode(cls: type[T], body: bytes | bytearray, fast: bool) -> T:
     name = cls.__name__
     spec = _spec(cls)
     hl = _header_length(name, body)
@@ -262,6 +297,12 @@ def decode(cls: type[T], body: bytes | bytearray) -> T:
     # Catch-up bodies are megabytes: a view into the body where the message accepts one.
     tail = memoryview(body)[4 + hl :]
     rest: bytes | memoryview = tail if spec.view else bytes(tail)
+    if fast and (spec.bytes_field is not None or not rest):
+        kwargs = wirefast.decode_header(cls, hb)
+        if kwargs is not None:
+            if spec.bytes_field is not None:
+                kwargs[spec.bytes_field] = rest
+            return wirefast.build(cls, kwargs)
     header = loads_strict(hb, f"{name} header")
     if not isinstance(header, dict):
         raise KraftError(ErrorCode.INVALID_REQUEST, f"{name}: header is not a JSON object")
