@@ -39,21 +39,7 @@ import msgspec.structs
 from msgspec import UNSET, Meta, UnsetType
 
 from quorum.core import messages as m
-from quorum.runtime.wirebounds import (
-    DIVERGING_OFFSET,
-    ENDPOINT,
-    EPOCH,
-    FETCH_BYTES,
-    HIGH_WATERMARK,
-    ID,
-    ID_OR_NONE,
-    MAX_CLUSTER_ID,
-    MAX_ENDPOINT,
-    MAX_SUCCESSORS,
-    OFFSET,
-    WAIT_MS,
-    valid_port,
-)
+from quorum.runtime import wirebounds as wb
 from quorum.strictjson import UUID_PATTERN
 from quorum.types import CLUSTER_ID_RE, ErrorCode, OffsetAndEpoch, ReplicaKey
 
@@ -62,22 +48,22 @@ def _int(bounds: tuple[int, int]) -> Any:
     return Annotated[int, Meta(ge=bounds[0], le=bounds[1])]
 
 
-_Id = Annotated[int, Meta(ge=ID[0], le=ID[1])]
-_Epoch = Annotated[int, Meta(ge=EPOCH[0], le=EPOCH[1])]
+_Id = Annotated[int, Meta(ge=wb.ID[0], le=wb.ID[1])]
+_Epoch = Annotated[int, Meta(ge=wb.EPOCH[0], le=wb.EPOCH[1])]
 
 # msgspec applies a pattern with ``re.search``: the reference's are anchored, so it is the same test.
 _Uuid = Annotated[str, Meta(max_length=36, pattern=UUID_PATTERN)]
-_Endpoint = Annotated[str, Meta(max_length=MAX_ENDPOINT, pattern=ENDPOINT.pattern)]
-_Cluster = Annotated[str, Meta(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_RE.pattern)]
+_Endpoint = Annotated[str, Meta(max_length=wb.MAX_ENDPOINT, pattern=wb.ENDPOINT.pattern)]
+_Cluster = Annotated[str, Meta(max_length=wb.MAX_CLUSTER_ID, pattern=CLUSTER_ID_RE.pattern)]
 
 
 class _SnapshotId(msgspec.Struct, forbid_unknown_fields=True):
-    offset: Annotated[int, Meta(ge=OFFSET[0], le=OFFSET[1])]
+    offset: Annotated[int, Meta(ge=wb.OFFSET[0], le=wb.OFFSET[1])]
     epoch: _Epoch
 
 
 class _DivergingEpoch(msgspec.Struct, forbid_unknown_fields=True):
-    offset: Annotated[int, Meta(ge=DIVERGING_OFFSET[0], le=DIVERGING_OFFSET[1])]
+    offset: Annotated[int, Meta(ge=wb.DIVERGING_OFFSET[0], le=wb.DIVERGING_OFFSET[1])]
     epoch: _Epoch
 
 
@@ -92,38 +78,38 @@ T = TypeVar("T")
 
 # One type per field name, as :data:`quorum.runtime.wire.FIELD_RULES` has one rule per name.
 FIELD_TYPES: dict[str, tuple[Any, int]] = {
-    "correlation_id": (_int(OFFSET), _PLAIN),
+    "correlation_id": (_int(wb.OFFSET), _PLAIN),
     "cluster_id": (_Cluster, _STRING),
     "candidate_id": (_Id, _PLAIN),
     "candidate_uuid": (_Uuid | None, _STRING),
     "candidate_epoch": (_Epoch, _PLAIN),
     "candidate_endpoint": (_Endpoint | None, _ENDPOINT_KIND),
-    "voter_id": (_int(ID_OR_NONE), _PLAIN),
+    "voter_id": (_int(wb.ID_OR_NONE), _PLAIN),
     "voter_uuid": (_Uuid | None, _STRING),
     "last_offset_epoch": (_Epoch, _PLAIN),
-    "last_offset": (_int(OFFSET), _PLAIN),
+    "last_offset": (_int(wb.OFFSET), _PLAIN),
     "pre_vote": (bool, _PLAIN),
     "vote_granted": (bool, _PLAIN),
-    "leader_id": (_int(ID_OR_NONE), _PLAIN),
+    "leader_id": (_int(wb.ID_OR_NONE), _PLAIN),
     "leader_epoch": (_Epoch, _PLAIN),
     "leader_uuid": (_Uuid | None, _STRING),
     "leader_endpoint": (_Endpoint | None, _ENDPOINT_KIND),
-    "preferred_successors": (Annotated[list[_Successor], Meta(max_length=MAX_SUCCESSORS)], _SUCCESSORS),
+    "preferred_successors": (Annotated[list[_Successor], Meta(max_length=wb.MAX_SUCCESSORS)], _SUCCESSORS),
     "replica_id": (_Id, _PLAIN),
     "replica_uuid": (_Uuid | None, _STRING),
     "replica_endpoint": (_Endpoint | None, _ENDPOINT_KIND),
     "current_leader_epoch": (_Epoch, _PLAIN),
-    "fetch_offset": (_int(OFFSET), _PLAIN),
+    "fetch_offset": (_int(wb.OFFSET), _PLAIN),
     "last_fetched_epoch": (_Epoch, _PLAIN),
-    "max_wait_ms": (_int(WAIT_MS), _PLAIN),
-    "max_bytes": (_int(FETCH_BYTES), _PLAIN),
+    "max_wait_ms": (_int(wb.WAIT_MS), _PLAIN),
+    "max_bytes": (_int(wb.FETCH_BYTES), _PLAIN),
     "snapshot_id": (_SnapshotId | None, _OFFSET_EPOCH),
     "diverging_epoch": (_DivergingEpoch | None, _OFFSET_EPOCH),
-    "position": (_int(OFFSET), _PLAIN),
-    "size": (_int(OFFSET), _PLAIN),
+    "position": (_int(wb.OFFSET), _PLAIN),
+    "size": (_int(wb.OFFSET), _PLAIN),
     "error_code": (ErrorCode, _STRING),  # every member's value is shorter than the reference's 64
-    "high_watermark": (_int(HIGH_WATERMARK), _PLAIN),
-    "log_start_offset": (_int(OFFSET), _PLAIN),
+    "high_watermark": (_int(wb.HIGH_WATERMARK), _PLAIN),
+    "log_start_offset": (_int(wb.OFFSET), _PLAIN),
 }
 
 
@@ -173,12 +159,12 @@ def _schema(cls: type) -> _Schema:
             tuple(kinds[_STRING] + kinds[_ENDPOINT_KIND]),
             tuple(kinds[_ENDPOINT_KIND]),
             tuple(kinds[_OFFSET_EPOCH] + kinds[_SUCCESSORS]),
-            None if plain_init_only(cls, defaults) else defaults,
+            None if _needs_init(cls, defaults) else defaults,
         )
     return s
 
 
-def plain_init_only(cls: type, defaults: dict[str, Any]) -> bool:
+def _needs_init(cls: type, defaults: dict[str, Any]) -> bool:
     """Whether instances of ``cls`` must be made by its ``__init__``: it checks or derives
     (``__post_init__``), has no ``__dict__`` (slots), or a default comes from a factory."""
     return (
@@ -220,7 +206,7 @@ def decode_header(cls: type, hb: bytes) -> dict[str, Any] | None:
     strings = len(fields) + len(schema.strings) - [fields.get(n) for n in schema.strings].count(None)
     for name in schema.endpoints:
         v = fields.get(name)
-        if v is not None and not valid_port(v):
+        if v is not None and not wb.valid_port(v):
             return None
     for name in schema.nested:
         v = fields.get(name)
