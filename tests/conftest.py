@@ -11,7 +11,8 @@ The fast lane and the whole suite run on two pytest-xdist workers (``-n 2 --dist
 and :func:`pytest_xdist_make_scheduler` decide what may run side by side: each test file is one
 unit of work (its module fixtures are set up once), except that everything needing the Docker
 engine or the single-node cluster (tests/kubelet, the image tests) is one unit, since there is one
-engine and one kubelet per machine and users stop the engine they started. Units are handed out
+engine and one kubelet per machine and users stop the engine they started, and files that share a
+costly session fixture are one unit (``_SHARED_FIXTURE_UNITS``). Units are handed out
 longest first (a fixed estimate per directory, below), so the last ones are short.
 
 The units are made by our own scheduler (xdist's ``loadgroup`` split by :func:`_unit` of each
@@ -67,11 +68,20 @@ _ORDER = ["kubelet", "reports", "k8s", "kafka", "powerloss", "demo", "operator",
           "hostile", "alerts", "security", "sim"]
 
 
+# Test files that share a costly session fixture are one unit, so that it is built once per run
+# and not once per worker: the fleet report (700 k generated events through the whole Spark
+# job, the longest fixture of the suite) is read by the browser and the reader tests.
+_SHARED_FIXTURE_UNITS = {
+    "tests/reports/test_browser.py": "reports-fleet",
+    "tests/reports/test_reader.py": "reports-fleet",
+}
+
+
 def _unit_of(rel: str) -> str:
     """The unit of work of a test file, by its path relative to the repository."""
     if rel.startswith("tests/kubelet/") or rel == "tests/k8s/test_image.py":
         return _NODE_UNIT
-    return rel
+    return _SHARED_FIXTURE_UNITS.get(rel, rel)
 
 
 def _unit(item: pytest.Item) -> str:

@@ -47,3 +47,11 @@ def test_units_of_paths() -> None:
     assert _unit_of("tests/kubelet/test_e2e.py") == _NODE_UNIT
     assert _unit_of("tests/k8s/test_image.py") == _NODE_UNIT
     assert _unit_of("tests/k8s/test_images_other.py") == "tests/k8s/test_images_other.py"
+
+
+def test_files_sharing_the_fleet_report_are_one_unit() -> None:
+    # Both read the fleet_report session fixture; on two workers it would be built twice.
+    assert _unit_of("tests/reports/test_browser.py") == _unit_of("tests/reports/test_reader.py")
+    assert _unit_of("tests/reports/test_report.py") == "tests/reports/test_report.py"
+    for rel in ("tests/reports/test_browser.py", "tests/reports/test_reader.py"):
+        assert "fleet_report" in (REPO / rel).read_text()
