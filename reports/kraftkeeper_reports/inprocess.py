@@ -13,12 +13,14 @@ same rows the Spark path writes (``arrow_rows``), written aside and renamed into
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.dataset as pads  # type: ignore[import-untyped]
@@ -86,10 +88,17 @@ def ingest(lay: ing.Layout) -> ing.Ingested:
             atomic_write(nxt, (json.dumps(plan) + "\n").encode())
         n, files = int(plan["batch"]), list(plan["files"])
         done = lay.batches / f"{n}.json"
-        if not done.exists():
-            def write(stage: Path, files: list[str] = files) -> None:
-                arrow_lines.stage(arrow_lines.parse_files([lay.arrow_landing / f for f in files]), stage)
-            ing.commit(lay, n, write, hook, {"engine": ing.ARROW, "inputs": files})
+        was_done = done.exists()  # committed by a run killed before it removed arrow.next
+
+        parsed: list[dict[str, Any]] = []
+
+        def write(stage: Path, files: list[str] = files, parsed: list[dict[str, Any]] = parsed) -> None:
+            parsed.extend(arrow_lines.parse_files([lay.arrow_landing / f for f in files]))
+            arrow_lines.stage(parsed, stage)
+        ing.commit(lay, n, write, hook, {"engine": ing.ARROW, "inputs": files})
+        if parsed:  # its partial from the rows in memory (ensure_partials makes it after a kill)
+            _write_partial(lay, n, parsed)
+        if not was_done:
             rows = ing.batch_rows(done)
             count[ing.EVENTS] += rows[ing.EVENTS]
             count[ing.QUARANTINE] += rows[ing.QUARANTINE]
@@ -113,16 +122,22 @@ def ensure_partials(lay: ing.Layout, after: int) -> int:
         final = lay.partials / f"b{n}"
         if n <= after or final.exists():
             continue
-        rows = arrow_rows.partial_rows(_batch_parsed(lay, n))
-        if not rows:
-            continue
-        tmp = lay.partials / f".b{n}.tmp"
-        tmp.mkdir()
-        pq.write_table(pa.Table.from_pylist(rows, schema=arrow_rows.PARTIAL_SCHEMA),
-                       tmp / "part-00000.parquet")
-        partials.publish_dir(tmp, final)
-        made += 1
+        made += _write_partial(lay, n, _batch_parsed(lay, n))
     return made
+
+
+def _write_partial(lay: ing.Layout, n: int, parsed: list[dict[str, Any]]) -> int:
+    """Batch ``n``'s partial from its parsed rows, written aside and renamed into place."""
+    rows = arrow_rows.partial_rows(parsed)
+    final, tmp = lay.partials / f"b{n}", lay.partials / f".b{n}.tmp"
+    if not rows or final.exists():
+        return 0
+    lay.partials.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_rows.PARTIAL_SCHEMA), tmp / "part-00000.parquet")
+    partials.publish_dir(tmp, final)
+    return 1
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
@@ -158,8 +173,7 @@ def update(lay: ing.Layout, step: Callable[[str], None]) -> pa.Table | None:
     tmp.mkdir()
     fresh = [arrow_rows.as_merged(r) for p in new for f in merged._files(p)
              for r in pq.read_table(f).to_pylist()]
-    touched_keys = pc.unique(pa.chunked_array([c for p in new for f in merged._files(p) for c in merged._keys(
-        pq.read_table(f, columns=list(arrow_rows.KEY))).chunks], type=pa.string()))
+    touched_keys = {_key(r) for r in fresh}
 
     def merge(kept: pa.Table | None) -> list[Path]:
         old = [] if kept is None else [
@@ -175,7 +189,7 @@ def update(lay: ing.Layout, step: Callable[[str], None]) -> pa.Table | None:
         merge(None)[0].rename(tmp / "part-00000.parquet")
         rows = merged._read(merged._files(tmp))
     else:
-        rows = merged._rewrite(merged._files(cur[1]), touched_keys, merge, tmp / "part-00000.parquet")
+        rows = _rewrite(merged._files(cur[1]), fresh, merge, tmp, n)
     shutil.rmtree(work)
     hook("merging")
     partials.publish_dir(tmp, lay.merged / f"v{n}")
@@ -183,6 +197,39 @@ def update(lay: ing.Layout, step: Callable[[str], None]) -> pa.Table | None:
     merged._clean(lay)
     step(f"version {n} of the merged rows written ({rows.num_rows:,} rows)")
     return _exact(lay, rows)
+
+
+def _rewrite(old: list[Path], fresh: list[dict[str, Any]], merge: Callable[[pa.Table | None], list[Path]],
+             tmp: Path, n: int) -> pa.Table:
+    """The next version into ``tmp``: each file of ``old`` that holds none of the keys of
+    ``fresh`` is linked as it is (a version's files never change), the others written again
+    without those keys' rows, and the rows ``merge`` makes of the touched keys (with their current
+    rows) in a file of their own. A daily run's keys are mostly new recoveries, so it rewrites a
+    few rows, not the state; the rows (``merge_partials``' columns) are returned."""
+    touched = {_key(r) for r in fresh}
+    rids = pa.array(sorted({k[1] for k in touched if k[1] is not None}), type=pa.string())
+    problem_keys = any(k[1] is None for k in touched)
+    kept = []
+    for f in old:
+        keys = pq.read_table(f, columns=list(arrow_rows.KEY))
+        rid = keys.column("recovery_id")
+        maybe = pc.is_in(rid, value_set=rids)
+        if problem_keys:  # a bad-input group's row has no recovery
+            maybe = pc.or_(maybe, pc.is_null(rid))
+        idx = pc.indices_nonzero(maybe).to_pylist()
+        cand = keys.take(idx).to_pylist() if idx else []
+        hit = [i for i, r in zip(idx, cand, strict=True) if _key(r) in touched]
+        if not hit:
+            os.link(f, tmp / f.name)
+            continue
+        t = pq.read_table(f)
+        mask = np.ones(t.num_rows, dtype=bool)
+        mask[hit] = False
+        kept.append(t.take(hit))
+        pq.write_table(t.filter(pa.array(mask)), tmp / f.name)
+    for f in merge(pa.concat_tables(kept) if kept else None):
+        f.rename(tmp / f"part-b{n}.parquet")
+    return merged._read(merged._files(tmp))
 
 
 def _exact(lay: ing.Layout, rows: pa.Table) -> pa.Table:
