@@ -95,7 +95,8 @@ def test_xxhash64_is_sparks(spark: Any) -> None:
     texts = ["", "a", "abcd", "x" * 7, "y" * 31, "z" * 32, "0123456789" * 13, "d\u00e9j\u00e0 \U0001f600 vu"]
     df = spark.createDataFrame([(t,) for t in texts], "t string")
     got = df.select(F.xxhash64("t").alias("a"), F.xxhash64(F.lit("any"), "t").alias("b")).collect()
-    assert [(r.a, r.b) for r in got] == [(arrow_rows.spark_hash(t), arrow_rows.spark_hash("any", t)) for t in texts]
+    want = [(arrow_rows.spark_hash(t), arrow_rows.spark_hash("any", t)) for t in texts]
+    assert [(r.a, r.b) for r in got] == want
 
 
 def _schemas(state: Path) -> list[Any]:
@@ -129,7 +130,8 @@ def test_the_state_is_the_spark_paths_and_so_is_the_report(spark: Any, log: Path
 
 
 def cli(state: Path, events: Path, engine: str, **env: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(events), "--out", str(state.parent),
+    cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(events),
+           "--out", str(state.parent),
            "--state", str(state), "--ingest-only", "--engine", engine]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, start_new_session=True,
                           env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **env})
@@ -194,7 +196,9 @@ def test_spark_arrow_spark_equals_a_full_rebuild(spark: Any, log: Path, tmp_path
     assert merged_rows(out / "state") == want
 
 
-def test_auto_routes_each_file_to_one_engine(log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_routes_each_file_to_one_engine(
+    log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     src = tmp_path / "src"
     _copy_days(log, src, slice(0, 1))
     lay = ing.Layout(tmp_path / "state")
