@@ -24,6 +24,12 @@ records the batch as done. A batch replayed after a kill at any point either fin
 (and does nothing), finds its plan (and finishes the renames), or starts over from an empty
 staging directory: every line lands in exactly one table, once.
 
+Two engines commit batches into one state: Spark (this module) and the in-process engine
+(``inprocess``), both through :func:`commit`. Batch numbers come from one sequence
+(:func:`next_number`; Spark's stream batch ``n`` is mapped to its state number by
+``batches/s<n>.id``), so they grow in commit order whichever engine made a batch, and each engine
+reads only its own landing directory (``landing``; docs/reports.md argues exactly-once).
+
 Files still being written. Spark's file source takes a file once, when it first sees it, so
 what it sees must be complete. The input files are therefore not its input: ``landing/`` is,
 made by :mod:`kraftkeeper_reports.landing` (whole closed files linked, files still being

@@ -5,7 +5,9 @@ A file no writer appends to any more (the operator writes each event to ``date=<
 day>/...``, so a past day's files, :data:`CLOSE_GRACE_S` after the day ended) is linked whole;
 a file still being appended to (today's, or the operator's single log file) is copied in
 segments of complete lines, each named by its byte offset, and ``landed.json`` records how far
-each file was taken (:mod:`kraftkeeper_reports.ingest` describes the whole state).
+each file was taken (:mod:`kraftkeeper_reports.ingest` describes the whole state). Each run's
+new pieces go to one engine's directory, ``landing/`` (Spark's file source) or
+``arrow/landing/`` (the in-process engine), and stay there: no file is seen by both engines.
 """
 
 from __future__ import annotations
