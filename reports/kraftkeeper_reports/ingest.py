@@ -251,12 +251,13 @@ def _spark_number(lay: Layout, n: int) -> tuple[int, bool]:
 
 def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], None]) -> None:
     """Write the stream's batch ``n`` into the tables exactly once (see the module docstring)."""
-    m, done = _spark_number(lay, n)
-    if not done:
-        def write(stage: Path) -> None:
-            (_rows(batch).write.partitionBy(_TABLE, "date").option("compression", "snappy")
-             .mode("overwrite").parquet(str(stage)))
-        commit(lay, m, write, hook, {"engine": SPARK, "stream_batch": n})
+    m, _committed = _spark_number(lay, n)
+
+    def write(stage: Path) -> None:
+        (_rows(batch).write.partitionBy(_TABLE, "date").option("compression", "snappy")
+         .mode("overwrite").parquet(str(stage)))
+    # A batch committed before a kill (its record found) is only cleaned up: its plan and staging.
+    commit(lay, m, write, hook, {"engine": SPARK, "stream_batch": n})
     (lay.batches / f"s{n}.id").unlink(missing_ok=True)
 
 
