@@ -42,6 +42,12 @@ timestamp format, Spark's JSON reader), and one recovery more or less moves the 
 events: 19,863 ms for the job, 19,861 ms for DuckDB and spark-json). For Spark the script also
 checks that every input line is accounted for (events + rejected + skipped lines = lines) and
 prints Spark's wall time, and spark-read's and spark-json's, as a multiple of DuckDB's.
+
+``--incremental``: the daily run, ``kraftkeeper report`` over a state already holding the size's
+events (prepared once by a ``--full`` run, which ``--engine auto`` gives to Spark) after one new
+closed day of ``--new`` events arrived, against DuckDB's full scan of all the lines, the two
+interleaved in each repeat. The daily run takes the job's default ``--engine auto``: its new
+day (about 25 MB at 100 k events) is ingested in process, no JVM (docs/reports.md).
 """
 
 from __future__ import annotations

@@ -24,6 +24,12 @@ records the batch as done. A batch replayed after a kill at any point either fin
 (and does nothing), finds its plan (and finishes the renames), or starts over from an empty
 staging directory: every line lands in exactly one table, once.
 
+Two engines commit batches into one state: Spark (this module) and the in-process engine
+(``inprocess``), both through :func:`commit`. Batch numbers come from one sequence
+(:func:`next_number`; Spark's stream batch ``n`` is mapped to its state number by
+``batches/s<n>.id``), so they grow in commit order whichever engine made a batch, and each engine
+reads only its own landing directory (``landing``; docs/reports.md argues exactly-once).
+
 Files still being written. Spark's file source takes a file once, when it first sees it, so
 what it sees must be complete. The input files are therefore not its input: ``landing/`` is,
 made by :mod:`kraftkeeper_reports.landing` (whole closed files linked, files still being
@@ -54,6 +60,8 @@ from quorum.storage.atomic import atomic_write, fsync_dir
 # midnight may be written a moment after it).
 _TABLE = "kk_table"  # the staging partition column: which table a row belongs to
 EVENTS, QUARANTINE = "events", "quarantine"
+SPARK, ARROW = "spark", "arrow"  # the engines (``engines``)
+ARROW_NEXT = "arrow.next"  # the arrow engine's batch in progress: its number and input files
 
 # The columns of the events table (a usable line) and of the quarantine table (any other line).
 EVENT_COLUMNS = ("ts_ms", "cluster", "recovery_id", "type", "replica_id", "old_uuid", "new_uuid",
@@ -110,6 +118,16 @@ class Layout:
     @property
     def landing(self) -> Path:
         return self.root / "landing"
+
+    @property
+    def arrow_landing(self) -> Path:
+        """The in-process engine's input (``engines``): no Spark file source ever lists it."""
+        return self.root / "arrow" / "landing"
+
+    @property
+    def spark_due(self) -> Path:
+        """Present while files landed for Spark may not all be ingested (``landing``)."""
+        return self.root / "spark.due"
 
     @property
     def staging(self) -> Path:
@@ -199,19 +217,65 @@ def _counts(lay: Layout, moves: list[tuple[str, str]]) -> dict[str, int]:
     return out
 
 
+def next_number(lay: Layout) -> int:
+    """The state number of a new batch: one past every number committed, planned or assigned
+    (``batches/<N>.json``, ``<N>.pending``, ``s<n>.id``, ``arrow.next``), so the numbers grow
+    in commit order whichever engine ingests a batch (``merged`` relies on it)."""
+    taken = [-1]
+    if lay.batches.exists():
+        for p in lay.batches.iterdir():
+            if p.suffix in (".json", ".pending") and p.stem.isdigit():
+                taken.append(int(p.stem))
+            elif p.suffix == ".id" or p.name == ARROW_NEXT:
+                taken.append(int(read_record(p, dict)["batch"]))
+    return max(taken) + 1
+
+
+def _spark_number(lay: Layout, n: int) -> tuple[int, bool]:
+    """The state number of the stream's batch ``n`` and whether it is committed: its record
+    (``stream_batch``; a record without an engine is a Spark batch numbered as the stream),
+    else the number assigned before a kill (``s<n>.id``), else a new one, recorded first."""
+    if lay.batches.exists():
+        for p in lay.batches.glob("*.json"):
+            r = read_record(p, dict)
+            if r.get("engine", SPARK) == SPARK and r.get("stream_batch", r.get("batch")) == n:
+                return int(r["batch"]), True
+    ids = lay.batches / f"s{n}.id"
+    if ids.exists():
+        return int(read_record(ids, dict)["batch"]), False
+    m = next_number(lay)
+    lay.batches.mkdir(parents=True, exist_ok=True)
+    atomic_write(ids, (json.dumps({"batch": m}) + "\n").encode())
+    return m, False
+
+
 def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], None]) -> None:
-    """Write batch ``n`` into the tables exactly once (see the module docstring)."""
+    """Write the stream's batch ``n`` into the tables exactly once (see the module docstring)."""
+    m, _committed = _spark_number(lay, n)
+
+    def write(stage: Path) -> None:
+        (_rows(batch).write.partitionBy(_TABLE, "date").option("compression", "snappy")
+         .mode("overwrite").parquet(str(stage)))
+    # A batch committed before a kill (its record found) is only cleaned up: its plan and staging.
+    commit(lay, m, write, hook, {"engine": SPARK, "stream_batch": n})
+    (lay.batches / f"s{n}.id").unlink(missing_ok=True)
+
+
+def commit(lay: Layout, n: int, write: Callable[[Path], None], hook: Callable[[str], None],
+           about: dict[str, Any]) -> None:
+    """Commit state batch ``n`` exactly once, whichever engine made it: ``write`` fills the
+    staging directory (``kk_table=<table>/date=<day>/*.parquet``), the renames are planned
+    (``<n>.pending``), done, and ``batches/<n>.json`` records the batch with ``about``."""
     done, pending = lay.batches / f"{n}.json", lay.batches / f"{n}.pending"
     stage = lay.staging / str(n)
-    if done.exists():  # committed before a kill that came before Spark recorded it
+    if done.exists():  # committed before a kill that came before its engine recorded it
         pending.unlink(missing_ok=True)
         shutil.rmtree(stage, ignore_errors=True)
         return
     lay.batches.mkdir(parents=True, exist_ok=True)
     if not pending.exists():
         shutil.rmtree(stage, ignore_errors=True)
-        (_rows(batch).write.partitionBy(_TABLE, "date").option("compression", "snappy")
-         .mode("overwrite").parquet(str(stage)))
+        write(stage)
         hook("staged")
         atomic_write(pending, (json.dumps(_plan(lay, n)) + "\n").encode())
         hook("planned")
@@ -225,7 +289,7 @@ def _commit_batch(lay: Layout, batch: DataFrame, n: int, hook: Callable[[str], N
             hook("moving")
     for d in {(lay.root / dst).parent for _, dst in moves}:
         fsync_dir(d)
-    record = {"batch": n, "files": len(moves), "rows": _counts(lay, moves), "at": time.time()}
+    record = {"batch": n, "files": len(moves), "rows": _counts(lay, moves), "at": time.time(), **about}
     atomic_write(done, (json.dumps(record) + "\n").encode())
     hook("committed")
     pending.unlink(missing_ok=True)
@@ -303,6 +367,7 @@ def ingest(spark: SparkSession, lay: Layout, sources: list[str]) -> Ingested:
     q.awaitTermination()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
+    lay.spark_due.unlink(missing_ok=True)  # every file landed for Spark is in a committed batch
     new = [lay.batches / p for p in sorted({p.name for p in lay.batches.glob("*.json")} - before)] \
         if lay.batches.exists() else []
     events = quarantined = 0
@@ -317,8 +382,9 @@ def reset(lay: Layout) -> None:
     """``--full``: forget everything ingested (the tables, checkpoint, landing links, partials,
     merged rows)."""
     for d in (lay.events, lay.quarantine, lay.checkpoint, lay.batches, lay.landing, lay.staging,
-              lay.partials, lay.merged):
+              lay.partials, lay.merged, lay.arrow_landing.parent):
         shutil.rmtree(d, ignore_errors=True)
     lay.inputs.unlink(missing_ok=True)
     lay.landed.unlink(missing_ok=True)
     lay.location.unlink(missing_ok=True)
+    lay.spark_due.unlink(missing_ok=True)

@@ -51,7 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kraftkeeper_reports import ingest as ing
-from kraftkeeper_reports import landing, merged, partials
+from kraftkeeper_reports import inprocess, landing, merged, partials
 from kraftkeeper_reports import transform as tf
 from kraftkeeper_reports.render import render_html
 from kraftkeeper_reports.session import build_session, jvm_costs, jvm_exit_code, jvm_failure
@@ -281,20 +281,41 @@ def write_tables(t: ReportTables, out: Path) -> None:
     pd.DataFrame([t.summary]).to_csv(tables / "summary.csv", index=False)
 
 
+def _ingest_and_merge(paths: list[str], lay: ing.Layout, engine: str, master: str | None,
+                      step: Callable[[str], None],
+                      ) -> tuple[ing.Ingested, SparkSession | None, pa.Table | None]:
+    """Land, ingest and merge (:func:`compute_state`); a JVM only if Spark has input."""
+    sources, chosen = landing.sources_for(lay, paths, engine=engine)
+    done = inprocess.ingest(lay)  # arrow's batch a killed run left, and arrow's new files
+    spark = None
+    if sources:
+        spark = build_session(master)
+        step("Spark session (JVM start)")
+        s = ing.ingest(spark, lay, sources)
+        done = ing.Ingested(done.batches + s.batches, done.events + s.events,
+                            done.quarantined + s.quarantined, done.seconds + s.seconds)
+    step(f"ingested {done.events + done.quarantined:,} new lines in {done.batches} batch(es) "
+         f"(new input: {chosen})")
+    return done, spark, merged.update(spark, lay, step=step) if spark else inprocess.update(lay, step)
+
+
 def compute_state(
-    spark: SparkSession, paths: list[str], lay: ing.Layout, run: Run,
-) -> tuple[ReportTables, ing.Ingested]:
-    """The incremental report: ingest what is new into the tables under ``lay`` (exactly once,
-    ``ingest``), aggregate each new batch's lines once (``partials``) and merge them into the
-    merged rows of the recoveries they touch (``merged``); the driver reads those rows."""
-    done = ing.ingest(spark, lay, landing.sources_for(lay, paths))
-    run.timer(f"ingested {done.events + done.quarantined:,} new lines in {done.batches} batch(es)")
-    rows = merged.update(spark, lay, step=run.timer)
+    paths: list[str], lay: ing.Layout, run: Run, engine: str = landing.AUTO, master: str | None = None,
+) -> tuple[ReportTables, ing.Ingested, SparkSession | None]:
+    """The incremental report: land what is new for one engine (``landing``; ``engine``: spark,
+    arrow or auto), ingest it into the tables under ``lay`` exactly once (``inprocess`` for
+    arrow, ``ingest`` for Spark, which starts only when it has input), aggregate each new batch's
+    lines once (``partials``) and merge them into the merged rows of the recoveries they touch
+    (``merged``, or ``inprocess`` when no JVM was started); the driver reads those rows."""
+    done, spark, rows = _ingest_and_merge(paths, lay, engine, master, run.timer)
     if rows is None:
         raise ReportError("INVALID_REQUEST", f"no events found at {', '.join(paths)}: the files are empty")
-    parsed = partials.read_parsed(spark, lay)  # only for recounting a rare recovery (finish)
-    assert parsed is not None
-    return finish(rows, run, Input(spark, parsed), "merged rows written and read (pyarrow)"), done
+    source = None
+    if spark is not None:  # only for recounting a rare recovery (finish)
+        parsed = partials.read_parsed(spark, lay)
+        assert parsed is not None
+        source = Input(spark, parsed)
+    return finish(rows, run, source, "merged rows written and read (pyarrow)"), done, spark
 
 
 @contextlib.contextmanager
@@ -320,23 +341,21 @@ def _state(lay: ing.Layout, paths: list[str], full: bool) -> Iterator[None]:
 
 
 def ingest_only(
-    events: list[str], state: str, master: str | None = None, full: bool = False,
+    events: list[str], state: str, master: str | None = None, full: bool = False, engine: str = landing.AUTO,
 ) -> dict[str, Any]:
     """Bring the state under ``state`` up to date with ``events`` (the tables, the partials and
     the merged rows), no report: what this run ingested and the state's totals."""
     paths = _check_inputs(events)
     lay = ing.Layout(Path(state))
     with _state(lay, paths, full):
-        spark = build_session(master)
-        done = ing.ingest(spark, lay, landing.sources_for(lay, paths))
-        merged.update(spark, lay)
+        done = _ingest_and_merge(paths, lay, engine, master, _no_timing)[0]
         return {"batches": done.batches, "events": done.events, "quarantined": done.quarantined,
                 "seconds": round(done.seconds, 3), "state": partials.ledger(lay)}
 
 
 def run_report(
     events: list[str], out: str, master: str | None = None, top: int = 20, state: str | None = None,
-    full: bool = False,
+    full: bool = False, engine: str = landing.AUTO,
 ) -> Path:
     """Read the event logs at ``events`` (new lines through the table under ``state``, default
     ``out``/state; ``full``: rebuilt from the raw logs), write the tables and the HTML report
@@ -350,16 +369,15 @@ def run_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     timer = _Timer()
     with _state(lay, paths, full):
-        spark = build_session(master)
-        timer("Spark session (JVM start)")
         report, tmp = out_dir / "report.html", out_dir / ".report.html.tmp"
 
         def emit(tables: ReportTables) -> None:  # while the per-recovery table is being written
             write_tables(tables, out_dir)
             tmp.write_text(render_html(tables), encoding="utf-8")
 
-        compute_state(spark, paths, lay, Run(paths, top, out_dir.resolve(), False, emit, timer))
-    costs = jvm_costs(spark) if timer.on else None
+        run = Run(paths, top, out_dir.resolve(), False, emit, timer)
+        spark = compute_state(paths, lay, run, engine, master)[2]
+    costs = jvm_costs(spark) if timer.on and spark is not None else None
     if costs is not None:  # e.g. the JIT's share: a fixed cost of every run (README, bench/report.py)
         timer.note(costs.line())
     # Only once every table is written: a reader never sees a half-written report, nor a
@@ -389,7 +407,8 @@ def failure_line(e: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``kraftkeeper report --events PATH [PATH...] --out DIR [--master URL] [--top N]``."""
     ap = ArgumentParser(prog="kraftkeeper report",
-                        description="Recovery timing report (Spark) from event logs.")
+                        description="Recovery timing report from event logs (Spark; small increments "
+                        "in process).")
     ap.add_argument("--events", required=True, nargs="+", action="extend", metavar="PATH",
                     help="event log files or directories (date=YYYY-MM-DD/ trees, any Hadoop URL)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (report.html, tables/)")
@@ -400,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", default=None, metavar="DIR",
                     help="the ingested table, its quarantine and checkpoint (default OUT/state)")
     ap.add_argument("--full", action="store_true", help="rebuild the state from the raw logs")
+    ap.add_argument("--engine", default=landing.AUTO, choices=landing.ENGINES,
+                    help="who ingests the new input: spark (a Structured Streaming run), arrow (in this "
+                    "process, no JVM), or auto (default): arrow below KK_REPORT_ARROW_MAX_BYTES of new "
+                    "input (64 MiB), else spark; the state and report are the same either way")
     # Tests and the bench: ingest into --state only, print what was ingested as JSON, no report.
     ap.add_argument("--ingest-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -407,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--top must be at least 1")
     try:
         if a.ingest_only:
-            print(json.dumps(ingest_only(a.events, a.state or str(Path(a.out) / "state"), a.master, a.full)))
+            state = a.state or str(Path(a.out) / "state")
+            print(json.dumps(ingest_only(a.events, state, a.master, a.full, a.engine)))
             return 0
-        path = run_report(a.events, a.out, a.master, a.top, a.state, a.full)
+        path = run_report(a.events, a.out, a.master, a.top, a.state, a.full, a.engine)
     except ReportError as e:
         print(f"{e.code}: {e.message}", file=sys.stderr)
         return EXIT_INVALID

@@ -104,11 +104,11 @@ def test_report_on_the_standalone_cluster_equals_local(
     generate(src, events=1_200, clusters=2, days=3, seed=5, malformed_rate=0.01)
     write_log(src / "operator")  # an unclean recovery, a failed and a running one too
     local = tmp_path / "local"
-    run_report([str(src)], str(local))
+    run_report([str(src)], str(local), engine="spark")  # Spark on both sides, not in process
     remote = tmp_path / "remote"
     r = subprocess.run(
         [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(src), "--out", str(remote),
-         "--master", spark_cluster[0]],
+         "--master", spark_cluster[0], "--engine", "spark"],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_CONF_DIR": str(spark_cluster[1])})
     assert r.returncode == 0, r.stderr[-3000:]

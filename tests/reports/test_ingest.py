@@ -60,9 +60,10 @@ def rows(state: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
 
 
 def cli(state: Path, events: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``kraftkeeper report --ingest-only`` in its own process group (a kill takes its JVM too)."""
+    """``kraftkeeper report --ingest-only --engine spark`` in its own process group (a kill takes
+    its JVM too)."""
     cmd = [sys.executable, "-m", "kraftkeeper_reports.job", "--events", str(events),
-           "--out", str(state.parent), "--state", str(state), "--ingest-only"]
+           "--out", str(state.parent), "--state", str(state), "--ingest-only", "--engine", "spark"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, start_new_session=True,
                           env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **env})
 
@@ -78,7 +79,7 @@ def merged_rows(state: Path) -> list[tuple[Any, ...]]:
 def test_killed_at_each_point_of_a_commit_counts_every_line_once(
     spark: Any, log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    clean = ingest_only([str(log)], str(tmp_path / "clean"))
+    clean = ingest_only([str(log)], str(tmp_path / "clean"), engine="spark")
     assert clean["state"][ing.EVENTS] + clean["state"][ing.QUARANTINE] == n_lines(log)
     want = rows(tmp_path / "clean")
     state = tmp_path / "killed" / "state"
@@ -90,7 +91,7 @@ def test_killed_at_each_point_of_a_commit_counts_every_line_once(
     assert sorted(p.name for p in (state / "merged").iterdir())[:1] == [".v4.tmp"], "no version written aside"
     assert not merged.versions(ing.Layout(state))
     monkeypatch.setenv("KK_INGEST_MAX_FILES", "2")
-    done = ingest_only([str(log)], str(state))  # in this process: no JVM to start
+    done = ingest_only([str(log)], str(state), engine="spark")  # in this process: no JVM to start
     assert done["batches"] == 0 and done["state"] == {**clean["state"], "batches": 5}
     got = rows(state)
     assert len(got[0]) == clean["state"][ing.EVENTS] and len(got[1]) == clean["state"][ing.QUARANTINE]
@@ -115,7 +116,7 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
     for d in days[:2]:
         shutil.copytree(log / d, src / d)
     out = tmp_path / "out"
-    run_report([str(src)], str(out))
+    run_report([str(src)], str(out), engine="spark")
     first = partials.ledger(ing.Layout(out / "state"))
     for d in days[2:]:
         shutil.copytree(log / d, src / d)
@@ -126,29 +127,29 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
     live = (log / days[0] / "part-00000.jsonl").read_text().splitlines()[:8]
     growing = src / f"date={today}" / "events-x.jsonl"
     growing.write_text("\n".join(live[:5]) + "\n" + live[5][:40])
-    run_report([str(src)], str(out))
+    run_report([str(src)], str(out), engine="spark")
     second = partials.ledger(ing.Layout(out / "state"))
     assert second["batches"] == first["batches"] + 1
     assert second[ing.EVENTS] + second[ing.QUARANTINE] == n_lines(log) + 5
     # The writer finishes the sixth line and adds two: only those three are new.
     with open(growing, "a") as f:
         f.write(live[5][40:] + "\n" + live[6] + "\n" + live[7] + "\n")
-    run_report([str(src)], str(out))
+    run_report([str(src)], str(out), engine="spark")
     third = partials.ledger(ing.Layout(out / "state"))
     assert third["batches"] == second["batches"] + 1 and third[ing.EVENTS] == second[ing.EVENTS] + 3
     summary = _summary(out)
     assert summary["lines"] == n_lines(log) + 8
     full = tmp_path / "full"
-    run_report([str(src)], str(full), full=True)
+    run_report([str(src)], str(full), full=True, engine="spark")
     assert _summary(full) == summary
     assert rows(out / "state") == rows(full / "state")
     with pytest.raises(ReportError, match="built from other inputs"):
-        run_report([str(log)], str(out))
+        run_report([str(log)], str(out), engine="spark")
     # A copied state would take every file again (its checkpoint names them where it was built).
     moved = tmp_path / "moved"
     shutil.copytree(out / "state", moved)
     with pytest.raises(ReportError, match="moved or copied"):
-        run_report([str(src)], str(tmp_path / "out-moved"), state=str(moved))
+        run_report([str(src)], str(tmp_path / "out-moved"), state=str(moved), engine="spark")
     assert partials.ledger(ing.Layout(moved)) == third
     # Three batches merged one run at a time give the per-recovery rows of one partial of all.
     assert sorted(p.name for p in (out / "state" / "partials").iterdir()) == ["b0", "b1", "b2"]
@@ -172,7 +173,7 @@ def test_incremental_runs_equal_a_full_rebuild_and_appended_lines_count_once(
     shutil.rmtree(out / "state" / "partials" / "b1")
     (out / "state" / "partials" / ".b2.tmp").mkdir()
     (out / "state" / "partials" / ".b2.tmp" / "part-0.parquet").write_bytes(b"PAR1 torn")
-    run_report([str(src)], str(out))
+    run_report([str(src)], str(out), engine="spark")
     assert sorted(p.name for p in (out / "state" / "partials").iterdir()) == ["b0", "b1", "b2"]
     assert _summary(out) == summary and _recoveries(out) == _recoveries(full)
     assert merged_rows(lay.root) == want
