@@ -8,8 +8,10 @@ operator's admin client config; CertManager mode applies the Certificates and re
 operator's admin config from cert-manager's Secret (a TemporaryError while it is not issued yet);
 Disabled returns None (plaintext).
 
-Disk binding (kubetls.py module docstring): :meth:`QuorumTls.bind_disks` runs on every daemon
-pass. A pod whose node refused its certificate because it names another disk reported its
+Disk binding (tlsobjects.py module docstring): a replaced disk normally starts on its replica's
+spare certificate (spares.py, whose pass the daemon runs; the spares live in the same Secret or
+as a second Certificate per replica). Without one, the old path: :meth:`QuorumTls.bind_disks` runs
+on every daemon pass. A pod whose node refused its certificate because it names another disk reported its
 volume's storage UUID (podhealth.py ``disk_of_pod``): the operator issues (or has cert-manager
 issue) the certificate of that disk and then deletes the pod once, so that its node container
 mounts the new one (tlsspec.py); it does not wait for a healthy quorum as a renewal does (the node
@@ -39,7 +41,9 @@ from ..core.rotation import CertRotator
 from .kube import KubeApi
 from .manifests import QuorumSpec
 from .podhealth import disk_of_pod
+from .spares import Spare, SpareBook, runs_spare, spare_in_secret, write_cm_spares
 from .tlsobjects import (
+    SPARE_ANNOTATION,
     OperatorCa,
     cert_due,
     cert_identity,
@@ -95,6 +99,12 @@ class QuorumTls:
         self.chosen: dict[int, str] = {}  # cert-manager: UUIDs chosen for not yet issued Secrets
         self.restarted: set[str] = set()  # uids of pods deleted to take their disk's certificate
         self.cm_unbound: set[int] = set()  # cert-manager: replica ids whose Certificate names no disk
+        self.current: dict[int, str | None] = {}  # replica id -> the UUID its certificate names
+        self.spare_book = SpareBook()  # the spares (spares.py)
+        self.bootstrapped = False  # set by the daemon: spares are issued from then on
+        # cert-manager: replica id -> its pod's uid, when the spare it started with expires, that
+        # spare's UUID, the serial of cert-manager's first issue for it (spares.py ``runs_spare``)
+        self.on_spare: dict[int, tuple[str, dt.datetime, str, int | None]] = {}
 
     def close(self) -> None:
         if self.ca is not None:
@@ -118,7 +128,16 @@ class QuorumTls:
                 self.ca = None
             disks = {i: await self._cm_disk(kube, q, i) for i in range(1, replicas + 1)}
             self.cm_unbound = {i for i, d in disks.items() if d is None}
-            for obj in certificates(q, owner, replicas, disks):
+            self.current = dict(disks)
+            book = self.spare_book
+            if not book.loaded:
+                for i in range(1, replicas + 1):
+                    meta = await kube.read_meta("Certificate", q.namespace, f"{q.name}-node-{i}-spare")
+                    found = Spare.decode(((meta or {}).get("annotations") or {}).get(SPARE_ANNOTATION))
+                    if found is not None:
+                        book.spares[i] = found
+                book.loaded = True
+            for obj in certificates(q, owner, replicas, disks, book.spares):
                 await kube.apply(obj)
             data = await kube.secret_data(q.namespace, f"{q.name}-operator-tls")
             if not data:
@@ -172,11 +191,14 @@ class QuorumTls:
         ca: OperatorCa,
         replicas: int,
         renew: tuple[int, ...],
+        spares: Mapping[int, tuple[Spare, bool]] | None = None,
     ) -> None:
-        """``NAME-tls``: issue what is missing or foreign, and the ids in ``renew``."""
+        """``NAME-tls``: issue what is missing or foreign, and the ids in ``renew``; the spares in
+        ``spares`` (replica id -> the next spare, and whether the current one is promoted first)."""
         name = f"{q.name}-tls"
         old = await kube.secret_data(q.namespace, name) or {}
         data = {k: v for k in old if (v := unb64(old, k)) is not None}
+        spares = dict(spares or {})
         changed = data.get("ca.crt") != ca.ca_pems()[0]
         data["ca.crt"] = ca.ca_pems()[0]
         for i in range(1, replicas + 1):
@@ -197,8 +219,34 @@ class QuorumTls:
                 data[f"node-{i}.crt"], data[f"node-{i}.key"] = await asyncio.to_thread(ca.node, i, disk)
                 changed = True
                 log.info("%s: issued the certificate of replica %d (storage %s)", q.cluster, i, disk)
+            got = cert_identity(data.get(f"node-{i}.crt"))
+            self.current[i] = None if got is None else got.storage_uuid
+            changed |= await spare_in_secret(self, q, data, ca, i, spares.get(i))
         if changed:
             await kube.apply(secret(q, owner, name, data))
+
+    def spares_ready(self, q: QuorumSpec) -> bool:
+        """Spares are kept: the quorum bootstrapped and its certificates are known."""
+        return self.bootstrapped and (self.spare_book.loaded if q.tls.cert_manager else self.ca is not None)
+
+    def vouched(self, replicas: int) -> dict[int, str | None]:
+        """Per replica id, the UUID its current certificate names (recovery.py ``vouched``)."""
+        return {i: self.current[i] for i in range(1, replicas + 1) if i in self.current}
+
+    async def write_spares(
+        self,
+        kube: KubeApi,
+        q: QuorumSpec,
+        owner: Mapping[str, Any],
+        todo: Mapping[int, tuple[Spare, bool]],
+        replicas: int,
+    ) -> None:
+        """Issue the spares in ``todo`` (spares.py), promoting the current one first where asked."""
+        if not q.tls.cert_manager:
+            if self.ca is not None:
+                await self._node_secret(kube, q, owner, self.ca, replicas, renew=(), spares=todo)
+            return
+        await write_cm_spares(self, kube, q, owner, todo, replicas)
 
     def disk_for(self, i: int, current: str | None, new: bool) -> str | None:
         """The storage UUID replica ``i``'s certificate should name: the one its pod's volume
@@ -332,7 +380,8 @@ class QuorumTls:
                 issued = not_before(unb64(data, "tls.crt"))
                 started = await kube.pod_start_time(q.namespace, f"{q.name}-{i - 1}")
                 if issued is not None and started is not None and issued > started:
-                    out.append(i)
+                    if not await runs_spare(self, kube, q, i, unb64(data, "tls.crt")):
+                        out.append(i)
             return out
         if self.ca is None:
             return []
