@@ -31,6 +31,16 @@ def test_spare_decisions() -> None:
     assert decide(s, presented=True, claim="claim-b", container="ctr-b", fetched_since_seen=False) == PROMOTE
     assert decide(s, presented=True, claim="claim-a", container="ctr-b", fetched_since_seen=True) == REFUSE
     assert decide(s, presented=True, claim=None, container="ctr-b", fetched_since_seen=False) == ""
+    # A scale-up's new replica (no voter): its spare, issued before any of its containers ran.
+    new_id = Spare(SPARE, "claim-a", "")
+    assert decide(
+        new_id, presented=True, claim="claim-a", container="c", fetched_since_seen=False, voter=False
+    ) == (PROMOTE)
+    assert decide(new_id, presented=True, claim="claim-a", container="c", fetched_since_seen=False) == REFUSE
+    assert (
+        decide(s, presented=True, claim="claim-a", container="c", fetched_since_seen=False, voter=False)
+        == REFUSE
+    )
     # Issued while no claim existed: any claim is a new one.
     assert (
         decide(Spare(SPARE), presented=True, claim="claim-a", container="", fetched_since_seen=False)
@@ -117,7 +127,9 @@ def test_the_core_takes_only_a_vouched_disk_as_new() -> None:
 @pytest.mark.slow  # formats volumes and issues certificates
 def test_the_node_serves_the_spare_only_on_its_disk(tmp_path: Path) -> None:
     ca = init_ca(tmp_path / "ca", "spare-cluster")
-    node, node_key, spare, spare_key = (tmp_path / n for n in ("node.crt", "node.key", "spare.crt", "spare.key"))
+    node, node_key, spare, spare_key = (
+        tmp_path / n for n in ("node.crt", "node.key", "spare.crt", "spare.key")
+    )
     for uuid, crt, key in ((OLD, node, node_key), (SPARE, spare, spare_key)):
         issued = issue_node(ca, 2, storage_uuid=uuid)  # the same file names each time: copied out
         crt.write_bytes(issued[0].read_bytes())

@@ -110,17 +110,22 @@ def decide(
     claim: str | None,
     container: str,
     fetched_since_seen: bool,
+    voter: bool = True,
 ) -> str:
     """What to do with one replica's spare (module docstring): ISSUE (none yet), PROMOTE (an
     observer presents it from a replaced claim), REFUSE (an observer presents it, the claim is the
     one it was issued with), ROTATE (another node container runs, on the replica's own disk), or
-    "" (nothing). ``claim`` None: unknown (not read, or no claim): never promotes."""
+    "" (nothing). ``claim`` None: unknown (not read, or no claim): never promotes. A replica that
+    is no voter (a scale-up's new id: nothing to replace) whose spare was issued while none of
+    its node containers ran may take it on the claim it was issued with (the StatefulSet made
+    the claim before the operator's pass)."""
     if spare is None:
         return ISSUE
     if presented:
         if claim is None:
             return ""
-        return PROMOTE if claim != spare.claim else REFUSE
+        fresh = not voter and not spare.container
+        return PROMOTE if claim != spare.claim or fresh else REFUSE
     if container and container != spare.container and fetched_since_seen:
         return ROTATE
     return ""
@@ -192,7 +197,15 @@ async def spare_pass(
         if spare is not None and not presented and not since:
             continue  # the common case: no API call
         claim = await claim_uid(kube, q, rid)
-        what = decide(spare, presented=presented, claim=claim, container=container, fetched_since_seen=since)
+        voter = any(v.id == rid for v in view.voters)
+        what = decide(
+            spare,
+            presented=presented,
+            claim=claim,
+            container=container,
+            fetched_since_seen=since,
+            voter=voter,
+        )
         if not what:
             continue
         if what == PROMOTE:
