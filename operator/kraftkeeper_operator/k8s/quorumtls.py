@@ -105,6 +105,9 @@ class QuorumTls:
         # cert-manager: replica id -> its pod's uid, when the spare it started with expires, that
         # spare's UUID, the serial of cert-manager's first issue for it (spares.py ``runs_spare``)
         self.on_spare: dict[int, tuple[str, dt.datetime, str, int | None]] = {}
+        # One read-modify-write of NAME-tls at a time (the spec handler, the daemon's spares,
+        # renewals and new disks all write it): a promoted spare must never be written back.
+        self.secret_lock = asyncio.Lock()
 
     def close(self) -> None:
         if self.ca is not None:
@@ -153,7 +156,7 @@ class QuorumTls:
             self.cm_data = data
             return self.config
         ca = await self._ca(kube, q, owner)
-        await self._node_secret(kube, q, owner, ca, replicas, renew=())
+        await self._locked_secret(kube, q, owner, ca, replicas, renew=())
         await self._client_secret(kube, q, owner, ca)
         self.config = await asyncio.to_thread(ca.admin_config)
         return self.config
@@ -182,6 +185,10 @@ class QuorumTls:
             msg = e.message if isinstance(e, KraftError) else str(e)
             raise kopf.PermanentError(f"Secret {q.namespace}/{name} is not this quorum's CA: {msg}") from e
         return self.ca
+
+    async def _locked_secret(self, *args: Any, **kw: Any) -> None:
+        async with self.secret_lock:
+            await self._node_secret(*args, **kw)
 
     async def _node_secret(
         self,
@@ -244,7 +251,7 @@ class QuorumTls:
         """Issue the spares in ``todo`` (spares.py), promoting the current one first where asked."""
         if not q.tls.cert_manager:
             if self.ca is not None:
-                await self._node_secret(kube, q, owner, self.ca, replicas, renew=(), spares=todo)
+                await self._locked_secret(kube, q, owner, self.ca, replicas, renew=(), spares=todo)
             return
         await write_cm_spares(self, kube, q, owner, todo, replicas)
 
@@ -320,7 +327,7 @@ class QuorumTls:
                     await self.ensure(kube, q, owner, replicas)  # applies the Certificate naming it
                     continue
             elif self.ca is not None:
-                await self._node_secret(kube, q, owner, self.ca, replicas, renew=())
+                await self._locked_secret(kube, q, owner, self.ca, replicas, renew=())
             else:
                 continue
             meta = pod.get("metadata") or {}
@@ -410,7 +417,7 @@ class QuorumTls:
         async def renew(i: int) -> None:
             q, replicas = get()
             if self.ca is not None:
-                await self._node_secret(kube, q, owner, self.ca, replicas, renew=(i,))
+                await self._locked_secret(kube, q, owner, self.ca, replicas, renew=(i,))
 
         async def restart(i: int) -> None:
             q, _ = get()
