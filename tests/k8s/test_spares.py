@@ -218,3 +218,69 @@ def test_an_empty_volume_takes_the_spare_only_after_the_bootstrap(tmp_path: Path
     assert meta.storage_uuid == SPARE and meta.extra.get("bootstrap.initial") == "false"
     out = run_format_container(sts, 1, tmp_path / "first", flags, tls)
     assert out.returncode == 0 and load_meta(tmp_path / "first").storage_uuid == OLD  # formatted: kept
+
+
+class _FakeKube:
+    """The KubeApi calls the spare path of CertManager mode makes, recorded in order."""
+
+    def __init__(self, spare_pem: bytes) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.spare_pem = spare_pem
+        self.applied: dict[str, dict[str, Any]] = {}
+
+    async def read_meta(self, kind: str, ns: str, name: str, api_version: str = "") -> dict[str, Any] | None:
+        return None
+
+    async def secret_data(self, ns: str, name: str) -> dict[str, str] | None:
+        import base64
+
+        if name.endswith("-spare-tls"):
+            return {"tls.crt": base64.b64encode(self.spare_pem).decode()}
+        if name.endswith("-operator-tls"):
+            return {k: base64.b64encode(b"x").decode() for k in ("ca.crt", "tls.crt", "tls.key")}
+        return None
+
+    async def apply(self, obj: dict[str, Any], field_manager: str = "") -> None:
+        self.calls.append(("apply", obj["metadata"]["name"]))
+        self.applied[obj["metadata"]["name"]] = obj
+
+    async def delete_secret(self, ns: str, name: str) -> None:
+        self.calls.append(("delete", name))
+
+    async def pod_uid(self, ns: str, name: str) -> str | None:
+        return "pod-uid"
+
+
+def test_cert_manager_mode_names_the_next_spare_before_the_old_one_leaves(tmp_path: Path) -> None:
+    """Promotion in CertManager mode: the node Certificate names the spare's UUID, the spare
+    Certificate the next spare (with its record), and only then is the old spare's Secret deleted
+    (cert-manager then issues the next one): no moment where a new pod could get the old spare
+    from a Certificate that still names it."""
+    import asyncio
+
+    from kraftkeeper_operator.k8s.quorumtls import QuorumTls
+
+    cm = parse_spec(
+        {
+            "metadata": {"name": "q", "namespace": "ns", "uid": "u-1"},
+            "spec": {"voters": 3, "tls": {"certManager": {"issuerRef": {"name": "ca"}}}},
+        }
+    )
+    ca = init_ca(tmp_path / "ca", cm.cluster_id)
+    kube = _FakeKube(issue_node(ca, 2, storage_uuid=SPARE)[0].read_bytes())
+    t = QuorumTls()
+    t.spare_book.loaded = True
+    t.spare_book.spares = {i: Spare(u, "claim-a", "ctr-a") for i, u in ((1, OTHER), (2, SPARE), (3, NEW))}
+    nxt = Spare(OLD.replace("1", "6"), "claim-b", "ctr-b")
+    asyncio.run(t.write_spares(kube, cm, OWNER, {2: (nxt, True)}, 3))  # type: ignore[arg-type]
+    names = [n for _, n in kube.calls]
+    assert ("delete", "q-node-2-spare-tls") in kube.calls
+    assert names.index("q-node-2-spare") < names.index("q-node-2-spare-tls")  # applied, then deleted
+    assert [c for c in kube.calls if c[0] == "delete"] == [("delete", "q-node-2-spare-tls")]
+    node2 = kube.applied["q-node-2"]["spec"]["uris"][0]
+    assert node2.endswith(f"/replica/2?storage={SPARE}")  # the spare's UUID is the node's now
+    spare2 = kube.applied["q-node-2-spare"]
+    assert spare2["spec"]["uris"][0].endswith(f"?storage={nxt.uuid}")
+    assert Spare.decode(spare2["metadata"]["annotations"][SPARE_ANNOTATION]) == nxt
+    assert t.vouched(3)[2] == SPARE and t.on_spare[2][0] == "pod-uid"
+    t.close()
