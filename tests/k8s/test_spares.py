@@ -12,7 +12,7 @@ import pytest
 from kraftkeeper_operator.core.recovery import QuorumView, RecoveryBook, RecoveryPolicy
 from kraftkeeper_operator.k8s.manifests import BOOTSTRAP_KEY, parse_spec, statefulset
 from kraftkeeper_operator.k8s.spares import ISSUE, PROMOTE, REFUSE, ROTATE, Spare, SpareBook, decide
-from kraftkeeper_operator.k8s.tlsobjects import SPARE_ANNOTATION, certificates
+from kraftkeeper_operator.k8s.tlsobjects import DISK_ANNOTATION, SPARE_ANNOTATION, certificates
 
 from quorum.security.nodetls import load_node_tls
 from quorum.security.pki import init_ca, issue_node
@@ -279,6 +279,8 @@ def test_cert_manager_mode_names_the_next_spare_before_the_old_one_leaves(tmp_pa
     assert [c for c in kube.calls if c[0] == "delete"] == [("delete", "q-node-2-spare-tls")]
     node2 = kube.applied["q-node-2"]["spec"]["uris"][0]
     assert node2.endswith(f"/replica/2?storage={SPARE}")  # the spare's UUID is the node's now
+    # ... and says so before cert-manager issues it (an operator restarted meanwhile keeps it).
+    assert kube.applied["q-node-2"]["metadata"]["annotations"] == {DISK_ANNOTATION: SPARE}
     spare2 = kube.applied["q-node-2-spare"]
     assert spare2["spec"]["uris"][0].endswith(f"?storage={nxt.uuid}")
     assert Spare.decode(spare2["metadata"]["annotations"][SPARE_ANNOTATION]) == nxt

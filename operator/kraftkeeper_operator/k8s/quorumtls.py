@@ -43,6 +43,7 @@ from .manifests import QuorumSpec
 from .podhealth import disk_of_pod
 from .spares import Spare, SpareBook, runs_spare, spare_in_secret, write_cm_spares
 from .tlsobjects import (
+    DISK_ANNOTATION,
     SPARE_ANNOTATION,
     OperatorCa,
     cert_due,
@@ -57,6 +58,7 @@ from .tlsobjects import (
 )
 
 RESTART_GONE_S = 120.0  # longest wait for a deleted pod to go (its grace period is 30 s)
+WAIT_S = 5
 
 log = logging.getLogger("kraftkeeper.operator")
 
@@ -83,9 +85,6 @@ async def pods_ready(kube: KubeApi, q: QuorumSpec, replicas: int) -> bool:
     return rolled and int(st.get("readyReplicas") or 0) >= replicas
 
 
-WAIT_S = 5
-
-
 class QuorumTls:
     """TLS state the operator keeps for one KRaftQuorum (a cache: the Secrets are the truth)."""
 
@@ -100,13 +99,12 @@ class QuorumTls:
         self.restarted: set[str] = set()  # uids of pods deleted to take their disk's certificate
         self.cm_unbound: set[int] = set()  # cert-manager: replica ids whose Certificate names no disk
         self.current: dict[int, str | None] = {}  # replica id -> the UUID its certificate names
-        self.spare_book = SpareBook()  # the spares (spares.py)
+        self.spare_book = SpareBook()
         self.bootstrapped = False  # set by the daemon: spares are issued from then on
         # cert-manager: replica id -> its pod's uid, when the spare it started with expires, that
         # spare's UUID, the serial of cert-manager's first issue for it (spares.py ``runs_spare``)
         self.on_spare: dict[int, tuple[str, dt.datetime, str, int | None]] = {}
-        # One read-modify-write of NAME-tls at a time (the spec handler, the daemon's spares,
-        # renewals and new disks all write it): a promoted spare must never be written back.
+        # One read-modify-write of NAME-tls at a time: a promoted spare is never written back.
         self.secret_lock = asyncio.Lock()
 
     def close(self) -> None:
@@ -269,8 +267,14 @@ class QuorumTls:
         return new_storage_uuid() if new else None
 
     async def _cm_disk(self, kube: KubeApi, q: QuorumSpec, i: int) -> str | None:
-        """CertManager mode: :meth:`disk_for` from the certificate in the Secret cert-manager
-        issued (a fresh UUID remembered until the Secret exists)."""
+        """CertManager mode: :meth:`disk_for` from the disk the node Certificate was applied for
+        (not issued yet, e.g. a promoted spare's), else from cert-manager's Secret (a fresh UUID
+        remembered until the Secret exists)."""
+        meta = await kube.read_meta("Certificate", q.namespace, f"{q.name}-node-{i}")
+        intent = ((meta or {}).get("annotations") or {}).get(DISK_ANNOTATION)
+        if intent:
+            self.chosen.pop(i, None)
+            return self.disk_for(i, str(intent), False)
         data = await kube.secret_data(q.namespace, f"{q.name}-node-{i}-tls")
         current = cert_identity(unb64(data, "tls.crt"))
         if current is None:

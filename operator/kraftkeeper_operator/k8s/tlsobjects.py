@@ -76,6 +76,7 @@ from .manifests import QuorumSpec
 from .tlsspec import MAX_REPLICA_ID
 
 SPARE_ANNOTATION = "kraftkeeper.io/spare"  # on Certificate NAME-node-<id>-spare (spares.py)
+DISK_ANNOTATION = "kraftkeeper.io/disk"  # on Certificate NAME-node-<id>: the disk it was applied for
 CERT_MANAGER_GROUP = "cert-manager.io"
 CERT_MANAGER_VERSION = "v1"
 CERT_MANAGER_PLURAL = "certificates"
@@ -242,6 +243,9 @@ def certificates(
         )
         for i in range(1, min(replicas, MAX_REPLICA_ID) + 1)
     ]
+    for i, obj in enumerate(out, 1):
+        if disks.get(i):  # what it was applied for, before cert-manager issues it (quorumtls.py)
+            obj["metadata"]["annotations"] = {DISK_ANNOTATION: str(disks[i])}
     for name, role in ((OPERATOR_NAME, "admin"), (CLIENT_NAME, "readwrite")):
         uri = Identity(cid, name=name, role=role).uri()
         obj_name = f"{q.name}-operator" if name == OPERATOR_NAME else f"{q.name}-client"
