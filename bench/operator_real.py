@@ -40,9 +40,11 @@ the nodes, the operator) is the host's clock.
 
 ``--tls`` (``run(..., tls=True)``): the same with TLS on (the default ``Operator`` mode). The
 bench then cannot describe the quorum, so "first fetch" runs to the operator's detection (and
-"detection" is 0), and the replaced disk's own path is longer: the new pod's node refuses the old
-disk's certificate, the operator issues one for the new disk and deletes the pod once, and the
-pod phases are those of the pod that then starts ("container start" includes the first one).
+"detection" is 0). The new pod formats its volume with its spare certificate's UUID and starts
+once (docs/operator.md "Certificates bound to the disk"); where a revision (or a quorum without a
+spare) takes the old path instead, the new pod's node refuses the old disk's certificate, the
+operator issues one for the new disk and deletes the pod once, and the pod phases are those of
+the pod that then starts ("container start" includes the first one).
 
 ``cost``: 100 KRaftQuorum objects (``--objects``): the 3 in ``kk-bench`` have pods running (3
 voters each); the others are in ``kk-bench-idle``, where a ResourceQuota of 0 pods keeps their

@@ -97,6 +97,9 @@ def cmd_format(args: argparse.Namespace) -> int:
     return 0
 
 
+TLS_START_OPTIONS = ("tls_dir", "cert", "key", "ca", "tokens", "spare_cert", "spare_key")
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     if args.format_cluster_id is not None:
         # As `kraftkeeper format --ignore-formatted` run just before: a formatted volume is kept
@@ -128,7 +131,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         voters=args.voters,
         advertise=args.advertise,
         config_file=args.config,
-        tls_options={k: getattr(args, k) for k in ("tls_dir", "cert", "key", "ca", "tokens")},
+        tls_options={k: getattr(args, k) for k in TLS_START_OPTIONS},
         insecure=args.insecure,
         kafka_listen=args.kafka_listen,
     )
@@ -266,6 +269,12 @@ def _add_start_parser(sub: Any) -> None:
     s.add_argument("--key", help="its private key (PEM)")
     s.add_argument("--ca", help="the cluster CA certificate (PEM)")
     s.add_argument("--tokens", help="hashed bearer tokens file (default: TLS-DIR/tokens.json if present)")
+    s.add_argument(
+        "--spare-cert",
+        help="another certificate of this replica (with --spare-key), served instead of --cert when it "
+        "names this node's disk (a volume formatted with --storage-uuid-from-cert of it)",
+    )
+    s.add_argument("--spare-key", help="the spare certificate's private key (PEM)")
     s.add_argument(
         "--kafka-listen",
         metavar="HOST:PORT",

@@ -243,7 +243,9 @@ class RecoveryController:
         ready |= {
             o.id
             for o in view.observers
-            if view.live_for_change(o, now, window) and 0 <= o.lag <= self.policy.max_lag
+            if view.live_for_change(o, now, window)
+            and 0 <= o.lag <= self.policy.max_lag
+            and self.book.vouches(o)
         }
         missing = [i for i in desired if i not in ready]
         if missing:

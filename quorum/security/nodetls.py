@@ -190,15 +190,29 @@ class NodeTls:
 
 
 def load_node_tls(data_dir: str, options: dict[str, str | None]) -> NodeTls | None:
-    """``kraftkeeper start``'s TLS options (``tls_dir``, ``cert``, ``key``, ``ca``, ``tokens``)
-    for the node formatted in ``data_dir``, its certificate checked against its identity."""
-    if not any(options.values()):
+    """``kraftkeeper start``'s TLS options (``tls_dir``, ``cert``, ``key``, ``ca``, ``tokens``,
+    ``spare_cert``, ``spare_key``) for the node formatted in ``data_dir``, its certificate checked
+    against its identity. A spare certificate (another of this replica's, naming a storage UUID
+    no disk had yet: docs/operator.md "Certificates bound to the disk") is served instead of
+    ``cert`` when it names this node's disk; otherwise it is ignored."""
+    spare_cert, spare_key = options.get("spare_cert"), options.get("spare_key")
+    if not any(v for k, v in options.items() if k not in ("spare_cert", "spare_key")):
+        if spare_cert or spare_key:
+            raise KraftError(ErrorCode.INVALID_REQUEST, "--spare-cert/--spare-key need --cert/--key/--ca")
         return None
+    if bool(spare_cert) != bool(spare_key):
+        raise KraftError(ErrorCode.INVALID_REQUEST, "give --spare-cert and --spare-key together")
     meta = load_meta(data_dir)
+    cert, key = options.get("cert"), options.get("key")
+    spare = node_identity(spare_cert, meta.cluster_id, meta.node_id) if spare_cert else None
+    if spare is not None and spare.storage_uuid is not None and spare.storage_uuid == meta.storage_uuid:
+        # The spare names this disk: the volume was formatted with it (a replaced disk's first
+        # start on Kubernetes, before the operator made it the current certificate).
+        cert, key = spare_cert, spare_key
     tls = NodeTls.load(
         tls_dir=options.get("tls_dir"),
-        cert=options.get("cert"),
-        key=options.get("key"),
+        cert=cert,
+        key=key,
         ca=options.get("ca"),
         tokens=options.get("tokens"),
         node_id=meta.node_id,

@@ -115,6 +115,10 @@ class RecoveryBook:
         # Replicas whose pods crash-loop (podhealth.py, set by the caller before each pass): never
         # taken as a disk replacement, never promoted.
         self.suspect_ids: set[int] = set()
+        # Disks the caller vouches for (Kubernetes with TLS: the storage UUID each replica's current
+        # certificate names, None for one bound to no disk; set before each pass): an observer of a
+        # listed id with another UUID is never taken as a new disk. None: no such rule.
+        self.vouched: dict[int, str | None] | None = None
         self._window_ms = int(policy.live_window_seconds * 1000)
 
     # -- queries -----------------------------------------------------------------------------
@@ -161,11 +165,20 @@ class RecoveryBook:
             for o in view.observers
             if o.id == rid and o.uuid and o.uuid not in voter_uuids and o.uuid not in retired
         ]
+        if self.vouched is not None and cands:
+            bad = [o.uuid for o in cands if not self.vouches(o)]
+            if bad:
+                self.note = f"replica {rid}: no certificate of the operator names storage {bad[0]} yet"
+            cands = [o for o in cands if self.vouches(o)]
         if len(cands) > 1:
             live = [o for o in cands if view.is_live(o, now_ms, self._window_ms)]
             cands = live if live else cands
         # Most recently fetching one wins: an older leftover observer entry is a previous disk.
         return max(cands, key=lambda o: o.last_fetch_ms) if cands else None
+
+    def vouches(self, r: Replica) -> bool:
+        """``r`` may be taken as its id's disk (``vouched``)."""
+        return self.vouched is None or (r.id in self.vouched and self.vouched[r.id] in (None, r.uuid))
 
     def _observe_id(self, view: QuorumView, rid: int, now_ms: int) -> list[Event]:
         voter_uuids = view.voter_uuids(rid)

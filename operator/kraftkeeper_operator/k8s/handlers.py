@@ -125,7 +125,13 @@ async def delete(meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any) -> Non
     await ctx.kube.delete_owned(ns, name, uid)
     # cert-manager Certificates, whatever the mode was: a 404 (or no CRD) is nothing to do
     await ctx.kube.delete_certificates(
-        ns, [f"{name}-operator", f"{name}-client", *(f"{name}-node-{i}" for i in range(1, 10))], uid
+        ns,
+        [
+            f"{name}-operator",
+            f"{name}-client",
+            *(f"{name}-node-{i}{s}" for i in range(1, 10) for s in ("", "-spare")),
+        ],
+        uid,
     )
     logger.info("deleted the objects of %s/%s; PVCs are retained", ns, name)
 

@@ -221,6 +221,11 @@ class KubeApi:
             raise kopf.TemporaryError(f"creating a Secret: API unreachable: {e}", delay=_RETRY_DELAY_S) from e
         return True
 
+    async def delete_secret(self, ns: str, name: str) -> None:
+        """Delete a Secret by name (none: nothing to do)."""
+        call = self.core.delete_namespaced_secret(name, ns)
+        await _call(f"deleting Secret {ns}/{name}", call, missing_ok=True)
+
     async def configmap_data(self, ns: str, name: str) -> dict[str, str] | None:
         cm = await _call(
             f"ConfigMap {ns}/{name}", self.core.read_namespaced_config_map(name, ns), missing_ok=True

@@ -63,7 +63,7 @@ from .quorumspec import DEFAULT_IMAGE as DEFAULT_IMAGE
 from .quorumspec import QuorumSpec as QuorumSpec
 from .quorumspec import SpecError as SpecError
 from .quorumspec import parse_spec as parse_spec
-from .tlsspec import TLS_MOUNT, apply_to_pod, check_command, start_args
+from .tlsspec import SPARE_CRT, TLS_MOUNT, apply_to_pod, check_command, spare_args_command, start_args
 from .unclean import MARKER_PREFIX, UNCLEAN_KEY
 
 GROUP = "kraftkeeper.io"
@@ -142,12 +142,24 @@ def format_command(q: QuorumSpec) -> str:
     # an empty disk under a current voter's UUID would be counted with a log it never had. The
     # disk then gets a random UUID, the node refuses its old certificate (exit, message naming
     # both UUIDs), and the operator issues one for the new disk (quorumtls.py).
+    #
+    # After the bootstrap an empty volume takes the UUID of the pod's *spare* certificate when it
+    # has one (spares.py: a UUID no disk had, issued after this replica's node last started), so
+    # its first start holds a certificate of its disk and joins at once; the operator accepts it
+    # only for a replaced claim. A formatted volume keeps its UUID (the spare is then unused).
     crt = f"{TLS_MOUNT}/node.crt"  # this pod's own directory of the tls volume (tlsspec.py)
+    spare = f"{TLS_MOUNT}/{SPARE_CRT}"
     initial = f"if [ -s {crt} ]; then set -- --storage-uuid-from-cert {crt}; fi; " if q.tls.enabled else ""
+    after = (
+        f'if [ "${{1:-}}" = --no-initial-controllers ] && [ -s {spare} ]; '
+        f'then set -- "$@" --storage-uuid-from-cert {spare}; fi && '
+        if q.tls.enabled
+        else ""
+    )
     return (
         "ID=$(( ${POD_NAME##*-} + 1 )) && set -- && "
         f'if [ "$(cat {b}/{BOOTSTRAP_KEY} 2>/dev/null)" = true ]; '
-        f"then set -- --no-initial-controllers; else {initial}: ; fi && "
+        f"then set -- --no-initial-controllers; else {initial}: ; fi && {after}"
         # Only an unclean recovery needs the volume formatted before the node starts (it reads
         # meta.properties); otherwise the node's own process formats it (start_command), which
         # saves the pod an interpreter start on a replaced disk's path.
@@ -190,8 +202,9 @@ def _node_container(
     # a start and up to a PLEG relist (1 s) to see it end, which a replaced disk's recovery waits
     # for. A failed preparation exits non-zero before the node starts, as the init container did.
     check = f"{check_command()}\n" if q.tls.enabled else ""
+    spare = f"{spare_args_command()}\n" if q.tls.enabled else ""
     start = (
-        f'echo "kraftkeeper: preparing $POD_NAME"; {check}{format_command(q)}\n'
+        f'echo "kraftkeeper: preparing $POD_NAME"; {check}{format_command(q)}\n{spare}'
         # `start --format-*` = `format --ignore-formatted "$@"` in the node's own process: a
         # volume of another cluster or node fails the start before any port opens.
         f'exec kraftkeeper start --format-cluster-id {q.cluster_id} --format-node-id "$ID" "$@" '

@@ -37,8 +37,11 @@ def object_names(name: str) -> dict[str, set[str]]:
         "NetworkPolicy": {name},
         "ConfigMap": {f"{name}-bootstrap"},
         "Secret": {f"{name}-tls", f"{name}-client", f"{name}-ca", f"{name}-operator-tls"}
-        | {f"{name}-node-{i}-tls" for i in nodes},
-        "Certificate": {f"{name}-operator", f"{name}-client"} | {f"{name}-node-{i}" for i in nodes},
+        | {f"{name}-node-{i}-tls" for i in nodes}
+        | {f"{name}-node-{i}-spare-tls" for i in nodes},
+        "Certificate": {f"{name}-operator", f"{name}-client"}
+        | {f"{name}-node-{i}" for i in nodes}
+        | {f"{name}-node-{i}-spare" for i in nodes},
         "Pod": {f"{name}-{i - 1}" for i in nodes},
         "PersistentVolumeClaim": {f"data-{name}-{i - 1}" for i in nodes},
     }

@@ -40,6 +40,8 @@ from .damage import handle_damaged_logs
 from .kube import BOOTSTRAP_FIELD_MANAGER, ConfigMapRequestStore
 from .manifests import BOOTSTRAP_KEY, QuorumSpec, bootstrap_configmap, endpoints, owner_reference_of
 from .podhealth import STARTING_FOR_S, STARTING_POLL_S, CrashLoops, node_starting
+from .quorumtls import QuorumTls
+from .spares import spare_pass
 from .unclean import UncleanCoordinator, gone_replicas
 
 log = logging.getLogger("kraftkeeper.operator")
@@ -178,7 +180,15 @@ async def daemon_pass(ctx: OperatorContext, key: str) -> None:
     await _refresh_credential(ctx, m)
     loops = await _check_pods(ctx, m)
     m.controller.book.suspect_ids = loops.replica_ids()
+    # With TLS on, only a disk the operator issued the current certificate of is taken as new
+    # (recovery.py ``vouched``; none before its TLS objects are known).
+    t = ctx.tls.get(m.spec.cluster) if m.spec.tls.enabled else None
+    m.controller.book.vouched = None if not m.spec.tls.enabled else t.vouched(m.replicas) if t else {}
     st = await m.controller.reconcile()
+    if t is not None and await _spares(ctx, m, t, st.view):
+        # A replaced disk's pod took its spare, now its certificate: the recovery may take it.
+        m.controller.book.vouched = t.vouched(m.replicas)
+        st = await m.controller.reconcile()
     if loops.current:
         st.annotate_degraded("PodCrashLooping", loops.summary())
     lost = st.condition("QuorumLost").status
@@ -272,6 +282,16 @@ async def _bind_disks(ctx: OperatorContext, m: Managed, view: QuorumView | None)
         await t.bind_disks(ctx.kube, m.spec, owner_reference_of(m.spec), m.pods, m.replicas)
     except (kopf.TemporaryError, kopf.PermanentError) as e:  # retried on the next pass
         log.warning("%s: binding certificates to disks: %s", m.spec.cluster, e)
+
+
+async def _spares(ctx: OperatorContext, m: Managed, t: QuorumTls, view: QuorumView | None) -> bool:
+    """The spare certificates (spares.py); True if one was promoted."""
+    t.bootstrapped = m.bootstrap_flagged or quorum_bootstrapped(view)
+    try:
+        return await spare_pass(t, ctx.kube, m.spec, owner_reference_of(m.spec), m.pods, view, m.replicas)
+    except (kopf.TemporaryError, kopf.PermanentError) as e:  # retried on the next pass
+        log.warning("%s: spare certificates: %s", m.spec.cluster, e)
+        return False
 
 
 async def _refresh_credential(ctx: OperatorContext, m: Managed) -> None:

@@ -8,8 +8,10 @@ operator's admin client config; CertManager mode applies the Certificates and re
 operator's admin config from cert-manager's Secret (a TemporaryError while it is not issued yet);
 Disabled returns None (plaintext).
 
-Disk binding (kubetls.py module docstring): :meth:`QuorumTls.bind_disks` runs on every daemon
-pass. A pod whose node refused its certificate because it names another disk reported its
+Disk binding (tlsobjects.py module docstring): a replaced disk normally starts on its replica's
+spare certificate (spares.py, whose pass the daemon runs; the spares live in the same Secret or
+as a second Certificate per replica). Without one, the old path: :meth:`QuorumTls.bind_disks` runs
+on every daemon pass. A pod whose node refused its certificate because it names another disk reported its
 volume's storage UUID (podhealth.py ``disk_of_pod``): the operator issues (or has cert-manager
 issue) the certificate of that disk and then deletes the pod once, so that its node container
 mounts the new one (tlsspec.py); it does not wait for a healthy quorum as a renewal does (the node
@@ -39,7 +41,10 @@ from ..core.rotation import CertRotator
 from .kube import KubeApi
 from .manifests import QuorumSpec
 from .podhealth import disk_of_pod
+from .spares import Spare, SpareBook, runs_spare, spare_in_secret, write_cm_spares
 from .tlsobjects import (
+    DISK_ANNOTATION,
+    SPARE_ANNOTATION,
     OperatorCa,
     cert_due,
     cert_identity,
@@ -53,6 +58,7 @@ from .tlsobjects import (
 )
 
 RESTART_GONE_S = 120.0  # longest wait for a deleted pod to go (its grace period is 30 s)
+WAIT_S = 5
 
 log = logging.getLogger("kraftkeeper.operator")
 
@@ -79,9 +85,6 @@ async def pods_ready(kube: KubeApi, q: QuorumSpec, replicas: int) -> bool:
     return rolled and int(st.get("readyReplicas") or 0) >= replicas
 
 
-WAIT_S = 5
-
-
 class QuorumTls:
     """TLS state the operator keeps for one KRaftQuorum (a cache: the Secrets are the truth)."""
 
@@ -95,6 +98,14 @@ class QuorumTls:
         self.chosen: dict[int, str] = {}  # cert-manager: UUIDs chosen for not yet issued Secrets
         self.restarted: set[str] = set()  # uids of pods deleted to take their disk's certificate
         self.cm_unbound: set[int] = set()  # cert-manager: replica ids whose Certificate names no disk
+        self.current: dict[int, str | None] = {}  # replica id -> the UUID its certificate names
+        self.spare_book = SpareBook()
+        self.bootstrapped = False  # set by the daemon: spares are issued from then on
+        # cert-manager: replica id -> its pod's uid, when the spare it started with expires, that
+        # spare's UUID, the serial of cert-manager's first issue for it (spares.py ``runs_spare``)
+        self.on_spare: dict[int, tuple[str, dt.datetime, str, int | None]] = {}
+        # One read-modify-write of NAME-tls at a time: a promoted spare is never written back.
+        self.secret_lock = asyncio.Lock()
 
     def close(self) -> None:
         if self.ca is not None:
@@ -118,7 +129,16 @@ class QuorumTls:
                 self.ca = None
             disks = {i: await self._cm_disk(kube, q, i) for i in range(1, replicas + 1)}
             self.cm_unbound = {i for i, d in disks.items() if d is None}
-            for obj in certificates(q, owner, replicas, disks):
+            self.current = dict(disks)
+            book = self.spare_book
+            if not book.loaded:
+                for i in range(1, replicas + 1):
+                    meta = await kube.read_meta("Certificate", q.namespace, f"{q.name}-node-{i}-spare")
+                    found = Spare.decode(((meta or {}).get("annotations") or {}).get(SPARE_ANNOTATION))
+                    if found is not None:
+                        book.spares[i] = found
+                book.loaded = True
+            for obj in certificates(q, owner, replicas, disks, book.spares):
                 await kube.apply(obj)
             data = await kube.secret_data(q.namespace, f"{q.name}-operator-tls")
             if not data:
@@ -134,7 +154,7 @@ class QuorumTls:
             self.cm_data = data
             return self.config
         ca = await self._ca(kube, q, owner)
-        await self._node_secret(kube, q, owner, ca, replicas, renew=())
+        await self._locked_secret(kube, q, owner, ca, replicas, renew=())
         await self._client_secret(kube, q, owner, ca)
         self.config = await asyncio.to_thread(ca.admin_config)
         return self.config
@@ -164,6 +184,10 @@ class QuorumTls:
             raise kopf.PermanentError(f"Secret {q.namespace}/{name} is not this quorum's CA: {msg}") from e
         return self.ca
 
+    async def _locked_secret(self, *args: Any, **kw: Any) -> None:
+        async with self.secret_lock:
+            await self._node_secret(*args, **kw)
+
     async def _node_secret(
         self,
         kube: KubeApi,
@@ -172,11 +196,14 @@ class QuorumTls:
         ca: OperatorCa,
         replicas: int,
         renew: tuple[int, ...],
+        spares: Mapping[int, tuple[Spare, bool]] | None = None,
     ) -> None:
-        """``NAME-tls``: issue what is missing or foreign, and the ids in ``renew``."""
+        """``NAME-tls``: issue what is missing or foreign, and the ids in ``renew``; the spares in
+        ``spares`` (replica id -> the next spare, and whether the current one is promoted first)."""
         name = f"{q.name}-tls"
         old = await kube.secret_data(q.namespace, name) or {}
         data = {k: v for k in old if (v := unb64(old, k)) is not None}
+        spares = dict(spares or {})
         changed = data.get("ca.crt") != ca.ca_pems()[0]
         data["ca.crt"] = ca.ca_pems()[0]
         for i in range(1, replicas + 1):
@@ -197,8 +224,34 @@ class QuorumTls:
                 data[f"node-{i}.crt"], data[f"node-{i}.key"] = await asyncio.to_thread(ca.node, i, disk)
                 changed = True
                 log.info("%s: issued the certificate of replica %d (storage %s)", q.cluster, i, disk)
+            got = cert_identity(data.get(f"node-{i}.crt"))
+            self.current[i] = None if got is None else got.storage_uuid
+            changed |= await spare_in_secret(self, q, data, ca, i, spares.get(i))
         if changed:
             await kube.apply(secret(q, owner, name, data))
+
+    def spares_ready(self, q: QuorumSpec) -> bool:
+        """Spares are kept: the quorum bootstrapped and its certificates are known."""
+        return self.bootstrapped and (self.spare_book.loaded if q.tls.cert_manager else self.ca is not None)
+
+    def vouched(self, replicas: int) -> dict[int, str | None]:
+        """Per replica id, the UUID its current certificate names (recovery.py ``vouched``)."""
+        return {i: self.current[i] for i in range(1, replicas + 1) if i in self.current}
+
+    async def write_spares(
+        self,
+        kube: KubeApi,
+        q: QuorumSpec,
+        owner: Mapping[str, Any],
+        todo: Mapping[int, tuple[Spare, bool]],
+        replicas: int,
+    ) -> None:
+        """Issue the spares in ``todo`` (spares.py), promoting the current one first where asked."""
+        if not q.tls.cert_manager:
+            if self.ca is not None:
+                await self._locked_secret(kube, q, owner, self.ca, replicas, renew=(), spares=todo)
+            return
+        await write_cm_spares(self, kube, q, owner, todo, replicas)
 
     def disk_for(self, i: int, current: str | None, new: bool) -> str | None:
         """The storage UUID replica ``i``'s certificate should name: the one its pod's volume
@@ -214,8 +267,14 @@ class QuorumTls:
         return new_storage_uuid() if new else None
 
     async def _cm_disk(self, kube: KubeApi, q: QuorumSpec, i: int) -> str | None:
-        """CertManager mode: :meth:`disk_for` from the certificate in the Secret cert-manager
-        issued (a fresh UUID remembered until the Secret exists)."""
+        """CertManager mode: :meth:`disk_for` from the disk the node Certificate was applied for
+        (not issued yet, e.g. a promoted spare's), else from cert-manager's Secret (a fresh UUID
+        remembered until the Secret exists)."""
+        meta = await kube.read_meta("Certificate", q.namespace, f"{q.name}-node-{i}")
+        intent = ((meta or {}).get("annotations") or {}).get(DISK_ANNOTATION)
+        if intent:
+            self.chosen.pop(i, None)
+            return self.disk_for(i, str(intent), False)
         data = await kube.secret_data(q.namespace, f"{q.name}-node-{i}-tls")
         current = cert_identity(unb64(data, "tls.crt"))
         if current is None:
@@ -272,7 +331,7 @@ class QuorumTls:
                     await self.ensure(kube, q, owner, replicas)  # applies the Certificate naming it
                     continue
             elif self.ca is not None:
-                await self._node_secret(kube, q, owner, self.ca, replicas, renew=())
+                await self._locked_secret(kube, q, owner, self.ca, replicas, renew=())
             else:
                 continue
             meta = pod.get("metadata") or {}
@@ -332,7 +391,8 @@ class QuorumTls:
                 issued = not_before(unb64(data, "tls.crt"))
                 started = await kube.pod_start_time(q.namespace, f"{q.name}-{i - 1}")
                 if issued is not None and started is not None and issued > started:
-                    out.append(i)
+                    if not await runs_spare(self, kube, q, i, unb64(data, "tls.crt")):
+                        out.append(i)
             return out
         if self.ca is None:
             return []
@@ -361,7 +421,7 @@ class QuorumTls:
         async def renew(i: int) -> None:
             q, replicas = get()
             if self.ca is not None:
-                await self._node_secret(kube, q, owner, self.ca, replicas, renew=(i,))
+                await self._locked_secret(kube, q, owner, self.ca, replicas, renew=(i,))
 
         async def restart(i: int) -> None:
             q, _ = get()

@@ -22,11 +22,14 @@ Disk binding (KIP-856 storage UUIDs; docs/operator.md "Certificates bound to the
 node certificate names the storage UUID of the volume its pod runs on. Before the quorum
 bootstrapped the operator chooses it (a random UUID) and the pod formats its empty volume with
 the UUID its certificate names (manifests.py ``format_command``). A volume formatted later (a
-replaced disk, a scale-up) gets a random UUID; the node refuses its old certificate and exits
-naming its disk (:func:`disk_of_pod`), and the operator issues the certificate of that disk
-(quorumtls.py). A replaced disk's old certificate thus speaks only for the old (id, UUID),
-which the quorum retires. Certificates issued before disks were bound (no ``storage``) keep
-working; the rotation replaces them with bound ones, one pod at a time.
+replaced disk, a scale-up) takes the UUID of the replica's spare certificate (spares.py: Secret
+keys ``spare-<id>.crt``/``.key``/``.state``, or Certificate ``NAME-node-<id>-spare``), which
+the operator promotes for a replaced claim; without a spare it gets a random UUID, the node
+refuses its old certificate and exits naming its disk (:func:`disk_of_pod`), and the operator
+issues the certificate of that disk (quorumtls.py). A replaced disk's old certificate thus speaks
+only for the old (id, UUID), which the quorum retires. Certificates issued before disks were
+bound (no ``storage``) keep working; the rotation replaces them with bound ones, one pod at a
+time.
 
 The NetworkPolicy ``NAME`` (every mode) lets into the quorum's pods, on the client port, only
 its own pods (peer traffic), the operator's pods (admin), and the peers of
@@ -72,6 +75,8 @@ from quorum.types import KraftError
 from .manifests import QuorumSpec
 from .tlsspec import MAX_REPLICA_ID
 
+SPARE_ANNOTATION = "kraftkeeper.io/spare"  # on Certificate NAME-node-<id>-spare (spares.py)
+DISK_ANNOTATION = "kraftkeeper.io/disk"  # on Certificate NAME-node-<id>: the disk it was applied for
 CERT_MANAGER_GROUP = "cert-manager.io"
 CERT_MANAGER_VERSION = "v1"
 CERT_MANAGER_PLURAL = "certificates"
@@ -207,11 +212,26 @@ def _certificate(
 
 
 def certificates(
-    q: QuorumSpec, owner: Mapping[str, Any], replicas: int, disks: Mapping[int, str | None]
+    q: QuorumSpec,
+    owner: Mapping[str, Any],
+    replicas: int,
+    disks: Mapping[int, str | None],
+    spares: Mapping[int, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The cert-manager Certificates of a CertManager-mode quorum (module docstring); ``disks``
-    maps a replica id to the storage UUID its certificate names (missing or None: unbound)."""
+    maps a replica id to the storage UUID its certificate names (missing or None: unbound),
+    ``spares`` a replica id to its spare (spares.py ``Spare``: Certificate ``NAME-node-<id>-spare``
+    naming the spare's UUID, the spare's record in an annotation)."""
     cid = q.cluster_id
+    spare_certs = []
+    for i, sp in sorted((spares or {}).items()):
+        if i > min(replicas, MAX_REPLICA_ID):
+            continue
+        uri = Identity(cid, replica_id=i, storage_uuid=sp.uuid).uri()
+        hosts = [*node_hosts(q, i), peer_hostname(cid, i)]
+        obj = _certificate(q, owner, f"{q.name}-node-{i}-spare", uri, hosts, True)
+        obj["metadata"]["annotations"] = {SPARE_ANNOTATION: sp.encode()}
+        spare_certs.append(obj)
     out = [
         _certificate(
             q,
@@ -223,11 +243,14 @@ def certificates(
         )
         for i in range(1, min(replicas, MAX_REPLICA_ID) + 1)
     ]
+    for i, obj in enumerate(out, 1):
+        if disks.get(i):  # what it was applied for, before cert-manager issues it (quorumtls.py)
+            obj["metadata"]["annotations"] = {DISK_ANNOTATION: str(disks[i])}
     for name, role in ((OPERATOR_NAME, "admin"), (CLIENT_NAME, "readwrite")):
         uri = Identity(cid, name=name, role=role).uri()
         obj_name = f"{q.name}-operator" if name == OPERATOR_NAME else f"{q.name}-client"
         out.append(_certificate(q, owner, obj_name, uri, [], False))
-    return out
+    return out + spare_certs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +269,20 @@ def cert_due(pem: bytes | None, renew_before: dt.timedelta, identity: Identity |
     """The renewal rule (:func:`quorum.security.identity.renewal_due`) on a Secret's PEM; the
     disk binding is compared by the callers (``identity`` names no disk)."""
     return renewal_due(pem, renew_before, identity)
+
+
+def cert_serial(pem: bytes | None) -> int | None:
+    try:
+        return x509.load_pem_x509_certificate(pem).serial_number if pem else None
+    except ValueError:
+        return None
+
+
+def not_after(pem: bytes | None) -> dt.datetime | None:
+    try:
+        return x509.load_pem_x509_certificate(pem).not_valid_after_utc if pem else None
+    except ValueError:
+        return None
 
 
 def not_before(pem: bytes | None) -> dt.datetime | None:

@@ -38,6 +38,7 @@ from typing import Any
 MODES = ("Operator", "CertManager", "Disabled")
 ISSUER_KINDS = ("Issuer", "ClusterIssuer")
 TLS_MOUNT = "/etc/kraftkeeper/tls"  # the node container: its own cert, key and the CA only
+SPARE_CRT, SPARE_KEY = "spare.crt", "spare.key"  # its spare (spares.py), beside node.crt/.key
 MAX_REPLICA_ID = 9  # spec.voters is at most 9: the projected Secrets cover ids 1..9
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL_KEYS = ("podSelector", "namespaceSelector")
@@ -152,7 +153,19 @@ def start_args(tls: TlsSpec) -> str:
     """The TLS part of the node container's ``kraftkeeper start`` command."""
     if not tls.enabled:
         return "--insecure"
-    return f"--cert {TLS_MOUNT}/node.crt --key {TLS_MOUNT}/node.key --ca {TLS_MOUNT}/ca.crt"
+    # $SPARE: spare_args_command's (unquoted: two options and two paths without spaces, or none).
+    t = TLS_MOUNT
+    return f"--cert {t}/node.crt --key {t}/node.key --ca {t}/ca.crt $SPARE"
+
+
+def spare_args_command() -> str:
+    """The shell step that puts the pod's spare certificate, when it has one, in ``$SPARE``: the
+    node's ``kraftkeeper start --spare-cert/--spare-key`` (served only if it names the disk)."""
+    t = TLS_MOUNT
+    return (
+        f'SPARE=""; if [ -s {t}/{SPARE_CRT} ] && [ -s {t}/{SPARE_KEY} ]; then '
+        f'SPARE="--spare-cert {t}/{SPARE_CRT} --spare-key {t}/{SPARE_KEY}"; fi'
+    )
 
 
 def check_command() -> str:
@@ -170,9 +183,11 @@ def tls_volume(name: str, tls: TlsSpec) -> dict[str, Any]:
     """The pod's ``tls`` volume: directory ``NAME-<k>`` holds replica ``k + 1``'s ``node.crt``,
     ``node.key`` and ``ca.crt``, from ``NAME-tls`` (keys ``node-<id>.crt``/``.key``, ``ca.crt``) in
     Operator mode or from the cert-manager Secret ``NAME-node-<id>-tls`` (``tls.crt``, ``tls.key``,
-    ``ca.crt``) of each replica id 1..9. Every Secret is optional, so a replica whose key is not
-    issued yet gets an empty directory (its node container then exits: check_command); the
-    downward-API file in each directory makes it exist from the first mount."""
+    ``ca.crt``) of each replica id 1..9, and its spare ``spare.crt`` / ``spare.key`` (keys
+    ``spare-<id>.crt``/``.key`` of ``NAME-tls``, or cert-manager's ``NAME-node-<id>-spare-tls``).
+    Every Secret is optional, so a replica whose key is not issued yet gets an empty directory
+    (its node container then exits: check_command); the downward-API file in each directory
+    makes it exist from the first mount."""
     ids = range(1, MAX_REPLICA_ID + 1)
     if tls.cert_manager:
         sources: list[dict[str, Any]] = [
@@ -189,6 +204,19 @@ def tls_volume(name: str, tls: TlsSpec) -> dict[str, Any]:
             }
             for i in ids
         ]
+        sources += [
+            {
+                "secret": {
+                    "name": f"{name}-node-{i}-spare-tls",
+                    "optional": True,
+                    "items": [
+                        {"key": "tls.crt", "path": f"{name}-{i - 1}/{SPARE_CRT}"},
+                        {"key": "tls.key", "path": f"{name}-{i - 1}/{SPARE_KEY}"},
+                    ],
+                }
+            }
+            for i in ids
+        ]
     else:
         items = [
             item
@@ -197,6 +225,8 @@ def tls_volume(name: str, tls: TlsSpec) -> dict[str, Any]:
                 {"key": f"node-{i}.crt", "path": f"{name}-{i - 1}/node.crt"},
                 {"key": f"node-{i}.key", "path": f"{name}-{i - 1}/node.key"},
                 {"key": "ca.crt", "path": f"{name}-{i - 1}/ca.crt"},
+                {"key": f"spare-{i}.crt", "path": f"{name}-{i - 1}/{SPARE_CRT}"},
+                {"key": f"spare-{i}.key", "path": f"{name}-{i - 1}/{SPARE_KEY}"},
             )
         ]
         # Optional: keys of replica ids the quorum does not have are skipped, not an error.
