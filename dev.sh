@@ -110,7 +110,8 @@ case "$cmd" in
     # matches, whatever the path, so a fresh clone checks in seconds, not half a minute.
     mypy_cache="$KK_CACHE/mypy/$(printf %s "$here" | sha256sum | cut -c1-12)"
     if [ ! -d "$mypy_cache" ]; then
-      newest="$(ls -td "$KK_CACHE"/mypy/*/ 2>/dev/null | head -1)"
+      # (`|| true`: on a machine's first run there is no cache yet, and ls fails under pipefail)
+      newest="$(ls -td "$KK_CACHE"/mypy/*/ 2>/dev/null | head -1)" || true
       if [ -n "$newest" ] && cp -r "$newest" "$mypy_cache.$$"; then
         mv -T "$mypy_cache.$$" "$mypy_cache" 2>/dev/null || rm -rf "$mypy_cache.$$"
       fi
