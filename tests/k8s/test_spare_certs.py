@@ -205,14 +205,22 @@ def test_a_replaced_disk_starts_once_with_its_spare(
             _run_pod(kube, ns, k, f"c{k}-a")
             labels = get(kube, f"/api/v1/namespaces/{ns}/pods/{NAME}-{k}")["metadata"]["labels"]  # type: ignore[index]
             create_quorum_claim(kube, ns, NAME, k, labels)
+        # A spare issued before the operator saw its pod's container records none, and is replaced
+        # by one naming that container once the replica's voter fetched after it was seen (the
+        # container could have read it): poll until every spare names its pod's container.
+        def spares_of_running_pods() -> dict[int, Spare] | None:
+            s = _spares(kube, ns)
+            ok = s is not None and all(s[i].container == f"containerd://c{i - 1}-a" for i in (1, 2, 3))
+            return s if ok else None
+
         spares = kube.wait_for(
-            "a spare per replica once bootstrapped", lambda: _spares(kube, ns), timeout=120
+            "a spare per replica once bootstrapped, naming its pod's container", spares_of_running_pods,
+            timeout=120,
         )
         d = _secret(kube, ns)
         for i in (1, 2, 3):
             assert _disk(d[f"spare-{i}.crt"]) == spares[i].uuid != _disk(d[f"node-{i}.crt"])
             assert spares[i].claim == _claim_uid(kube, ns, i - 1)
-            assert spares[i].container == f"containerd://c{i - 1}-a"
         st = _status(kube, ns)
         assert {v["id"]: v["uuid"] for v in st["voters"]} == {i: nodes.uuids[i] for i in (1, 2, 3)}
 
