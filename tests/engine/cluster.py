@@ -65,9 +65,10 @@ class LocalCluster:
     def data_dir(self, i: int) -> Path:
         return self.root / f"node-{i}"
 
-    def format(self, i: int, replacement: bool = False) -> str:
+    def format(self, i: int, replacement: bool = False, uuid_from_cert: Path | None = None) -> str:
         """Format node i; ``replacement`` for a disk that replaces a lost one (KIP-853 style
-        ``--no-initial-controllers``: the node never counts itself a bootstrap voter)."""
+        ``--no-initial-controllers``: the node never counts itself a bootstrap voter); ``uuid_from_cert``
+        formats with the storage UUID that certificate names."""
         extra = ["--no-initial-controllers"] if replacement else []
         out = run_cli(
             "format",
@@ -77,6 +78,7 @@ class LocalCluster:
             self.cluster_id,
             "--node-id",
             str(i),
+            *(["--storage-uuid-from-cert", str(uuid_from_cert)] if uuid_from_cert else []),
             *extra,
         )
         self.uuids[i] = out.stdout.strip().splitlines()[-1]

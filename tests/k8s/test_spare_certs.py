@@ -22,7 +22,7 @@ from kraftkeeper_operator.k8s.manifests import parse_spec
 from kraftkeeper_operator.k8s.spares import Spare
 
 from quorum.security.pki import CertificateAuthority, identity_from_cert, issue_node, load_ca
-from tests.engine.cluster import LocalCluster, run_cli
+from tests.engine.cluster import LocalCluster
 from tests.k8s.conftest import KubeEnv
 from tests.k8s.operator_support import KQ, Operator, create, create_quorum_claim, create_quorum_pod, get, kq
 
@@ -82,21 +82,7 @@ class PodNodes(LocalCluster):
                 (d / f"{name}.key").write_bytes(key.read_bytes())
 
     def format_from(self, i: int, cert: str, replacement: bool) -> str:
-        extra = ["--no-initial-controllers"] if replacement else []
-        out = run_cli(
-            "format",
-            "--dir",
-            str(self.data_dir(i)),
-            "--cluster-id",
-            self.cluster_id,
-            "--node-id",
-            str(i),
-            "--storage-uuid-from-cert",
-            str(self.tls(i) / cert),
-            *extra,
-        )
-        self.uuids[i] = out.stdout.strip().splitlines()[-1]
-        return self.uuids[i]
+        return self.format(i, replacement=replacement, uuid_from_cert=self.tls(i) / cert)
 
     def start_args(self, i: int) -> list[str]:
         d = self.tls(i)
